@@ -1,0 +1,197 @@
+"""The `pike` command line: thin, calls the public API, prints with rich."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pike.config import RunConfig
+from pike.errors import PikeError, TaskError
+from pike.evaluate import BASELINE_MODES, Baseline, Verdict, evaluate, measure_baselines
+from pike.task import Task, load_task, load_tasks
+
+app = typer.Typer(help="pike: make PyTorch inference faster, judged by a strict evaluator.",
+                  no_args_is_help=True, add_completion=False)
+console = Console()
+err_console = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file with a RunConfig")]
+DeviceOpt = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 (default: cuda:0 if any)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+EXIT_CANDIDATE_FAILED = 1
+EXIT_USER_ERROR = 2
+
+
+def user_errors(fn: F) -> F:
+    """Print a PikeError as one line and exit 2, instead of a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PikeError as err:
+            err_console.print(f"[red]error:[/red] {err}", highlight=False)
+            raise typer.Exit(EXIT_USER_ERROR) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _config(path: Path | None, device: str | None) -> RunConfig:
+    cfg = RunConfig.load(path)
+    if device:
+        cfg.eval.device = device
+    return cfg
+
+
+@app.callback()
+def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+@app.command("eval")
+@user_errors
+def eval_command(
+    task: Annotated[str, typer.Argument(help="task file, or FOLDER/ID")],
+    candidate: Annotated[Path, typer.Argument(help="candidate source defining ModelNew")],
+    device: DeviceOpt = None,
+    trials: Annotated[int | None, typer.Option(help="correctness trials (default 5)")] = None,
+    no_timing: Annotated[bool, typer.Option("--no-timing", help="check correctness only")] = False,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Judge CANDIDATE against TASK: correctness on fresh inputs, then timing. Exit 0 if ok."""
+    cfg = _config(config, device)
+    if trials is not None:
+        cfg.eval.trials = trials
+    cfg.eval.time_candidate = not no_timing
+    the_task = load_task(task)
+    try:
+        source = candidate.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise TaskError(f"{candidate}: cannot read candidate ({err})") from None
+    with err_console.status(f"evaluating {candidate.name} against {the_task.name}..."):
+        verdict = evaluate(the_task, source, cfg)
+    if as_json:
+        print(verdict.model_dump_json(indent=2))
+    else:
+        _print_verdict(the_task, candidate, verdict)
+    if not verdict.ok:
+        raise typer.Exit(EXIT_CANDIDATE_FAILED)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g} ms"
+
+
+def _print_verdict(task: Task, candidate: Path, v: Verdict) -> None:
+    colour = "green" if v.ok else "red"
+    table = Table(title=f"{candidate.name} vs {task.name}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("status", f"[{colour}]{v.status}[/{colour}]"
+                  + (f" (phase {v.phase})" if v.phase else ""))
+    table.add_row("trials passed", f"{v.trials_passed} of {v.trials}")
+    if v.max_abs_error is not None:
+        table.add_row("max abs / rel error", f"{v.max_abs_error:.3g} / {v.max_rel_error:.3g}")
+    if v.runtime:
+        table.add_row("candidate", f"{_ms(v.runtime.median_ms)} median "
+                      f"(IQR {_ms(v.runtime.q1_ms)}-{_ms(v.runtime.q3_ms)}, n={v.runtime.count})")
+    if v.reference:
+        table.add_row("reference (eager)", f"{_ms(v.reference.median_ms)} median "
+                      f"(n={v.reference.count})")
+    if v.speedup is not None:
+        table.add_row("speedup", f"[bold]{v.speedup:.2f}x[/bold]")
+    table.add_row("device", f"{v.device} {v.device_name}, torch {v.torch_version}, host {v.host}")
+    console.print(table)
+    if v.message:
+        console.print(v.message, markup=False, highlight=False)
+
+
+@app.command("baseline")
+@user_errors
+def baseline_command(
+    task: Annotated[str, typer.Argument(help="task file, FOLDER/ID, or a folder of tasks")],
+    device: DeviceOpt = None,
+    modes: Annotated[str, typer.Option(help="comma-separated modes")] = ",".join(BASELINE_MODES),
+    tasks: Annotated[str | None, typer.Option(help="only these ids of a folder: 1,4,9")] = None,
+    out: Annotated[Path | None, typer.Option(help="folder for the JSON (default RUNS/baselines)")]
+    = None,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Time eager and each torch.compile mode of a task (or every task of a folder)."""
+    cfg = _config(config, device)
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    unknown = [m for m in mode_list if m != "eager" and not m.startswith("compile:")]
+    if unknown:
+        raise PikeError(f"unknown mode {unknown[0]!r}; use eager or compile:<torch.compile mode>")
+    if Path(task).is_dir():
+        ids = [int(i) for i in tasks.split(",")] if tasks else None
+        task_list = load_tasks(task, ids)
+    else:
+        task_list = [load_task(task)]
+    out_dir = out or cfg.runs_dir / "baselines"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: list[Baseline] = []
+    failures: dict[str, str] = {}
+    for i, t in enumerate(task_list, 1):
+        with err_console.status(f"[{i}/{len(task_list)}] timing {t.name}..."):
+            try:
+                result = measure_baselines(t, cfg, mode_list)
+            except PikeError as err:  # one bad task does not stop a folder
+                failures[t.name] = str(err)
+                err_console.print(f"[red]{t.name}: {err}[/red]", highlight=False)
+                continue
+        results.append(result)
+        path = out_dir / f"{t.name}.json"
+        path.write_text(result.model_dump_json(indent=2))
+    if as_json:
+        print(json.dumps({"baselines": [r.model_dump() for r in results], "failures": failures},
+                         indent=2))
+    else:
+        _print_baselines(results, mode_list)
+        err_console.print(f"wrote {len(results)} baseline file(s) to {out_dir}")
+    if not results:
+        raise typer.Exit(EXIT_USER_ERROR)
+
+
+def _print_baselines(results: list[Baseline], modes: list[str]) -> None:
+    if not results:
+        return
+    first = results[0]
+    table = Table(title=f"baselines on {first.device} {first.device_name}, torch "
+                  f"{first.torch_version}, host {first.host} (median; speedup vs eager)")
+    table.add_column("task")
+    for mode in modes:
+        table.add_column(mode, justify="right")
+    for r in results:
+        cells = []
+        for m in r.modes:
+            if m.stats is None:
+                cells.append(f"[red]failed[/red]: {(m.error or '')[:40]}")
+            else:
+                ratio = f" ({m.speedup_vs_eager:.2f}x)" if m.mode != "eager" else ""
+                cells.append(_ms(m.stats.median_ms) + ratio)
+        table.add_row(r.task, *cells)
+    console.print(table)
+
+
+def run() -> None:  # pragma: no cover - console entry for `python -m pike`
+    app(prog_name="pike")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run())

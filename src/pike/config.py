@@ -1,0 +1,82 @@
+"""Run configuration: one pydantic model, loadable from YAML, every default documented here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pike.errors import ConfigError
+
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TimingConfig(_Strict):
+    """How each module is timed (same protocol for reference and candidate)."""
+
+    warmup_calls: int = Field(3, ge=1, description="calls before timing starts (at least)")
+    warmup_seconds: float = Field(0.05, ge=0, description="keep warming up until this long")
+    min_calls: int = Field(10, ge=1, description="timed calls (at least)")
+    max_calls: int = Field(1000, ge=1, description="timed calls (at most)")
+    min_seconds: float = Field(0.3, ge=0, description="keep timing until this much timed run time")
+    flush_l2: bool = Field(True, description="overwrite a buffer larger than L2 before each CUDA call")
+
+
+class LimitsConfig(_Strict):
+    """Wall-clock limits per phase (seconds) and the memory limit of the child process tree."""
+
+    load_seconds: float = Field(600, gt=0, description="import the module, build extensions, construct")
+    check_seconds: float = Field(300, gt=0, description="all correctness trials")
+    timing_seconds: float = Field(300, gt=0, description="warm-up and timed calls")
+    memory_gib: float | None = Field(
+        None, gt=0, description="host RSS of the whole child tree; None = 75% of physical memory"
+    )
+
+
+class EvalConfig(_Strict):
+    """The evaluator protocol (DESIGN.md); defaults follow KernelBench/PIKE."""
+
+    device: str | None = Field(None, description="'cpu', 'cuda', 'cuda:1'; None = cuda:0 if present")
+    trials: int = Field(5, ge=1, description="correctness trials, each with fresh inputs")
+    seed: int = Field(42, description="seed of the weights; trial i draws inputs with seed+1+i")
+    atol: float = Field(1e-2, ge=0)
+    rtol: float = Field(1e-2, ge=0)
+    model_mode: Literal["as_constructed", "eval"] = Field(
+        "as_constructed", description="call .eval() on both models, or leave them as built"
+    )
+    timing: TimingConfig = Field(default_factory=TimingConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    time_candidate: bool = Field(True, description="skip timing to only check correctness")
+    build_cache: Path | None = Field(
+        None, description="where compiled extensions are cached; None = ~/.cache/pike/build"
+    )
+
+
+class RunConfig(_Strict):
+    """Everything a pike run can be told. Loaded from YAML, overridden by CLI flags."""
+
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    runs_dir: Path = Field(Path("pike-runs"), description="where runs and baselines are written")
+
+    @classmethod
+    def load(cls, path: Path | None) -> RunConfig:
+        if path is None:
+            return cls()
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({err})") from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ConfigError(f"{path}: {where}: {first['msg']}") from None

@@ -1,0 +1,61 @@
+"""Baselines of a task: eager and torch.compile modes, timed under the evaluator's protocol."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pydantic import BaseModel
+
+from pike.config import COMPILE_MODES, EvalConfig, RunConfig
+from pike.evaluate.judge import as_eval_config, resolve_device, run_reference
+from pike.evaluate.verdict import TimingStats
+from pike.task import Task
+
+BASELINE_MODES = ["eager", *(f"compile:{m}" for m in COMPILE_MODES)]
+
+
+class ModeTiming(BaseModel):
+    mode: str
+    stats: TimingStats | None = None
+    error: str | None = None
+    speedup_vs_eager: float | None = None
+
+
+class Baseline(BaseModel):
+    """How fast the unchanged task runs in each mode, measured in one run on one host."""
+
+    task: str
+    task_path: str
+    task_sha256: str
+    device: str
+    device_name: str
+    torch_version: str
+    host: str
+    date: str
+    modes: list[ModeTiming]
+
+
+def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
+                      modes: list[str] | None = None) -> Baseline:
+    """Time the reference in each mode; a mode that fails to compile is reported, not raised."""
+    cfg = as_eval_config(config)
+    device = resolve_device(cfg.device)
+    modes = modes or BASELINE_MODES
+    reference = run_reference(task, cfg, device, modes)
+    results = []
+    for mode in modes:
+        timed = reference.timed.get(mode, "not timed")
+        if isinstance(timed, list) and timed:
+            results.append(ModeTiming(mode=mode, stats=TimingStats.from_samples(timed)))
+        else:
+            results.append(ModeTiming(mode=mode, error=str(timed) or "failed"))
+    eager = next((r.stats for r in results if r.mode == "eager" and r.stats), None)
+    for r in results:
+        if eager and r.stats:
+            r.speedup_vs_eager = eager.median_ms / r.stats.median_ms
+    return Baseline(
+        task=task.name, task_path=str(task.path), task_sha256=task.sha256, device=device,
+        device_name=reference.env.get("device_name", ""),
+        torch_version=reference.env.get("torch_version", ""), host=reference.env.get("host", ""),
+        date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), modes=results,
+    )

@@ -1,0 +1,141 @@
+"""Correctness: output comparison (parent side) and the minimum guards (child side).
+
+The comparison runs in the parent, on outputs the child saved, so a candidate cannot
+change how it is judged. The guards that must see live tensors (aliasing, input
+mutation) run in the child with functions bound before the candidate was imported.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from pike.evaluate.verdict import OutputMismatch
+
+_equal = torch.equal
+_Tensor = torch.Tensor
+
+
+def flatten_output(obj: Any) -> list[Any]:
+    """Leaves of a (possibly nested) output: tensors and plain scalars, in a fixed order."""
+    if isinstance(obj, _Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [leaf for item in obj for leaf in flatten_output(item)]
+    if isinstance(obj, dict):
+        return [leaf for key in sorted(obj, key=str) for leaf in flatten_output(obj[key])]
+    return [obj]
+
+
+def tensor_leaves(obj: Any) -> list[torch.Tensor]:
+    return [leaf for leaf in flatten_output(obj) if isinstance(leaf, _Tensor)]
+
+
+def _storage_span(t: torch.Tensor) -> tuple[int, int]:
+    storage = t.untyped_storage()
+    start = storage.data_ptr()
+    return start, start + storage.nbytes()
+
+
+def aliased_outputs(outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[int]:
+    """Indices of outputs whose memory overlaps the memory of any input."""
+    spans = [_storage_span(t) for t in inputs if t.untyped_storage().nbytes() > 0]
+    hits = []
+    for i, out in enumerate(outputs):
+        if out.untyped_storage().nbytes() == 0:
+            continue
+        lo, hi = _storage_span(out)
+        if any(lo < in_hi and in_lo < hi for in_lo, in_hi in spans):
+            hits.append(i)
+    return hits
+
+
+def changed_inputs(before: list[torch.Tensor], after: list[torch.Tensor]) -> list[int]:
+    """Indices of inputs whose values differ from the copy taken before the call."""
+    return [
+        i
+        for i, (b, a) in enumerate(zip(before, after, strict=True))
+        if b.shape != a.shape or b.dtype != a.dtype or not _equal(b, a.to(b.device))
+    ]
+
+
+def _shape(value: Any) -> list[int] | None:
+    return list(value.shape) if isinstance(value, _Tensor) else None
+
+
+def compare_leaf(
+    expected: Any, actual: Any, trial: int, index: int, atol: float, rtol: float
+) -> OutputMismatch:
+    """How `actual` differs from `expected`; `problem` is empty when within tolerance."""
+    mismatch = OutputMismatch(
+        trial=trial, output=index, problem="", expected_shape=_shape(expected),
+        actual_shape=_shape(actual),
+    )
+    if not isinstance(expected, _Tensor):
+        if isinstance(actual, _Tensor) or not _scalars_close(expected, actual, atol, rtol):
+            mismatch.problem = f"expected {expected!r}, got {_describe(actual)}"
+        return mismatch
+    if not isinstance(actual, _Tensor):
+        mismatch.problem = f"expected a tensor, got {_describe(actual)}"
+        return mismatch
+    if expected.shape != actual.shape:
+        mismatch.problem = f"shape {list(actual.shape)} != expected {list(expected.shape)}"
+        return mismatch
+    if expected.dtype != actual.dtype:
+        mismatch.problem = f"dtype {actual.dtype} != expected {expected.dtype}"
+        return mismatch
+    return _compare_values(expected, actual, mismatch, atol, rtol)
+
+
+def _compare_values(
+    expected: torch.Tensor, actual: torch.Tensor, mismatch: OutputMismatch, atol: float, rtol: float
+) -> OutputMismatch:
+    if not (expected.is_floating_point() or expected.is_complex()):
+        bad = expected != actual
+        n_bad = int(bad.sum())
+        if n_bad == 0:
+            return mismatch
+        mismatch.problem = f"{n_bad} of {expected.numel()} values differ"
+        mismatch.mismatched, mismatch.total = n_bad, expected.numel()
+        return mismatch
+    exp = expected.detach().to(torch.complex128 if expected.is_complex() else torch.float64)
+    act = actual.detach().to(exp.dtype)
+    exp_nan, act_nan = torch.isnan(exp), torch.isnan(act)
+    finite = torch.isfinite(exp) & torch.isfinite(act)
+    inf_same = ~finite & ~exp_nan & ~act_nan & (exp == act)
+    nan_same = exp_nan & act_nan
+    diff = torch.where(finite, (exp - act).abs(), torch.zeros_like(exp.real))
+    within = finite & (diff <= atol + rtol * exp.abs())
+    ok = within | inf_same | nan_same
+    rel = diff / exp.abs().clamp_min(max(atol, 1e-12))  # near zero, relative error means little
+    mismatch.max_abs_error = float(diff.max()) if diff.numel() else 0.0
+    mismatch.max_rel_error = float(rel[finite].max()) if bool(finite.any()) else 0.0
+    n_bad = int((~ok).sum())
+    if n_bad == 0:
+        return mismatch
+    mismatch.mismatched, mismatch.total = n_bad, exp.numel()
+    nan_problem = int((exp_nan ^ act_nan).sum())
+    inf_problem = int((~finite & ~nan_same & ~inf_same & ~(exp_nan ^ act_nan)).sum())
+    detail = f"{n_bad} of {exp.numel()} values outside atol={atol:g}, rtol={rtol:g}"
+    if nan_problem or inf_problem:
+        detail += f" ({nan_problem} NaN and {inf_problem} Inf mismatches)"
+    mismatch.problem = detail + f"; max abs error {mismatch.max_abs_error:.3g}"
+    return mismatch
+
+
+def _scalars_close(expected: Any, actual: Any, atol: float, rtol: float) -> bool:
+    if isinstance(expected, bool) or not isinstance(expected, (int, float)):
+        return expected == actual
+    if not isinstance(actual, (int, float)) or isinstance(actual, bool):
+        return False
+    if math.isnan(expected) or math.isnan(actual):
+        return math.isnan(expected) and math.isnan(actual)
+    return abs(expected - actual) <= atol + rtol * abs(expected)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, _Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    return f"{type(value).__name__} {value!r}"[:80]

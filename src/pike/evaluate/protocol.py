@@ -1,0 +1,59 @@
+"""What the parent and the child process say to each other.
+
+The parent writes a ChildRequest as JSON; the child answers with JSON lines on a pipe of
+its own (not stdout, which candidate code may print to), and waits on a second pipe for
+the parent's word before it starts timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from pike.config import TimingConfig
+
+Role = Literal["reference", "candidate"]
+
+
+class ChildRequest(BaseModel):
+    role: Role
+    module_path: str = Field(description="the file to import (task or candidate)")
+    class_names: list[str] = Field(description="first of these the module defines is used")
+    inputs_dir: str = Field(description="reference writes the trial inputs here; candidate reads")
+    outputs_dir: str = Field(description="where this child writes the outputs of each trial")
+    device: str
+    trials: int
+    seed: int
+    model_mode: Literal["as_constructed", "eval"]
+    timing: TimingConfig
+    time_modes: list[str] = Field(description="'eager' and/or 'compile:<mode>'")
+    task_sha256: str = ""
+    task_size: int = -1
+
+
+class Channel:
+    """Newline-delimited JSON over a pair of pipe file descriptors."""
+
+    def __init__(self, write_fd: int, read_fd: int | None = None) -> None:
+        self._write_fd = write_fd
+        self._read_fd = read_fd
+        self._pending = b""
+
+    def send(self, event: str, **fields: Any) -> None:
+        data = (json.dumps({"event": event, **fields}) + "\n").encode()
+        while data:
+            data = data[os.write(self._write_fd, data):]
+
+    def receive(self) -> dict[str, Any] | None:
+        """Blocking read of one message; None when the other side closed the pipe."""
+        assert self._read_fd is not None
+        while b"\n" not in self._pending:
+            chunk = os.read(self._read_fd, 65536)
+            if not chunk:
+                return None
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return json.loads(line)

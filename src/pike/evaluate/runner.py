@@ -1,0 +1,244 @@
+"""What runs inside the child process: load a module, construct it, run trials, time it.
+
+Run as `python -m pike.evaluate.runner REQUEST_JSON WRITE_FD READ_FD`. The reference role
+draws the trial inputs and records the expected outputs; the candidate role never sees the
+reference class or its outputs, only the inputs and the constructor arguments.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import hashlib
+import importlib.util
+import os
+import platform
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pike.evaluate import check
+from pike.evaluate.diagnostics import describe_exception
+from pike.evaluate.protocol import Channel, ChildRequest
+from pike.evaluate.timing import time_calls
+
+_save = torch.save
+_load = torch.load
+_manual_seed = torch.manual_seed
+
+
+class Failure(Exception):
+    """Ends the child with a verdict-worthy failure."""
+
+    def __init__(self, status: str, phase: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.phase, self.message = status, phase, message
+
+
+def _import_file(path: str, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _guarded(status: str, phase: str, path: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Failure:
+        raise
+    except BaseException as exc:  # candidate code may raise anything, SystemExit included
+        raise Failure(status, phase, describe_exception(exc, path)) from None
+
+
+def _to_device(values: list[Any], device: torch.device) -> list[Any]:
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _cpu_leaves(output: Any) -> list[Any]:
+    return [leaf.detach().to("cpu") if isinstance(leaf, torch.Tensor) else leaf
+            for leaf in check.flatten_output(output)]
+
+
+def _build_model(req: ChildRequest, module: Any, init_inputs: list[Any], device: torch.device,
+                 status: str) -> torch.nn.Module:
+    cls = next((getattr(module, n) for n in req.class_names if hasattr(module, n)), None)
+    if cls is None:
+        raise Failure(status, "load", f"defines none of {', '.join(req.class_names)}")
+
+    def construct() -> torch.nn.Module:
+        _manual_seed(req.seed)
+        model = cls(*init_inputs)
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"{type(model).__name__} is not a torch.nn.Module")
+        model = model.to(device)
+        return model.eval() if req.model_mode == "eval" else model
+
+    return _guarded("task_error" if req.role == "reference" else "runtime_error", "init",
+                    req.module_path, construct)
+
+
+def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> None:
+    module = _guarded("task_error", "load", req.module_path,
+                      lambda: _import_file(req.module_path, "pike_reference"))
+    for name in ("get_inputs", "get_init_inputs"):
+        if not callable(getattr(module, name, None)):
+            raise Failure("task_error", "load", f"`{name}` is not a function")
+    init_inputs = _guarded("task_error", "load", req.module_path, module.get_init_inputs)
+    if not isinstance(init_inputs, (list, tuple)):
+        raise Failure("task_error", "load", "get_init_inputs() must return a list or tuple")
+    inputs_dir = Path(req.inputs_dir)
+    _save(list(init_inputs), inputs_dir / "init_inputs.pt")
+    trial_inputs = []
+    for trial in range(req.trials):
+        _manual_seed(req.seed + 1 + trial)
+        inputs = _guarded("task_error", "load", req.module_path, module.get_inputs)
+        if not isinstance(inputs, (list, tuple)):
+            raise Failure("task_error", "load", "get_inputs() must return a list or tuple")
+        _save(list(inputs), inputs_dir / f"inputs_{trial}.pt")
+        trial_inputs.append(_to_device(list(inputs), device))
+    chan.send("phase", phase="init")
+    model = _build_model(req, module, list(init_inputs), device, "task_error")
+    chan.send("phase", phase="check")
+    for trial, inputs in enumerate(trial_inputs):
+        with torch.no_grad():
+            out = _guarded("task_error", "check", req.module_path, lambda i=inputs: model(*i))
+        _sync(device)
+        _save(_cpu_leaves(out), Path(req.outputs_dir) / f"outputs_{trial}.pt")
+    chan.send("checked", trials=req.trials)
+    if chan.receive() != {"event": "time"}:
+        return
+    chan.send("phase", phase="timing")
+    for mode in req.time_modes:
+        _time_mode(req, chan, model, trial_inputs[0], device, mode)
+
+
+def _time_mode(req: ChildRequest, chan: Channel, model: torch.nn.Module, inputs: list[Any],
+               device: torch.device, mode: str) -> None:
+    try:
+        fn = model
+        if mode.startswith("compile:"):
+            torch._dynamo.reset()
+            fn = torch.compile(model, mode=mode.split(":", 1)[1])
+
+        def call() -> Any:
+            with torch.no_grad():
+                return fn(*inputs)
+
+        chan.send("timed", mode=mode, samples=time_calls(call, device, req.timing))
+    except Exception as exc:  # a failing torch.compile mode is reported, not fatal
+        chan.send("timed", mode=mode, error=describe_exception(exc).splitlines()[0][:500])
+
+
+def run_candidate(req: ChildRequest, chan: Channel, device: torch.device) -> None:
+    module = _guarded("compile_error", "load", req.module_path,
+                      lambda: _import_file(req.module_path, "pike_candidate"))
+    init_inputs = _load(Path(req.inputs_dir) / "init_inputs.pt", weights_only=True)
+    chan.send("phase", phase="init")
+    model = _build_model(req, module, init_inputs, device, "compile_error")
+    _reject_reference_code(req, model)
+    chan.send("phase", phase="check")
+    first_inputs: list[Any] = []
+    for trial in range(req.trials):
+        inputs = _to_device(_load(Path(req.inputs_dir) / f"inputs_{trial}.pt",
+                                  weights_only=True), device)
+        first_inputs = first_inputs or inputs
+        out = _run_guarded_call(req, model, inputs, device)
+        _save(_cpu_leaves(out), Path(req.outputs_dir) / f"outputs_{trial}.pt")
+    _reject_reference_code(req, model)
+    chan.send("checked", trials=req.trials)
+    if chan.receive() != {"event": "time"}:
+        return
+    chan.send("phase", phase="timing")
+
+    def call() -> Any:
+        with torch.no_grad():
+            return model(*first_inputs)
+
+    samples = _guarded("runtime_error", "timing", req.module_path,
+                       lambda: time_calls(call, device, req.timing))
+    chan.send("timed", mode="candidate", samples=samples)
+
+
+def _run_guarded_call(req: ChildRequest, model: torch.nn.Module, inputs: list[Any],
+                      device: torch.device) -> Any:
+    tensors_in = [x for x in inputs if isinstance(x, torch.Tensor)]
+    pristine = [x.clone() for x in tensors_in]
+    with torch.no_grad():
+        out = _guarded("runtime_error", "check", req.module_path, lambda: model(*inputs))
+    _guarded("runtime_error", "check", req.module_path, lambda: _sync(device))
+    aliased = check.aliased_outputs(check.tensor_leaves(out), tensors_in)
+    if aliased:
+        raise Failure("rejected", "check",
+                      f"output {aliased[0]} shares memory with an input; return a new tensor")
+    changed = check.changed_inputs(pristine, tensors_in)
+    if changed:
+        raise Failure("rejected", "check",
+                      f"input {changed[0]} was modified in place; inputs must stay unchanged")
+    return out
+
+
+def _code_files(model: torch.nn.Module) -> set[str]:
+    """Files that hold code the model runs: its classes' methods and every loaded module."""
+    files = {getattr(m, "__file__", None) or "" for m in list(sys.modules.values())}
+    for sub in model.modules():
+        for cls in type(sub).__mro__:
+            for attr in vars(cls).values():
+                code = getattr(attr, "__code__", None)
+                if code is not None:
+                    files.add(code.co_filename)
+    return files
+
+
+def _reject_reference_code(req: ChildRequest, model: torch.nn.Module) -> None:
+    """The reference module must not be reachable from candidate code, even by file path."""
+    for path in _code_files(model):
+        if not path or path == req.module_path or not os.path.isfile(path):
+            continue
+        if os.path.getsize(path) != req.task_size:
+            continue  # cheap filter: hashing every loaded module would cost a second
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        if digest == req.task_sha256:
+            raise Failure("rejected", "load",
+                          f"runs code from the reference task file ({Path(path).name}); "
+                          "write the model itself")
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
+
+
+def main(argv: list[str]) -> int:
+    faulthandler.enable()
+    req = ChildRequest.model_validate_json(Path(argv[0]).read_text())
+    chan = Channel(int(argv[1]), int(argv[2]))
+    device = torch.device(req.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    chan.send("env", device_name=_device_name(device), torch_version=torch.__version__,
+              host=platform.node())
+    chan.send("phase", phase="load")
+    try:
+        (run_reference if req.role == "reference" else run_candidate)(req, chan, device)
+    except Failure as failure:
+        chan.send("failure", status=failure.status, phase=failure.phase, message=failure.message)
+    else:
+        chan.send("done")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown: candidate atexit hooks and threads are not ours
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

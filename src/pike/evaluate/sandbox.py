@@ -1,0 +1,233 @@
+"""The child process that runs untrusted code: scrubbed environment, own dirs, limits.
+
+One child per module under test, started with `spawn` semantics (a fresh interpreter), in
+a new session so the whole process group can be killed, with a marker in its environment
+so that processes which escape the group (setsid, double fork) are found and killed too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from pike.config import LimitsConfig
+from pike.evaluate.protocol import Channel, ChildRequest
+
+SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+MARKER_VARIABLE = "PIKE_EVAL_MARKER"
+_POLL_SECONDS = 0.05
+
+
+def scrubbed_environment(work_dir: Path, marker: str, build_dir: Path,
+                         cache_root: Path) -> dict[str, str]:
+    """The parent's environment without secrets, with HOME and TMPDIR inside `work_dir`."""
+    env = {k: v for k, v in os.environ.items()
+           if not any(part in k.upper() for part in SECRET_NAME_PARTS)}
+    home, tmp = work_dir / "home", work_dir / "tmp"
+    home.mkdir(exist_ok=True)
+    tmp.mkdir(exist_ok=True)
+    env.update(
+        HOME=str(home), TMPDIR=str(tmp), TMP=str(tmp), TEMP=str(tmp),
+        XDG_CACHE_HOME=str(home / ".cache"), XDG_CONFIG_HOME=str(home / ".config"),
+        TORCH_EXTENSIONS_DIR=str(build_dir),
+        TRITON_CACHE_DIR=str(cache_root / "triton"),
+        TORCHINDUCTOR_CACHE_DIR=str(cache_root / "inductor"),
+        PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
+        **{MARKER_VARIABLE: marker},
+    )
+    return env
+
+
+@dataclass
+class ChildExit:
+    """The child ended (or its pipe closed) without saying more."""
+
+    returncode: int | None
+    output_tail: str
+
+
+@dataclass
+class PhaseTimeout:
+    phase: str
+    limit_s: float
+
+
+@dataclass
+class MemoryExceeded:
+    used_bytes: int
+    limit_bytes: int
+
+
+Event = dict[str, Any] | ChildExit | PhaseTimeout | MemoryExceeded
+
+
+def _no_core_dumps() -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+class ChildProcess:
+    """One sandboxed child; use as a context manager so it never outlives its evaluation."""
+
+    def __init__(self, request: ChildRequest, work_dir: Path, env: dict[str, str],
+                 limits: LimitsConfig, phase_limits: dict[str, float]) -> None:
+        self.request, self.work_dir, self.env = request, work_dir, env
+        self.memory_limit = int((limits.memory_gib or _default_memory_gib()) * 2**30)
+        self.phase_limits = phase_limits
+        self.phase = "setup"
+        self.phase_started = time.monotonic()
+        self.phase_seconds: dict[str, float] = {}
+        self.log_path = work_dir / "child.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._chan: Channel | None = None
+        self._from_child = -1
+        self._buffer = b""
+
+    def __enter__(self) -> ChildProcess:
+        request_path = self.work_dir / "request.json"
+        request_path.write_text(self.request.model_dump_json())
+        from_child, child_writes = os.pipe()
+        child_reads, to_child = os.pipe()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pike.evaluate.runner", str(request_path),
+                 str(child_writes), str(child_reads)],
+                cwd=self.work_dir, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, pass_fds=(child_writes, child_reads),
+                start_new_session=True, preexec_fn=_no_core_dumps,
+            )
+        os.close(child_writes)
+        os.close(child_reads)
+        self._from_child = from_child
+        self._chan = Channel(to_child)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+        os.close(self._from_child)
+        if self._chan is not None:
+            try:
+                os.close(self._chan._write_fd)
+            except OSError:
+                pass
+
+    def send(self, event: str) -> None:
+        assert self._chan is not None
+        try:
+            self._chan.send(event)
+        except BrokenPipeError:
+            pass  # the child is gone; receive() reports how it ended
+
+    def enter_phase(self, phase: str) -> None:
+        now = time.monotonic()
+        self.phase_seconds[self.phase] = now - self.phase_started
+        self.phase, self.phase_started = phase, now
+
+    def receive(self) -> Event:
+        """The next message, or how the child ended, timed out or overran its memory."""
+        assert self.proc is not None
+        limit = self.phase_limits.get(self.phase, self.phase_limits["load"])
+        deadline = self.phase_started + limit
+        while b"\n" not in self._buffer:
+            if self._read_some(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic()))):
+                continue
+            if self.proc.poll() is not None:
+                if self._read_some(0):
+                    continue
+                return ChildExit(self.proc.returncode, self.output_tail())
+            if time.monotonic() >= deadline:
+                return PhaseTimeout(self.phase, limit)
+            used = self._tree_rss()
+            if used > self.memory_limit:
+                return MemoryExceeded(used, self.memory_limit)
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return ChildExit(None, "garbled message on the evaluator channel")
+        if message.get("event") == "phase":
+            self.enter_phase(str(message["phase"]))
+        return message
+
+    def _read_some(self, timeout: float) -> bool:
+        ready, _, _ = select.select([self._from_child], [], [], timeout)
+        if not ready:
+            return False
+        chunk = os.read(self._from_child, 65536)
+        self._buffer += chunk
+        return bool(chunk)
+
+    def _tree_rss(self) -> int:
+        assert self.proc is not None
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return 0
+        total = 0
+        for p in procs:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def wait_exit(self, timeout: float = 10.0) -> int | None:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def leftover_processes(self) -> list[str]:
+        """Processes started by the child that are still running (the child itself excluded)."""
+        own = self.proc.pid if self.proc else -1
+        return [f"{p.info['name']} (pid {p.pid})" for p in _marked_processes(self.env)
+                if p.pid != own]
+
+    def output_tail(self, limit: int = 2000) -> str:
+        try:
+            data = self.log_path.read_bytes()[-limit:]
+        except OSError:
+            return ""
+        return data.decode(errors="replace").strip()
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for p in _marked_processes(self.env):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        self.wait_exit()
+
+
+def _marked_processes(env: dict[str, str]) -> list[psutil.Process]:
+    marker = env[MARKER_VARIABLE]
+    found = []
+    for p in psutil.process_iter(["name"]):
+        try:
+            if p.pid != os.getpid() and p.environ().get(MARKER_VARIABLE) == marker:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _default_memory_gib() -> float:
+    return 0.75 * psutil.virtual_memory().total / 2**30

@@ -1,0 +1,81 @@
+"""What the evaluator returns: a Verdict per candidate, TimingStats per timed module."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+Status = Literal[
+    "ok", "compile_error", "runtime_error", "incorrect", "timeout", "crashed", "rejected"
+]
+Phase = Literal["setup", "load", "init", "check", "timing", "cleanup"]
+
+
+class TimingStats(BaseModel):
+    """Per-call times in milliseconds."""
+
+    median_ms: float
+    q1_ms: float
+    q3_ms: float
+    min_ms: float
+    mean_ms: float
+    count: int
+
+    @classmethod
+    def from_samples(cls, samples_ms: list[float]) -> TimingStats:
+        ordered = sorted(samples_ms)
+        if len(ordered) >= 2:
+            q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+        else:
+            q1 = q3 = ordered[0]
+        return cls(
+            median_ms=statistics.median(ordered),
+            q1_ms=q1,
+            q3_ms=q3,
+            min_ms=ordered[0],
+            mean_ms=statistics.fmean(ordered),
+            count=len(ordered),
+        )
+
+
+class OutputMismatch(BaseModel):
+    """One output leaf of one trial that did not match the reference."""
+
+    trial: int
+    output: int = Field(description="index of the output leaf (flattened)")
+    problem: str
+    expected_shape: list[int] | None = None
+    actual_shape: list[int] | None = None
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    mismatched: int | None = Field(None, description="elements outside tolerance")
+    total: int | None = None
+
+
+class Verdict(BaseModel):
+    """The judgement of one candidate against its task's reference."""
+
+    status: Status
+    message: str = ""
+    phase: Phase | None = Field(None, description="the phase where the candidate failed")
+    trials_passed: int = 0
+    trials: int = 0
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    mismatches: list[OutputMismatch] = Field(default_factory=list)
+    runtime: TimingStats | None = None
+    reference: TimingStats | None = None
+    speedup: float | None = None
+    device: str = ""
+    device_name: str = ""
+    torch_version: str = ""
+    host: str = ""
+    phase_seconds: dict[str, float] = Field(
+        default_factory=dict, description="wall time of each evaluator phase"
+    )
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"

@@ -1,0 +1,108 @@
+"""Tasks in KernelBench format: a `Model` class, `get_inputs()` and `get_init_inputs()`.
+
+Loading a task only reads and parses its file: the task's code runs in the evaluator's
+reference child process, never in the caller's process.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pike.errors import TaskError
+
+REQUIRED_FUNCTIONS = ("get_inputs", "get_init_inputs")
+_ID_PREFIX = re.compile(r"^(\d+)_")
+
+
+@dataclass(frozen=True)
+class Task:
+    """A reference PyTorch module to make faster."""
+
+    name: str
+    path: Path
+    source: str
+
+    @property
+    def id(self) -> int | None:
+        """The numeric prefix of the file name (`10_ResNet101.py` -> 10), if any."""
+        match = _ID_PREFIX.match(self.path.name)
+        return int(match.group(1)) if match else None
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Task:
+        path = Path(path)
+        if not path.is_file():
+            raise TaskError(f"{path}: no such task file")
+        try:
+            source = path.read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            raise TaskError(f"{path}: cannot read ({err})") from None
+        check_task_source(source, path)
+        return cls(name=path.stem, path=path.resolve(), source=source)
+
+
+def check_task_source(source: str, path: Path) -> None:
+    """Raise TaskError naming the file and the problem if the source is not a task."""
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as err:
+        raise TaskError(f"{path}:{err.lineno}: syntax error: {err.msg}") from None
+    top = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            top[node.name] = node
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    top[target.id] = node
+    if "Model" not in top:
+        raise TaskError(f"{path}: defines no `Model` class")
+    if not isinstance(top["Model"], (ast.ClassDef, ast.Assign)):
+        raise TaskError(f"{path}: `Model` is not a class")
+    for name in REQUIRED_FUNCTIONS:
+        if name not in top:
+            raise TaskError(f"{path}: defines no `{name}()` function")
+        if isinstance(top[name], ast.ClassDef):
+            raise TaskError(f"{path}: `{name}` must be a function, not a class")
+
+
+def load_tasks(folder: str | Path, ids: list[int] | None = None) -> list[Task]:
+    """All task files of a folder, sorted by numeric id then name; optionally only `ids`."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise TaskError(f"{folder}: no such task folder")
+    files = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
+    by_id: dict[int, Path] = {}
+    for p in files:
+        match = _ID_PREFIX.match(p.name)
+        if match:
+            by_id.setdefault(int(match.group(1)), p)
+    if ids is not None:
+        missing = [i for i in ids if i not in by_id]
+        if missing:
+            raise TaskError(f"{folder}: no task file with id {', '.join(map(str, missing))}")
+        return [Task.from_file(by_id[i]) for i in ids]
+    tasks = [Task.from_file(p) for p in files]
+    if not tasks:
+        raise TaskError(f"{folder}: contains no task files (*.py)")
+    return sorted(tasks, key=lambda t: (t.id is None, t.id or 0, t.name))
+
+
+def load_task(spec: str | Path) -> Task:
+    """A task from a file path, or `FOLDER/ID` (`level3/10` finds `level3/10_ResNet101.py`)."""
+    path = Path(spec)
+    if path.is_file():
+        return Task.from_file(path)
+    if path.is_dir():
+        raise TaskError(f"{path}: is a folder; name one task as {path}/ID or a file")
+    if path.name.isdigit() and path.parent.is_dir():
+        return load_tasks(path.parent, [int(path.name)])[0]
+    raise TaskError(f"{path}: no such task file")

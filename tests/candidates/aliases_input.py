@@ -1,0 +1,19 @@
+"""Writes the result into its input and returns the input."""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ModelNew(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        out = self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+        x.copy_(out)
+        return x

@@ -1,0 +1,18 @@
+"""Raises in __init__."""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ModelNew(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        raise ValueError("weights file missing")
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return x

@@ -1,0 +1,132 @@
+"""Every failure class gets its own status and a message that names the problem."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+from pike.config import EvalConfig
+from pike.evaluate import evaluate
+from pike.task import Task
+from tests.conftest import candidate
+
+CASES = [
+    # candidate file, status, phase, words the message must contain
+    ("wrong_values", "incorrect", "check", "values outside atol=0.01"),
+    ("wrong_shape", "incorrect", "check", "shape [64, 255] != expected [64, 256]"),
+    ("syntax_error", "compile_error", "load", "candidate.py:7: SyntaxError"),
+    ("no_model", "compile_error", "load", "defines none of ModelNew, Model"),
+    ("init_raises", "runtime_error", "init", "ValueError: weights file missing"),
+    ("forward_raises", "runtime_error", "check", "RuntimeError"),
+    ("infinite_loop", "timeout", "check", "no progress for 20 s in phase 'check'"),
+    ("segfault", "crashed", "check", "killed by signal SIGSEGV"),
+    ("memory_hog", "crashed", "check", "exceeded the memory limit"),
+    ("exits_early", "crashed", "check", "exited with status 0 before reporting a result"),
+    ("aliases_input", "rejected", "check", "shares memory with an input"),
+    ("mutates_input", "rejected", "check", "modified in place"),
+    ("cached", "incorrect", "check", "identical for different inputs"),
+    ("spawns_child", "rejected", "cleanup", "left processes running"),
+]
+
+
+@pytest.mark.parametrize(("name", "status", "phase", "words"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_failure_classes(mlp_task: Task, fast_config: EvalConfig, name: str, status: str,
+                         phase: str, words: str) -> None:
+    verdict = evaluate(mlp_task, candidate(name), fast_config)
+    assert (verdict.status, verdict.phase) == (status, phase), verdict.message
+    assert words in verdict.message
+    assert len(verdict.message) <= 4500
+    assert verdict.speedup is None and verdict.runtime is None
+
+
+def test_correct_faster_candidate_is_ok_and_timed(mlp_task: Task, fast_config: EvalConfig) -> None:
+    verdict = evaluate(mlp_task, candidate("fused"), fast_config)
+    assert verdict.status == "ok", verdict.message
+    assert verdict.trials_passed == verdict.trials == 3
+    assert verdict.max_abs_error is not None and verdict.max_abs_error < 1e-4
+    assert verdict.runtime and verdict.reference
+    assert verdict.runtime.count >= 5 and verdict.reference.count >= 5
+    assert verdict.runtime.q1_ms <= verdict.runtime.median_ms <= verdict.runtime.q3_ms
+    assert verdict.speedup == pytest.approx(
+        verdict.reference.median_ms / verdict.runtime.median_ms)
+    assert verdict.torch_version and verdict.device == "cpu"
+
+
+def test_slower_candidate_reports_speedup_below_one(mlp_task: Task,
+                                                    fast_config: EvalConfig) -> None:
+    verdict = evaluate(mlp_task, candidate("slower"), fast_config)
+    assert verdict.status == "ok", verdict.message
+    assert verdict.speedup is not None and verdict.speedup < 1.0
+
+
+def test_candidate_class_may_be_named_model(mlp_task: Task, fast_config: EvalConfig) -> None:
+    assert evaluate(mlp_task, candidate("model_named_model"), fast_config).ok
+
+
+def test_candidate_that_loads_the_reference_file_is_rejected(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    source = candidate("uses_reference").replace("TASK_PATH", str(mlp_task.path))
+    verdict = evaluate(mlp_task, source, fast_config)
+    assert verdict.status == "rejected"
+    assert "runs code from the reference task file" in verdict.message
+
+
+def test_secrets_and_home_are_hidden(mlp_task: Task, fast_config: EvalConfig,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+    monkeypatch.setenv("HF_TOKEN", "hf-test")
+    monkeypatch.setenv("PIKE_TEST_REAL_HOME", os.path.expanduser("~"))
+    verdict = evaluate(mlp_task, candidate("reads_secrets"), fast_config)
+    assert verdict.status == "ok", verdict.message
+
+
+def _sleepers() -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if (p.info["cmdline"] or [])[:2] == ["sleep", "300"]:
+            found.append(p)
+    return found
+
+
+def test_no_process_outlives_its_evaluation(mlp_task: Task, fast_config: EvalConfig) -> None:
+    before = {p.pid for p in _sleepers()}
+    evaluate(mlp_task, candidate("spawns_child"), fast_config)
+    time.sleep(0.2)
+    assert {p.pid for p in _sleepers()} - before == set()
+    children = psutil.Process().children(recursive=True)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_timing_can_be_skipped(mlp_task: Task, fast_config: EvalConfig) -> None:
+    fast_config.time_candidate = False
+    verdict = evaluate(mlp_task, candidate("fused"), fast_config)
+    assert verdict.ok and verdict.runtime is None and verdict.speedup is None
+
+
+def test_tolerance_is_configurable(mlp_task: Task, fast_config: EvalConfig) -> None:
+    fast_config.atol = fast_config.rtol = 10.0
+    fast_config.time_candidate = False
+    assert evaluate(mlp_task, candidate("wrong_values"), fast_config).ok
+
+
+@pytest.mark.slow
+def test_cpp_extension_that_fails_to_build(mlp_task: Task, fast_config: EvalConfig) -> None:
+    verdict = evaluate(mlp_task, candidate("cpp_compile_error"), fast_config)
+    assert (verdict.status, verdict.phase) == ("compile_error", "load")
+    assert "undefined_name" in verdict.message and "error" in verdict.message
+    assert len(verdict.message) < 4500
+
+
+@pytest.mark.slow
+def test_cpp_extension_builds_once_and_passes(mlp_task: Task, fast_config: EvalConfig) -> None:
+    source = candidate("cpp_gelu")
+    first = evaluate(mlp_task, source, fast_config)
+    assert first.status == "ok", first.message
+    second = evaluate(mlp_task, source, fast_config)
+    assert second.status == "ok"
+    # the build cache is keyed by source: the second load skips the compiler
+    assert second.phase_seconds["load"] < first.phase_seconds["load"] / 3
