@@ -1,0 +1,65 @@
+"""The evaluator on a CUDA device: CUDA C++, Triton and PyTorch candidates, GPU failures.
+
+Run on the GPU machine with `pytest -m gpu`; skipped where CUDA is absent.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+from pike.config import EvalConfig
+from pike.evaluate import evaluate
+from pike.task import Task
+from tests.conftest import candidate
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def gpu_config(fast_config: EvalConfig) -> EvalConfig:
+    fast_config.device = "cuda"
+    fast_config.limits.memory_gib = 16
+    return fast_config
+
+
+@pytest.mark.parametrize("name", ["fused", "cuda_gelu", "triton_gelu", "model_named_model"])
+def test_correct_candidates_pass_and_are_timed(mlp_task: Task, gpu_config: EvalConfig,
+                                               name: str) -> None:
+    verdict = evaluate(mlp_task, candidate(name), gpu_config)
+    assert verdict.status == "ok", verdict.message
+    assert verdict.device == "cuda:0" and verdict.device_name
+    assert verdict.runtime and verdict.reference and verdict.speedup
+    assert verdict.runtime.median_ms > 0
+
+
+@pytest.mark.parametrize(("name", "statuses", "words"), [
+    ("cuda_half_written", {"incorrect"}, "values outside"),
+    ("cuda_out_of_bounds", {"runtime_error", "crashed"}, "illegal memory access"),
+    ("wrong_values", {"incorrect"}, "values outside"),
+    ("mutates_input", {"rejected"}, "modified in place"),
+    ("aliases_input", {"rejected"}, "shares memory"),
+])
+def test_gpu_failures_get_their_verdict(mlp_task: Task, gpu_config: EvalConfig, name: str,
+                                        statuses: set[str], words: str) -> None:
+    verdict = evaluate(mlp_task, candidate(name), gpu_config)
+    assert verdict.status in statuses, verdict.message
+    assert words in verdict.message
+
+
+def test_hung_kernel_times_out_and_leaves_nothing(mlp_task: Task, gpu_config: EvalConfig) -> None:
+    gpu_config.limits.check_seconds = 15
+    verdict = evaluate(mlp_task, candidate("cuda_hang"), gpu_config)
+    assert verdict.status == "timeout", verdict.message
+    time.sleep(0.5)
+    alive = [c for c in psutil.Process().children(recursive=True)
+             if c.status() != psutil.STATUS_ZOMBIE]
+    assert not alive
+
+
+def test_good_kernel_still_passes_after_a_crash(mlp_task: Task, gpu_config: EvalConfig) -> None:
+    """A crashed candidate must not poison the device for the next one (separate processes)."""
+    assert evaluate(mlp_task, candidate("cuda_out_of_bounds"), gpu_config).status != "ok"
+    assert evaluate(mlp_task, candidate("cuda_gelu"), gpu_config).ok
