@@ -9,7 +9,8 @@ import psutil
 import pytest
 
 from pike.config import EvalConfig
-from pike.evaluate import evaluate
+from pike.evaluate import evaluate, judge
+from pike.evaluate.judge import close_references
 from pike.task import Task
 from tests.conftest import candidate
 
@@ -97,8 +98,16 @@ def test_no_process_outlives_its_evaluation(mlp_task: Task, fast_config: EvalCon
     evaluate(mlp_task, candidate("spawns_child"), fast_config)
     time.sleep(0.2)
     assert {p.pid for p in _sleepers()} - before == set()
+    # The reference child stays alive, cached, to time the next candidate against.
+    cached = {r.child.proc.pid for r in judge._references.values() if r.child and r.child.proc}
+    assert {c.pid for c in _live_children()} == cached
+    close_references()
+    assert _live_children() == []
+
+
+def _live_children() -> list[psutil.Process]:
     children = psutil.Process().children(recursive=True)
-    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    return [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_timing_can_be_skipped(mlp_task: Task, fast_config: EvalConfig) -> None:

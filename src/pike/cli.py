@@ -12,10 +12,11 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pike.config import RunConfig
-from pike.errors import PikeError, TaskError
+from pike.errors import ConfigError, PikeError, TaskError
 from pike.evaluate import BASELINE_MODES, Baseline, Verdict, evaluate, measure_baselines
 from pike.task import Task, load_task, load_tasks
 
@@ -42,14 +43,18 @@ def user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except PikeError as err:
-            err_console.print(f"[red]error:[/red] {err}", highlight=False)
+            err_console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False,
+                              soft_wrap=True)
             raise typer.Exit(EXIT_USER_ERROR) from None
 
     return wrapper  # type: ignore[return-value]
 
 
 def _config(path: Path | None, device: str | None) -> RunConfig:
-    cfg = RunConfig.load(path)
+    try:
+        cfg = RunConfig.load(path)
+    except (OSError, UnicodeDecodeError) as err:  # a folder, unreadable, not text
+        raise ConfigError(f"{path}: cannot read config file ({err})") from None
     if device:
         cfg.eval.device = device
     return cfg
@@ -67,7 +72,8 @@ def eval_command(
     task: Annotated[str, typer.Argument(help="task file, or FOLDER/ID")],
     candidate: Annotated[Path, typer.Argument(help="candidate source defining ModelNew")],
     device: DeviceOpt = None,
-    trials: Annotated[int | None, typer.Option(help="correctness trials (default 5)")] = None,
+    trials: Annotated[int | None, typer.Option(min=1, help="correctness trials (default 5)")]
+    = None,
     no_timing: Annotated[bool, typer.Option("--no-timing", help="check correctness only")] = False,
     as_json: JsonOpt = False,
     config: ConfigOpt = None,
@@ -117,7 +123,7 @@ def _print_verdict(task: Task, candidate: Path, v: Verdict) -> None:
     table.add_row("device", f"{v.device} {v.device_name}, torch {v.torch_version}, host {v.host}")
     console.print(table)
     if v.message:
-        console.print(v.message, markup=False, highlight=False)
+        console.print(v.message, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("baseline")
@@ -138,8 +144,13 @@ def baseline_command(
     unknown = [m for m in mode_list if m != "eager" and not m.startswith("compile:")]
     if unknown:
         raise PikeError(f"unknown mode {unknown[0]!r}; use eager or compile:<torch.compile mode>")
+    if not mode_list:
+        raise PikeError("no mode given; use eager or compile:<torch.compile mode>")
     if Path(task).is_dir():
-        ids = [int(i) for i in tasks.split(",")] if tasks else None
+        try:
+            ids = [int(i) for i in tasks.split(",")] if tasks else None
+        except ValueError:
+            raise TaskError(f"--tasks {tasks!r}: give numeric task ids, like 1,4,9") from None
         task_list = load_tasks(task, ids)
     else:
         task_list = [load_task(task)]
@@ -153,7 +164,8 @@ def baseline_command(
                 result = measure_baselines(t, cfg, mode_list)
             except PikeError as err:  # one bad task does not stop a folder
                 failures[t.name] = str(err)
-                err_console.print(f"[red]{t.name}: {err}[/red]", highlight=False)
+                err_console.print(f"[red]{escape(t.name)}: {escape(str(err))}[/red]",
+                                  highlight=False, soft_wrap=True)
                 continue
         results.append(result)
         path = out_dir / f"{t.name}.json"
@@ -163,7 +175,8 @@ def baseline_command(
                          indent=2))
     else:
         _print_baselines(results, mode_list)
-        err_console.print(f"wrote {len(results)} baseline file(s) to {out_dir}")
+        err_console.print(f"wrote {len(results)} baseline file(s) to {out_dir}", markup=False,
+                          highlight=False, soft_wrap=True)
     if not results:
         raise typer.Exit(EXIT_USER_ERROR)
 
@@ -181,7 +194,7 @@ def _print_baselines(results: list[Baseline], modes: list[str]) -> None:
         cells = []
         for m in r.modes:
             if m.stats is None:
-                cells.append(f"[red]failed[/red]: {(m.error or '')[:40]}")
+                cells.append(f"[red]failed[/red]: {escape((m.error or '')[:40])}")
             else:
                 ratio = f" ({m.speedup_vs_eager:.2f}x)" if m.mode != "eager" else ""
                 cells.append(_ms(m.stats.median_ms) + ratio)

@@ -21,10 +21,13 @@ class TimingConfig(_Strict):
     """How each module is timed (same protocol for reference and candidate)."""
 
     warmup_calls: int = Field(3, ge=1, description="calls before timing starts (at least)")
-    warmup_seconds: float = Field(0.05, ge=0, description="keep warming up until this long")
-    min_calls: int = Field(10, ge=1, description="timed calls (at least)")
-    max_calls: int = Field(1000, ge=1, description="timed calls (at most)")
-    min_seconds: float = Field(0.3, ge=0, description="keep timing until this much timed run time")
+    warmup_seconds: float = Field(0.1, ge=0, description="keep warming up until this long")
+    min_calls: int = Field(20, ge=1, description="timed calls (at least)")
+    max_calls: int = Field(5000, ge=1, description="timed calls (at most)")
+    min_seconds: float = Field(1.0, ge=0, description="keep timing until this much timed run time")
+    rounds: int = Field(
+        20, ge=1, description="split the timed calls into this many blocks, alternating with the "
+        "reference's blocks, so both see the same state of the host")
     flush_l2: bool = Field(True, description="overwrite a buffer larger than L2 before each CUDA call")
 
 
@@ -73,10 +76,13 @@ class RunConfig(_Strict):
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
         except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({err})") from None
+            mark = getattr(err, "problem_mark", None)
+            where = f"line {mark.line + 1}: " if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ConfigError(f"{path}: not valid YAML ({where}{problem})") from None
         try:
             return cls.model_validate(data)
         except ValidationError as err:
             first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
+            where = ".".join(str(p) for p in first["loc"]) or "top level"
             raise ConfigError(f"{path}: {where}: {first['msg']}") from None

@@ -54,7 +54,10 @@ def check_task_source(source: str, path: Path) -> None:
     try:
         tree = ast.parse(source, filename=str(path))
     except SyntaxError as err:
-        raise TaskError(f"{path}:{err.lineno}: syntax error: {err.msg}") from None
+        where = f"{path}:{err.lineno}" if err.lineno else str(path)
+        raise TaskError(f"{where}: syntax error: {err.msg}") from None
+    except ValueError as err:  # Python 3.10 reports null bytes this way
+        raise TaskError(f"{path}: syntax error: {err}") from None
     top = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
@@ -65,13 +68,21 @@ def check_task_source(source: str, path: Path) -> None:
                     top[target.id] = node
     if "Model" not in top:
         raise TaskError(f"{path}: defines no `Model` class")
-    if not isinstance(top["Model"], (ast.ClassDef, ast.Assign)):
+    if not isinstance(top["Model"], (ast.ClassDef, ast.Assign)) or _literal(top["Model"]):
         raise TaskError(f"{path}: `Model` is not a class")
     for name in REQUIRED_FUNCTIONS:
         if name not in top:
             raise TaskError(f"{path}: defines no `{name}()` function")
         if isinstance(top[name], ast.ClassDef):
             raise TaskError(f"{path}: `{name}` must be a function, not a class")
+        if _literal(top[name]):
+            raise TaskError(f"{path}: `{name}` must be a function, not a constant")
+
+
+def _literal(node: ast.AST) -> bool:
+    """An assignment of a literal value (`get_inputs = [x]`), which cannot be called."""
+    return isinstance(node, ast.Assign) and isinstance(
+        node.value, (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.JoinedStr))
 
 
 def load_tasks(folder: str | Path, ids: list[int] | None = None) -> list[Task]:
@@ -80,16 +91,20 @@ def load_tasks(folder: str | Path, ids: list[int] | None = None) -> list[Task]:
     if not folder.is_dir():
         raise TaskError(f"{folder}: no such task folder")
     files = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
-    by_id: dict[int, Path] = {}
+    by_id: dict[int, list[Path]] = {}
     for p in files:
         match = _ID_PREFIX.match(p.name)
         if match:
-            by_id.setdefault(int(match.group(1)), p)
+            by_id.setdefault(int(match.group(1)), []).append(p)
     if ids is not None:
         missing = [i for i in ids if i not in by_id]
         if missing:
             raise TaskError(f"{folder}: no task file with id {', '.join(map(str, missing))}")
-        return [Task.from_file(by_id[i]) for i in ids]
+        for i in ids:
+            if len(by_id[i]) > 1:
+                names = ", ".join(p.name for p in by_id[i])
+                raise TaskError(f"{folder}: id {i} is ambiguous ({names}); name the file")
+        return [Task.from_file(by_id[i][0]) for i in ids]
     tasks = [Task.from_file(p) for p in files]
     if not tasks:
         raise TaskError(f"{folder}: contains no task files (*.py)")

@@ -63,3 +63,27 @@ def test_good_kernel_still_passes_after_a_crash(mlp_task: Task, gpu_config: Eval
     """A crashed candidate must not poison the device for the next one (separate processes)."""
     assert evaluate(mlp_task, candidate("cuda_out_of_bounds"), gpu_config).status != "ok"
     assert evaluate(mlp_task, candidate("cuda_gelu"), gpu_config).ok
+
+
+def test_work_on_a_side_stream_is_counted() -> None:
+    import torch
+
+    from pike.config import TimingConfig
+    from pike.evaluate.timing import time_calls
+
+    cfg = TimingConfig(warmup_calls=1, warmup_seconds=0.0, min_calls=5, min_seconds=0.0)
+    device = torch.device("cuda:0")
+    side = torch.cuda.Stream(device)
+    cycles = 20_000_000  # about 10 ms at H100 clocks
+
+    def on_current_stream() -> None:
+        torch.cuda._sleep(cycles)
+
+    def on_side_stream() -> None:  # returns before its work is done, never joins
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(cycles)
+
+    honest = sorted(time_calls(on_current_stream, device, cfg))[2]
+    escaped = sorted(time_calls(on_side_stream, device, cfg))[2]
+    assert honest > 1.0
+    assert escaped > 0.9 * honest

@@ -7,7 +7,12 @@ import datetime as dt
 from pydantic import BaseModel
 
 from pike.config import COMPILE_MODES, EvalConfig, RunConfig
-from pike.evaluate.judge import as_eval_config, resolve_device, run_reference
+from pike.evaluate.judge import (
+    as_eval_config,
+    resolve_device,
+    run_reference,
+    time_reference_modes,
+)
 from pike.evaluate.verdict import TimingStats
 from pike.task import Task
 
@@ -41,14 +46,14 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     cfg = as_eval_config(config)
     device = resolve_device(cfg.device)
     modes = modes or BASELINE_MODES
-    reference = run_reference(task, cfg, device, modes)
-    results = []
-    for mode in modes:
-        timed = reference.timed.get(mode, "not timed")
-        if isinstance(timed, list) and timed:
-            results.append(ModeTiming(mode=mode, stats=TimingStats.from_samples(timed)))
-        else:
-            results.append(ModeTiming(mode=mode, error=str(timed) or "failed"))
+    reference = run_reference(task, cfg, device, keep_child=True, cache=False)
+    try:
+        timers = time_reference_modes(task, reference, modes, cfg)
+    finally:
+        reference.close()
+    results = [ModeTiming(mode=t.mode, stats=TimingStats.from_samples(t.samples))
+               if t.samples and not t.error else ModeTiming(mode=t.mode, error=t.error or "failed")
+               for t in timers]
     eager = next((r.stats for r in results if r.mode == "eager" and r.stats), None)
     for r in results:
         if eager and r.stats:

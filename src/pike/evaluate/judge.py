@@ -7,16 +7,14 @@ parent, where candidate code cannot reach.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import shutil
-import signal
 import tempfile
 import time
-import uuid
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +23,16 @@ import torch
 from pike.config import EvalConfig, RunConfig
 from pike.errors import EvaluatorError, TaskError
 from pike.evaluate import check
-from pike.evaluate.protocol import ChildRequest
-from pike.evaluate.sandbox import (
-    ChildExit,
-    ChildProcess,
-    MemoryExceeded,
-    PhaseTimeout,
-    scrubbed_environment,
+from pike.evaluate.driver import (
+    ChildReport,
+    Timer,
+    finish,
+    run_trials,
+    start_child,
+    time_interleaved,
 )
+from pike.evaluate.protocol import ChildRequest
+from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.verdict import OutputMismatch, TimingStats, Verdict
 from pike.task import Task
 
@@ -55,105 +55,66 @@ def as_eval_config(config: EvalConfig | RunConfig | None) -> EvalConfig:
     return config.eval if isinstance(config, RunConfig) else config
 
 
-def _cache_root(cfg: EvalConfig) -> Path:
-    root = cfg.build_cache or Path.home() / ".cache" / "pike" / "build"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
-@dataclass
-class ChildReport:
-    """What one child run produced, before it is turned into a Verdict."""
-
-    env: dict[str, str] = field(default_factory=dict)
-    failure: Verdict | None = None
-    timed: dict[str, list[float] | str] = field(default_factory=dict)
-    phase_seconds: dict[str, float] = field(default_factory=dict)
-    leftovers: list[str] = field(default_factory=list)
-
-
-def _run_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
-               on_checked: Callable[[], bool], build_key: str) -> ChildReport:
-    """Drive one child through its phases; every way it can end becomes part of the report."""
-    cache_root = _cache_root(cfg)
-    env = scrubbed_environment(work_dir, uuid.uuid4().hex, cache_root / build_key, cache_root)
-    lim = cfg.limits
-    timing_limit = lim.timing_seconds * max(1, len(request.time_modes))
-    phase_limits = {"setup": lim.load_seconds, "load": lim.load_seconds,
-                    "init": lim.load_seconds, "check": lim.check_seconds, "timing": timing_limit}
-    report = ChildReport()
-    with ChildProcess(request, work_dir, env, lim, phase_limits) as child:
-        while True:
-            event = child.receive()
-            if not isinstance(event, dict):
-                report.failure = _abnormal_end(event, child.phase)
-                break
-            kind = event.get("event")
-            if kind == "env":
-                report.env = {k: str(v) for k, v in event.items() if k != "event"}
-            elif kind == "failure":
-                report.failure = Verdict(status=event["status"], phase=event["phase"],
-                                         message=event["message"])
-                break
-            elif kind == "checked":
-                go_on = on_checked()
-                child.send("time" if go_on else "stop")
-                if not go_on:
-                    break
-            elif kind == "timed":
-                report.timed[event["mode"]] = event.get("samples") or event.get("error", "")
-            elif kind == "done":
-                break
-        child.enter_phase("cleanup")
-        child.wait_exit(timeout=5.0)
-        report.leftovers = child.leftover_processes()
-        report.phase_seconds = child.phase_seconds
-    return report
-
-
-def _abnormal_end(event: ChildExit | PhaseTimeout | MemoryExceeded, phase: str) -> Verdict:
-    if isinstance(event, PhaseTimeout):
-        return Verdict(status="timeout", phase=event.phase,
-                       message=f"no progress for {event.limit_s:g} s in phase '{event.phase}'")
-    if isinstance(event, MemoryExceeded):
-        return Verdict(status="crashed", phase=phase,
-                       message=f"exceeded the memory limit: {event.used_bytes / 2**30:.1f} GiB "
-                               f"used, limit {event.limit_bytes / 2**30:.1f} GiB")
-    code = event.returncode
-    if code is not None and code < 0:
-        how = f"killed by signal {signal.Signals(-code).name}"
-    elif code == 0:
-        how = "exited with status 0 before reporting a result (os._exit or exit in candidate code?)"
-    else:
-        how = f"exited with status {code}"
-    tail = f"\n{event.output_tail}" if event.output_tail else ""
-    return Verdict(status="crashed", phase=phase, message=f"{how} during phase '{phase}'{tail}")
-
-
 @dataclass
 class ReferenceRun:
-    """Inputs and expected outputs of a task's trials, plus its timings, kept for reuse."""
+    """A task's trial inputs and expected outputs, and (when timing) its live child.
+
+    The reference child stays alive between evaluations so that each candidate is timed
+    in blocks alternating with blocks of the reference, in the same window of time.
+    """
 
     inputs_dir: Path
     expected: list[list[Any]]
-    timed: dict[str, list[float] | str]
     env: dict[str, str]
+    child: ChildProcess | None
     _tmp: Path
 
-    def __del__(self) -> None:
+    def usable(self) -> bool:
+        return self.child is None or self.child.alive()
+
+    def close(self) -> None:
+        if self.child is not None:
+            finish(self.child)
+            self.child = None
         shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the child dies with its session anyway
+            pass
 
 
 _references: OrderedDict[str, ReferenceRun] = OrderedDict()
 
 
-def run_reference(task: Task, cfg: EvalConfig, device: str, modes: list[str]) -> ReferenceRun:
-    """Run (or reuse) the task's reference: trial inputs, expected outputs, timings."""
-    protocol = cfg.model_dump_json(include={"trials", "seed", "model_mode", "timing"})
-    key = "|".join([task.sha256, device, protocol, ",".join(modes)])
-    if key in _references:
+@atexit.register
+def close_references() -> None:
+    """Stop every cached reference child (also run at interpreter exit)."""
+    while _references:
+        _references.popitem()[1].close()
+
+
+def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
+                  cache: bool = True) -> ReferenceRun:
+    """Run (or reuse) the task's reference: trial inputs, expected outputs, a live child."""
+    protocol = cfg.model_dump_json(include={"trials", "seed", "model_mode", "limits"})
+    key = "|".join([task.sha256, device, protocol, str(keep_child)])
+    cached = _references.get(key) if cache else None
+    if cached is not None and cached.usable():
         _references.move_to_end(key)
-        return _references[key]
+        return cached
+    if cached is not None:
+        _references.pop(key).close()
+    run = _start_reference(task, cfg, device, keep_child)
+    if cache:
+        _references[key] = run
+        while len(_references) > _REFERENCE_CACHE_SIZE:
+            _references.popitem(last=False)[1].close()
+    return run
+
+
+def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> ReferenceRun:
     tmp = Path(tempfile.mkdtemp(prefix="pike-ref-"))
     inputs_dir, expected_dir, work_dir = tmp / "inputs", tmp / "expected", tmp / "work"
     for d in (inputs_dir, expected_dir, work_dir):
@@ -162,22 +123,44 @@ def run_reference(task: Task, cfg: EvalConfig, device: str, modes: list[str]) ->
         role="reference", module_path=str(task.path), class_names=["Model"],
         inputs_dir=str(inputs_dir), outputs_dir=str(expected_dir), device=device,
         trials=cfg.trials, seed=cfg.seed, model_mode=cfg.model_mode, timing=cfg.timing,
-        time_modes=modes, task_sha256=task.sha256,
+        task_sha256=task.sha256,
     )
-    report = _run_child(request, work_dir, cfg, on_checked=lambda: bool(modes),
-                        build_key="reference")
-    if report.failure is not None:
+    report = ChildReport()
+    child = start_child(request, work_dir, cfg, build_key="reference")
+    ok = False
+    try:
+        ok = run_trials(child, report)
+    finally:
+        if not (ok and keep_child):
+            finish(child)
+    if not ok:
         shutil.rmtree(tmp, ignore_errors=True)
-        first_line = report.failure.message.strip().splitlines()[0] if report.failure.message else ""
-        raise TaskError(f"{task.path}: reference failed in phase '{report.failure.phase}': "
-                        f"{first_line}")
+        raise _reference_failed(task, report.failure)
     expected = [_load_leaves(expected_dir / f"outputs_{i}.pt") for i in range(cfg.trials)]
     shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
-    run = ReferenceRun(inputs_dir, expected, report.timed, report.env, tmp)
-    _references[key] = run
-    while len(_references) > _REFERENCE_CACHE_SIZE:
-        _references.popitem(last=False)
-    return run
+    child.enter_phase("idle")
+    return ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp)
+
+
+def _reference_failed(task: Task, failure: Verdict | None) -> TaskError:
+    message = failure.message.strip() if failure and failure.message else "no message"
+    phase = failure.phase if failure else "?"
+    return TaskError(f"{task.path}: reference failed in phase '{phase}': "
+                     f"{message.splitlines()[0]}")
+
+
+def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
+                         cfg: EvalConfig) -> list[Timer]:
+    """Time the reference's modes (eager, torch.compile ...) alternating with each other."""
+    assert reference.child is not None
+    timers = [Timer(reference.child, mode) for mode in modes]
+    time_interleaved(timers, cfg.timing)
+    reference.child.enter_phase("idle")
+    broken = next((t.failure for t in timers if t.failure), None)
+    if broken is not None:
+        reference.close()
+        raise _reference_failed(task, broken)
+    return timers
 
 
 def _load_leaves(path: Path) -> list[Any]:
@@ -198,8 +181,7 @@ def evaluate(task: Task, candidate_source: str,
     except SyntaxError as err:
         return Verdict(status="compile_error", phase="load", device=device,
                        message=f"candidate.py:{err.lineno}: SyntaxError: {err.msg}")
-    modes = ["eager"] if cfg.time_candidate else []
-    reference = run_reference(task, cfg, device, modes)
+    reference = run_reference(task, cfg, device, keep_child=cfg.time_candidate)
     tmp = Path(tempfile.mkdtemp(prefix="pike-cand-"))
     try:
         verdict = _judge_candidate(task, candidate_source, cfg, device, reference, tmp)
@@ -220,45 +202,59 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
         role="candidate", module_path=str(candidate_path), class_names=["ModelNew", "Model"],
         inputs_dir=str(reference.inputs_dir), outputs_dir=str(outputs_dir), device=device,
         trials=cfg.trials, seed=cfg.seed, model_mode=cfg.model_mode, timing=cfg.timing,
-        time_modes=["candidate"] if cfg.time_candidate else [], task_sha256=task.sha256,
-        task_size=task.path.stat().st_size,
+        task_sha256=task.sha256, task_size=task.path.stat().st_size,
     )
-    correctness: list[Verdict] = []
-
-    def on_checked() -> bool:
-        correctness.append(_compare_trials(reference.expected, outputs_dir, cfg))
-        return correctness[0].ok and cfg.time_candidate
-
+    report = ChildReport()
+    timers: list[Timer] = []
+    correctness: Verdict | None = None
     build_key = task.sha256[:8] + "-" + _sha(source)[:16]
-    report = _run_child(request, work_dir, cfg, on_checked, build_key)
-    verdict = report.failure or (correctness[0] if correctness else Verdict(
-        status="crashed", message="the child ended without running the trials"))
-    if verdict.ok and report.leftovers:
-        verdict = Verdict(status="rejected", phase="cleanup",
-                          message="left processes running after it finished: "
-                                  + ", ".join(report.leftovers[:5]))
-    if correctness and verdict is not correctness[0]:
-        for name in ("trials_passed", "max_abs_error", "max_rel_error"):
-            setattr(verdict, name, getattr(correctness[0], name))
+    child = start_child(request, work_dir, cfg, build_key)
+    try:
+        if run_trials(child, report):
+            correctness = _compare_trials(reference.expected, outputs_dir, cfg)
+            if correctness.ok and cfg.time_candidate and reference.child is not None:
+                timers = [Timer(reference.child, "eager"), Timer(child, "candidate")]
+                time_interleaved(timers, cfg.timing)
+                reference.child.enter_phase("idle")
+    finally:
+        finish(child, report)
+    if timers and timers[0].failure is not None:
+        reference.close()
+        raise _reference_failed(task, timers[0].failure)
+    verdict = _candidate_verdict(report, correctness, timers)
     verdict.trials = cfg.trials
     verdict.device = device
     verdict.device_name = report.env.get("device_name", "")
     verdict.torch_version = report.env.get("torch_version", "")
     verdict.host = report.env.get("host", "")
-    verdict.phase_seconds = report.phase_seconds
-    _attach_timings(verdict, report, reference)
+    verdict.phase_seconds = dict(child.phase_seconds)
+    _attach_timings(verdict, timers)
     return verdict
 
 
-def _attach_timings(verdict: Verdict, report: ChildReport, reference: ReferenceRun) -> None:
-    ref = reference.timed.get("eager")
-    if isinstance(ref, list) and ref:
-        verdict.reference = TimingStats.from_samples(ref)
-    if not verdict.ok:
+def _candidate_verdict(report: ChildReport, correctness: Verdict | None,
+                       timers: list[Timer]) -> Verdict:
+    candidate_timer = timers[1] if timers else None
+    verdict = (report.failure or (candidate_timer and candidate_timer.failure) or correctness
+               or Verdict(status="crashed", message="the child ended without running the trials"))
+    if verdict.ok and report.leftovers:
+        verdict = Verdict(status="rejected", phase="cleanup",
+                          message="left processes running after it finished: "
+                                  + ", ".join(report.leftovers[:5]))
+    if correctness is not None and verdict is not correctness:
+        for name in ("trials_passed", "max_abs_error", "max_rel_error"):
+            setattr(verdict, name, getattr(correctness, name))
+    return verdict
+
+
+def _attach_timings(verdict: Verdict, timers: list[Timer]) -> None:
+    if not timers:
         return
-    samples = report.timed.get("candidate")
-    if isinstance(samples, list) and samples:
-        verdict.runtime = TimingStats.from_samples(samples)
+    reference, candidate = timers
+    if reference.samples:
+        verdict.reference = TimingStats.from_samples(reference.samples)
+    if verdict.ok and candidate.samples:
+        verdict.runtime = TimingStats.from_samples(candidate.samples)
     if verdict.runtime and verdict.reference:
         verdict.speedup = verdict.reference.median_ms / verdict.runtime.median_ms
 

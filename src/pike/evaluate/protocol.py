@@ -29,7 +29,6 @@ class ChildRequest(BaseModel):
     seed: int
     model_mode: Literal["as_constructed", "eval"]
     timing: TimingConfig
-    time_modes: list[str] = Field(description="'eager' and/or 'compile:<mode>'")
     task_sha256: str = ""
     task_size: int = -1
 

@@ -22,7 +22,7 @@ import torch
 from pike.evaluate import check
 from pike.evaluate.diagnostics import describe_exception
 from pike.evaluate.protocol import Channel, ChildRequest
-from pike.evaluate.timing import time_calls
+from pike.evaluate.timing import time_block
 
 _save = torch.save
 _load = torch.load
@@ -115,28 +115,54 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
         _sync(device)
         _save(_cpu_leaves(out), Path(req.outputs_dir) / f"outputs_{trial}.pt")
     chan.send("checked", trials=req.trials)
-    if chan.receive() != {"event": "time"}:
-        return
-    chan.send("phase", phase="timing")
-    for mode in req.time_modes:
-        _time_mode(req, chan, model, trial_inputs[0], device, mode)
+    first = trial_inputs[0]
 
-
-def _time_mode(req: ChildRequest, chan: Channel, model: torch.nn.Module, inputs: list[Any],
-               device: torch.device, mode: str) -> None:
-    try:
+    def make_call(mode: str) -> Callable[[], Any]:
         fn = model
         if mode.startswith("compile:"):
             torch._dynamo.reset()
             fn = torch.compile(model, mode=mode.split(":", 1)[1])
+        elif mode != "eager":
+            raise ValueError(f"unknown timing mode {mode!r}")
 
         def call() -> Any:
             with torch.no_grad():
-                return fn(*inputs)
+                return fn(*first)
 
-        chan.send("timed", mode=mode, samples=time_calls(call, device, req.timing))
-    except Exception as exc:  # a failing torch.compile mode is reported, not fatal
+        return call
+
+    def failed_mode(mode: str, exc: BaseException) -> None:
+        # A failing torch.compile mode is reported and the other modes go on.
         chan.send("timed", mode=mode, error=describe_exception(exc).splitlines()[0][:500])
+
+    _serve_timing(req, chan, device, make_call, failed_mode)
+
+
+def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
+                  make_call: Callable[[str], Callable[[], Any]],
+                  failed_mode: Callable[[str, BaseException], None]) -> None:
+    """Time blocks of calls as the parent asks, one block per request, until it says stop.
+
+    The parent alternates blocks between this child and another one, so that both are
+    timed under the same state of the host.
+    """
+    calls: dict[str, Callable[[], Any]] = {}
+    while True:
+        msg = chan.receive()
+        if not msg or msg.get("event") != "time":
+            return
+        mode = str(msg["mode"])
+        try:
+            if mode not in calls:
+                calls[mode] = make_call(mode)
+            samples = time_block(calls[mode], device, req.timing, warm_up=bool(msg["warm_up"]),
+                                 min_calls=int(msg["min_calls"]),
+                                 min_seconds=float(msg["min_seconds"]),
+                                 max_calls=int(msg["max_calls"]))
+        except BaseException as exc:  # candidate code may raise anything
+            failed_mode(mode, exc)
+            continue
+        chan.send("timed", mode=mode, samples=samples)
 
 
 def run_candidate(req: ChildRequest, chan: Channel, device: torch.device) -> None:
@@ -156,17 +182,18 @@ def run_candidate(req: ChildRequest, chan: Channel, device: torch.device) -> Non
         _save(_cpu_leaves(out), Path(req.outputs_dir) / f"outputs_{trial}.pt")
     _reject_reference_code(req, model)
     chan.send("checked", trials=req.trials)
-    if chan.receive() != {"event": "time"}:
-        return
-    chan.send("phase", phase="timing")
 
-    def call() -> Any:
-        with torch.no_grad():
-            return model(*first_inputs)
+    def make_call(mode: str) -> Callable[[], Any]:
+        def call() -> Any:
+            with torch.no_grad():
+                return model(*first_inputs)
 
-    samples = _guarded("runtime_error", "timing", req.module_path,
-                       lambda: time_calls(call, device, req.timing))
-    chan.send("timed", mode="candidate", samples=samples)
+        return call
+
+    def failed(mode: str, exc: BaseException) -> None:
+        raise Failure("runtime_error", "timing", describe_exception(exc, req.module_path))
+
+    _serve_timing(req, chan, device, make_call, failed)
 
 
 def _run_guarded_call(req: ChildRequest, model: torch.nn.Module, inputs: list[Any],

@@ -121,16 +121,17 @@ class ChildProcess:
             except OSError:
                 pass
 
-    def send(self, event: str) -> None:
+    def send(self, event: str, **fields: Any) -> None:
         assert self._chan is not None
         try:
-            self._chan.send(event)
+            self._chan.send(event, **fields)
         except BrokenPipeError:
             pass  # the child is gone; receive() reports how it ended
 
     def enter_phase(self, phase: str) -> None:
         now = time.monotonic()
-        self.phase_seconds[self.phase] = now - self.phase_started
+        spent = now - self.phase_started
+        self.phase_seconds[self.phase] = self.phase_seconds.get(self.phase, 0.0) + spent
         self.phase, self.phase_started = phase, now
 
     def receive(self) -> Event:
@@ -181,6 +182,9 @@ class ChildProcess:
             except psutil.Error:
                 pass
         return total
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def wait_exit(self, timeout: float = 10.0) -> int | None:
         assert self.proc is not None

@@ -1,9 +1,15 @@
 """The timing protocol, shared by reference, torch.compile baselines and candidates.
 
 CUDA: before each call a buffer larger than L2 is overwritten (so no call starts with a
-warm cache), a start event is recorded, the call runs, the whole device is synchronized
-(so work the candidate put on other streams is counted), then the end event is recorded.
-CPU: the same loop with perf_counter. Warm-up and call counts follow TimingConfig.
+warm cache), a start event is recorded, the call runs, an end event is recorded, the
+whole device is synchronized and a second end event is recorded. The call's time ends at
+the first end event, or at the second when work on other streams ran past the first, so
+side streams are counted while the host's wake-up latency after a synchronize is not.
+CPU: the same loop with perf_counter.
+
+The evaluator times in blocks: the parent alternates short blocks of the reference and of
+the candidate (each in its own process), so both see the same state of a host whose speed
+drifts. `time_block` is one such block; `time_calls` is a whole measurement in one go.
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ _Event = torch.cuda.Event
 _synchronize = torch.cuda.synchronize
 
 _L2_FLUSH_FALLBACK_BYTES = 256 * 1024 * 1024
+# Between the end event on the current stream and one recorded after a device-wide
+# synchronize there is only the host's wake-up latency (a few microseconds), unless work
+# ran on other streams past the end event; then the later event is the honest end.
+_ESCAPED_WORK_MS = 0.02
 
 
 def _l2_flush_buffer(device: torch.device) -> torch.Tensor:
@@ -32,15 +42,30 @@ def _l2_flush_buffer(device: torch.device) -> torch.Tensor:
 
 def time_calls(fn: Callable[[], Any], device: torch.device, cfg: TimingConfig) -> list[float]:
     """Warm up, then time calls of `fn` until the config's counts are met; milliseconds."""
+    return time_block(fn, device, cfg, warm_up=True, min_calls=cfg.min_calls,
+                      min_seconds=cfg.min_seconds, max_calls=cfg.max_calls)
+
+
+def time_block(fn: Callable[[], Any], device: torch.device, cfg: TimingConfig, *,
+               warm_up: bool, min_calls: int, min_seconds: float,
+               max_calls: int) -> list[float]:
+    """One block of timed calls (after the full warm-up, or one untimed call); milliseconds."""
+    sync = (lambda: _synchronize(device)) if device.type == "cuda" else (lambda: None)
+    if warm_up:
+        _warm_up(fn, sync, cfg)
+    else:
+        fn()  # the other process ran in between: refill this one's host-side caches
+        sync()
     if device.type == "cuda":
-        return _time_cuda(fn, device, cfg)
-    return _time_host(fn, cfg)
+        return _time_cuda(fn, device, cfg.flush_l2, min_calls, min_seconds, max_calls)
+    return _time_host(fn, min_calls, min_seconds, max_calls)
 
 
-def _enough(samples: list[float], spent_s: float, cfg: TimingConfig) -> bool:
-    if len(samples) >= cfg.max_calls:
+def _enough(count: int, spent_s: float, min_calls: int, min_seconds: float,
+            max_calls: int) -> bool:
+    if count >= max_calls:
         return True
-    return len(samples) >= cfg.min_calls and spent_s >= cfg.min_seconds
+    return count >= min_calls and spent_s >= min_seconds
 
 
 def _warm_up(fn: Callable[[], Any], sync: Callable[[], None], cfg: TimingConfig) -> None:
@@ -52,11 +77,11 @@ def _warm_up(fn: Callable[[], Any], sync: Callable[[], None], cfg: TimingConfig)
         calls += 1
 
 
-def _time_host(fn: Callable[[], Any], cfg: TimingConfig) -> list[float]:
-    _warm_up(fn, lambda: None, cfg)
+def _time_host(fn: Callable[[], Any], min_calls: int, min_seconds: float,
+               max_calls: int) -> list[float]:
     samples: list[float] = []
     spent = 0.0
-    while not _enough(samples, spent, cfg):
+    while not _enough(len(samples), spent, min_calls, min_seconds, max_calls):
         t0 = _perf_counter()
         fn()
         elapsed = _perf_counter() - t0
@@ -65,25 +90,32 @@ def _time_host(fn: Callable[[], Any], cfg: TimingConfig) -> list[float]:
     return samples
 
 
-def _time_cuda(fn: Callable[[], Any], device: torch.device, cfg: TimingConfig) -> list[float]:
-    def sync() -> None:
-        _synchronize(device)
+_flush_buffers: dict[torch.device, torch.Tensor] = {}
 
-    flush = _l2_flush_buffer(device) if cfg.flush_l2 else None
-    _warm_up(fn, sync, cfg)
+
+def _time_cuda(fn: Callable[[], Any], device: torch.device, flush_l2: bool, min_calls: int,
+               min_seconds: float, max_calls: int) -> list[float]:
+    flush = None
+    if flush_l2:
+        if device not in _flush_buffers:
+            _flush_buffers[device] = _l2_flush_buffer(device)
+        flush = _flush_buffers[device]
     samples: list[float] = []
     spent = 0.0
     with torch.cuda.device(device):
-        while not _enough(samples, spent, cfg):
+        while not _enough(len(samples), spent, min_calls, min_seconds, max_calls):
             if flush is not None:
                 flush.zero_()
-            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+            start, end, end_all = (_Event(enable_timing=True) for _ in range(3))
             start.record()
             fn()
-            _synchronize(device)
             end.record()
-            end.synchronize()
+            _synchronize(device)
+            end_all.record()
+            end_all.synchronize()
             elapsed_ms = start.elapsed_time(end)
+            if end.elapsed_time(end_all) > _ESCAPED_WORK_MS:
+                elapsed_ms = start.elapsed_time(end_all)
             spent += elapsed_ms / 1e3
             samples.append(elapsed_ms)
     return samples

@@ -1,0 +1,291 @@
+"""The `pike` command line as a user runs it: exit codes, tables, JSON, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import Result
+from typer.testing import CliRunner
+
+from pike.cli import app
+from tests.conftest import CANDIDATES, EXAMPLES
+
+MLP = str(EXAMPLES / "tasks" / "1_GeluMLP.py")
+FUSED = str(CANDIDATES / "fused.py")
+
+TASK = '''\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2
+
+
+def get_inputs():
+    return [torch.randn(8, 8)]
+
+
+def get_init_inputs():
+    return []
+'''
+BROKEN_FORWARD = TASK.replace("return torch.relu(x) * 2",
+                              'raise RuntimeError("forward is broken [on purpose]")')
+
+@pytest.fixture
+def config(tmp_path: Path, build_cache: Path) -> Path:
+    """A fast CPU protocol; runs_dir inside tmp_path."""
+    path = tmp_path / "pike.yaml"
+    path.write_text(yaml.safe_dump({
+        "runs_dir": str(tmp_path / "runs"),
+        "eval": {
+            "device": "cpu", "trials": 2, "build_cache": str(build_cache),
+            "timing": {"warmup_calls": 1, "warmup_seconds": 0.0, "min_calls": 5,
+                       "min_seconds": 0.02},
+            "limits": {"load_seconds": 120, "check_seconds": 30, "timing_seconds": 60,
+                       "memory_gib": 2},
+        },
+    }))
+    return path
+
+
+def pike(*args: str | Path) -> Result:
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception  # a crash, not an exit code: show it as it is
+    return result
+
+
+def assert_user_error(result: Result, *words: str) -> None:
+    """Exit 2, one line on stderr naming the problem, no traceback, nothing on stdout."""
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    err = result.stderr.strip()
+    assert "\n" not in err, err
+    assert err.startswith("error: "), err
+    for word in words:
+        assert word in err, err
+    assert result.stdout == ""
+
+
+# ---- pike eval -----------------------------------------------------------------------------
+
+
+def test_eval_prints_a_table_with_status_and_speedup(config: Path) -> None:
+    result = pike("eval", MLP, FUSED, "--device", "cpu", "--config", config)
+    assert result.exit_code == 0, result.output
+    assert "fused.py vs 1_GeluMLP" in result.stdout
+    assert re.search(r"status\s+│ ok ", result.stdout), result.stdout
+    assert re.search(r"trials passed\s+│ 2 of 2 ", result.stdout), result.stdout
+    assert re.search(r"speedup\s+│ \d+\.\d\dx ", result.stdout), result.stdout
+    assert re.search(r"reference \(eager\)\s+│ [\d.]+ ms median", result.stdout)
+
+
+def test_eval_json_and_folder_id(config: Path) -> None:
+    result = pike("eval", EXAMPLES / "tasks" / "1", FUSED, "--device", "cpu", "--json",
+                  "--config", config)
+    assert result.exit_code == 0, result.output
+    verdict = json.loads(result.stdout)
+    assert verdict["status"] == "ok"
+    assert verdict["device"] == "cpu"
+    assert verdict["trials_passed"] == verdict["trials"] == 2
+    assert verdict["speedup"] == pytest.approx(
+        verdict["reference"]["median_ms"] / verdict["runtime"]["median_ms"])
+
+
+def test_eval_flags_override_the_config(config: Path) -> None:
+    result = pike("eval", MLP, FUSED, "--device", "cpu", "--json", "--no-timing",
+                  "--trials", "3", "--config", config)
+    assert result.exit_code == 0, result.output
+    verdict = json.loads(result.stdout)
+    assert (verdict["status"], verdict["trials"]) == ("ok", 3)
+    assert verdict["runtime"] is None and verdict["speedup"] is None
+
+
+def test_eval_wrong_candidate_exits_1(config: Path) -> None:
+    result = pike("eval", MLP, CANDIDATES / "wrong_values.py", "--device", "cpu",
+                  "--config", config)
+    assert result.exit_code == 1, result.output
+    assert re.search(r"status\s+│ incorrect \(phase check\)", result.stdout), result.stdout
+    assert "values outside atol=0.01" in result.stdout
+    assert "speedup" not in result.stdout
+    as_json = pike("eval", MLP, CANDIDATES / "wrong_values.py", "--device", "cpu", "--json",
+                   "--config", config)
+    assert as_json.exit_code == 1
+    assert json.loads(as_json.stdout)["status"] == "incorrect"
+
+
+# ---- user errors: exit 2, one line, no traceback -------------------------------------------
+
+
+def test_missing_task_file(tmp_path: Path, config: Path) -> None:
+    missing = tmp_path / "9_Missing.py"
+    assert_user_error(pike("eval", missing, FUSED, "--config", config),
+                      str(missing), "no such task file")
+
+
+def test_missing_task_id(config: Path) -> None:
+    assert_user_error(pike("eval", EXAMPLES / "tasks" / "9", FUSED, "--config", config),
+                      str(EXAMPLES / "tasks"), "no task file with id 9")
+
+
+@pytest.mark.parametrize(("old", "new", "words"), [
+    ("def get_inputs(", "def inputs(", "defines no `get_inputs()` function"),
+    ("def forward(self, x):", "def forward(self, x)", ":6: syntax error"),
+    ("class Model(", "class Net(", "defines no `Model` class"),
+], ids=["no_get_inputs", "syntax_error", "no_model"])
+def test_malformed_task(tmp_path: Path, config: Path, old: str, new: str, words: str) -> None:
+    task = tmp_path / "1_Bad.py"
+    task.write_text(TASK.replace(old, new))
+    assert_user_error(pike("eval", task, FUSED, "--config", config), str(task), words)
+
+
+def test_task_that_fails_when_run(tmp_path: Path, config: Path) -> None:
+    task = tmp_path / "1_NotAList.py"
+    task.write_text(TASK.replace("return [torch.randn(8, 8)]", "return torch.randn(8, 8)"))
+    assert_user_error(pike("eval", task, FUSED, "--no-timing", "--config", config),
+                      str(task), "get_inputs() must return a list or tuple")
+
+
+def test_missing_candidate(tmp_path: Path, config: Path) -> None:
+    missing = tmp_path / "nope.py"
+    assert_user_error(pike("eval", MLP, missing, "--config", config),
+                      str(missing), "cannot read candidate")
+
+
+BAD_CONFIGS = [
+    # id, file content (None: no file), words
+    ("missing", None, "config file not found"),
+    ("not_yaml", "eval: [unclosed", "not valid YAML"),
+    ("unknown_key", "eval:\n  trails: 3\n", "eval.trails: Extra inputs are not permitted"),
+    ("wrong_type", "eval:\n  trials: many\n", "eval.trials: Input should be a valid integer"),
+    ("out_of_range", "eval:\n  trials: 0\n", "eval.trials: Input should be greater than"),
+    ("folder", "", "cannot read config file"),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "words"), BAD_CONFIGS,
+                         ids=[c.values[0] if hasattr(c, "values") else c[0]
+                              for c in BAD_CONFIGS])
+def test_bad_config_file(tmp_path: Path, name: str, content: str | None, words: str) -> None:
+    path = tmp_path / f"{name}.yaml"
+    if name == "folder":
+        path.mkdir()
+    elif content is not None:
+        path.write_text(content)
+    for command in (["eval", MLP, FUSED], ["baseline", MLP]):
+        assert_user_error(pike(*command, "--config", path), str(path), words)
+
+
+def test_bad_options(tmp_path: Path, config: Path) -> None:
+    assert_user_error(pike("baseline", EXAMPLES / "tasks", "--tasks", "1,x", "--config", config),
+                      "--tasks '1,x'", "numeric task ids")
+    assert_user_error(pike("baseline", MLP, "--modes", "fast", "--config", config),
+                      "unknown mode 'fast'")
+    assert_user_error(pike("baseline", MLP, "--modes", ",", "--config", config), "no mode given")
+    assert pike("eval", MLP, FUSED, "--trials", "0").exit_code == 2  # typer's usage error
+
+
+def test_error_text_is_printed_literally(tmp_path: Path, config: Path) -> None:
+    """Brackets in a message are not rich markup: `[/x]` neither vanishes nor crashes."""
+    folder = tmp_path / "tasks [/x] [bold]"
+    folder.mkdir(parents=True)
+    assert_user_error(pike("eval", folder / "4", FUSED, "--config", config),
+                      f"{folder}: no task file with id 4")
+
+
+def test_long_error_stays_on_one_line(tmp_path: Path, config: Path) -> None:
+    deep = tmp_path / ("long-folder-name-" * 6) / ("another-long-name-" * 4) / "1_Task.py"
+    assert_user_error(pike("eval", deep, FUSED, "--config", config), str(deep))
+
+
+def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
+    """The real entry point, in a process of its own, as a user types it."""
+    missing = tmp_path / "1_Missing.py"
+    proc = subprocess.run([sys.executable, "-m", "pike.cli", "eval", str(missing), FUSED],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"error: {missing}: no such task file"
+    assert proc.stdout == ""
+
+
+# ---- pike baseline -------------------------------------------------------------------------
+
+
+def task_folder(root: Path, **files: str) -> Path:
+    folder = root / "tasks"
+    folder.mkdir()
+    for name, source in files.items():
+        (folder / f"{name}.py").write_text(source)
+    return folder
+
+
+def test_baseline_writes_json_under_runs_dir(tmp_path: Path, config: Path) -> None:
+    folder = task_folder(tmp_path, **{"1_Double": TASK})
+    result = pike("baseline", folder, "--modes", "eager", "--config", config)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"1_Double\s+│\s+[\d.]+ ms", result.stdout), result.stdout
+    written = tmp_path / "runs" / "baselines" / "1_Double.json"
+    assert f"wrote 1 baseline file(s) to {written.parent}" in result.stderr
+    data = json.loads(written.read_text())
+    assert data["task"] == "1_Double" and data["device"] == "cpu"
+    assert [m["mode"] for m in data["modes"]] == ["eager"]
+    assert data["modes"][0]["stats"]["median_ms"] > 0
+
+
+def test_baseline_continues_past_a_failing_task(tmp_path: Path, config: Path) -> None:
+    folder = task_folder(tmp_path, **{"1_Double": TASK, "2_Broken": BROKEN_FORWARD,
+                                      "3_Triple": TASK.replace("* 2", "* 3")})
+    out = tmp_path / "out"
+    result = pike("baseline", folder, "--modes", "eager", "--out", out, "--json",
+                  "--config", config)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"2_Broken: .*2_Broken\.py: reference failed in phase 'check': "
+                     r"RuntimeError: forward is broken \[on purpose\]", result.stderr)
+    report = json.loads(result.stdout)
+    assert [b["task"] for b in report["baselines"]] == ["1_Double", "3_Triple"]
+    assert list(report["failures"]) == ["2_Broken"]
+    assert "forward is broken [on purpose]" in report["failures"]["2_Broken"]
+    assert sorted(p.name for p in out.iterdir()) == ["1_Double.json", "3_Triple.json"]
+    assert json.loads((out / "3_Triple.json").read_text())["task"] == "3_Triple"
+    assert not (tmp_path / "runs").exists()  # --out wins over the config's runs_dir
+
+
+def test_baseline_of_only_failing_tasks_exits_2(tmp_path: Path, config: Path) -> None:
+    folder = task_folder(tmp_path, **{"1_Broken": BROKEN_FORWARD})
+    result = pike("baseline", folder, "--modes", "eager", "--config", config)
+    assert result.exit_code == 2, result.output
+    assert "forward is broken [on purpose]" in result.stderr
+
+
+def test_baseline_of_some_ids(tmp_path: Path, config: Path) -> None:
+    folder = task_folder(tmp_path, **{"1_Double": TASK, "2_Broken": BROKEN_FORWARD})
+    out = tmp_path / "out"
+    result = pike("baseline", folder, "--tasks", "1", "--modes", "eager", "--out", out,
+                  "--json", "--config", config)
+    assert result.exit_code == 0, result.output
+    assert [b["task"] for b in json.loads(result.stdout)["baselines"]] == ["1_Double"]
+    assert [p.name for p in out.iterdir()] == ["1_Double.json"]
+
+
+@pytest.mark.slow
+def test_baseline_with_a_compile_mode(tmp_path: Path, config: Path) -> None:
+    """torch.compile on CPU builds C++ with inductor: about 25 s."""
+    out = tmp_path / "out"
+    task = task_folder(tmp_path, **{"1_Double": TASK}) / "1_Double.py"
+    result = pike("baseline", task, "--modes", "eager,compile:default", "--out", out, "--json",
+                  "--config", config)
+    assert result.exit_code == 0, result.output
+    modes = json.loads(result.stdout)["baselines"][0]["modes"]
+    assert [m["mode"] for m in modes] == ["eager", "compile:default"]
+    assert modes[1]["stats"]["median_ms"] > 0, modes[1]["error"]
+    assert modes[1]["speedup_vs_eager"] == pytest.approx(
+        modes[0]["stats"]["median_ms"] / modes[1]["stats"]["median_ms"])
