@@ -7,10 +7,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from click.testing import Result
 from typer.testing import CliRunner
 
 from pike.cli import app
@@ -56,14 +56,14 @@ def config(tmp_path: Path, build_cache: Path) -> Path:
     return path
 
 
-def pike(*args: str | Path) -> Result:
+def pike(*args: str | Path) -> Any:
     result = CliRunner().invoke(app, [str(a) for a in args])
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception  # a crash, not an exit code: show it as it is
     return result
 
 
-def assert_user_error(result: Result, *words: str) -> None:
+def assert_user_error(result: Any, *words: str) -> None:
     """Exit 2, one line on stderr naming the problem, no traceback, nothing on stdout."""
     assert result.exit_code == 2, (result.output, result.exception)
     assert isinstance(result.exception, SystemExit), result.exception
@@ -289,3 +289,10 @@ def test_baseline_with_a_compile_mode(tmp_path: Path, config: Path) -> None:
     assert modes[1]["stats"]["median_ms"] > 0, modes[1]["error"]
     assert modes[1]["speedup_vs_eager"] == pytest.approx(
         modes[0]["stats"]["median_ms"] / modes[1]["stats"]["median_ms"])
+
+
+def test_eval_explain_lists_the_guards(config: Path) -> None:
+    result = pike("eval", MLP, FUSED, "--no-timing", "--explain", "--config", config)
+    assert result.exit_code == 0, result.output
+    for guard in ("audit hook", "other distribution", "after timing", "backend flags"):
+        assert guard in result.output

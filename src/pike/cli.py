@@ -76,6 +76,8 @@ def eval_command(
     = None,
     no_timing: Annotated[bool, typer.Option("--no-timing", help="check correctness only")] = False,
     as_json: JsonOpt = False,
+    explain: Annotated[bool, typer.Option("--explain", help="also print which guards ran and "
+                                          "what each saw")] = False,
     config: ConfigOpt = None,
 ) -> None:
     """Judge CANDIDATE against TASK: correctness on fresh inputs, then timing. Exit 0 if ok."""
@@ -94,8 +96,22 @@ def eval_command(
         print(verdict.model_dump_json(indent=2))
     else:
         _print_verdict(the_task, candidate, verdict)
+        if explain:
+            _print_guards(verdict)
     if not verdict.ok:
         raise typer.Exit(EXIT_CANDIDATE_FAILED)
+
+
+def _print_guards(v: Verdict) -> None:
+    table = Table(title="guards", title_justify="left")
+    table.add_column("guard", style="bold")
+    table.add_column("what it saw")
+    for name, saw in v.guards.items():
+        table.add_row(escape(name), escape(saw))
+    if v.flags_changed:
+        table.add_row("precision", escape("the candidate changed backend flags; its numbers "
+                                          "hold only with them: " + ", ".join(v.flags_changed)))
+    console.print(table)
 
 
 def _ms(value: float | None) -> str:
@@ -121,6 +137,9 @@ def _print_verdict(task: Task, candidate: Path, v: Verdict) -> None:
     if v.speedup is not None:
         table.add_row("speedup", f"[bold]{v.speedup:.2f}x[/bold]")
     table.add_row("device", f"{v.device} {v.device_name}, torch {v.torch_version}, host {v.host}")
+    if v.flags_changed:
+        table.add_row("flags changed", escape(", ".join(f"{k} {x}" for k, x in
+                                                        v.flags_changed.items())))
     console.print(table)
     if v.message:
         console.print(v.message, markup=False, highlight=False, soft_wrap=True)

@@ -55,6 +55,12 @@ class EvalConfig(_Strict):
     )
     timing: TimingConfig = Field(default_factory=TimingConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    network_isolation: Literal["auto", "namespace", "off"] = Field(
+        "auto", description="run children in a network namespace with no interfaces: 'auto' "
+        "where the kernel allows it (with a warning where not), 'namespace' to require it")
+    guards: bool = Field(
+        True, description="anti-cheating guards (audit hook, integrity and wall-clock checks, "
+        "the shifted and after-timing trials); turn off only to measure their cost")
     time_candidate: bool = Field(True, description="skip timing to only check correctness")
     build_cache: Path | None = Field(
         None, description="where compiled extensions are cached; None = ~/.cache/pike/build"

@@ -87,3 +87,29 @@ def test_work_on_a_side_stream_is_counted() -> None:
     escaped = sorted(time_calls(on_side_stream, device, cfg))[2]
     assert honest > 1.0
     assert escaped > 0.9 * honest
+
+
+def test_a_candidate_hiding_work_on_a_side_stream_is_timed_in_full(
+        mlp_task: Task, gpu_config: EvalConfig) -> None:
+    verdict = evaluate(mlp_task, candidate("side_stream"), gpu_config)
+    assert verdict.status == "ok", verdict.message
+    assert verdict.runtime is not None and verdict.runtime.median_ms > 1.0
+
+
+@pytest.mark.parametrize(("name", "status"), [
+    ("patches_event", "rejected"), ("rewrites_samples", "rejected"),
+    ("counts_calls", "incorrect"), ("caches_by_pointer", "incorrect"),
+])
+def test_cheats_are_caught_on_the_gpu(mlp_task: Task, gpu_config: EvalConfig, name: str,
+                                      status: str) -> None:
+    gpu_config.timing.min_seconds = 0.5
+    verdict = evaluate(mlp_task, candidate(name), gpu_config)
+    assert verdict.status == status, verdict.message
+
+
+def test_the_child_sees_only_its_own_gpu(mlp_task: Task, gpu_config: EvalConfig,
+                                         tmp_path) -> None:
+    probe = candidate("fused") + (
+        "\nimport os\nassert torch.cuda.device_count() == 1, torch.cuda.device_count()\n")
+    verdict = evaluate(mlp_task, probe, gpu_config)
+    assert verdict.status == "ok", verdict.message

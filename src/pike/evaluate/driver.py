@@ -9,7 +9,11 @@ taken a minute apart are not comparable; blocks interleaved in one window are.
 from __future__ import annotations
 
 import math
+import os
+import secrets
 import signal
+import statistics
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +25,7 @@ from pike.evaluate.sandbox import (
     ChildProcess,
     MemoryExceeded,
     PhaseTimeout,
+    network_prefix,
     scrubbed_environment,
 )
 from pike.evaluate.verdict import Verdict
@@ -33,6 +38,7 @@ class ChildReport:
     env: dict[str, str] = field(default_factory=dict)
     failure: Verdict | None = None
     leftovers: list[str] = field(default_factory=list)
+    flags: dict[str, str] = field(default_factory=dict)  # backend flags the child changed
 
 
 def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
@@ -40,13 +46,27 @@ def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
     """Start a sandboxed child; the caller must `finish` it (or call its __exit__)."""
     cache_root = cfg.build_cache or Path.home() / ".cache" / "pike" / "build"
     cache_root.mkdir(parents=True, exist_ok=True)
+    request.writable = [os.path.realpath(work_dir), os.path.realpath(cache_root)]
     env = scrubbed_environment(work_dir, uuid.uuid4().hex, cache_root / build_key, cache_root)
+    _only_one_gpu(request, env)
     lim = cfg.limits
     phase_limits = {"setup": lim.load_seconds, "load": lim.load_seconds,
                     "init": lim.load_seconds, "check": lim.check_seconds,
                     "timing": lim.timing_seconds, "cleanup": 10.0}
-    child = ChildProcess(request, work_dir, env, lim, phase_limits)
+    child = ChildProcess(request, work_dir, env, lim, phase_limits,
+                         prefix=network_prefix(cfg.network_isolation))
     return child.__enter__()
+
+
+def _only_one_gpu(request: ChildRequest, env: dict[str, str]) -> None:
+    """The child sees only its own GPU, so no work can hide on another device."""
+    if not request.device.startswith("cuda"):
+        return
+    index = int(request.device.partition(":")[2] or 0)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible else None
+    env["CUDA_VISIBLE_DEVICES"] = ids[index] if ids and index < len(ids) else str(index)
+    request.device = "cuda:0"
 
 
 def run_trials(child: ChildProcess, report: ChildReport) -> bool:
@@ -63,6 +83,7 @@ def run_trials(child: ChildProcess, report: ChildReport) -> bool:
             report.failure = _failure(event)
             return False
         elif kind == "checked":
+            report.flags = {str(k): str(v) for k, v in (event.get("flags") or {}).items()}
             return True
         elif kind == "done":
             report.failure = Verdict(status="crashed", phase=child.phase,
@@ -118,37 +139,85 @@ class Timer:
     error: str | None = None  # the mode failed (e.g. torch.compile); others go on
     failure: Verdict | None = None  # the child failed or died while timing
     warmed: bool = False
+    blocks: list[tuple[float, list[float]]] = field(default_factory=list)  # (wall s, samples)
 
     @property
     def stopped(self) -> bool:
         return self.error is not None or self.failure is not None
 
 
-def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls: int) -> None:
-    child = timer.child
-    child.enter_phase("timing")
-    child.send("time", mode=timer.mode, warm_up=not timer.warmed, min_calls=min_calls,
-               min_seconds=min_seconds, max_calls=max_calls)
-    timer.warmed = True
+def request(child: ChildProcess, phase: str, answer: str, event: str,
+            **fields: object) -> dict | Verdict:
+    """Send one request to a live child; its answer, or a Verdict of how it failed.
+
+    Each request carries a fresh random id that the answer must echo, so that a message
+    candidate code writes into the channel on its own is recognised as forged.
+    """
+    seq = secrets.token_hex(8)
+    child.enter_phase(phase)
+    child.send(event, seq=seq, **fields)
     while True:
-        event = child.receive()
-        if not isinstance(event, dict):
-            timer.failure = abnormal_end(event, "timing")
-            return
-        kind = event.get("event")
-        if kind == "timed":
-            if event.get("samples"):
-                timer.samples.extend(float(x) for x in event["samples"])
-            else:
-                timer.error = str(event.get("error") or "no samples")
-            return
+        reply = child.receive()
+        if not isinstance(reply, dict):
+            return abnormal_end(reply, phase)
+        kind = reply.get("event")
+        if kind == answer and reply.get("seq") != seq:
+            return Verdict(status="rejected", phase=phase,
+                           message="wrote a forged message into the evaluator's channel")
+        if kind == answer:
+            return reply
         if kind == "failure":
-            timer.failure = _failure(event)
-            return
+            return _failure(reply)
         if kind == "done":
-            timer.failure = Verdict(status="crashed", phase="timing",
-                                    message="the child ended in the middle of timing")
-            return
+            return Verdict(status="crashed", phase=phase,
+                           message=f"the child ended in the middle of phase '{phase}'")
+
+
+def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls: int) -> None:
+    warm_up = not timer.warmed
+    started = time.perf_counter()
+    reply = request(timer.child, "timing", "timed", "time", mode=timer.mode,
+                    warm_up=warm_up, min_calls=min_calls, min_seconds=min_seconds,
+                    max_calls=max_calls)
+    wall = time.perf_counter() - started
+    timer.warmed = True
+    if isinstance(reply, Verdict):
+        timer.failure = reply
+    elif reply.get("samples"):
+        samples = [float(x) for x in reply["samples"]]
+        timer.samples.extend(samples)
+        if not warm_up:
+            timer.blocks.append((wall, samples))
+    else:
+        timer.error = str(reply.get("error") or "no samples")
+
+
+def _per_call_overhead_s(trusted: Timer) -> float:
+    """Wall time per call that the timed region does not see (flush, sync, IPC), measured
+    on the reference's blocks, which run trusted code."""
+    spare = [(wall - sum(s) / 1e3) / len(s) for wall, s in trusted.blocks]
+    return max(0.0, statistics.median(spare)) if spare else 0.0
+
+
+_IPC_SLACK_S = 0.005  # a request and its answer over the pipes, on a busy host
+
+
+def unaccounted_wall_time(trusted: Timer, judged: Timer) -> str | None:
+    """Why the judged child's timings cannot be true, or None when they account for the
+    wall time the parent measured around each of its blocks.
+
+    Everything in the child can be reached by the candidate's code (frames, memory), so
+    its reported samples are checked against a clock the candidate cannot touch.
+    """
+    overhead = _per_call_overhead_s(trusted)
+    suspicious = sum(
+        wall - len(samples) * overhead - _IPC_SLACK_S > 3 * sum(samples) / 1e3
+        for wall, samples in judged.blocks)
+    if judged.blocks and suspicious > len(judged.blocks) // 2:
+        return (f"reported timings that do not account for the wall time of its timing "
+                f"blocks ({suspicious} of {len(judged.blocks)} blocks took over 3x longer "
+                "than the calls it reported)")
+    return None
 
 
 def time_interleaved(timers: list[Timer], cfg: TimingConfig) -> None:

@@ -27,11 +27,15 @@ from pike.evaluate.driver import (
     ChildReport,
     Timer,
     finish,
+    request,
     run_trials,
     start_child,
     time_interleaved,
+    unaccounted_wall_time,
 )
+from pike.evaluate.explain import explain_guards
 from pike.evaluate.protocol import ChildRequest
+from pike.evaluate.runner import EXTRA_TRIALS
 from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.verdict import OutputMismatch, TimingStats, Verdict
 from pike.task import Task
@@ -76,6 +80,8 @@ class ReferenceRun:
         if self.child is not None:
             finish(self.child)
             self.child = None
+        if self.inputs_dir.exists():
+            self.inputs_dir.chmod(0o755)
         shutil.rmtree(self._tmp, ignore_errors=True)
 
     def __del__(self) -> None:
@@ -136,10 +142,19 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
     if not ok:
         shutil.rmtree(tmp, ignore_errors=True)
         raise _reference_failed(task, report.failure)
-    expected = [_load_leaves(expected_dir / f"outputs_{i}.pt") for i in range(cfg.trials)]
+    expected = [_load_leaves(expected_dir / f"outputs_{i}.pt")
+                for i in range(cfg.trials + EXTRA_TRIALS)]
+    _make_read_only(inputs_dir)
     shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
     child.enter_phase("idle")
     return ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp)
+
+
+def _make_read_only(folder: Path) -> None:
+    """Later candidates read these inputs: no candidate may change them."""
+    for path in folder.iterdir():
+        path.chmod(0o444)
+    folder.chmod(0o555)
 
 
 def _reference_failed(task: Task, failure: Verdict | None) -> TaskError:
@@ -202,40 +217,73 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
         role="candidate", module_path=str(candidate_path), class_names=["ModelNew", "Model"],
         inputs_dir=str(reference.inputs_dir), outputs_dir=str(outputs_dir), device=device,
         trials=cfg.trials, seed=cfg.seed, model_mode=cfg.model_mode, timing=cfg.timing,
-        task_sha256=task.sha256, task_size=task.path.stat().st_size,
+        task_sha256=task.sha256, task_size=task.path.stat().st_size, guards=cfg.guards,
     )
     report = ChildReport()
     timers: list[Timer] = []
     correctness: Verdict | None = None
+    final: Verdict | None = None
     build_key = task.sha256[:8] + "-" + _sha(source)[:16]
     child = start_child(request, work_dir, cfg, build_key)
     try:
         if run_trials(child, report):
-            correctness = _compare_trials(reference.expected, outputs_dir, cfg)
+            correctness = _compare_trials(reference.expected[:cfg.trials + cfg.guards],
+                                          outputs_dir, cfg)
             if correctness.ok and cfg.time_candidate and reference.child is not None:
                 timers = [Timer(reference.child, "eager"), Timer(child, "candidate")]
                 time_interleaved(timers, cfg.timing)
                 reference.child.enter_phase("idle")
+                forged = (cfg.guards and timers[1].failure is None
+                          and unaccounted_wall_time(*timers))
+                if forged:
+                    timers[1].failure = Verdict(status="rejected", phase="timing", message=forged)
+            if correctness.ok and cfg.guards and not any(t.failure for t in timers):
+                final = _final_check(child, reference, outputs_dir, cfg)
     finally:
         finish(child, report)
     if timers and timers[0].failure is not None:
         reference.close()
         raise _reference_failed(task, timers[0].failure)
-    verdict = _candidate_verdict(report, correctness, timers)
+    verdict = _candidate_verdict(report, correctness, timers, final)
     verdict.trials = cfg.trials
     verdict.device = device
     verdict.device_name = report.env.get("device_name", "")
     verdict.torch_version = report.env.get("torch_version", "")
     verdict.host = report.env.get("host", "")
     verdict.phase_seconds = dict(child.phase_seconds)
+    verdict.flags_changed = report.flags
+    verdict.guards = explain_guards(cfg, report, correctness, timers, final, child)
     _attach_timings(verdict, timers)
     return verdict
 
 
+def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path,
+                 cfg: EvalConfig) -> Verdict:
+    """New values in the timed input tensors must give new, correct outputs."""
+    reply = request(child, "check", "final_checked", "final")
+    if isinstance(reply, Verdict):
+        return reply
+    try:
+        actual = _load_leaves(outputs_dir / "outputs_final.pt")
+    except Exception as err:  # written by the child: anything may be in it
+        return Verdict(status="incorrect", phase="check",
+                       message=f"outputs after timing could not be read back ({err})")
+    bad = [c for c in _compare_leaves(reference.expected[-1], actual, cfg.trials + 1, cfg)
+           if c.problem]
+    if not bad:
+        return Verdict(status="ok")
+    return Verdict(status="incorrect", phase="check", mismatches=bad[:20],
+                   message="after timing, new values written into the same input tensors "
+                           f"gave wrong outputs (output {bad[0].output}: {bad[0].problem}); "
+                           "answers cached by pointer, shape or call count are not allowed")
+
+
 def _candidate_verdict(report: ChildReport, correctness: Verdict | None,
-                       timers: list[Timer]) -> Verdict:
+                       timers: list[Timer], final: Verdict | None) -> Verdict:
     candidate_timer = timers[1] if timers else None
-    verdict = (report.failure or (candidate_timer and candidate_timer.failure) or correctness
+    failed_final = final if final is not None and not final.ok else None
+    verdict = (report.failure or (candidate_timer and candidate_timer.failure) or failed_final
+               or correctness
                or Verdict(status="crashed", message="the child ended without running the trials"))
     if verdict.ok and report.leftovers:
         verdict = Verdict(status="rejected", phase="cleanup",
@@ -265,6 +313,8 @@ def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfi
     passed = 0
     max_abs = max_rel = 0.0
     for trial, exp_leaves in enumerate(expected):
+        if trial == cfg.trials and not _all_finite(exp_leaves):
+            continue  # the reference itself overflows on shifted inputs: nothing to learn
         try:
             act_leaves = _load_leaves(outputs_dir / f"outputs_{trial}.pt")
         except Exception as err:  # written by the child: anything may be in it
@@ -276,17 +326,25 @@ def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfi
         max_rel = max([max_rel, *(c.max_rel_error or 0.0 for c in compared)])
         trial_bad = [c for c in compared if c.problem]
         mismatches.extend(trial_bad)
-        passed += not trial_bad
+        passed += not trial_bad and trial < cfg.trials
     errors = {"trials_passed": passed, "max_abs_error": max_abs, "max_rel_error": max_rel}
     if not mismatches:
         return Verdict(status="ok", **errors)
     first = mismatches[0]
-    message = (f"{len(expected) - passed} of {len(expected)} trials failed; trial {first.trial}, "
+    which = (f"trial {first.trial}" if first.trial < cfg.trials else
+             "the trial with inputs of another distribution (floating inputs * 3 + 0.5)")
+    failed = len({m.trial for m in mismatches})
+    message = (f"{failed} of {len(expected)} trials failed; {which}, "
                f"output {first.output}: {first.problem}")
     if _repeats_across_trials(expected, actual_by_trial):
         message += "; the output is identical for different inputs (a cached or constant result?)"
     return Verdict(status="incorrect", phase="check", message=message,
                    mismatches=mismatches[:20], **errors)
+
+
+def _all_finite(leaves: list[Any]) -> bool:
+    return all(bool(torch.isfinite(x).all()) for x in leaves
+               if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()))
 
 
 def _compare_leaves(expected: list[Any], actual: list[Any], trial: int,

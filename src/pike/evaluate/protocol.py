@@ -29,6 +29,9 @@ class ChildRequest(BaseModel):
     seed: int
     model_mode: Literal["as_constructed", "eval"]
     timing: TimingConfig
+    writable: list[str] = Field(default_factory=list,
+                                description="the only folders candidate code may write to")
+    guards: bool = True
     task_sha256: str = ""
     task_size: int = -1
 

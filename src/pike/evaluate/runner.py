@@ -21,6 +21,7 @@ import torch
 
 from pike.evaluate import check
 from pike.evaluate.diagnostics import describe_exception
+from pike.evaluate.guards import Guards
 from pike.evaluate.protocol import Channel, ChildRequest
 from pike.evaluate.timing import time_block
 
@@ -99,11 +100,13 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     inputs_dir = Path(req.inputs_dir)
     _save(list(init_inputs), inputs_dir / "init_inputs.pt")
     trial_inputs = []
-    for trial in range(req.trials):
+    for trial in range(req.trials + EXTRA_TRIALS):
         _manual_seed(req.seed + 1 + trial)
         inputs = _guarded("task_error", "load", req.module_path, module.get_inputs)
         if not isinstance(inputs, (list, tuple)):
             raise Failure("task_error", "load", "get_inputs() must return a list or tuple")
+        if trial == req.trials:
+            inputs = [_shift_distribution(x) for x in inputs]
         _save(list(inputs), inputs_dir / f"inputs_{trial}.pt")
         trial_inputs.append(_to_device(list(inputs), device))
     chan.send("phase", phase="init")
@@ -116,6 +119,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
         _save(_cpu_leaves(out), Path(req.outputs_dir) / f"outputs_{trial}.pt")
     chan.send("checked", trials=req.trials)
     first = trial_inputs[0]
+    torch.set_float32_matmul_precision("highest")  # the task's dtype is the contract
 
     def make_call(mode: str) -> Callable[[], Any]:
         fn = model
@@ -131,16 +135,32 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
 
         return call
 
-    def failed_mode(mode: str, exc: BaseException) -> None:
+    def failed_mode(mode: str, exc: BaseException, seq: object) -> None:
         # A failing torch.compile mode is reported and the other modes go on.
-        chan.send("timed", mode=mode, error=describe_exception(exc).splitlines()[0][:500])
+        chan.send("timed", mode=mode, error=describe_exception(exc).splitlines()[0][:500],
+                  seq=seq)
 
     _serve_timing(req, chan, device, make_call, failed_mode)
 
 
+# Beyond the configured trials: one with inputs of another distribution (a shifted mean and
+# a larger scale, so shortcuts that assume randn inputs fail) and one run after timing,
+# with new values written into the very tensors that were timed (so answers cached by
+# pointer, shape or call count fail).
+EXTRA_TRIALS = 2
+
+
+def _shift_distribution(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value * 3.0 + 0.5
+    return value
+
+
 def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
                   make_call: Callable[[str], Callable[[], Any]],
-                  failed_mode: Callable[[str, BaseException], None]) -> None:
+                  failed_mode: Callable[[str, BaseException, object], None],
+                  after_block: Callable[[], None] = lambda: None,
+                  final_check: Callable[[], None] = lambda: None) -> None:
     """Time blocks of calls as the parent asks, one block per request, until it says stop.
 
     The parent alternates blocks between this child and another one, so that both are
@@ -149,6 +169,10 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
     calls: dict[str, Callable[[], Any]] = {}
     while True:
         msg = chan.receive()
+        if msg and msg.get("event") == "final":
+            final_check()
+            chan.send("final_checked", seq=msg.get("seq"))
+            continue
         if not msg or msg.get("event") != "time":
             return
         mode = str(msg["mode"])
@@ -160,40 +184,105 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
                                  min_seconds=float(msg["min_seconds"]),
                                  max_calls=int(msg["max_calls"]))
         except BaseException as exc:  # candidate code may raise anything
-            failed_mode(mode, exc)
+            failed_mode(mode, exc, msg.get("seq"))
             continue
-        chan.send("timed", mode=mode, samples=samples)
+        after_block()
+        chan.send("timed", mode=mode, samples=samples, seq=msg.get("seq"))
 
 
 def run_candidate(req: ChildRequest, chan: Channel, device: torch.device) -> None:
-    module = _guarded("compile_error", "load", req.module_path,
-                      lambda: _import_file(req.module_path, "pike_candidate"))
+    guards = Guards(writable=req.writable, enabled=req.guards)
+    guards.install()
+    try:
+        _run_candidate(req, chan, device, guards)
+    except Failure as failure:
+        if guards.violations and failure.status != "rejected":
+            _reject_violations(guards, failure.phase)  # a refused attempt explains the error
+        raise
+
+
+def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
+                   guards: Guards) -> None:
+    with _armed(guards):
+        module = _guarded("compile_error", "load", req.module_path,
+                          lambda: _import_file(req.module_path, "pike_candidate"))
+    _reject_violations(guards, "load")
     init_inputs = _load(Path(req.inputs_dir) / "init_inputs.pt", weights_only=True)
     chan.send("phase", phase="init")
-    model = _build_model(req, module, init_inputs, device, "compile_error")
+    with _armed(guards):
+        model = _build_model(req, module, init_inputs, device, "compile_error")
+    _reject_violations(guards, "init")
     _reject_reference_code(req, model)
     chan.send("phase", phase="check")
     first_inputs: list[Any] = []
-    for trial in range(req.trials):
+    for trial in range(req.trials + req.guards):  # the configured trials and the shifted one
         inputs = _to_device(_load(Path(req.inputs_dir) / f"inputs_{trial}.pt",
                                   weights_only=True), device)
         first_inputs = first_inputs or inputs
-        out = _run_guarded_call(req, model, inputs, device)
+        with _armed(guards):
+            out = _run_guarded_call(req, model, inputs, device)
         _save(_cpu_leaves(out), Path(req.outputs_dir) / f"outputs_{trial}.pt")
+    _reject_violations(guards, "check")
     _reject_reference_code(req, model)
-    chan.send("checked", trials=req.trials)
+    flags = {k: f"{a} -> {b}" for k, (a, b) in guards.changed_flags().items()}
+    chan.send("checked", trials=req.trials, flags=flags)
 
     def make_call(mode: str) -> Callable[[], Any]:
         def call() -> Any:
             with torch.no_grad():
                 return model(*first_inputs)
 
-        return call
+        return armed_call(guards, call)
 
-    def failed(mode: str, exc: BaseException) -> None:
+    def failed(mode: str, exc: BaseException, seq: object) -> None:
+        _reject_violations(guards, "timing")
         raise Failure("runtime_error", "timing", describe_exception(exc, req.module_path))
 
-    _serve_timing(req, chan, device, make_call, failed)
+    def final_check() -> None:
+        # New values in the same tensors that were timed: same pointers, shapes, dtypes.
+        final = _load(Path(req.inputs_dir) / f"inputs_{req.trials + 1}.pt", weights_only=True)
+        for dst, src in zip(first_inputs, final, strict=True):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+        with _armed(guards):
+            out = _run_guarded_call(req, model, first_inputs, device)
+        _save(_cpu_leaves(out), Path(req.outputs_dir) / "outputs_final.pt")
+        _reject_violations(guards, "final check")
+
+    _serve_timing(req, chan, device, make_call, failed,
+                  after_block=lambda: _reject_violations(guards, "timing"),
+                  final_check=final_check)
+
+
+class _armed:
+    """Guards watch candidate code only; the evaluator's own file I/O runs unwatched."""
+
+    def __init__(self, guards: Guards) -> None:
+        self.guards = guards
+
+    def __enter__(self) -> None:
+        self.guards.armed = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.guards.armed = False
+
+
+def armed_call(guards: Guards, fn: Callable[[], Any]) -> Callable[[], Any]:
+    def call() -> Any:
+        guards.armed = True
+        try:
+            return fn()
+        finally:
+            guards.armed = False
+
+    return call
+
+
+def _reject_violations(guards: Guards, phase: str) -> None:
+    guards.check_after(phase)
+    if guards.violations:
+        raise Failure("rejected", phase, "the candidate tried " + "; ".join(guards.violations[:5])
+                      + ". Candidates may only compute their outputs.")
 
 
 def _run_guarded_call(req: ChildRequest, model: torch.nn.Module, inputs: list[Any],
@@ -211,6 +300,11 @@ def _run_guarded_call(req: ChildRequest, model: torch.nn.Module, inputs: list[An
     if changed:
         raise Failure("rejected", "check",
                       f"input {changed[0]} was modified in place; inputs must stay unchanged")
+    odd = [type(t).__name__ for t in check.tensor_leaves(out) if type(t) is not torch.Tensor]
+    if odd:
+        raise Failure("rejected", "check",
+                      f"returns a {odd[0]} (a tensor subclass, which can defer or fake its "
+                      "work); return plain torch.Tensor outputs")
     return out
 
 

@@ -7,10 +7,13 @@ so that processes which escape the group (setsid, double fork) are found and kil
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 import resource
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +25,10 @@ from typing import Any
 import psutil
 
 from pike.config import LimitsConfig
+from pike.errors import EvaluatorError
 from pike.evaluate.protocol import Channel, ChildRequest
+
+log = logging.getLogger(__name__)
 
 SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 MARKER_VARIABLE = "PIKE_EVAL_MARKER"
@@ -72,6 +78,47 @@ class MemoryExceeded:
 Event = dict[str, Any] | ChildExit | PhaseTimeout | MemoryExceeded
 
 
+@functools.cache
+def _namespace_works() -> bool:
+    """Can this user create a network namespace (unprivileged user namespaces)?"""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    try:
+        done = subprocess.run([unshare, "--net", "--map-root-user", "true"],
+                              capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def network_prefix(mode: str) -> list[str]:
+    """The command prefix that cuts a child off the network, per EvalConfig.network_isolation."""
+    if mode == "off":
+        return []
+    if _namespace_works():
+        return [str(shutil.which("unshare")), "--net", "--map-root-user"]
+    if mode == "namespace":
+        raise EvaluatorError("network_isolation is 'namespace' but this kernel does not allow "
+                             "unprivileged network namespaces (`unshare --net --map-root-user`)")
+    _warn_once()
+    return []
+
+
+@functools.cache
+def _warn_once() -> None:
+    log.warning("cannot create a network namespace here; candidates' network access is refused "
+                "only by the in-process audit hook")
+
+
+def network_isolation(mode: str) -> str:
+    if mode == "off":
+        return "not isolated (network_isolation: off); the audit hook still refuses sockets"
+    if _namespace_works():
+        return "own network namespace with no interfaces"
+    return "no namespace available here; the audit hook refuses sockets"
+
+
 def _no_core_dumps() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
@@ -80,8 +127,10 @@ class ChildProcess:
     """One sandboxed child; use as a context manager so it never outlives its evaluation."""
 
     def __init__(self, request: ChildRequest, work_dir: Path, env: dict[str, str],
-                 limits: LimitsConfig, phase_limits: dict[str, float]) -> None:
+                 limits: LimitsConfig, phase_limits: dict[str, float],
+                 prefix: list[str] | None = None) -> None:
         self.request, self.work_dir, self.env = request, work_dir, env
+        self.prefix = prefix or []
         self.memory_limit = int((limits.memory_gib or _default_memory_gib()) * 2**30)
         self.phase_limits = phase_limits
         self.phase = "setup"
@@ -100,7 +149,7 @@ class ChildProcess:
         child_reads, to_child = os.pipe()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pike.evaluate.runner", str(request_path),
+                [*self.prefix, sys.executable, "-m", "pike.evaluate.runner", str(request_path),
                  str(child_writes), str(child_reads)],
                 cwd=self.work_dir, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, pass_fds=(child_writes, child_reads),

@@ -72,6 +72,10 @@ class Verdict(BaseModel):
     device_name: str = ""
     torch_version: str = ""
     host: str = ""
+    flags_changed: dict[str, str] = Field(
+        default_factory=dict, description="backend flags the candidate changed (TF32, ...)")
+    guards: dict[str, str] = Field(
+        default_factory=dict, description="each guard that ran and what it saw (--explain)")
     phase_seconds: dict[str, float] = Field(
         default_factory=dict, description="wall time of each evaluator phase"
     )

@@ -1,0 +1,92 @@
+"""What the anti-cheating guards cost: evaluation time with and without them.
+
+    python bench/guards.py [--device cuda] [--repeats 5]
+
+Evaluates a correct, fast candidate of each backend (PyTorch; on CUDA also Triton and
+CUDA C++, on CPU C++) `repeats` times with the guards on and off, alternating, and
+reports the median evaluation time of each and the difference. The extension build is
+cached by source hash, so only the first evaluation of a C++/CUDA candidate builds.
+Writes bench/results/guards-<device>.json and .md with device, torch version, date and
+command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from pike.config import EvalConfig
+from pike.evaluate import evaluate
+from pike.task import Task
+
+ROOT = Path(__file__).resolve().parent.parent
+TASK = ROOT / "examples" / "tasks" / "1_GeluMLP.py"
+CPU_CANDIDATES = {"PyTorch": "tests/candidates/fused.py", "C++": "tests/candidates/cpp_gelu.py"}
+CUDA_CANDIDATES = {"PyTorch": "tests/candidates/fused.py",
+                   "Triton": "tests/candidates/triton_gelu.py",
+                   "CUDA C++": "tests/candidates/cuda_gelu.py"}
+
+
+def one(task: Task, source: str, cfg: EvalConfig) -> float:
+    started = time.monotonic()
+    verdict = evaluate(task, source, cfg)
+    if not verdict.ok:
+        raise SystemExit(f"candidate failed: {verdict.status}: {verdict.message[:300]}")
+    return time.monotonic() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args()
+    cuda = args.device.startswith("cuda")
+    task = Task.from_file(TASK)
+    rows = []
+    for backend, path in (CUDA_CANDIDATES if cuda else CPU_CANDIDATES).items():
+        source = (ROOT / path).read_text()
+        on_cfg, off_cfg = EvalConfig(device=args.device), EvalConfig(device=args.device,
+                                                                     guards=False)
+        one(task, source, on_cfg)  # build once, warm the reference; not counted
+        one(task, source, off_cfg)
+        on, off = [], []
+        for _ in range(args.repeats):
+            on.append(one(task, source, on_cfg))
+            off.append(one(task, source, off_cfg))
+        row = {"backend": backend, "candidate": path, "with_guards_s": statistics.median(on),
+               "without_guards_s": statistics.median(off), "each_on": on, "each_off": off}
+        row["extra_pct"] = 100 * (row["with_guards_s"] / row["without_guards_s"] - 1)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    device_name = torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu"
+    result = {"benchmark": "guards", "device": args.device, "device_name": device_name,
+              "torch_version": torch.__version__, "host": platform.node(),
+              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "command": "python " + " ".join(sys.argv), "rows": rows}
+    lines = [f"# Cost of the evaluator's guards ({device_name})", "",
+             f"- device: {args.device}, torch {torch.__version__}, host {platform.node()}",
+             f"- date: {result['date']}", f"- command: `{result['command']}`", "",
+             "Median wall time of one whole evaluation (child start, load, trials, timing of "
+             "candidate and reference), guards on and off, alternating.", "",
+             "| backend | with guards | without | extra |", "|---|---|---|---|"]
+    lines += [f"| {r['backend']} | {r['with_guards_s']:.2f} s | {r['without_guards_s']:.2f} s "
+              f"| {r['extra_pct']:+.1f}% |" for r in rows]
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"guards-{'cuda' if cuda else 'cpu'}"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

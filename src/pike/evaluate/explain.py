@@ -1,0 +1,49 @@
+"""What each guard checked and saw, for `pike eval --explain` and the run store."""
+
+from __future__ import annotations
+
+from pike.config import EvalConfig
+from pike.evaluate.driver import ChildReport, Timer
+from pike.evaluate.sandbox import ChildProcess, network_isolation
+from pike.evaluate.verdict import Verdict
+
+
+def explain_guards(cfg: EvalConfig, report: ChildReport, correctness: Verdict | None,
+                   timers: list[Timer], final: Verdict | None,
+                   child: ChildProcess) -> dict[str, str]:
+    checked = correctness is not None
+    if not cfg.guards:
+        return {"guards": "off (EvalConfig.guards is false): only the basic checks ran",
+                "leftover processes": ", ".join(report.leftovers) or "none"}
+    notes = {
+        "process sandbox": "own session and temp dir, fake HOME, secrets scrubbed from the "
+                           f"environment, network: {network_isolation(cfg.network_isolation)}",
+        "audit hook": "refuses network, writes outside the work and build dirs, patching "
+                      "timer/tensor classes, gc object walks, evaluator frame access",
+        "reference code": "the task file is not importable from the candidate's code"
+                          if checked else "not reached",
+        "fresh inputs": f"{cfg.trials} trials, each with inputs from its own seed"
+                        if checked else "not reached",
+        "other distribution": "one trial with floating inputs * 3 + 0.5"
+                              if checked else "not reached",
+        "aliasing and mutation": "outputs must not share memory with inputs; inputs unchanged"
+                                 if checked else "not reached",
+        "cached answers": "outputs must change when inputs change" if checked else "not reached",
+        "after timing": _after_timing(final),
+        "side streams": "each call's time ends after a device-wide synchronize when work ran "
+                        "past the end event" if timers else "not timed",
+        "backend flags": ", ".join(f"{k}: {v}" for k, v in report.flags.items())
+                         or "unchanged (TF32, cudnn, default dtype, determinism)",
+        "leftover processes": ", ".join(report.leftovers) or "none",
+    }
+    if report.failure is not None and report.failure.status == "rejected":
+        notes["rejected"] = report.failure.message
+    return notes
+
+
+def _after_timing(final: Verdict | None) -> str:
+    if final is None:
+        return "not reached"
+    if final.ok:
+        return "new values in the timed input tensors gave correct outputs"
+    return final.message

@@ -1,0 +1,172 @@
+"""Child-side guards against candidates that cheat or attack, installed before they load.
+
+- An audit hook (PEP 578) refuses network access, writes outside the child's own
+  directories, patching of the classes the timer and the checks use, and walking the
+  garbage collector's objects or the evaluator's frames; every refusal is recorded, and
+  any record makes the verdict `rejected`.
+- An integrity snapshot of the functions the evaluator relies on is compared after each
+  phase, to catch patches the audit hook cannot see (module attributes).
+- Global backend flags are snapshotted and reported when the candidate changes them:
+  the reference runs in a process of its own with the defaults, so a flag only changes
+  the candidate's own numbers, and the verdict says which.
+
+This raises the bar for lazy cheating; it is not a security boundary (ctypes can undo
+any of it). The process sandbox (own session, scrubbed environment, network namespace
+where available) is the outer layer.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_EVALUATOR_DIR = str(Path(__file__).resolve().parent)
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+_NETWORK_EVENTS = ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg")
+_LIBRARY_PARTS = ("/torch/", "/triton/", "/lib/python3")
+_GC_EVENTS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents")
+
+
+def _protected_types() -> tuple[type, ...]:
+    types: list[type] = [torch.Tensor, torch.UntypedStorage, torch.nn.Module]
+    if hasattr(torch, "cuda"):
+        types += [torch.cuda.Event, torch.cuda.Stream]
+    return tuple(types)
+
+
+@dataclass
+class Guards:
+    """The child's guard state; `violations` turn into a `rejected` verdict."""
+
+    writable: list[str]
+    enabled: bool = True
+    violations: list[str] = field(default_factory=list)
+    armed: bool = False  # off while the evaluator itself loads inputs and saves outputs
+    _protected: tuple[type, ...] = ()
+    _snapshot: dict[str, int] = field(default_factory=dict)
+    _flags: dict[str, Any] = field(default_factory=dict)
+    _threads: set[int] = field(default_factory=set)
+
+    def install(self) -> None:
+        if not self.enabled:
+            return
+        self._protected = _protected_types()
+        self._snapshot = _integrity_snapshot()
+        self._flags = backend_flags()
+        self._threads = {t.ident or 0 for t in threading.enumerate()}
+        sys.addaudithook(self._audit)
+
+    def _refuse(self, what: str) -> None:
+        if what not in self.violations:
+            self.violations.append(what)
+        raise PermissionError(f"pike evaluator: {what} is not allowed")
+
+    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if not self.armed:
+            return
+        if event in _NETWORK_EVENTS:
+            self._refuse("network access")
+        elif event in _GC_EVENTS:
+            self._refuse(f"{event}() (walking the interpreter's objects)")
+        elif event == "sys._getframe":
+            frame = args[0] if args else None
+            if frame is not None and frame.f_code.co_filename.startswith(_EVALUATOR_DIR):
+                self._refuse("inspecting the evaluator's frames")
+        elif event in ("object.__setattr__", "object.__delattr__"):
+            if args and isinstance(args[0], type) and args[0] in self._protected:
+                caller = sys._getframe(1).f_code.co_filename
+                if not any(part in caller for part in _LIBRARY_PARTS):
+                    self._refuse(f"patching {args[0].__module__}.{args[0].__qualname__}")
+        elif event == "open":
+            self._check_open(args)
+        elif event in ("os.remove", "os.rename", "os.rmdir", "os.chmod", "os.truncate"):
+            path = args[0] if args else None
+            if isinstance(path, (str, bytes, os.PathLike)) and not self._may_write(path):
+                self._refuse(f"{event.split('.')[1]} of {os.fsdecode(path)}")
+
+    def _check_open(self, args: tuple[Any, ...]) -> None:
+        path, mode, flags = (list(args) + [None, None, None])[:3]
+        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+            isinstance(flags, int) and flags & _WRITE_FLAGS)
+        if writing and isinstance(path, (str, bytes, os.PathLike)) and not self._may_write(path):
+            self._refuse(f"writing {os.fsdecode(path)}")
+
+    def _may_write(self, path: str | bytes | os.PathLike[str]) -> bool:
+        full = os.path.realpath(os.fsdecode(path))
+        return full.startswith("/dev/") or any(
+            full == root or full.startswith(root + os.sep) for root in self.writable)
+
+    def check_after(self, phase: str) -> None:
+        """Record patched evaluator functions and threads left running by candidate code."""
+        if not self.enabled:
+            return
+        patched = [name for name, ident in _integrity_snapshot().items()
+                   if self._snapshot.get(name) != ident]
+        if patched:
+            self.violations.append(f"patching {', '.join(patched[:5])} (seen after {phase})")
+        stray = [t for t in threading.enumerate()
+                 if (t.ident or 0) not in self._threads and t.is_alive() and _runs_user_code(t)]
+        if stray:
+            self.violations.append(f"a thread that outlives the call ({stray[0].name}, "
+                                   f"seen after {phase})")
+
+    def changed_flags(self) -> dict[str, tuple[Any, Any]]:
+        if not self.enabled:
+            return {}
+        now = backend_flags()
+        return {k: (v, now.get(k)) for k, v in self._flags.items() if now.get(k) != v}
+
+
+def _runs_user_code(thread: threading.Thread) -> bool:
+    """A thread started from code outside torch and the standard library (the candidate)."""
+    target = getattr(thread, "_target", None) or getattr(type(thread), "run", None)
+    code = getattr(target, "__code__", None)
+    filename = code.co_filename if code else ""
+    return not any(part in filename for part in (*_LIBRARY_PARTS, "threading.py"))
+
+
+def backend_flags() -> dict[str, Any]:
+    """Process-wide settings that change what a model computes or how fast."""
+    flags: dict[str, Any] = {
+        "default_dtype": str(torch.get_default_dtype()),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "cudnn.deterministic": torch.backends.cudnn.deterministic,
+        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cuda.matmul.allow_fp16_reduced_precision_reduction":
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+    }
+    return flags
+
+
+def _integrity_snapshot() -> dict[str, int]:
+    """Identity of every function the evaluator calls by attribute lookup at run time."""
+    watched: dict[str, Callable[..., Any] | Any] = {
+        "time.perf_counter": time.perf_counter, "time.monotonic": time.monotonic,
+        "torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
+        "torch.allclose": torch.allclose, "torch.equal": torch.equal, "torch.save": torch.save,
+        "torch.load": torch.load, "json.dumps": json.dumps, "os.write": os.write,
+        "gc.get_objects": gc.get_objects, "sys.addaudithook": sys.addaudithook,
+    }
+    for cls in (torch.cuda.Event, torch.cuda.Stream):  # what the timer calls methods of
+        for name, value in vars(cls).items():
+            if callable(value) and not name.startswith("__"):
+                watched[f"torch.cuda.{cls.__name__}.{name}"] = value
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("pike.evaluate") and module is not None:
+            for name, value in vars(module).items():
+                if callable(value) or isinstance(value, (int, float, str)):
+                    watched[f"{module_name}.{name}"] = value
+    return {name: id(value) for name, value in watched.items()}

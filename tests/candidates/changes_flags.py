@@ -1,0 +1,25 @@
+"""Legal but reported: turns on TF32 and cudnn autotuning for its own process."""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class _Fused(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def compute(self, x):
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+torch.backends.cuda.matmul.allow_tf32 = True
+torch.backends.cudnn.benchmark = True
+
+
+class ModelNew(_Fused):
+    def forward(self, x):
+        return self.compute(x)

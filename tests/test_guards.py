@@ -1,0 +1,95 @@
+"""Candidates that cheat, crash or attack: each must get the verdict that names it."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from pike.config import EvalConfig
+from pike.evaluate import evaluate
+from pike.task import Task
+from tests.conftest import candidate
+
+
+@pytest.mark.parametrize(("name", "status", "words"), [
+    ("caches_by_pointer", "incorrect", ""),
+    ("counts_calls", "incorrect", "after timing"),
+    ("assumes_randn", "incorrect", "another distribution"),
+    ("patches_event", "rejected", "patching torch.cuda.Event.elapsed_time"),
+    ("patches_evaluator", "rejected", "pike.evaluate.timing._perf_counter"),
+    ("walks_gc", "rejected", "gc.get_objects"),
+    ("tensor_subclass", "rejected", "tensor subclass"),
+    ("thread_outlives", "rejected", "thread"),
+    ("forges_messages", "rejected", "forged message"),
+])
+def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
+                                                name: str, status: str, words: str) -> None:
+    verdict = evaluate(mlp_task, candidate(name), fast_config)
+    assert verdict.status == status, verdict.message
+    assert words in verdict.message
+    assert verdict.runtime is None and verdict.speedup is None
+
+
+def test_rewriting_the_timers_samples_is_caught_by_the_parents_clock(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    fast_config.timing.min_seconds = 0.5
+    verdict = evaluate(mlp_task, candidate("rewrites_samples"), fast_config)
+    assert verdict.status == "rejected", verdict.message
+    assert "do not account for the wall time" in verdict.message
+
+
+def test_writing_outside_its_folders_is_refused(mlp_task: Task, fast_config: EvalConfig,
+                                                tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "written-by-candidate"
+    monkeypatch.setenv("PIKE_TEST_TARGET", str(target))
+    verdict = evaluate(mlp_task, candidate("writes_outside"), fast_config)
+    assert verdict.status == "rejected", verdict.message
+    assert f"writing {target}" in verdict.message
+    assert not target.exists()
+
+
+def test_network_access_is_refused(mlp_task: Task, fast_config: EvalConfig,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server.settimeout(0.5)
+        monkeypatch.setenv("PIKE_TEST_PORT", str(server.getsockname()[1]))
+        verdict = evaluate(mlp_task, candidate("opens_socket"), fast_config)
+        assert verdict.status == "rejected", verdict.message
+        assert "network access" in verdict.message
+        with pytest.raises(TimeoutError):
+            server.accept()
+
+
+def test_changed_backend_flags_are_reported_not_hidden(mlp_task: Task,
+                                                       fast_config: EvalConfig) -> None:
+    verdict = evaluate(mlp_task, candidate("changes_flags"), fast_config)
+    assert verdict.status == "ok", verdict.message
+    assert {"cuda.matmul.allow_tf32", "cudnn.benchmark"} <= set(verdict.flags_changed)
+    assert "cudnn.benchmark" in verdict.guards["backend flags"]
+
+
+def test_an_honest_candidate_passes_every_guard_and_says_which_ran(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    verdict = evaluate(mlp_task, candidate("fused"), fast_config)
+    assert verdict.status == "ok", verdict.message
+    assert verdict.flags_changed == {}
+    for guard in ("audit hook", "other distribution", "after timing", "leftover processes",
+                  "process sandbox"):
+        assert guard in verdict.guards
+    assert verdict.guards["after timing"].startswith("new values")
+
+
+def test_the_shared_trial_inputs_are_read_only(mlp_task: Task, fast_config: EvalConfig) -> None:
+    from pike.evaluate.judge import _references
+
+    evaluate(mlp_task, candidate("fused"), fast_config)
+    run = next(iter(_references.values()))
+    # Read-only for every user but root; the audit hook refuses the write for root too.
+    assert run.inputs_dir.stat().st_mode & 0o222 == 0
+    for path in run.inputs_dir.iterdir():
+        assert path.stat().st_mode & 0o222 == 0
