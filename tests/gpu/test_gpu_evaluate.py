@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from pike.config import EvalConfig
-from pike.evaluate import evaluate
+from pike.evaluate import evaluate, judge
 from pike.task import Task
 from tests.conftest import candidate
 
@@ -54,9 +54,11 @@ def test_hung_kernel_times_out_and_leaves_nothing(mlp_task: Task, gpu_config: Ev
     verdict = evaluate(mlp_task, candidate("cuda_hang"), gpu_config)
     assert verdict.status == "timeout", verdict.message
     time.sleep(0.5)
-    alive = [c for c in psutil.Process().children(recursive=True)
-             if c.status() != psutil.STATUS_ZOMBIE]
-    assert not alive
+    alive = {c.pid for c in psutil.Process().children(recursive=True)
+             if c.status() != psutil.STATUS_ZOMBIE}
+    # Only the cached reference children, kept to time later candidates against, remain.
+    cached = {r.child.proc.pid for r in judge._references.values() if r.child and r.child.proc}
+    assert alive == cached
 
 
 def test_good_kernel_still_passes_after_a_crash(mlp_task: Task, gpu_config: EvalConfig) -> None:
