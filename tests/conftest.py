@@ -8,6 +8,8 @@ import torch
 from pike.config import EvalConfig, LimitsConfig, TimingConfig
 from pike.task import Task
 
+pytest_plugins = ["tests.fake_openai"]  # the `fake_llm` fixture: a local OpenAI-compatible server
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 CANDIDATES = Path(__file__).resolve().parent / "candidates"

@@ -145,6 +145,76 @@ def _print_verdict(task: Task, candidate: Path, v: Verdict) -> None:
         console.print(v.message, markup=False, highlight=False, soft_wrap=True)
 
 
+@app.command("optimize")
+@user_errors
+def optimize_command(
+    task: Annotated[str | None, typer.Argument(help="task file or FOLDER/ID")] = None,
+    llm: Annotated[str | None, typer.Option(help="optimizer model: openai:gpt-5, gemini:..., "
+                                            "openrouter:..., http://host:port/v1#model")]
+    = None,
+    fixer_llm: Annotated[str | None, typer.Option(help="error-fixer model (default: --llm)")]
+    = None,
+    budget_queries: Annotated[int | None, typer.Option(min=1, help="LLM calls (default 300)")]
+    = None,
+    budget_dollars: Annotated[float | None, typer.Option(min=0.0, help="USD for all calls")]
+    = None,
+    backend: Annotated[str | None, typer.Option(help="any, cuda or triton")] = None,
+    device: DeviceOpt = None,
+    out: Annotated[Path | None, typer.Option(help="run dir (default RUNS/<task>-<time>)")]
+    = None,
+    resume: Annotated[Path | None, typer.Option(help="continue the run in this dir")] = None,
+    replay: Annotated[Path | None, typer.Option(help="re-run this run's recorded replies, "
+                                                "no LLM")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Search for a faster ModelNew with LLM agents (PIKE-B); writes best.py to the run dir."""
+    from pike.report.progress import SearchProgress
+    from pike.search import optimize
+
+    if resume and (task or replay):
+        raise PikeError("--resume continues a run as it was started: give no task or --replay")
+    cfg = _config(config, device)
+    overrides = {"model": llm, "fixer": fixer_llm}
+    for key, value in overrides.items():
+        if value is not None:
+            setattr(cfg.llm, key, value)
+    if budget_queries is not None:
+        cfg.search.budget_queries = budget_queries
+    if budget_dollars is not None:
+        cfg.search.budget_dollars = budget_dollars
+    if backend is not None:
+        if backend not in ("any", "cuda", "triton"):
+            raise PikeError(f"--backend {backend!r}: use any, cuda or triton")
+        cfg.search.backend = backend  # type: ignore[assignment]
+    the_task = load_task(task) if task else None
+    if the_task is None and resume is None and replay is None:
+        raise PikeError("give a TASK to optimize (or --resume RUN_DIR / --replay RUN_DIR)")
+    with SearchProgress(err_console, the_task.name if the_task else "run") as progress:
+        result = optimize(the_task, cfg, out=out, resume=resume, replay=replay,
+                          command="pike " + " ".join(sys.argv[1:]), on_event=progress)
+    _print_result(result)
+
+
+def _print_result(result: Any) -> None:
+    v = result.best_verdict
+    table = Table(title=f"pike optimize: {result.task}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("run dir", escape(str(result.run_dir)))
+    if v is not None and v.runtime is not None:
+        table.add_row("best", f"[green]{v.speedup or 0:.2f}x[/green] over eager "
+                      f"({_ms(v.runtime.median_ms)} vs {_ms(v.reference.median_ms if v.reference else None)})")
+        table.add_row("solution", escape(str(result.run_dir / "best.py")))
+    else:
+        table.add_row("best", "[red]no correct candidate[/red]")
+    table.add_row("spent", f"{result.queries} queries, ${result.dollars:.2f}")
+    table.add_row("verdicts", ", ".join(f"{k} {n}" for k, n in sorted(result.verdicts.items()))
+                  or "none")
+    if result.replay_exhausted:
+        table.add_row("replay", "the recorded run ended here")
+    console.print(table)
+
+
 @app.command("baseline")
 @user_errors
 def baseline_command(

@@ -67,10 +67,48 @@ class EvalConfig(_Strict):
     )
 
 
+class LLMConfig(_Strict):
+    """Which models the agents use and how they are called."""
+
+    model: str | None = Field(None, description="optimizer and brainstormer: openai:gpt-5, "
+                              "gemini:..., openrouter:..., http://host:port/v1#model")
+    fixer: str | None = Field(None, description="error fixer (a cheaper model); None = model")
+    max_concurrency: int = Field(4, ge=1, description="LLM calls in flight at once")
+    timeout_s: float = Field(300.0, gt=0, description="per call")
+    max_retries: int = Field(5, ge=0, description="on 429, 5xx and timeouts, with backoff")
+    retry_wait_s: float = Field(2.0, ge=0, description="first backoff wait")
+    temperature: float | None = Field(None, description="None = the provider's default")
+    max_tokens: int | None = Field(None, ge=1, description="None = the provider's default")
+    pricing: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="model -> {input_per_mtok, output_per_mtok} in USD, "
+        "over the packaged table")
+
+
+class BranchingConfig(_Strict):
+    """PIKE-B, the exploit-heavy branching search; defaults are the paper's."""
+
+    branches: int = Field(10, ge=1, description="optimizer queries per round")
+    max_fix_attempts: int = Field(5, ge=0, description="error-fixer queries per failing branch")
+    top_k: int = Field(4, ge=1, description="seeds of the next round")
+    brainstorm: bool = Field(True, description="round 0 starts from the brainstormer's ideas")
+
+
+class SearchConfig(_Strict):
+    """What a search may spend and what it may write."""
+
+    budget_queries: int | None = Field(300, ge=1, description="LLM calls per task, all roles")
+    budget_dollars: float | None = Field(None, gt=0, description="USD per task, all roles")
+    backend: Literal["any", "cuda", "triton"] = Field(
+        "any", description="what the optimizer may write: any, CUDA C++ or Triton kernels")
+    branching: BranchingConfig = Field(default_factory=BranchingConfig)
+
+
 class RunConfig(_Strict):
     """Everything a pike run can be told. Loaded from YAML, overridden by CLI flags."""
 
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
     runs_dir: Path = Field(Path("pike-runs"), description="where runs and baselines are written")
 
     @classmethod

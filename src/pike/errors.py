@@ -20,3 +20,11 @@ class ConfigError(PikeError):
 
 class EvaluatorError(PikeError):
     """The evaluator itself could not run (not the candidate's fault)."""
+
+
+class LLMError(PikeError):
+    """An LLM endpoint cannot be used as configured (for example, its API key is not set)."""
+
+
+class StoreError(PikeError):
+    """A run store is missing, not a pike run, from a newer pike, or used inconsistently."""

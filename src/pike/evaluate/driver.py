@@ -192,27 +192,46 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
         timer.error = str(reply.get("error") or "no samples")
 
 
-def _per_call_overhead_s(trusted: Timer) -> float:
-    """Wall time per call that the timed region does not see (flush, sync, IPC), measured
-    on the reference's blocks, which run trusted code."""
-    spare = [(wall - sum(s) / 1e3) / len(s) for wall, s in trusted.blocks]
-    return max(0.0, statistics.median(spare)) if spare else 0.0
+@dataclass
+class LoopCost:
+    """What the timing loop costs outside the timed region: per block and per call."""
+
+    per_block_s: float
+    per_call_s: float
 
 
-_IPC_SLACK_S = 0.005  # a request and its answer over the pipes, on a busy host
+def calibrate(trusted: ChildProcess) -> LoopCost:
+    """Time an empty call in blocks of two sizes in the (trusted) reference child; the
+    difference separates the per-call cost (flush, events, sync) from the per-block cost
+    (the request over the pipes, the untimed first call)."""
+    walls = {}
+    for calls in (0, 10, 200):  # the first only warms the loop up
+        timer = Timer(trusted, "empty", warmed=calls > 0)
+        started = time.perf_counter()
+        _time_one_block(timer, min_calls=max(calls, 1), min_seconds=0.0,
+                        max_calls=max(calls, 1))
+        walls[calls] = time.perf_counter() - started
+        if timer.stopped:
+            return LoopCost(0.0, 0.0)
+    per_call = max(0.0, (walls[200] - walls[10]) / 190)
+    return LoopCost(max(0.0, walls[10] - 10 * per_call), per_call)
 
 
-def unaccounted_wall_time(trusted: Timer, judged: Timer) -> str | None:
+_SLACK_S = 0.005  # scheduling noise of one block on a busy host
+
+
+def unaccounted_wall_time(cost: LoopCost, judged: Timer) -> str | None:
     """Why the judged child's timings cannot be true, or None when they account for the
     wall time the parent measured around each of its blocks.
 
     Everything in the child can be reached by the candidate's code (frames, memory), so
     its reported samples are checked against a clock the candidate cannot touch.
     """
-    overhead = _per_call_overhead_s(trusted)
-    suspicious = sum(
-        wall - len(samples) * overhead - _IPC_SLACK_S > 3 * sum(samples) / 1e3
-        for wall, samples in judged.blocks)
+    suspicious = 0
+    for wall, samples in judged.blocks:
+        reported = (sum(samples) + statistics.fmean(samples)) / 1e3  # + the untimed call
+        loop = cost.per_block_s + (len(samples) + 1) * cost.per_call_s
+        suspicious += wall - loop - _SLACK_S > 3 * reported
     if judged.blocks and suspicious > len(judged.blocks) // 2:
         return (f"reported timings that do not account for the wall time of its timing "
                 f"blocks ({suspicious} of {len(judged.blocks)} blocks took over 3x longer "

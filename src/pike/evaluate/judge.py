@@ -25,7 +25,9 @@ from pike.errors import EvaluatorError, TaskError
 from pike.evaluate import check
 from pike.evaluate.driver import (
     ChildReport,
+    LoopCost,
     Timer,
+    calibrate,
     finish,
     request,
     run_trials,
@@ -72,6 +74,15 @@ class ReferenceRun:
     env: dict[str, str]
     child: ChildProcess | None
     _tmp: Path
+
+    _loop_cost: LoopCost | None = None
+
+    def loop_cost(self) -> LoopCost:
+        if self._loop_cost is None:
+            assert self.child is not None
+            self._loop_cost = calibrate(self.child)
+            self.child.enter_phase("idle")
+        return self._loop_cost
 
     def usable(self) -> bool:
         return self.child is None or self.child.alive()
@@ -234,7 +245,7 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
                 time_interleaved(timers, cfg.timing)
                 reference.child.enter_phase("idle")
                 forged = (cfg.guards and timers[1].failure is None
-                          and unaccounted_wall_time(*timers))
+                          and unaccounted_wall_time(reference.loop_cost(), timers[1]))
                 if forged:
                     timers[1].failure = Verdict(status="rejected", phase="timing", message=forged)
             if correctness.ok and cfg.guards and not any(t.failure for t in timers):

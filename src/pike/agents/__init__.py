@@ -1,0 +1,11 @@
+"""The agents: what each role is asked (Jinja2 templates) and how its reply is read.
+
+Agents do not call the LLM themselves; the search does, so that every call goes through
+one budget ledger and one store.
+"""
+
+from pike.agents.extract import extract_ideas, extract_module
+from pike.agents.roles import AgentContext, brainstorm_messages, fix_messages, optimize_messages
+
+__all__ = ["AgentContext", "brainstorm_messages", "extract_ideas", "extract_module",
+           "fix_messages", "optimize_messages"]

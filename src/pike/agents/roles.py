@@ -1,0 +1,76 @@
+"""The messages each role sends: brainstormer (IBA), optimizer, error fixer (EFA)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import jinja2
+
+from pike.evaluate.verdict import Verdict
+
+Messages = list[dict[str, str]]
+_REPORT_LIMIT = 4000
+
+
+@cache
+def _templates() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("pike.agents", "templates"),
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+        autoescape=False,  # prompts are plain text, not HTML  # noqa: S701
+    )
+
+
+@dataclass(frozen=True)
+class AgentContext:
+    """What every prompt of one task shares."""
+
+    task_source: str
+    backend: str  # any | cuda | triton
+    device: str  # e.g. "NVIDIA H100 80GB HBM3 (compute capability 9.0, 79 GiB)"
+    atol: float = 1e-2
+
+    def _messages(self, template: str, **values: object) -> Messages:
+        env = _templates()
+        system = env.get_template("system.j2").render(device=self.device, backend=self.backend,
+                                                       atol=self.atol)
+        user = env.get_template(template).render(task_source=self.task_source, **values)
+        return [{"role": "system", "content": system.strip()},
+                {"role": "user", "content": user.strip()}]
+
+
+def brainstorm_messages(ctx: AgentContext, count: int) -> Messages:
+    return ctx._messages("brainstorm.j2", count=count)
+
+
+def optimize_messages(ctx: AgentContext, parent_source: str | None,
+                      parent_verdict: Verdict | None, idea: str | None) -> Messages:
+    runtime = speedup = ""
+    if parent_verdict is not None and parent_verdict.runtime is not None:
+        runtime = f"{parent_verdict.runtime.median_ms:.4g} ms"
+        speedup = f"{parent_verdict.speedup:.2f}x" if parent_verdict.speedup else "?x"
+    return ctx._messages("optimize.j2", parent_source=parent_source, idea=idea,
+                         parent_runtime=runtime, parent_speedup=speedup)
+
+
+def fix_messages(ctx: AgentContext, failing_source: str, verdict: Verdict) -> Messages:
+    report = verdict.message or "(no message)"
+    if verdict.mismatches:
+        m = verdict.mismatches[0]
+        report += (f"\nfirst mismatch: trial {m.trial}, output {m.output}: {m.problem}"
+                   f" (expected shape {m.expected_shape}, got {m.actual_shape})")
+    return ctx._messages("fix.j2", failing_source=failing_source, status=verdict.status,
+                         report=report[-_REPORT_LIMIT:])
+
+
+def describe_device(device: str) -> str:
+    """The GPU (or CPU) the evaluator runs on, as the prompt states it."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.device(device))
+        return (f"{props.name} (compute capability {props.major}.{props.minor}, "
+                f"{props.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}, "
+                f"torch {torch.__version__}")
+    return f"CPU only (no GPU), torch {torch.__version__}"

@@ -1,0 +1,160 @@
+"""`optimize()`: one search over one task, new, resumed or replayed, with its run store."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from pike.agents import AgentContext
+from pike.agents.roles import describe_device
+from pike.config import RunConfig
+from pike.errors import ConfigError, TaskError
+from pike.evaluate import evaluate
+from pike.evaluate.judge import resolve_device
+from pike.evaluate.verdict import Verdict
+from pike.llm import LLMClient, Pricing, resolve_spec
+from pike.search.branching import BranchingSearch
+from pike.search.ledger import Ledger
+from pike.search.querier import Querier, RecordedCall, ReplayExhausted
+from pike.store import RunStore
+from pike.task import Task
+
+_OUTPUT_TOKENS_GUESS = 8192  # what a reply may cost before we know its length
+
+
+class OptimizeResult(BaseModel):
+    run_dir: Path
+    task: str
+    best_source: str | None
+    best_verdict: Verdict | None
+    queries: int
+    dollars: float
+    verdicts: dict[str, int]
+    replay_exhausted: bool = False
+
+
+def optimize(task: Task | None, config: RunConfig | None = None, *, out: Path | None = None,
+             resume: Path | None = None, replay: Path | None = None, command: str = "",
+             on_event: Callable[..., None] = lambda kind, **data: None) -> OptimizeResult:
+    """Search for a faster ModelNew for `task`; every step is recorded under the run dir.
+
+    resume: continue the run in that dir (its own config and task) where it stopped.
+    replay: run again with the replies recorded in that dir, without any LLM.
+    """
+    if resume is not None:
+        store = RunStore.open(resume)
+        cfg = RunConfig.model_validate(store.config())
+        task = _stored_task(store)
+        recorded = None
+    else:
+        recorded = None
+        if replay is not None:
+            old = RunStore.open(replay)
+            cfg = RunConfig.model_validate(old.config())
+            task = task or _stored_task(old)
+            recorded = {row["role"]: RecordedCall(row) for row in old.llm_calls(task.name)}
+            old.close()
+        else:
+            cfg = config or RunConfig()
+        if task is None:
+            raise ConfigError("no task to optimize")
+        run_dir = out or cfg.runs_dir / f"{task.name}-{_stamp()}"
+        store = RunStore.create(run_dir, cfg.model_dump(mode="json"), command)
+        store.add_task(task.name, str(task.path), task.sha256, task.source)
+    try:
+        return _search(store, task, cfg, recorded, on_event)
+    finally:
+        store.close()
+
+
+def _search(store: RunStore, task: Task, cfg: RunConfig,
+            recorded: dict[str, RecordedCall] | None,
+            on_event: Callable[..., None]) -> OptimizeResult:
+    clients, pricing = _clients(cfg, replaying=recorded is not None)
+    device = resolve_device(cfg.eval.device)
+    ctx = AgentContext(task_source=task.source, backend=cfg.search.backend,
+                       device=describe_device(device), atol=cfg.eval.atol)
+    ledger = Ledger(store, task.name, cfg.search.budget_queries, cfg.search.budget_dollars)
+    model_of = {"brainstorm": cfg.llm.model, "optimize": cfg.llm.model,
+                "fix": cfg.llm.fixer or cfg.llm.model}
+
+    def estimate(role: str, messages: list[dict[str, str]]) -> float:
+        spec = model_of.get(role)
+        if not spec:
+            return 0.0
+        seen = [c["cost_usd"] or 0.0 for c in store.llm_calls(task.name) if c["model"] == spec]
+        if seen:  # the costliest reply so far is a better guess than the token limit
+            return max(seen)
+        tokens_in = sum(len(m["content"]) for m in messages) // 3
+        out_tokens = cfg.llm.max_tokens or _OUTPUT_TOKENS_GUESS
+        return pricing.cost(resolve_spec(spec).model, tokens_in, out_tokens)
+
+    querier = Querier(store, task.name, ledger, clients, estimate, replay_from=recorded)
+    search = BranchingSearch(store, task.name, querier, ctx, cfg.search.branching,
+                             judge=lambda source: evaluate(task, source, cfg.eval),
+                             concurrency=cfg.llm.max_concurrency,
+                             on_event=lambda kind, **data: on_event(kind, ledger=ledger, **data))
+    exhausted = False
+    try:
+        search.run()
+    except ReplayExhausted:
+        exhausted = True  # the recorded run ended here; so does the replay
+    return _finish(store, task, exhausted)
+
+
+def _clients(cfg: RunConfig, replaying: bool) -> tuple[dict[str, Any], Pricing]:
+    pricing = Pricing.load(cfg.llm.pricing or None)
+    if replaying:
+        return {}, pricing
+    if not cfg.llm.model:
+        raise ConfigError("no model given: pass --llm SPEC (e.g. openai:gpt-5) or set llm.model")
+    options = {"max_concurrency": cfg.llm.max_concurrency, "timeout_s": cfg.llm.timeout_s,
+               "max_retries": cfg.llm.max_retries, "pricing": pricing,
+               "temperature": cfg.llm.temperature, "max_tokens": cfg.llm.max_tokens,
+               "retry_wait_s": cfg.llm.retry_wait_s}
+    main = LLMClient(cfg.llm.model, **options)
+    fixer = LLMClient(cfg.llm.fixer, **options) if cfg.llm.fixer else main
+    return {"brainstorm": main, "optimize": main, "fix": fixer}, pricing
+
+
+def _finish(store: RunStore, task: Task, exhausted: bool) -> OptimizeResult:
+    best = store.best(task.name)
+    queries, dollars = store.spent(task.name)
+    counts = Counter(r.verdict.status for r in store.candidates(task.name) if r.verdict)
+    result = OptimizeResult(run_dir=store.path.parent, task=task.name,
+                            best_source=best.source if best else None,
+                            best_verdict=best.verdict if best else None, queries=queries,
+                            dollars=dollars, verdicts=dict(counts),
+                            replay_exhausted=exhausted)
+    run_dir = store.path.parent
+    if best is not None:
+        (run_dir / "best.py").write_text(best.source)
+    (run_dir / "summary.json").write_text(json.dumps(
+        {"task": task.name, "best_candidate": best.id if best else None,
+         "speedup": best.verdict.speedup if best and best.verdict else None,
+         "runtime_ms": best.verdict.runtime.median_ms
+         if best and best.verdict and best.verdict.runtime else None,
+         "queries": queries, "dollars": dollars, "verdicts": dict(counts)}, indent=2))
+    return result
+
+
+def _stored_task(store: RunStore) -> Task:
+    rows = store.tasks()
+    if not rows:
+        raise TaskError(f"{store.path}: the run has no task")
+    row = rows[0]
+    task = Task.from_file(row["path"])
+    if task.sha256 != row["sha256"]:
+        raise TaskError(f"{row['path']}: the task file changed since the run started; "
+                        "resume needs the same task")
+    return task
+
+
+def _stamp() -> str:
+    return dt.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -1,0 +1,496 @@
+"""The run store: one SQLite file per run holding tasks, candidates with their lineage and
+verdicts, every LLM call with tokens and cost, and resume markers.
+
+Events are written as they happen, each in its own transaction committed before the call
+returns, so that a run killed at any moment (even `kill -9`) can be resumed, replayed,
+reported and audited from what it had recorded. The store only stores: population logic
+belongs to the strategies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from pike.errors import StoreError
+from pike.evaluate.verdict import Verdict
+
+log = logging.getLogger(__name__)
+
+STORE_FILE = "run.sqlite"
+
+# How long a writer waits for another process holding the write lock (a report reading a
+# live run never blocks in WAL mode, but two writers can meet).
+_BUSY_TIMEOUT_S = 30.0
+
+_SCHEMA_V1 = """
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE tasks (
+    name     TEXT PRIMARY KEY,
+    path     TEXT NOT NULL,
+    sha256   TEXT NOT NULL,
+    source   TEXT NOT NULL,
+    added_at TEXT NOT NULL
+);
+CREATE TABLE llm_calls (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    task        TEXT NOT NULL,
+    role        TEXT,
+    model       TEXT,
+    messages    TEXT NOT NULL,
+    reply       TEXT,
+    tokens_in   INTEGER,
+    tokens_out  INTEGER,
+    latency_s   REAL,
+    cost_usd    REAL,
+    error       TEXT,
+    started_at  TEXT,
+    recorded_at TEXT NOT NULL
+);
+CREATE INDEX llm_calls_task ON llm_calls (task);
+CREATE TABLE candidates (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    task        TEXT NOT NULL,
+    source      TEXT NOT NULL,
+    parent_id   INTEGER REFERENCES candidates (id),
+    role        TEXT NOT NULL,
+    round       INTEGER NOT NULL,
+    branch      INTEGER NOT NULL,
+    idea        TEXT NOT NULL DEFAULT '',
+    llm_call_id INTEGER REFERENCES llm_calls (id),
+    created_at  TEXT NOT NULL,
+    -- the Verdict as JSON; the columns after it copy fields of it so queries need no JSON
+    verdict     TEXT,
+    status      TEXT,
+    runtime_ms  REAL,
+    speedup     REAL,
+    evaluated_at TEXT
+);
+CREATE INDEX candidates_task ON candidates (task, status);
+CREATE TABLE state (
+    task  TEXT NOT NULL,
+    key   TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (task, key)
+);
+"""
+
+Migration = Callable[[sqlite3.Connection], None]
+
+# _MIGRATIONS[v - 1] upgrades a store from schema version v to v + 1. A new store is built
+# as version 1 and migrated like an old one, so there is a single path to the current
+# schema. Append here; never edit a released migration.
+_MIGRATIONS: list[Migration] = []
+
+
+def _current_version() -> int:
+    return len(_MIGRATIONS) + 1
+
+
+SCHEMA_VERSION = _current_version()
+
+
+class CandidateRow(BaseModel):
+    """One candidate as recorded: its source, where it came from, and its verdict once judged."""
+
+    id: int
+    task: str
+    source: str
+    parent_id: int | None
+    role: str  # 'reference' | 'optimize' | 'fix' | 'offline' | ...
+    round: int
+    branch: int
+    idea: str = ""
+    llm_call_id: int | None = None
+    created_at: str  # ISO 8601, UTC
+    verdict: Verdict | None = None  # None until evaluated
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def _timestamp(value: object) -> str | None:
+    """An LLM call's start time as ISO UTC text, whichever way the caller kept it."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, (int, float)):
+        return datetime.fromtimestamp(value, timezone.utc).isoformat()
+    return str(value)
+
+
+def _to_json(value: object, what: str) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise StoreError(f"{what} is not JSON-serialisable: {e}") from None
+
+
+def _connect(uri: str) -> sqlite3.Connection:
+    # isolation_level=None: autocommit, so a single statement is its own transaction and
+    # multi-statement writes say BEGIN/COMMIT explicitly. check_same_thread=False because
+    # LLM calls complete on worker threads; RunStore's lock serialises every use.
+    conn = sqlite3.connect(
+        uri, uri=True, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S
+    )
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def _configure(conn: sqlite3.Connection, path: Path) -> None:
+    """Set the durability pragmas; only on a store we know is ours, since WAL mode sticks
+    to the file."""
+    try:
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            log.warning("run store %s: journal mode is %s, not WAL", path, mode)
+        # FULL syncs the WAL on every commit: NORMAL may lose the last commits on power loss,
+        # and we promise that a recorded event survives.
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"cannot set up the run store {path}: {e}") from None
+
+
+def _uri(path: Path, mode: str) -> str:
+    return f"{path.resolve().as_uri()}?mode={mode}"
+
+
+def _schema_version(conn: sqlite3.Connection, path: Path) -> int:
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"{path} is not a pike run store ({e})") from None
+    if row is None:
+        raise StoreError(f"{path} is not a pike run store (no schema version)")
+    try:
+        return int(row[0])
+    except ValueError:
+        raise StoreError(f"{path} is not a pike run store (bad schema version {row[0]!r})") from None
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Bring an older store up to the current schema, one version per transaction."""
+    version = _schema_version(conn, path)
+    current = _current_version()
+    if version > current:
+        raise StoreError(
+            f"{path} has schema version {version}, newer than this pike reads ({current}); "
+            "upgrade pike to open it"
+        )
+    while version < current:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            _MIGRATIONS[version - 1](conn)
+            version += 1
+            conn.execute(
+                "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),)
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        log.info("run store %s migrated to schema version %d", path, version)
+
+
+class RunStore:
+    """The SQLite file of one run. Safe to share between threads; every write is committed
+    before the method returns."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self._conn: sqlite3.Connection | None = conn
+        self._lock = threading.Lock()
+
+    # -- opening -------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, run_dir: Path, config: dict, command: str) -> RunStore:
+        """Start a new run in run_dir (made if missing); refuse to overwrite an existing one."""
+        run_dir = Path(run_dir)
+        path = run_dir / STORE_FILE
+        config_json = _to_json(config, "run config")
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            # O_EXCL claims the file atomically, so two runs started on one folder cannot
+            # both think they created it. SQLite treats the empty file as a new database.
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            raise StoreError(
+                f"a pike run already exists at {run_dir}; resume it or pick another folder"
+            ) from None
+        except OSError as e:
+            raise StoreError(f"cannot create a run store at {run_dir}: {e.strerror}") from None
+        conn = _connect(_uri(path, "rw"))
+        try:
+            _configure(conn, path)
+            # One transaction: the schema and its version appear together or not at all.
+            conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA_V1)
+            meta = {"schema_version": "1", "created_at": _now(), "command": command,
+                    "config": config_json}
+            conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", meta.items())
+            conn.execute("COMMIT")
+            _migrate(conn, path)
+        except BaseException:
+            # A half-made store would later read as "not a pike run"; leave nothing behind.
+            conn.close()
+            for suffix in ("", "-wal", "-shm"):
+                path.with_name(path.name + suffix).unlink(missing_ok=True)
+            raise
+        return cls(path, conn)
+
+    @classmethod
+    def open(cls, run_dir: Path) -> RunStore:
+        """Open an existing run (to resume or report it), migrating an older schema."""
+        path = Path(run_dir) / STORE_FILE
+        if not path.is_file():
+            raise StoreError(f"no pike run at {run_dir} ({STORE_FILE} not found)")
+        try:
+            conn = _connect(_uri(path, "rw"))
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"cannot open the run store {path}: {e}") from None
+        try:
+            _schema_version(conn, path)  # a file that is not ours is left as it was
+            _configure(conn, path)
+            _migrate(conn, path)
+        except BaseException:
+            conn.close()
+            raise
+        return cls(path, conn)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        """The connection, held under the lock for the duration of one statement or read."""
+        with self._lock:
+            if self._conn is None:
+                raise StoreError(f"run store {self.path} is closed")
+            yield self._conn
+
+    # -- the run -------------------------------------------------------------------------
+
+    def _meta(self, key: str) -> str:
+        with self._db() as db:
+            row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            raise StoreError(f"{self.path} is damaged: no {key} recorded")
+        return row[0]
+
+    def config(self) -> dict:
+        return json.loads(self._meta("config"))
+
+    def command(self) -> str:
+        """The command line that started the run."""
+        return self._meta("command")
+
+    def created_at(self) -> str:
+        return self._meta("created_at")
+
+    # -- tasks ---------------------------------------------------------------------------
+
+    def add_task(self, name: str, path: str, sha256: str, source: str) -> None:
+        """Record a task once; adding it again is a no-op, but not if its source changed,
+        since candidates judged against two references cannot be compared."""
+        with self._db() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO tasks (name, path, sha256, source, added_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (name, str(path), sha256, source, _now()),
+            )
+            row = db.execute("SELECT sha256 FROM tasks WHERE name = ?", (name,)).fetchone()
+        if row[0] != sha256:
+            raise StoreError(
+                f"task {name} changed since this run recorded it "
+                f"(sha256 {row[0][:12]} then, {sha256[:12]} now)"
+            )
+
+    def tasks(self) -> list[dict]:
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT name, path, sha256, source, added_at FROM tasks ORDER BY rowid"
+            ).fetchall()
+        return [dict(row) for row in rows]
+
+    # -- candidates ----------------------------------------------------------------------
+
+    def add_candidate(
+        self,
+        task: str,
+        source: str,
+        *,
+        parent_id: int | None,
+        role: str,
+        round: int,
+        branch: int,
+        idea: str = "",
+        llm_call_id: int | None = None,
+    ) -> int:
+        try:
+            with self._db() as db:
+                cursor = db.execute(
+                    "INSERT INTO candidates (task, source, parent_id, role, round, branch, idea,"
+                    " llm_call_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (task, source, parent_id, role, round, branch, idea, llm_call_id, _now()),
+                )
+        except sqlite3.IntegrityError:
+            raise StoreError(
+                f"candidate of {task}: parent {parent_id} or LLM call {llm_call_id} "
+                "is not in this run"
+            ) from None
+        return int(cursor.lastrowid)
+
+    def set_verdict(self, candidate_id: int, verdict: Verdict) -> None:
+        runtime_ms = verdict.runtime.median_ms if verdict.runtime is not None else None
+        with self._db() as db:
+            cursor = db.execute(
+                "UPDATE candidates SET verdict = ?, status = ?, runtime_ms = ?, speedup = ?,"
+                " evaluated_at = ? WHERE id = ?",
+                (verdict.model_dump_json(), verdict.status, runtime_ms, verdict.speedup,
+                 _now(), candidate_id),
+            )
+        if cursor.rowcount == 0:
+            raise StoreError(f"no candidate {candidate_id} in this run")
+
+    def candidates(self, task: str | None = None) -> list[CandidateRow]:
+        """Every candidate (of one task, if given), oldest first."""
+        return self._candidates("1" if task is None else "task = ?", () if task is None else (task,))
+
+    def candidate(self, candidate_id: int) -> CandidateRow:
+        rows = self._candidates("id = ?", (candidate_id,))
+        if not rows:
+            raise StoreError(f"no candidate {candidate_id} in this run")
+        return rows[0]
+
+    def pending(self, task: str) -> list[CandidateRow]:
+        """Candidates recorded but not yet judged: a resumed run evaluates these first."""
+        return self._candidates("task = ? AND verdict IS NULL", (task,))
+
+    def best(self, task: str) -> CandidateRow | None:
+        """The fastest correct candidate of a task; the reference itself does not count."""
+        rows = self._candidates(
+            "task = ? AND status = 'ok' AND role != 'reference' AND runtime_ms IS NOT NULL"
+            " ORDER BY runtime_ms, id LIMIT 1",
+            (task,),
+            order=False,
+        )
+        return rows[0] if rows else None
+
+    def _candidates(self, where: str, args: tuple, *, order: bool = True) -> list[CandidateRow]:
+        sql = (
+            "SELECT id, task, source, parent_id, role, round, branch, idea, llm_call_id,"
+            f" created_at, verdict FROM candidates WHERE {where}"
+        )
+        if order:
+            sql += " ORDER BY id"
+        with self._db() as db:
+            rows = db.execute(sql, args).fetchall()
+        return [_candidate_row(row) for row in rows]
+
+    # -- LLM calls -----------------------------------------------------------------------
+
+    def record_llm_call(self, task: str, call: Any) -> int:
+        """Record one LLM call (an LLMCall or anything with its attributes), failed or not.
+
+        Messages that hold something JSON cannot encode are kept as its text rather than
+        refused: losing a call would undercount the budget.
+        """
+        error = getattr(call, "error", None)
+        row = (
+            task,
+            getattr(call, "role", None),
+            getattr(call, "model", None),
+            json.dumps(list(getattr(call, "messages", None) or []), default=str),
+            getattr(call, "reply", None),
+            getattr(call, "tokens_in", None),
+            getattr(call, "tokens_out", None),
+            getattr(call, "latency_s", None),
+            getattr(call, "cost_usd", None),
+            None if error is None else str(error),
+            _timestamp(getattr(call, "started_at", None)),
+            _now(),
+        )
+        with self._db() as db:
+            cursor = db.execute(
+                "INSERT INTO llm_calls (task, role, model, messages, reply, tokens_in,"
+                " tokens_out, latency_s, cost_usd, error, started_at, recorded_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
+        return int(cursor.lastrowid)
+
+    def llm_calls(self, task: str | None = None) -> list[dict]:
+        sql = "SELECT * FROM llm_calls"
+        args: tuple = ()
+        if task is not None:
+            sql += " WHERE task = ?"
+            args = (task,)
+        with self._db() as db:
+            rows = db.execute(sql + " ORDER BY id", args).fetchall()
+        calls = []
+        for row in rows:
+            call = dict(row)
+            call["messages"] = json.loads(call["messages"])
+            calls.append(call)
+        return calls
+
+    def spent(self, task: str) -> tuple[int, float]:
+        """(queries, dollars) spent on a task. Every recorded call counts, failed ones too:
+        they were sent, and may have been billed."""
+        with self._db() as db:
+            queries, dollars = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(cost_usd), 0.0) FROM llm_calls WHERE task = ?",
+                (task,),
+            ).fetchone()
+        return int(queries), float(dollars)
+
+    # -- resume markers ------------------------------------------------------------------
+
+    def set_state(self, task: str, key: str, value: object) -> None:
+        encoded = _to_json(value, f"state {key!r} of {task}")
+        with self._db() as db:
+            db.execute(
+                "INSERT INTO state (task, key, value) VALUES (?, ?, ?)"
+                " ON CONFLICT (task, key) DO UPDATE SET value = excluded.value",
+                (task, key, encoded),
+            )
+
+    def get_state(self, task: str, key: str, default: object = None) -> object:
+        with self._db() as db:
+            row = db.execute(
+                "SELECT value FROM state WHERE task = ? AND key = ?", (task, key)
+            ).fetchone()
+        return default if row is None else json.loads(row[0])
+
+
+def _candidate_row(row: sqlite3.Row) -> CandidateRow:
+    fields = dict(row)
+    verdict = fields.pop("verdict")
+    return CandidateRow(
+        **fields, verdict=None if verdict is None else Verdict.model_validate_json(verdict)
+    )

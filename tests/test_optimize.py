@@ -1,0 +1,231 @@
+"""`pike optimize` end to end: real openai SDK, a fake OpenAI-compatible server, CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pike.cli import app
+from pike.evaluate.verdict import TimingStats, Verdict
+from pike.store import RunStore
+from tests.conftest import CANDIDATES, EXAMPLES
+from tests.fake_openai import FakeOpenAI, Reply
+
+MLP = str(EXAMPLES / "tasks" / "1_GeluMLP.py")
+GOOD = (CANDIDATES / "fused.py").read_text()
+WRONG = (CANDIDATES / "wrong_values.py").read_text()
+SECRET = "sk-pike-test-secret-0123456789"
+# A correct candidate that fails if the parent's API key reached its environment.
+LEAK_PROBE = GOOD + f'''
+
+import os as _os
+if any("{SECRET}" in v for v in _os.environ.values()):
+    raise RuntimeError("the API key leaked into the candidate's environment")
+'''
+
+
+def fenced(source: str) -> str:
+    return f"Here is the module.\n\n```python\n{source}```\n"
+
+
+def prompt_of(body: dict[str, Any]) -> str:
+    return body["messages"][-1]["content"]
+
+
+class Scripted:
+    """Replies by role: ideas to the brainstormer, code to the optimizer and the fixer."""
+
+    def __init__(self, optimize: list[str], fix: str = GOOD, delay_s: float = 0.0) -> None:
+        self.optimize, self.fix, self.delay_s = optimize, fix, delay_s
+        self.optimize_calls = 0
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        prompt = prompt_of(body)
+        if "optimization ideas" in prompt:
+            return Reply(content="1. Fuse the GELU into one call.\n2. Use F.gelu(tanh).\n",
+                         delay_s=self.delay_s)
+        if "failed the evaluator" in prompt:
+            return Reply(content=fenced(self.fix), delay_s=self.delay_s)
+        source = self.optimize[self.optimize_calls % len(self.optimize)]
+        self.optimize_calls += 1
+        return Reply(content=fenced(source) if source else "I cannot help with that.",
+                     delay_s=self.delay_s)
+
+
+@pytest.fixture
+def run_config(tmp_path: Path, build_cache: Path) -> Path:
+    path = tmp_path / "pike.yaml"
+    path.write_text(yaml.safe_dump({
+        "runs_dir": str(tmp_path / "runs"),
+        "eval": {"device": "cpu", "trials": 2, "build_cache": str(build_cache),
+                 "timing": {"warmup_calls": 1, "warmup_seconds": 0.0, "min_calls": 5,
+                            "min_seconds": 0.02, "rounds": 2},
+                 "limits": {"load_seconds": 120, "check_seconds": 30, "timing_seconds": 60,
+                            "memory_gib": 2}},
+        "llm": {"retry_wait_s": 0.01, "max_retries": 1, "timeout_s": 20, "max_tokens": 200,
+                "pricing": {"fake-model": {"input_per_mtok": 1000.0,
+                                           "output_per_mtok": 1000.0}}},
+        "search": {"branching": {"branches": 2, "max_fix_attempts": 1, "top_k": 2}},
+    }))
+    return path
+
+
+def pike(*args: str | Path) -> Any:
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def spec(fake: FakeOpenAI) -> str:
+    return f"{fake.url}#fake-model"
+
+
+def test_optimize_end_to_end_keeps_to_the_query_budget(fake_llm: FakeOpenAI,
+                                                       run_config: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIKE_LLM_API_KEY", SECRET)
+    fake_llm.handler = Scripted(optimize=[LEAK_PROBE, ""])
+    out = tmp_path / "run"
+    result = pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-queries", "5",
+                  "--config", run_config, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert (out / "best.py").read_text() == LEAK_PROBE.strip() + "\n"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["queries"] == 5 == len(fake_llm.requests)
+    store = RunStore.open(out)
+    rows = store.candidates("1_GeluMLP")
+    # the probe passed: the key in the parent's environment never reached a candidate
+    assert any(r.verdict and r.verdict.ok for r in rows)
+    # a reply without code is a recorded failed candidate, not a crash
+    assert any(r.verdict and "no ```python block" in r.verdict.message for r in rows)
+    keys = [c["role"] for c in store.llm_calls("1_GeluMLP")]
+    assert len(keys) == len(set(keys)) == 5 and keys[0] == "brainstorm:0"
+    headers = {k.lower(): v for k, v in fake_llm.requests[0]["headers"].items()}
+    assert headers["authorization"] == f"Bearer {SECRET}"
+
+
+def test_the_dollar_budget_is_never_exceeded(fake_llm: FakeOpenAI,
+                                             run_config: Path, tmp_path: Path) -> None:
+    fake_llm.handler = Scripted(optimize=[GOOD])
+    out = tmp_path / "run"
+    # each call: 100 tokens in + 50 out at $1000/Mtok = $0.15; before the first reply the
+    # estimate assumes max_tokens (200) out, after it the costliest call seen
+    result = pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-dollars", "1.0",
+                  "--config", run_config, "--out", out)
+    assert result.exit_code == 0, result.output
+    queries, dollars = RunStore.open(out).spent("1_GeluMLP")
+    assert dollars <= 1.0 and queries == len(fake_llm.requests) >= 4
+
+
+def test_the_error_fixer_rescues_failing_candidates(fake_llm: FakeOpenAI,
+                                                    run_config: Path, tmp_path: Path) -> None:
+    fake_llm.handler = Scripted(optimize=[WRONG], fix=GOOD)
+    out = tmp_path / "run"
+    result = pike("optimize", MLP, "--llm", spec(fake_llm), "--fixer-llm",
+                  f"{fake_llm.url}#fake-fixer", "--budget-queries", "5", "--config",
+                  run_config, "--out", out)
+    assert result.exit_code == 0, result.output
+    store = RunStore.open(out)
+    rows = {r.id: r for r in store.candidates("1_GeluMLP")}
+    fixes = [r for r in rows.values() if r.role == "fix"]
+    assert fixes and all(r.verdict and r.verdict.ok for r in fixes)
+    assert all(rows[r.parent_id].verdict.status == "incorrect" for r in fixes)
+    models = {c["role"].split(":")[0]: c["model"] for c in store.llm_calls("1_GeluMLP")}
+    assert models["fix"].endswith("#fake-fixer") and models["optimize"].endswith("#fake-model")
+
+
+def test_replay_reproduces_the_best_solution_without_any_llm(
+        fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path) -> None:
+    fake_llm.handler = Scripted(optimize=[WRONG, GOOD])
+    first = tmp_path / "first"
+    assert pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-queries", "6",
+                "--config", run_config, "--out", first).exit_code == 0
+    fake_llm.close()  # no server from here on
+    again = tmp_path / "again"
+    result = pike("optimize", "--replay", first, "--out", again)
+    assert result.exit_code == 0, result.output
+    assert (again / "best.py").read_text() == (first / "best.py").read_text()
+    old, new = RunStore.open(first), RunStore.open(again)
+    # parallel calls finish in any order; what was asked is the same
+    assert sorted(c["role"] for c in new.llm_calls("1_GeluMLP")) == \
+        sorted(c["role"] for c in old.llm_calls("1_GeluMLP"))
+    assert [r.verdict.status for r in new.candidates("1_GeluMLP")] == \
+        [r.verdict.status for r in old.candidates("1_GeluMLP")]
+
+
+def test_resume_after_kill_continues_without_double_counting(
+        fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path) -> None:
+    fake_llm.handler = Scripted(optimize=[WRONG, GOOD], delay_s=0.3)
+    out = tmp_path / "run"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pike", "optimize", MLP, "--llm", spec(fake_llm),
+         "--budget-queries", "8", "--config", str(run_config), "--out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # kill it once some candidates have verdicts
+        if (out / "run.sqlite").exists():
+            done = [r for r in RunStore.open(out).candidates("1_GeluMLP") if r.verdict]
+            if len(done) >= 2:
+                break
+        time.sleep(0.2)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    before = RunStore.open(out)
+    calls_before = len(before.llm_calls("1_GeluMLP"))
+    judged_before = {r.id: r.verdict for r in before.candidates("1_GeluMLP") if r.verdict}
+    assert 0 < calls_before < 8
+    result = pike("optimize", "--resume", out)
+    assert result.exit_code == 0, result.output
+    after = RunStore.open(out)
+    keys = [c["role"] for c in after.llm_calls("1_GeluMLP")]
+    assert len(keys) == len(set(keys)) == 8  # the whole budget, no call made twice
+    # calls lost in flight at the kill are the only requests the store does not hold
+    assert len(fake_llm.requests) - len(keys) <= 4
+    for cid, verdict in judged_before.items():  # finished evaluations were not redone
+        assert after.candidate(cid).verdict == verdict
+
+
+def test_seeds_take_the_best_of_each_branch_first(tmp_path: Path) -> None:
+    from pike.config import BranchingConfig
+    from pike.search.branching import BranchingSearch, _spread
+
+    store = RunStore.create(tmp_path / "run", {}, "test")
+
+    def ok(ms: float) -> Verdict:
+        return Verdict(status="ok", runtime=TimingStats.from_samples([ms]), speedup=1.0 / ms)
+
+    made = {}
+    for name, branch, ms in [("a1", 0, 1.0), ("a2", 0, 1.1), ("b1", 1, 2.0), ("c1", 2, 3.0)]:
+        cid = store.add_candidate("t", name, parent_id=None, role="optimize", round=0,
+                                  branch=branch)
+        store.set_verdict(cid, ok(ms))
+        made[name] = cid
+    bad = store.add_candidate("t", "x", parent_id=None, role="optimize", round=0, branch=3)
+    store.set_verdict(bad, Verdict(status="incorrect", message="wrong"))
+    search = BranchingSearch(store, "t", querier=None, ctx=None,  # type: ignore[arg-type]
+                             cfg=BranchingConfig(top_k=3), judge=None,  # type: ignore[arg-type]
+                             concurrency=1)
+    assert [s.source for s in search._seeds()] == ["a1", "b1", "c1"]
+    search.cfg = BranchingConfig(top_k=6)
+    assert [s.source for s in search._seeds()] == ["a1", "b1", "c1", "a2", None]
+    assert _spread(10, 4) == [4, 3, 2, 1]
+    assert sum(_spread(7, 3)) == 7 and _spread(7, 3)[0] >= _spread(7, 3)[-1]
+
+
+def test_a_missing_key_is_one_line_naming_the_variable(run_config: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    result = pike("optimize", MLP, "--llm", "openai:gpt-5", "--config", run_config)
+    assert result.exit_code == 2
+    assert "OPENAI_API_KEY" in result.output
