@@ -35,12 +35,19 @@ CUDA_CANDIDATES = {"PyTorch": "tests/candidates/fused.py",
                    "CUDA C++": "tests/candidates/cuda_gelu.py"}
 
 
-def one(task: Task, source: str, cfg: EvalConfig) -> float:
+def one(task: Task, source: str, cfg: EvalConfig, phases: list[dict] | None = None) -> float:
     started = time.monotonic()
     verdict = evaluate(task, source, cfg)
     if not verdict.ok:
         raise SystemExit(f"candidate failed: {verdict.status}: {verdict.message[:300]}")
+    if phases is not None:
+        phases.append(verdict.phase_seconds)
     return time.monotonic() - started
+
+
+def _phase_medians(phases: list[dict]) -> dict[str, float]:
+    names = sorted({k for p in phases for k in p})
+    return {k: round(statistics.median(p.get(k, 0.0) for p in phases), 3) for k in names}
 
 
 def main() -> int:
@@ -58,12 +65,15 @@ def main() -> int:
                                                                      guards=False)
         one(task, source, on_cfg)  # build once, warm the reference; not counted
         one(task, source, off_cfg)
-        on, off = [], []
+        on, off, on_phases, off_phases = [], [], [], []
         for _ in range(args.repeats):
-            on.append(one(task, source, on_cfg))
-            off.append(one(task, source, off_cfg))
+            on.append(one(task, source, on_cfg, on_phases))
+            off.append(one(task, source, off_cfg, off_phases))
+        # Where the extra time goes: the child's phases (load, check, timing, ...).
         row = {"backend": backend, "candidate": path, "with_guards_s": statistics.median(on),
-               "without_guards_s": statistics.median(off), "each_on": on, "each_off": off}
+               "without_guards_s": statistics.median(off), "each_on": on, "each_off": off,
+               "phases_on_s": _phase_medians(on_phases),
+               "phases_off_s": _phase_medians(off_phases)}
         row["extra_pct"] = 100 * (row["with_guards_s"] / row["without_guards_s"] - 1)
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from pike.config import EvalConfig, LimitsConfig, TimingConfig
 from pike.task import Task
@@ -48,3 +49,23 @@ def fast_config(build_cache: Path) -> EvalConfig:
 
 def candidate(name: str) -> str:
     return (CANDIDATES / f"{name}.py").read_text()
+
+
+@pytest.fixture
+def run_config(tmp_path: Path, build_cache: Path) -> Path:
+    """A pike.yaml for searches on CPU against the fake LLM server: fast protocol, small
+    branching, a price for the fake model."""
+    path = tmp_path / "pike.yaml"
+    path.write_text(yaml.safe_dump({
+        "runs_dir": str(tmp_path / "runs"),
+        "eval": {"device": "cpu", "trials": 2, "build_cache": str(build_cache),
+                 "timing": {"warmup_calls": 1, "warmup_seconds": 0.0, "min_calls": 5,
+                            "min_seconds": 0.02, "rounds": 2},
+                 "limits": {"load_seconds": 120, "check_seconds": 30, "timing_seconds": 60,
+                            "memory_gib": 2}},
+        "llm": {"retry_wait_s": 0.01, "max_retries": 1, "timeout_s": 20, "max_tokens": 200,
+                "pricing": {"fake-model": {"input_per_mtok": 1000.0,
+                                           "output_per_mtok": 1000.0}}},
+        "search": {"branching": {"branches": 2, "max_fix_attempts": 1, "top_k": 2}},
+    }))
+    return path

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,22 @@ F = TypeVar("F", bound=Callable[..., Any])
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file with a RunConfig")]
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 (default: cuda:0 if any)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+LlmOpt = Annotated[str | None, typer.Option(
+    help="optimizer model: openai:gpt-5, gemini:..., openrouter:..., http://host:port/v1#model")]
+FixerOpt = Annotated[str | None, typer.Option(help="error-fixer model (default: --llm)")]
+BudgetQueriesOpt = Annotated[int | None, typer.Option(
+    min=1, help="LLM calls per task (default 300)")]
+BudgetDollarsOpt = Annotated[float | None, typer.Option(min=0.0, help="USD per task")]
+BackendOpt = Annotated[str | None, typer.Option(help="any, cuda or triton")]
+SeedOfflineOpt = Annotated[bool, typer.Option(
+    "--seed-offline", help="with --llm: start from the best offline candidate")]
+StrategyOpt = Annotated[str | None, typer.Option(
+    help="offline (no LLM; the default without --llm), branching (PIKE-B; the default with "
+    "--llm) or evolve (PIKE-O)")]
+PresetOpt = Annotated[str | None, typer.Option(
+    help="PIKE-O preset: openevolve, mutation, serial, one-island, exploit, "
+    "exploit-small-library")]
 
 EXIT_CANDIDATE_FAILED = 1
 EXIT_USER_ERROR = 2
@@ -149,35 +166,206 @@ def _print_verdict(task: Task, candidate: Path, v: Verdict) -> None:
 @user_errors
 def optimize_command(
     task: Annotated[str | None, typer.Argument(help="task file or FOLDER/ID")] = None,
-    llm: Annotated[str | None, typer.Option(help="optimizer model: openai:gpt-5, gemini:..., "
-                                            "openrouter:..., http://host:port/v1#model")]
-    = None,
-    fixer_llm: Annotated[str | None, typer.Option(help="error-fixer model (default: --llm)")]
-    = None,
-    budget_queries: Annotated[int | None, typer.Option(min=1, help="LLM calls (default 300)")]
-    = None,
-    budget_dollars: Annotated[float | None, typer.Option(min=0.0, help="USD for all calls")]
-    = None,
-    backend: Annotated[str | None, typer.Option(help="any, cuda or triton")] = None,
+    llm: LlmOpt = None,
+    fixer_llm: FixerOpt = None,
+    budget_queries: BudgetQueriesOpt = None,
+    budget_dollars: BudgetDollarsOpt = None,
+    backend: BackendOpt = None,
     device: DeviceOpt = None,
     out: Annotated[Path | None, typer.Option(help="run dir (default RUNS/<task>-<time>)")]
     = None,
     resume: Annotated[Path | None, typer.Option(help="continue the run in this dir")] = None,
     replay: Annotated[Path | None, typer.Option(help="re-run this run's recorded replies, "
                                                 "no LLM")] = None,
+    seed_offline: SeedOfflineOpt = False,
+    strategy: StrategyOpt = None,
+    preset: PresetOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Search for a faster ModelNew with LLM agents (PIKE-B); writes best.py to the run dir."""
+    """Make TASK faster; writes best.py to the run dir.
+
+    Without --llm: the offline strategy (program transformations judged by the evaluator).
+    With --llm: the PIKE-B search with LLM agents."""
     from pike.report.progress import SearchProgress
     from pike.search import optimize
 
     if resume and (task or replay):
         raise PikeError("--resume continues a run as it was started: give no task or --replay")
+    cfg = _search_config(config, device, llm=llm, fixer_llm=fixer_llm,
+                         budget_queries=budget_queries, budget_dollars=budget_dollars,
+                         backend=backend, strategy=strategy, preset=preset,
+                         seed_offline=seed_offline)
+    the_task = load_task(task) if task else None
+    if the_task is None and resume is None and replay is None:
+        raise PikeError("give a TASK to optimize (or --resume RUN_DIR / --replay RUN_DIR)")
+    with SearchProgress(err_console, the_task.name if the_task else "run") as progress:
+        result = optimize(the_task, cfg, out=out, resume=resume, replay=replay,
+                          command="pike " + " ".join(sys.argv[1:]), on_event=progress)
+    _print_result(result)
+
+
+@app.command("bench")
+@user_errors
+def bench_command(
+    folder: Annotated[Path | None, typer.Argument(help="folder of task files")] = None,
+    tasks: Annotated[str | None, typer.Option(help="only these task ids: 1,4,9")] = None,
+    strategy: StrategyOpt = None,
+    llm: LlmOpt = None,
+    fixer_llm: FixerOpt = None,
+    budget_queries: BudgetQueriesOpt = None,
+    budget_dollars: BudgetDollarsOpt = None,
+    backend: BackendOpt = None,
+    preset: PresetOpt = None,
+    seed_offline: SeedOfflineOpt = False,
+    jobs: Annotated[int, typer.Option(min=1, help="tasks at once (timing stays exclusive "
+                                      "per GPU)")] = 1,
+    device: DeviceOpt = None,
+    out: Annotated[Path | None, typer.Option(help="run dir (default RUNS/bench-<folder>-<time>)")]
+    = None,
+    resume: Annotated[Path | None, typer.Option(help="continue the campaign in this dir")]
+    = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Run one strategy over every task of FOLDER, each with its own budget, in one run store.
+
+    Baselines (eager and each torch.compile mode) are measured once per task and kept.
+    After a crash or Ctrl-C, --resume RUN_DIR continues without redoing or re-spending."""
+    from pike.report.progress import BenchProgress
+    from pike.search.campaign import bench
+
+    if resume and folder:
+        raise PikeError("--resume continues a campaign as it was started: give no FOLDER")
+    cfg = _search_config(config, device, llm=llm, fixer_llm=fixer_llm,
+                         budget_queries=budget_queries, budget_dollars=budget_dollars,
+                         backend=backend, strategy=strategy, preset=preset,
+                         seed_offline=seed_offline)
+    ids = _ids(tasks)
+    names = ([t.name for t in load_tasks(folder, ids)] if folder else [])
+    try:
+        with BenchProgress(err_console, names) as progress:
+            result = bench(folder, cfg, ids=ids, out=out, resume=resume, jobs=jobs,
+                           command="pike " + " ".join(sys.argv[1:]), on_event=progress)
+    except KeyboardInterrupt:
+        err_console.print("interrupted: everything judged so far is in the run store; "
+                          "continue with [bold]pike bench --resume RUN_DIR[/bold]")
+        os._exit(130)  # worker threads may be mid-evaluation; the store is already durable
+    table = Table(title=f"pike bench: {escape(str(result.run_dir))}", title_justify="left")
+    for column in ("task", "best", "queries", "dollars", "verdicts"):
+        table.add_column(column)
+    for outcome in result.outcomes:
+        r = outcome.result
+        if r is None:
+            table.add_row(escape(outcome.task), f"[red]failed[/red]: {escape(outcome.error or '')}",
+                          "", "", "")
+            continue
+        v = r.best_verdict
+        table.add_row(escape(r.task), f"{v.speedup:.2f}x" if v and v.speedup else "-",
+                      str(r.queries), f"${r.dollars:.2f}",
+                      ", ".join(f"{k} {n}" for k, n in sorted(r.verdicts.items())))
+    console.print(table)
+    console.print(f"report: pike report {escape(str(result.run_dir))}")
+
+
+@app.command("show")
+@user_errors
+def show_command(
+    run_dir: Annotated[Path, typer.Argument(help="a run dir of pike optimize or pike bench")],
+    watch: Annotated[bool, typer.Option("--watch", help="redraw every few seconds until "
+                                        "Ctrl-C")] = False,
+    interval: Annotated[float, typer.Option(min=0.5, help="seconds between redraws")] = 2.0,
+) -> None:
+    """Budget spent, best speedup per task and the latest verdicts of a run (live with --watch)."""
+    import time
+
+    from rich.live import Live
+
+    from pike.report.terminal import run_tables
+    from pike.store import RunStore
+
+    def snapshot() -> Any:
+        with RunStore.open(run_dir) as store:
+            return run_tables(store)
+
+    if not watch:
+        console.print(snapshot())
+        return
+    try:
+        with Live(snapshot(), console=console, refresh_per_second=1) as live:
+            while True:
+                time.sleep(interval)
+                live.update(snapshot())
+    except KeyboardInterrupt:
+        return
+
+
+@app.command("export")
+@user_errors
+def export_command(
+    run_dir: Annotated[Path, typer.Argument(help="a run dir")],
+    task: Annotated[str | None, typer.Argument(help="task name (optional for a one-task run)")]
+    = None,
+    out: Annotated[Path, typer.Option(help="where to write the module")] = Path("best.py"),
+) -> None:
+    """Write a task's best correct solution as a standalone module with its verdict on top."""
+    from pike.report.export import export_best
+    from pike.store import RunStore
+
+    with RunStore.open(run_dir) as store:
+        path = export_best(store, task, out)
+    console.print(f"wrote {escape(str(path))}")
+
+
+@app.command("report")
+@user_errors
+def report_command(
+    run_dirs: Annotated[list[Path], typer.Argument(help="run dirs to compare side by side")],
+    out: Annotated[Path, typer.Option(help="folder for the figures and index.html")]
+    = Path("pike-report"),
+) -> None:
+    """Figures and one HTML page from run stores alone (nothing is re-run)."""
+    from pike.report.build import build_report
+
+    page = build_report(run_dirs, out)
+    console.print(f"wrote {escape(str(page))}")
+
+
+def _ids(tasks: str | None) -> list[int] | None:
+    if not tasks:
+        return None
+    try:
+        return [int(i) for i in tasks.split(",") if i.strip()]
+    except ValueError:
+        raise TaskError(f"--tasks {tasks!r}: give numeric task ids, like 1,4,9") from None
+
+
+def _search_config(config: Path | None, device: str | None, *, llm: str | None,
+                   fixer_llm: str | None, budget_queries: int | None,
+                   budget_dollars: float | None, backend: str | None, strategy: str | None,
+                   preset: str | None, seed_offline: bool) -> RunConfig:
+    """The run config of `optimize` and `bench`: the file, then the flags over it."""
     cfg = _config(config, device)
-    overrides = {"model": llm, "fixer": fixer_llm}
-    for key, value in overrides.items():
-        if value is not None:
-            setattr(cfg.llm, key, value)
+    if llm is not None:
+        cfg.llm.model = llm
+    if fixer_llm is not None:
+        cfg.llm.fixer = fixer_llm
+    if seed_offline:
+        cfg.search.seed_offline = True
+    if strategy is not None:
+        if strategy not in ("offline", "branching", "evolve"):
+            raise PikeError(f"--strategy {strategy!r}: use offline, branching or evolve")
+        if strategy == "offline" and cfg.llm.model:
+            raise PikeError("--strategy offline uses no LLM: drop --llm")
+        if strategy != "offline":
+            if not cfg.llm.model:
+                raise PikeError(f"--strategy {strategy} needs a model: add --llm SPEC")
+            cfg.search.strategy = strategy  # type: ignore[assignment]
+    if preset is not None:
+        from pike.search.presets import preset as evolve_preset
+
+        if not cfg.llm.model:
+            raise PikeError("--preset sets up the evolve strategy, which needs --llm SPEC")
+        cfg.search.strategy = "evolve"
+        cfg.search.evolve = evolve_preset(preset, cfg.search.evolve)
     if budget_queries is not None:
         cfg.search.budget_queries = budget_queries
     if budget_dollars is not None:
@@ -186,13 +374,7 @@ def optimize_command(
         if backend not in ("any", "cuda", "triton"):
             raise PikeError(f"--backend {backend!r}: use any, cuda or triton")
         cfg.search.backend = backend  # type: ignore[assignment]
-    the_task = load_task(task) if task else None
-    if the_task is None and resume is None and replay is None:
-        raise PikeError("give a TASK to optimize (or --resume RUN_DIR / --replay RUN_DIR)")
-    with SearchProgress(err_console, the_task.name if the_task else "run") as progress:
-        result = optimize(the_task, cfg, out=out, resume=resume, replay=replay,
-                          command="pike " + " ".join(sys.argv[1:]), on_event=progress)
-    _print_result(result)
+    return cfg
 
 
 def _print_result(result: Any) -> None:
@@ -236,11 +418,7 @@ def baseline_command(
     if not mode_list:
         raise PikeError("no mode given; use eager or compile:<torch.compile mode>")
     if Path(task).is_dir():
-        try:
-            ids = [int(i) for i in tasks.split(",")] if tasks else None
-        except ValueError:
-            raise TaskError(f"--tasks {tasks!r}: give numeric task ids, like 1,4,9") from None
-        task_list = load_tasks(task, ids)
+        task_list = load_tasks(task, _ids(tasks))
     else:
         task_list = [load_task(task)]
     out_dir = out or cfg.runs_dir / "baselines"

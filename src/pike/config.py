@@ -93,6 +93,34 @@ class BranchingConfig(_Strict):
     brainstorm: bool = Field(True, description="round 0 starts from the brainstormer's ideas")
 
 
+class OfflineConfig(_Strict):
+    """The offline strategy: program transformations, no LLM."""
+
+    max_candidates: int = Field(24, ge=1, description="transformation sets judged at most")
+    max_seconds: float = Field(900.0, gt=0, description="wall-clock budget of the search")
+
+
+class EvolveConfig(_Strict):
+    """PIKE-O, island-based evolution in the style of OpenEvolve (presets: search/presets.py)."""
+
+    islands: int = Field(3, ge=1, description="separate populations, ring migration")
+    population_size: int = Field(50, ge=1, description="programs kept per island (best first)")
+    archive_size: int = Field(20, ge=1, description="elites in the solution library")
+    num_top_programs: int = Field(5, ge=0, description="library programs shown in a prompt")
+    migration_interval: int = Field(5, ge=1, description="generations between migrations")
+    migration_rate: float = Field(0.1, ge=0, le=1, description="share of an island's best "
+                                  "copied to the next island")
+    exploration_ratio: float = Field(0.5, ge=0, le=1, description="parent: a random program")
+    exploitation_ratio: float = Field(0.3, ge=0, le=1, description="parent: a library elite")
+    elite_selection_ratio: float = Field(0.1, ge=0, le=1, description="otherwise: one of this "
+                                         "top share of the island")
+    template: Literal["mutation", "crossover"] = Field(
+        "crossover", description="one parent rewritten, or two parents combined")
+    parallel_evaluations: int = Field(4, ge=1, description="candidates per generation")
+    max_fix_attempts: int = Field(5, ge=0, description="error-fixer queries per failing one")
+    seed: int = Field(0, description="parent selection is reproducible from this seed")
+
+
 class SearchConfig(_Strict):
     """What a search may spend and what it may write."""
 
@@ -100,7 +128,16 @@ class SearchConfig(_Strict):
     budget_dollars: float | None = Field(None, gt=0, description="USD per task, all roles")
     backend: Literal["any", "cuda", "triton"] = Field(
         "any", description="what the optimizer may write: any, CUDA C++ or Triton kernels")
+    strategy: Literal["branching", "evolve"] = Field(
+        "branching", description="PIKE-B (branching) or PIKE-O (evolve)")
     branching: BranchingConfig = Field(default_factory=BranchingConfig)
+    evolve: EvolveConfig = Field(default_factory=EvolveConfig)
+    offline: OfflineConfig = Field(default_factory=OfflineConfig)
+    seed_offline: bool = Field(False, description="with an LLM: run the offline strategy "
+                               "first and start the LLM search from its best candidate")
+    baseline_modes: list[str] = Field(
+        default_factory=lambda: ["eager", *(f"compile:{m}" for m in COMPILE_MODES)],
+        description="what `pike bench` times once per task, for the report's comparisons")
 
 
 class RunConfig(_Strict):

@@ -5,7 +5,14 @@ one budget ledger and one store.
 """
 
 from pike.agents.extract import extract_ideas, extract_module
-from pike.agents.roles import AgentContext, brainstorm_messages, fix_messages, optimize_messages
+from pike.agents.roles import (
+    AgentContext,
+    ProgramView,
+    brainstorm_messages,
+    evolve_messages,
+    fix_messages,
+    optimize_messages,
+)
 
-__all__ = ["AgentContext", "brainstorm_messages", "extract_ideas", "extract_module",
-           "fix_messages", "optimize_messages"]
+__all__ = ["AgentContext", "ProgramView", "brainstorm_messages", "evolve_messages",
+           "extract_ideas", "extract_module", "fix_messages", "optimize_messages"]

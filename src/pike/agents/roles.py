@@ -64,6 +64,23 @@ def fix_messages(ctx: AgentContext, failing_source: str, verdict: Verdict) -> Me
                          report=report[-_REPORT_LIMIT:])
 
 
+@dataclass(frozen=True)
+class ProgramView:
+    """A program as an evolution prompt shows it."""
+
+    source: str
+    speedup: str = "?x"
+    status: str = "ok"
+    message: str = ""
+
+
+def evolve_messages(ctx: AgentContext, parent: ProgramView | None, other: ProgramView | None,
+                    top: list[ProgramView], failed: ProgramView | None) -> Messages:
+    """Mutation (one parent, or the reference) or crossover (two parents) for PIKE-O."""
+    template = "evolve_crossover.j2" if parent and other else "evolve_mutation.j2"
+    return ctx._messages(template, parent=parent, other=other, top=top, failed=failed)
+
+
 def describe_device(device: str) -> str:
     """The GPU (or CPU) the evaluator runs on, as the prompt states it."""
     import torch

@@ -48,7 +48,7 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     modes = modes or BASELINE_MODES
     reference = run_reference(task, cfg, device, keep_child=True, cache=False)
     try:
-        timers = time_reference_modes(task, reference, modes, cfg)
+        timers = time_reference_modes(task, reference, modes, cfg, device)
     finally:
         reference.close()
     results = [ModeTiming(mode=t.mode, stats=TimingStats.from_samples(t.samples))

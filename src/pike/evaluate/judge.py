@@ -12,6 +12,7 @@ import hashlib
 import logging
 import shutil
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import torch
 from pike.config import EvalConfig, RunConfig
 from pike.errors import EvaluatorError, TaskError
 from pike.evaluate import check
+from pike.evaluate.device_lock import hold
 from pike.evaluate.driver import (
     ChildReport,
     LoopCost,
@@ -76,6 +78,7 @@ class ReferenceRun:
     _tmp: Path
 
     _loop_cost: LoopCost | None = None
+    users: int = 0  # evaluations using it now; the cache evicts only unused ones
 
     def loop_cost(self) -> LoopCost:
         if self._loop_cost is None:
@@ -103,13 +106,15 @@ class ReferenceRun:
 
 
 _references: OrderedDict[str, ReferenceRun] = OrderedDict()
+_references_lock = threading.Lock()  # evaluations of several tasks run in threads (bench)
 
 
 @atexit.register
 def close_references() -> None:
     """Stop every cached reference child (also run at interpreter exit)."""
-    while _references:
-        _references.popitem()[1].close()
+    with _references_lock:
+        while _references:
+            _references.popitem()[1].close()
 
 
 def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
@@ -117,18 +122,26 @@ def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
     """Run (or reuse) the task's reference: trial inputs, expected outputs, a live child."""
     protocol = cfg.model_dump_json(include={"trials", "seed", "model_mode", "limits"})
     key = "|".join([task.sha256, device, protocol, str(keep_child)])
-    cached = _references.get(key) if cache else None
-    if cached is not None and cached.usable():
-        _references.move_to_end(key)
+    if not cache:
+        return _start_reference(task, cfg, device, keep_child)
+    with _references_lock:
+        cached = _references.get(key)
+        if cached is not None and cached.usable():
+            _references.move_to_end(key)
+        else:
+            if cached is not None:
+                _references.pop(key).close()
+            cached = _references[key] = _start_reference(task, cfg, device, keep_child)
+            idle = [k for k, run in _references.items() if run.users == 0 and k != key]
+            for old in idle[:max(0, len(_references) - _REFERENCE_CACHE_SIZE)]:
+                _references.pop(old).close()
+        cached.users += 1
         return cached
-    if cached is not None:
-        _references.pop(key).close()
-    run = _start_reference(task, cfg, device, keep_child)
-    if cache:
-        _references[key] = run
-        while len(_references) > _REFERENCE_CACHE_SIZE:
-            _references.popitem(last=False)[1].close()
-    return run
+
+
+def release_reference(run: ReferenceRun) -> None:
+    with _references_lock:
+        run.users = max(0, run.users - 1)
 
 
 def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> ReferenceRun:
@@ -146,7 +159,8 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
     child = start_child(request, work_dir, cfg, build_key="reference")
     ok = False
     try:
-        ok = run_trials(child, report)
+        with hold(device, exclusive=False):
+            ok = run_trials(child, report)
     finally:
         if not (ok and keep_child):
             finish(child)
@@ -176,11 +190,12 @@ def _reference_failed(task: Task, failure: Verdict | None) -> TaskError:
 
 
 def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
-                         cfg: EvalConfig) -> list[Timer]:
+                         cfg: EvalConfig, device: str) -> list[Timer]:
     """Time the reference's modes (eager, torch.compile ...) alternating with each other."""
     assert reference.child is not None
     timers = [Timer(reference.child, mode) for mode in modes]
-    time_interleaved(timers, cfg.timing)
+    with hold(device, exclusive=True):
+        time_interleaved(timers, cfg.timing)
     reference.child.enter_phase("idle")
     broken = next((t.failure for t in timers if t.failure), None)
     if broken is not None:
@@ -212,6 +227,7 @@ def evaluate(task: Task, candidate_source: str,
     try:
         verdict = _judge_candidate(task, candidate_source, cfg, device, reference, tmp)
     finally:
+        release_reference(reference)
         shutil.rmtree(tmp, ignore_errors=True)
     verdict.phase_seconds["total"] = time.monotonic() - started
     return verdict
@@ -237,19 +253,23 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
     build_key = task.sha256[:8] + "-" + _sha(source)[:16]
     child = start_child(request, work_dir, cfg, build_key)
     try:
-        if run_trials(child, report):
+        with hold(device, exclusive=False):
+            trials_ran = run_trials(child, report)
+        if trials_ran:
             correctness = _compare_trials(reference.expected[:cfg.trials + cfg.guards],
                                           outputs_dir, cfg)
             if correctness.ok and cfg.time_candidate and reference.child is not None:
                 timers = [Timer(reference.child, "eager"), Timer(child, "candidate")]
-                time_interleaved(timers, cfg.timing)
+                with hold(device, exclusive=True):
+                    time_interleaved(timers, cfg.timing)
                 reference.child.enter_phase("idle")
                 forged = (cfg.guards and timers[1].failure is None
                           and unaccounted_wall_time(reference.loop_cost(), timers[1]))
                 if forged:
                     timers[1].failure = Verdict(status="rejected", phase="timing", message=forged)
             if correctness.ok and cfg.guards and not any(t.failure for t in timers):
-                final = _final_check(child, reference, outputs_dir, cfg)
+                with hold(device, exclusive=False):
+                    final = _final_check(child, reference, outputs_dir, cfg)
     finally:
         finish(child, report)
     if timers and timers[0].failure is not None:

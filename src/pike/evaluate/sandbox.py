@@ -49,6 +49,8 @@ def scrubbed_environment(work_dir: Path, marker: str, build_dir: Path,
         TORCH_EXTENSIONS_DIR=str(build_dir),
         TRITON_CACHE_DIR=str(cache_root / "triton"),
         TORCHINDUCTOR_CACHE_DIR=str(cache_root / "inductor"),
+        # compile in-process: a pool of compile workers would outlive the candidate
+        TORCHINDUCTOR_COMPILE_THREADS="1",
         PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
         **{MARKER_VARIABLE: marker},
     )

@@ -14,24 +14,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from pike.agents import (
-    AgentContext,
-    brainstorm_messages,
-    extract_ideas,
-    extract_module,
-    fix_messages,
-    optimize_messages,
-)
+from pike.agents import AgentContext, brainstorm_messages, extract_ideas, optimize_messages
 from pike.config import BranchingConfig
 from pike.evaluate.verdict import Verdict
-from pike.search.querier import Querier, RecordedCall
-
-NO_CODE = ("the reply had no ```python block defining ModelNew; answer with one complete "
-           "module in a single fenced block")
+from pike.search.base import LLMSearch
+from pike.search.querier import Querier
 
 
 @dataclass
@@ -48,35 +38,37 @@ class Branch:
     idea: str | None
 
 
-class BranchingSearch:
+class BranchingSearch(LLMSearch):
     def __init__(self, store: Any, task_name: str, querier: Querier, ctx: AgentContext,
                  cfg: BranchingConfig, judge: Callable[[str], Verdict], concurrency: int,
-                 on_event: Callable[..., None] = lambda kind, **data: None) -> None:
-        self.store, self.task = store, task_name
-        self.querier, self.ctx, self.cfg = querier, ctx, cfg
-        self.judge, self.concurrency, self.on_event = judge, concurrency, on_event
+                 on_event: Callable[..., None] = lambda kind, **data: None,
+                 first_seed: Seed | None = None) -> None:
+        super().__init__(store, task_name, querier, ctx, judge, concurrency,
+                         cfg.max_fix_attempts, on_event)
+        self.cfg = cfg
+        self.first_seed = first_seed or Seed(None, None, None)
 
     # ---- the search -------------------------------------------------------------------
 
     def run(self) -> None:
-        self._judge_pending()
+        self.judge_pending()
         round_ = 0
         while self.querier.ledger.has_room():
             branches = self._plan(round_)
             if branches is None:
                 return
             self.on_event("round", round=round_, branches=len(branches))
-            calls = self._ask_parallel([(f"optimize:{round_}:{b.index}",
+            calls = self.ask_parallel([(f"optimize:{round_}:{b.index}",
                                          optimize_messages(self.ctx, b.seed.source,
                                                            b.seed.verdict, b.idea))
                                         for b in branches])
             latest: dict[int, int] = {}
             for branch, call in zip(branches, calls, strict=True):
                 if call is not None:
-                    latest[branch.index] = self._candidate(call, branch.seed.candidate_id,
+                    latest[branch.index] = self.candidate(call, branch.seed.candidate_id,
                                                            "optimize", round_, branch.index,
                                                            branch.idea or "")
-            self._fix(round_, latest)
+            self.fix_chains(round_, latest)
             if not latest:
                 return  # no call of this round could be made: the budget is spent
             round_ += 1
@@ -86,8 +78,7 @@ class BranchingSearch:
             ideas = self._ideas()
             if ideas is None:
                 return None
-            reference = Seed(None, None, None)
-            return [Branch(b, reference, ideas[b % len(ideas)] if ideas else None)
+            return [Branch(b, self.first_seed, ideas[b % len(ideas)] if ideas else None)
                     for b in range(self.cfg.branches)]
         seeds = self._seeds()
         shares = _spread(self.cfg.branches, len(seeds))
@@ -109,66 +100,7 @@ class BranchingSearch:
         self.on_event("ideas", ideas=ideas)
         return ideas
 
-    def _fix(self, round_: int, latest: dict[int, int]) -> None:
-        for attempt in range(1, self.cfg.max_fix_attempts + 1):
-            failing = {b: cid for b, cid in latest.items() if not self._ok(cid)}
-            if not failing or not self.querier.ledger.has_room():
-                return
-            asks = []
-            for branch, cid in failing.items():
-                row = self.store.candidate(cid)
-                asks.append((f"fix:{round_}:{branch}:{attempt}",
-                             fix_messages(self.ctx, row.source, row.verdict)))
-            calls = self._ask_parallel(asks)
-            for (branch, cid), call in zip(failing.items(), calls, strict=True):
-                if call is not None:
-                    latest[branch] = self._candidate(call, cid, "fix", round_, branch, "")
-                    if self._ok(latest[branch]):
-                        self.on_event("rescued", branch=branch, attempt=attempt)
-
-    # ---- candidates and verdicts ------------------------------------------------------
-
-    def _ask_parallel(self, asks: list[tuple[str, list[dict[str, str]]]]
-                      ) -> list[RecordedCall | None]:
-        if not asks:
-            return []
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(asks))) as pool:
-            return list(pool.map(lambda kv: self.querier.ask(*kv), asks))
-
-    def _candidate(self, call: RecordedCall, parent_id: int | None, role: str, round_: int,
-                   branch: int, idea: str) -> int:
-        """The candidate made from this call's reply (created once), judged."""
-        for row in self.store.candidates(self.task):
-            if row.llm_call_id == call.id:
-                break
-        else:
-            source = extract_module(call.reply) if not call.error else None
-            cid = self.store.add_candidate(self.task, source or "", parent_id=parent_id,
-                                           role=role, round=round_, branch=branch, idea=idea,
-                                           llm_call_id=call.id)
-            row = self.store.candidate(cid)
-        if row.verdict is None:
-            self._judge(row.id, row.source, call.error)
-        return row.id
-
-    def _judge(self, cid: int, source: str, call_error: str | None) -> None:
-        if call_error:
-            verdict = Verdict(status="compile_error", phase="load",
-                              message=f"the LLM call failed: {call_error}")
-        elif not source.strip():
-            verdict = Verdict(status="compile_error", phase="load", message=NO_CODE)
-        else:
-            verdict = self.judge(source)
-        self.store.set_verdict(cid, verdict)
-        self.on_event("verdict", candidate=cid, verdict=verdict)
-
-    def _judge_pending(self) -> None:
-        for row in self.store.pending(self.task):
-            self._judge(row.id, row.source, None)
-
-    def _ok(self, cid: int) -> bool:
-        verdict = self.store.candidate(cid).verdict
-        return verdict is not None and verdict.ok
+    # ---- seeds -------------------------------------------------------------------------
 
     def _seeds(self) -> list[Seed]:
         """Top k correct candidates, the best of each branch first; the reference fills up."""

@@ -19,8 +19,10 @@ from pike.evaluate import evaluate
 from pike.evaluate.judge import resolve_device
 from pike.evaluate.verdict import Verdict
 from pike.llm import LLMClient, Pricing, resolve_spec
-from pike.search.branching import BranchingSearch
+from pike.search.branching import BranchingSearch, Seed
+from pike.search.evolve import EvolveSearch
 from pike.search.ledger import Ledger
+from pike.search.offline import OfflineSearch
 from pike.search.querier import Querier, RecordedCall, ReplayExhausted
 from pike.store import RunStore
 from pike.task import Task
@@ -64,24 +66,35 @@ def optimize(task: Task | None, config: RunConfig | None = None, *, out: Path | 
             cfg = config or RunConfig()
         if task is None:
             raise ConfigError("no task to optimize")
-        run_dir = out or cfg.runs_dir / f"{task.name}-{_stamp()}"
+        run_dir = out or cfg.runs_dir / f"{task.name}-{stamp()}"
         store = RunStore.create(run_dir, cfg.model_dump(mode="json"), command)
         store.add_task(task.name, str(task.path), task.sha256, task.source)
     try:
-        return _search(store, task, cfg, recorded, on_event)
+        result = search_task(store, task, cfg, recorded, on_event)
+        write_outputs(store, result)
+        return result
     finally:
         store.close()
 
 
-def _search(store: RunStore, task: Task, cfg: RunConfig,
-            recorded: dict[str, RecordedCall] | None,
-            on_event: Callable[..., None]) -> OptimizeResult:
-    clients, pricing = _clients(cfg, replaying=recorded is not None)
+def search_task(store: RunStore, task: Task, cfg: RunConfig,
+                recorded: dict[str, RecordedCall] | None,
+                on_event: Callable[..., None]) -> OptimizeResult:
+    """Run (or continue) the configured strategy on one task of the store."""
     device = resolve_device(cfg.eval.device)
+    first_seed = None
+    if recorded is None and (not cfg.llm.model or cfg.search.seed_offline):
+        _offline(store, task, cfg, device, on_event)
+        if not cfg.llm.model:
+            return task_result(store, task.name, False)
+        best = store.best(task.name)
+        if best is not None:
+            first_seed = Seed(best.id, best.source, best.verdict)
+    clients, pricing = _clients(cfg, replaying=recorded is not None)
     ctx = AgentContext(task_source=task.source, backend=cfg.search.backend,
                        device=describe_device(device), atol=cfg.eval.atol)
     ledger = Ledger(store, task.name, cfg.search.budget_queries, cfg.search.budget_dollars)
-    model_of = {"brainstorm": cfg.llm.model, "optimize": cfg.llm.model,
+    model_of = {"brainstorm": cfg.llm.model, "optimize": cfg.llm.model, "evolve": cfg.llm.model,
                 "fix": cfg.llm.fixer or cfg.llm.model}
 
     def estimate(role: str, messages: list[dict[str, str]]) -> float:
@@ -96,65 +109,90 @@ def _search(store: RunStore, task: Task, cfg: RunConfig,
         return pricing.cost(resolve_spec(spec).model, tokens_in, out_tokens)
 
     querier = Querier(store, task.name, ledger, clients, estimate, replay_from=recorded)
-    search = BranchingSearch(store, task.name, querier, ctx, cfg.search.branching,
-                             judge=lambda source: evaluate(task, source, cfg.eval),
-                             concurrency=cfg.llm.max_concurrency,
-                             on_event=lambda kind, **data: on_event(kind, ledger=ledger, **data))
+    common: dict[str, Any] = {
+        "judge": lambda source: evaluate(task, source, cfg.eval),
+        "concurrency": cfg.llm.max_concurrency,
+        "on_event": lambda kind, **data: on_event(kind, ledger=ledger, **data)}
+    search: BranchingSearch | EvolveSearch
+    if cfg.search.strategy == "evolve":
+        search = EvolveSearch(store, task.name, querier, ctx, cfg=cfg.search.evolve, **common)
+    else:
+        search = BranchingSearch(store, task.name, querier, ctx, cfg.search.branching,
+                                 first_seed=first_seed, **common)
     exhausted = False
     try:
         search.run()
     except ReplayExhausted:
         exhausted = True  # the recorded run ended here; so does the replay
-    return _finish(store, task, exhausted)
+    return task_result(store, task.name, exhausted)
+
+
+def _offline(store: RunStore, task: Task, cfg: RunConfig, device: str,
+             on_event: Callable[..., None]) -> None:
+    OfflineSearch(store, task.name, task.source, device,
+                  judge=lambda source: evaluate(task, source, cfg.eval),
+                  max_candidates=cfg.search.offline.max_candidates,
+                  max_seconds=cfg.search.offline.max_seconds, on_event=on_event).run()
 
 
 def _clients(cfg: RunConfig, replaying: bool) -> tuple[dict[str, Any], Pricing]:
     pricing = Pricing.load(cfg.llm.pricing or None)
     if replaying:
         return {}, pricing
-    if not cfg.llm.model:
-        raise ConfigError("no model given: pass --llm SPEC (e.g. openai:gpt-5) or set llm.model")
     options = {"max_concurrency": cfg.llm.max_concurrency, "timeout_s": cfg.llm.timeout_s,
                "max_retries": cfg.llm.max_retries, "pricing": pricing,
                "temperature": cfg.llm.temperature, "max_tokens": cfg.llm.max_tokens,
                "retry_wait_s": cfg.llm.retry_wait_s}
     main = LLMClient(cfg.llm.model, **options)
     fixer = LLMClient(cfg.llm.fixer, **options) if cfg.llm.fixer else main
-    return {"brainstorm": main, "optimize": main, "fix": fixer}, pricing
+    return {"brainstorm": main, "optimize": main, "evolve": main, "fix": fixer}, pricing
 
 
-def _finish(store: RunStore, task: Task, exhausted: bool) -> OptimizeResult:
-    best = store.best(task.name)
-    queries, dollars = store.spent(task.name)
-    counts = Counter(r.verdict.status for r in store.candidates(task.name) if r.verdict)
-    result = OptimizeResult(run_dir=store.path.parent, task=task.name,
-                            best_source=best.source if best else None,
-                            best_verdict=best.verdict if best else None, queries=queries,
-                            dollars=dollars, verdicts=dict(counts),
-                            replay_exhausted=exhausted)
+def task_result(store: RunStore, task: str, exhausted: bool = False) -> OptimizeResult:
+    """What the store holds for one task: its best correct candidate, spend and verdicts."""
+    best = store.best(task)
+    queries, dollars = store.spent(task)
+    counts = Counter(r.verdict.status for r in store.candidates(task) if r.verdict)
+    return OptimizeResult(run_dir=store.path.parent, task=task,
+                          best_source=best.source if best else None,
+                          best_verdict=best.verdict if best else None, queries=queries,
+                          dollars=dollars, verdicts=dict(counts), replay_exhausted=exhausted)
+
+
+def summary_row(store: RunStore, result: OptimizeResult) -> dict[str, Any]:
+    best = store.best(result.task)
+    v = result.best_verdict
+    return {"task": result.task, "best_candidate": best.id if best else None,
+            "speedup": v.speedup if v else None,
+            "runtime_ms": v.runtime.median_ms if v and v.runtime else None,
+            "queries": result.queries, "dollars": result.dollars, "verdicts": result.verdicts}
+
+
+def write_outputs(store: RunStore, result: OptimizeResult) -> None:
+    """best.py and summary.json of a one-task run."""
     run_dir = store.path.parent
-    if best is not None:
-        (run_dir / "best.py").write_text(best.source)
-    (run_dir / "summary.json").write_text(json.dumps(
-        {"task": task.name, "best_candidate": best.id if best else None,
-         "speedup": best.verdict.speedup if best and best.verdict else None,
-         "runtime_ms": best.verdict.runtime.median_ms
-         if best and best.verdict and best.verdict.runtime else None,
-         "queries": queries, "dollars": dollars, "verdicts": dict(counts)}, indent=2))
-    return result
+    if result.best_source is not None:
+        (run_dir / "best.py").write_text(result.best_source)
+    (run_dir / "summary.json").write_text(json.dumps(summary_row(store, result), indent=2))
+
+
+def stored_tasks(store: RunStore) -> list[Task]:
+    """The run's tasks, read again from their files, which must not have changed."""
+    tasks = []
+    for row in store.tasks():
+        task = Task.from_file(row["path"])
+        if task.sha256 != row["sha256"]:
+            raise TaskError(f"{row['path']}: the task file changed since the run started; "
+                            "resume needs the same task")
+        tasks.append(task)
+    if not tasks:
+        raise TaskError(f"{store.path}: the run has no task")
+    return tasks
 
 
 def _stored_task(store: RunStore) -> Task:
-    rows = store.tasks()
-    if not rows:
-        raise TaskError(f"{store.path}: the run has no task")
-    row = rows[0]
-    task = Task.from_file(row["path"])
-    if task.sha256 != row["sha256"]:
-        raise TaskError(f"{row['path']}: the task file changed since the run started; "
-                        "resume needs the same task")
-    return task
+    return stored_tasks(store)[0]
 
 
-def _stamp() -> str:
+def stamp() -> str:
     return dt.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -1,0 +1,240 @@
+"""The offline strategy over a folder of tasks, against eager and every torch.compile mode.
+
+    python bench/offline.py TASK_FOLDER [--ids 1,4,9] [--device cuda] [--jobs 3]
+        [--max-candidates 24] [--max-seconds 900] [--tag level3-pike] [--resume]
+        [--baselines offline|separate]
+
+For each task the offline strategy (`pike optimize` without an LLM) runs with every
+candidate judged by the evaluator. Its first round judges each transformation alone, the
+torch.compile modes among them, each against eager in one window: those are the compile
+baselines (`--baselines offline`, the default). `--baselines separate` times eager and the
+compile modes once more with `pike baseline` first (costs a second compile of each mode).
+
+Tasks run in `--jobs` processes at once: trials and compiles overlap, timing takes the
+GPU alone (pike.evaluate.device_lock). A task that cannot be loaded or run is reported with
+its error and the run goes on. Results are rewritten after every task, so a run cut off
+keeps what it finished and `--resume` skips those tasks. Writes
+bench/results/offline-<tag>.json and .md with device, torch version, date, command,
+per-task rows and geomeans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime as dt
+import json
+import math
+import multiprocessing
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from pike.config import COMPILE_MODES, RunConfig
+from pike.errors import PikeError
+from pike.evaluate import BASELINE_MODES, measure_baselines
+from pike.search import optimize
+from pike.store import RunStore
+from pike.task import Task, load_tasks
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def geomean(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, kept)) / len(kept)) if kept else None
+
+
+def _compile_from_offline(store: RunStore, task: str) -> dict[str, dict]:
+    modes = {}
+    for row in store.candidates(task):
+        if row.role == "offline" and row.idea.startswith("compile:") and " + " not in row.idea:
+            v = row.verdict
+            modes[row.idea] = {"speedup": v.speedup if v and v.ok else None,
+                               "error": None if v and v.ok else
+                               (f"{v.status}: {v.message[:200]}" if v else "not judged")}
+    return modes
+
+
+def one_task(task: Task, cfg: RunConfig, runs: Path, baselines: str) -> dict:
+    row: dict = {"task": task.name}
+    started = time.monotonic()
+    if baselines == "separate":
+        try:
+            base = measure_baselines(task, cfg, BASELINE_MODES)
+        except PikeError as err:
+            return {**row, "error": f"baseline: {err}"}
+        row["compile"] = {m.mode: {"speedup": m.speedup_vs_eager, "error": m.error}
+                          for m in base.modes if m.mode != "eager"}
+    try:
+        result = optimize(task, cfg, out=runs / task.name)
+    except Exception as err:  # one task's failure must not end the benchmark
+        return {**row, "error": f"offline: {err}", "trace": traceback.format_exc()[-1500:]}
+    store = RunStore.open(runs / task.name)
+    try:
+        if baselines == "offline":
+            row["compile"] = _compile_from_offline(store, task.name)
+        best = store.best(task.name)
+        reference = next((r.verdict.reference for r in store.candidates(task.name)
+                          if r.verdict and r.verdict.reference), None)
+    finally:
+        store.close()
+    compiled = [m["speedup"] for m in row["compile"].values() if m["speedup"]]
+    row["best_compile_speedup"] = max(compiled) if compiled else None
+    row["eager_ms"] = reference.median_ms if reference else None
+    v = result.best_verdict
+    row.update(offline_idea=None, offline_speedup=None, offline_ms=None,
+               verdicts=result.verdicts)
+    if v is not None and v.ok:
+        row.update(offline_speedup=v.speedup, offline_ms=v.runtime.median_ms if v.runtime else None,
+                   offline_idea=best.idea if best else None)
+    if row["offline_speedup"] and row["best_compile_speedup"]:
+        row["offline_vs_best_compile"] = row["offline_speedup"] / row["best_compile_speedup"]
+    row["seconds"] = round(time.monotonic() - started, 1)
+    return row
+
+
+def _run_one(path: str, cfg_json: str, runs: str, baselines: str) -> dict:
+    # In its own process: a task that crashes the interpreter ends only its own worker.
+    cfg = RunConfig.model_validate_json(cfg_json)
+    return one_task(Task.from_file(Path(path)), cfg, Path(runs), baselines)
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(0)
+    return platform.processor() or "cpu"
+
+
+def summary(rows: list[dict], args: argparse.Namespace, runs: Path, pending: list[str]) -> dict:
+    ran = [r for r in rows if "error" not in r]
+    complete = [r for r in ran if len(r.get("compile", {})) == len(COMPILE_MODES)]
+    return {
+        "benchmark": "offline", "device": args.device, "device_name": _device_name(args.device),
+        "torch_version": torch.__version__, "host": platform.node(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python " + " ".join(sys.argv), "runs": str(runs), "jobs": args.jobs,
+        "max_candidates": args.max_candidates, "max_seconds": args.max_seconds,
+        "baselines": args.baselines, "rows": rows, "not_run": pending,
+        # A task with no correct candidate falls back to eager: it counts 1.0x, not nothing.
+        "geomean_offline_vs_eager": geomean([r.get("offline_speedup") or 1.0 for r in ran]),
+        "geomean_best_compile_vs_eager": geomean([r.get("best_compile_speedup") or 1.0
+                                                  for r in ran]),
+        "geomean_offline_vs_best_compile": geomean(
+            [(r.get("offline_speedup") or 1.0) / (r.get("best_compile_speedup") or 1.0)
+             for r in ran]),
+        "tasks_counted": len(ran),
+        # Where the search's budget ran out before every compile mode was judged, the best
+        # compile figure is a lower bound; this geomean leaves those tasks out.
+        "geomean_offline_vs_best_compile_complete": geomean(
+            [(r.get("offline_speedup") or 1.0) / (r.get("best_compile_speedup") or 1.0)
+             for r in complete]),
+        "tasks_compile_complete": len(complete),
+        "tasks_failed": [r["task"] for r in rows if "error" in r],
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path)
+    p.add_argument("--ids", help="only these task ids, e.g. 1,4,9")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--jobs", type=int, default=1, help="tasks at once (timing stays exclusive)")
+    p.add_argument("--max-candidates", type=int, default=24)
+    p.add_argument("--max-seconds", type=float, default=900)
+    p.add_argument("--baselines", choices=["offline", "separate"], default="offline")
+    p.add_argument("--tag", default=None)
+    p.add_argument("--resume", action="store_true", help="keep finished tasks of the results")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = p.parse_args()
+    cfg = RunConfig()
+    cfg.eval.device = args.device
+    cfg.search.offline.max_candidates = args.max_candidates
+    cfg.search.offline.max_seconds = args.max_seconds
+    ids = [int(i) for i in args.ids.split(",")] if args.ids else None
+    tasks = load_tasks(args.folder, ids)
+    tag = args.tag or args.folder.name
+    json_path, md_path = args.out / f"offline-{tag}.json", args.out / f"offline-{tag}.md"
+    rows: list[dict] = []
+    if args.resume and json_path.exists():
+        rows = [r for r in json.loads(json_path.read_text())["rows"] if "error" not in r]
+    done = {r["task"] for r in rows}
+    todo = [t for t in tasks if t.name not in done]
+    runs = Path(tempfile.mkdtemp(prefix="pike-offline-bench-"))
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        order = {t.name: i for i, t in enumerate(tasks)}
+        rows.sort(key=lambda r: order.get(r["task"], len(order)))
+        pending = [t.name for t in tasks if t.name not in {r["task"] for r in rows}]
+        result = summary(rows, args, runs, pending)
+        json_path.write_text(json.dumps(result, indent=2))
+        md_path.write_text(markdown(result))
+
+    context = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=context) as pool:
+        futures = {pool.submit(_run_one, str(t.path), cfg.model_dump_json(), str(runs),
+                               args.baselines): t for t in todo}
+        for future in cf.as_completed(futures):
+            task = futures[future]
+            try:
+                row = future.result()
+            except Exception as err:  # the worker died: report the task, go on
+                row = {"task": task.name, "error": f"worker: {type(err).__name__}: {err}"}
+            row["settings"] = {"jobs": args.jobs, "max_candidates": args.max_candidates,
+                               "max_seconds": args.max_seconds, "date": dt.date.today().isoformat()}
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "trace"}), flush=True)
+            save()
+    save()
+    print(md_path.read_text())
+    return 0
+
+
+def _x(value: float | None) -> str:
+    return f"{value:.2f}x" if value else "-"
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Offline strategy vs eager and torch.compile ({result['device_name']})", "",
+             f"- device: {result['device']}, torch {result['torch_version']}, "
+             f"host {result['host']}", f"- date: {result['date']}",
+             f"- command: `{result['command']}`", "",
+             f"Geomean over the {result['tasks_counted']} tasks that ran (a task with no "
+             "correct candidate counts 1.0x, the reference): offline "
+             f"{_x(result['geomean_offline_vs_eager'])} over eager, best torch.compile mode "
+             f"{_x(result['geomean_best_compile_vs_eager'])}, offline over best compile "
+             f"{_x(result['geomean_offline_vs_best_compile'])}.", "",
+             f"Over the {result.get('tasks_compile_complete', 0)} tasks where every compile "
+             "mode was judged (elsewhere the search's budget ran out first and the best "
+             "compile figure is a lower bound): offline over best compile "
+             f"{_x(result.get('geomean_offline_vs_best_compile_complete'))}.", "",
+             f"Last call: tasks at once: {result['jobs']} (timing exclusive); at most "
+             f"{result['max_candidates']} candidates and {result['max_seconds']:.0f} s per task; "
+             f"compile baselines: {result['baselines']} (each row's own settings are in the JSON)."
+             , "",
+             "| task | eager | " + " | ".join(COMPILE_MODES) + " | offline | offline / best "
+             "compile | offline best | s |", "|---" * (6 + len(COMPILE_MODES)) + "|"]
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['task']} | failed: {r['error'][:100]} |"
+                         + " |" * (4 + len(COMPILE_MODES)))
+            continue
+        eager = f"{r['eager_ms']:.4g} ms" if r.get("eager_ms") else "-"
+        modes = " | ".join(_x(r["compile"].get(f"compile:{m}", {}).get("speedup"))
+                           for m in COMPILE_MODES)
+        lines.append(f"| {r['task']} | {eager} | {modes} | {_x(r.get('offline_speedup'))} "
+                     f"| {_x(r.get('offline_vs_best_compile'))} "
+                     f"| {r.get('offline_idea') or '-'} | {r.get('seconds', '-')} |")
+    if result["not_run"]:
+        lines += ["", f"Not run: {', '.join(result['not_run'])}."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

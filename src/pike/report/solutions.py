@@ -1,0 +1,120 @@
+"""The best solution of each task in each run, as files next to the report: its source
+(.py), its unified diff from the task's reference (.diff), and an HTML page showing both.
+
+Solutions are untrusted code: the HTML page shows them through an autoescaping template,
+and the .py and .diff files are plain text that the report only links to.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pike.report.data import RunData, TaskRun, lines_of_code, speedup, task_names
+from pike.report.html import render
+from pike.store import CandidateRow
+
+
+@dataclass(frozen=True)
+class SolutionRow:
+    """One line of the report's table: a task in a run, and its best correct candidate."""
+
+    task: str
+    run: str
+    run_index: int
+    candidates: int
+    queries: int
+    dollars: float
+    error: str = ""  # the task failed before its search (a campaign records why)
+    candidate_id: int | None = None
+    role: str = ""
+    round: int | None = None
+    speedup: float | None = None
+    runtime_ms: float | None = None
+    reference_ms: float | None = None
+    lines: int | None = None
+    flags: str = ""
+    source_href: str = ""  # relative to the report's folder
+    diff_href: str = ""
+    page_href: str = ""
+
+
+def write_solutions(runs: list[RunData], out: Path) -> list[SolutionRow]:
+    """Write the best solution of every (task, run) under out/solutions; one row each,
+    tasks in the order first seen, runs in the order given."""
+    folder = out / "solutions"
+    folder.mkdir(parents=True, exist_ok=True)
+    names = _file_names(task_names(runs))
+    rows = []
+    for task in task_names(runs):
+        for index, run in enumerate(runs):
+            found = run.task(task)
+            if found is not None:
+                rows.append(_row(found, run, index, folder, f"run{index + 1}-{names[task]}"))
+    return rows
+
+
+def _row(task: TaskRun, run: RunData, index: int, folder: Path, stem: str) -> SolutionRow:
+    base = SolutionRow(task=task.name, run=run.label, run_index=index,
+                       candidates=len(task.searched()), queries=task.queries,
+                       dollars=task.dollars, error=task.error or "")
+    best = task.best()
+    if best is None or best.verdict is None:
+        return base
+    verdict = best.verdict
+    links = _write_files(task, run, best, folder, stem)
+    return replace(
+        base, **links, candidate_id=best.id, role=best.role, round=best.round, speedup=speedup(best),
+        runtime_ms=verdict.runtime.median_ms if verdict.runtime else None,
+        reference_ms=verdict.reference.median_ms if verdict.reference else None,
+        lines=lines_of_code(best.source),
+        flags=", ".join(f"{k}={v}" for k, v in sorted(verdict.flags_changed.items())))
+
+
+def _write_files(task: TaskRun, run: RunData, best: CandidateRow, folder: Path,
+                 stem: str) -> dict[str, str]:
+    diff = unified_diff(task.reference, best.source, f"{task.name} (reference)",
+                        f"{task.name} ({run.label}, candidate {best.id})")
+    (folder / f"{stem}.py").write_text(best.source)
+    (folder / f"{stem}.diff").write_text(diff)
+    page = render("solution.html.j2", task=task.name, run=run.label, candidate=best.id,
+                  source=best.source, diff_lines=[(_diff_class(line), line)
+                                                  for line in diff.splitlines()])
+    (folder / f"{stem}.html").write_text(page)
+    return {"source_href": f"solutions/{stem}.py", "diff_href": f"solutions/{stem}.diff",
+            "page_href": f"solutions/{stem}.html"}
+
+
+def unified_diff(reference: str, solution: str, from_name: str, to_name: str) -> str:
+    lines = difflib.unified_diff(_lines(reference), _lines(solution), fromfile=from_name,
+                                 tofile=to_name)
+    return "".join(lines)
+
+
+def _lines(text: str) -> list[str]:
+    # a last line without its newline would run into the next diff line
+    return [line if line.endswith("\n") else line + "\n" for line in text.splitlines(True)]
+
+
+def _diff_class(line: str) -> str:
+    if line.startswith(("+++", "---")):
+        return "file"
+    if line.startswith("@@"):
+        return "hunk"
+    return {"+": "add", "-": "del"}.get(line[:1], "")
+
+
+def _file_names(tasks: list[str]) -> dict[str, str]:
+    """A file-system-safe, unique name for each task (task names come from user files)."""
+    names: dict[str, str] = {}
+    taken: set[str] = set()
+    for task in tasks:
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", task).strip("._")[:80] or "task"
+        unique, n = name, 2
+        while unique.lower() in taken:  # case-insensitive file systems
+            unique, n = f"{name}-{n}", n + 1
+        taken.add(unique.lower())
+        names[task] = unique
+    return names

@@ -1,0 +1,65 @@
+"""`pike show`: a run's state in the terminal, read from its store (live while it runs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.markup import escape
+from rich.table import Table
+
+from pike.store import RunStore
+
+RECENT = 10
+
+
+def _x(value: float | None) -> str:
+    return f"{value:.2f}x" if value else "-"
+
+
+def _baseline_best(state: Any) -> str:
+    if not isinstance(state, dict):
+        return "-"
+    speedups = [m.get("speedup_vs_eager") for m in state.get("modes", [])
+                if m.get("mode", "").startswith("compile:") and m.get("speedup_vs_eager")]
+    return _x(max(speedups)) if speedups else "-"
+
+
+def run_tables(store: RunStore) -> Group:
+    """Per task: budget spent, best speedup, best compile mode, verdicts; then recent verdicts."""
+    config = store.config()
+    search = config.get("search", {})
+    llm = config.get("llm", {}).get("model") or "none (offline)"
+    tasks = Table(title=f"{escape(str(store.path.parent))}: strategy "
+                  f"{escape(str(search.get('strategy', '?')))}, LLM {escape(llm)}",
+                  title_justify="left")
+    for column in ("task", "state", "queries", "dollars", "best", "best compile",
+                   "candidates", "ok", "failed"):
+        tasks.add_column(column, justify="left" if column in ("task", "state") else "right")
+    all_rows = []
+    for task in store.tasks():
+        name = task["name"]
+        rows = store.candidates(name)
+        all_rows += rows
+        judged = [r for r in rows if r.verdict is not None]
+        ok = [r for r in judged if r.verdict.ok]
+        best = store.best(name)
+        queries, dollars = store.spent(name)
+        error = store.get_state(name, "error")
+        state = ("[red]error[/red]" if error else "done" if store.get_state(name, "done")
+                 else "running" if rows else "waiting")
+        tasks.add_row(escape(name), state, str(queries), f"${dollars:.2f}",
+                      _x(best.verdict.speedup if best and best.verdict else None),
+                      _baseline_best(store.get_state(name, "baseline")), str(len(rows)),
+                      str(len(ok)), str(len(judged) - len(ok)))
+    recent = Table(title="recent verdicts", title_justify="left")
+    for column in ("id", "task", "role", "round", "status", "speedup", "message"):
+        recent.add_column(column)
+    judged = sorted((r for r in all_rows if r.verdict is not None), key=lambda r: r.id)
+    for r in judged[-RECENT:]:
+        v = r.verdict
+        status = f"[green]{v.status}[/green]" if v.ok else f"[red]{v.status}[/red]"
+        message = (v.message.splitlines() or [""])[0][:80]
+        recent.add_row(str(r.id), escape(r.task), r.role, str(r.round), status,
+                       _x(v.speedup if v.ok else None), escape(message))
+    return Group(tasks, recent)

@@ -1,0 +1,130 @@
+"""`bench()`: one strategy over many tasks, unattended, in one run store.
+
+Each task gets its own budget (the ledger is per task), its baselines (eager and each
+torch.compile mode) measured once and kept in the store, and its own search. Tasks run in
+`jobs` threads at once: the evaluator's device lock keeps timing alone on each GPU, and
+LLM calls are I/O. Every step is in the store before it counts, so a campaign killed at
+any point resumes where it stopped: finished tasks are skipped, a task cut off mid-search
+continues with the calls and verdicts it already has.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from pike.config import RunConfig
+from pike.errors import ConfigError, PikeError
+from pike.evaluate import measure_baselines
+from pike.search.session import (
+    OptimizeResult,
+    search_task,
+    stamp,
+    stored_tasks,
+    summary_row,
+    task_result,
+)
+from pike.store import RunStore
+from pike.task import Task, load_tasks
+
+log = logging.getLogger(__name__)
+
+BASELINE_KEY = "baseline"
+DONE_KEY = "done"
+ERROR_KEY = "error"
+
+
+class TaskOutcome(BaseModel):
+    task: str
+    result: OptimizeResult | None = None
+    error: str | None = None
+
+
+class CampaignResult(BaseModel):
+    run_dir: Path
+    outcomes: list[TaskOutcome]
+
+
+def bench(folder: Path | None, config: RunConfig | None = None, *,
+          ids: list[int] | None = None, out: Path | None = None, resume: Path | None = None,
+          jobs: int = 1, command: str = "",
+          on_event: Callable[..., None] = lambda kind, **data: None) -> CampaignResult:
+    """Run the configured strategy over the tasks of `folder` (or continue `resume`)."""
+    if resume is not None:
+        store = RunStore.open(resume)
+        cfg = RunConfig.model_validate(store.config())
+        tasks = stored_tasks(store)
+    else:
+        if folder is None:
+            raise ConfigError("give a task folder to bench (or --resume RUN_DIR)")
+        cfg = config or RunConfig()
+        tasks = load_tasks(folder, ids)
+        run_dir = out or cfg.runs_dir / f"bench-{Path(folder).name}-{stamp()}"
+        store = RunStore.create(run_dir, cfg.model_dump(mode="json"), command)
+        for task in tasks:
+            store.add_task(task.name, str(task.path), task.sha256, task.source)
+    try:
+        outcomes = _run_all(store, tasks, cfg, max(1, jobs), on_event)
+        _write_outputs(store, outcomes)
+        return CampaignResult(run_dir=store.path.parent, outcomes=outcomes)
+    finally:
+        store.close()
+
+
+def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
+             on_event: Callable[..., None]) -> list[TaskOutcome]:
+    outcomes: dict[str, TaskOutcome] = {}
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pike-bench") as pool:
+        futures = {pool.submit(_one_task, store, t, cfg, on_event): t for t in tasks}
+        for future in as_completed(futures):
+            outcome = future.result()
+            outcomes[outcome.task] = outcome
+    return [outcomes[t.name] for t in tasks]
+
+
+def _one_task(store: RunStore, task: Task, cfg: RunConfig,
+              on_event: Callable[..., None]) -> TaskOutcome:
+    def event(kind: str, **data: Any) -> None:
+        on_event(kind, task=task.name, **data)
+
+    if store.get_state(task.name, DONE_KEY):
+        event("task_done", resumed=True)
+        return TaskOutcome(task=task.name, result=task_result(store, task.name),
+                           error=store.get_state(task.name, ERROR_KEY))
+    try:
+        if store.get_state(task.name, BASELINE_KEY) is None:
+            event("task_phase", phase="baseline")
+            baseline = measure_baselines(task, cfg, cfg.search.baseline_modes)
+            store.set_state(task.name, BASELINE_KEY, baseline.model_dump(mode="json"))
+        event("task_phase", phase="search")
+        result = search_task(store, task, cfg, None, event)
+    except PikeError as err:  # the reference itself fails: report it, go on with the rest
+        log.warning("%s: %s", task.name, err)
+        store.set_state(task.name, ERROR_KEY, str(err))
+        store.set_state(task.name, DONE_KEY, True)
+        event("task_done", error=str(err))
+        return TaskOutcome(task=task.name, error=str(err))
+    store.set_state(task.name, DONE_KEY, True)
+    event("task_done", result=result)
+    return TaskOutcome(task=task.name, result=result)
+
+
+def _write_outputs(store: RunStore, outcomes: list[TaskOutcome]) -> None:
+    run_dir = store.path.parent
+    best_dir = run_dir / "best"
+    best_dir.mkdir(exist_ok=True)
+    rows = []
+    for outcome in outcomes:
+        if outcome.result is None:
+            rows.append({"task": outcome.task, "error": outcome.error})
+            continue
+        if outcome.result.best_source is not None:
+            (best_dir / f"{outcome.task}.py").write_text(outcome.result.best_source)
+        rows.append(summary_row(store, outcome.result))
+    (run_dir / "summary.json").write_text(json.dumps({"tasks": rows}, indent=2))

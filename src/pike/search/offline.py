@@ -1,0 +1,96 @@
+"""The offline strategy: a greedy search over program transformations, no LLM.
+
+Round 1 judges every applicable transformation alone. Each later round tries the best set
+so far plus one more compatible transformation that was correct alone (one that breaks the
+tolerance alone, such as fp16 on a deep network, breaks it in company too), and keeps the
+fastest if it beats the best by more than the noise margin. It stops when nothing improves or a budget (number of
+candidates, wall-clock seconds) is spent. Candidates are recorded like LLM ones (role
+'offline', idea = the transformation set), so reports, resume and `--seed-offline` work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pike.agents.offline import applicable, compatible, render
+from pike.evaluate.verdict import Verdict
+
+_IMPROVES = 0.98  # a new set must be 2% faster than the best to count as better
+
+
+class OfflineSearch:
+    def __init__(self, store: Any, task_name: str, task_source: str, device: str,
+                 judge: Callable[[str], Verdict], max_candidates: int, max_seconds: float,
+                 on_event: Callable[..., None] = lambda kind, **data: None) -> None:
+        self.store, self.task, self.task_source = store, task_name, task_source
+        self.device, self.judge = device, judge
+        self.max_candidates, self.max_seconds = max_candidates, max_seconds
+        self.on_event = on_event
+        self._started = time.monotonic()
+        self._made = 0
+
+    def run(self) -> None:
+        names = applicable(self.task_source, self.device)
+        self.on_event("round", round=0, branches=len(names))
+        results = {(n,): self._try((n,), 0, i) for i, n in enumerate(names)}
+        best = self._fastest(results)
+        names = [n for n in names if self._speedup(results[(n,)]) > 0]
+        round_ = 1
+        while best is not None and self._room():
+            self.on_event("round", round=round_, branches=len(names))
+            tries = [tuple(sorted((*best, n))) for n in names
+                     if n not in best and compatible((*best, n))]
+            if not tries:
+                return
+            results = {s: self._try(s, round_, i) for i, s in enumerate(tries) if self._room()}
+            challenger = self._fastest(results)
+            if challenger is None or (self._speedup(results[challenger])
+                                      * _IMPROVES < self._speedup_of(best)):
+                return
+            best, round_ = challenger, round_ + 1
+
+    def _room(self) -> bool:
+        return (self._made < self.max_candidates
+                and time.monotonic() - self._started < self.max_seconds)
+
+    def _try(self, names: tuple[str, ...], round_: int, branch: int) -> Verdict | None:
+        idea = " + ".join(names)
+        for row in self.store.candidates(self.task):
+            if row.role == "offline" and row.idea == idea:
+                if row.verdict is None:  # killed mid-evaluation: judge it now
+                    self._judge(row.id, row.source)
+                return self.store.candidate(row.id).verdict
+        if not self._room():
+            return None
+        source = render(self.task_source, names)
+        cid = self.store.add_candidate(self.task, source, parent_id=None, role="offline",
+                                       round=round_, branch=branch, idea=idea)
+        self._made += 1
+        return self._judge(cid, source)
+
+    def _judge(self, cid: int, source: str) -> Verdict:
+        verdict = self.judge(source)
+        self.store.set_verdict(cid, verdict)
+        self.on_event("verdict", candidate=cid, verdict=verdict)
+        return verdict
+
+    @staticmethod
+    def _speedup(verdict: Verdict | None) -> float:
+        # Speedups are ratios taken in one window with the reference, so they compare
+        # across evaluations on a drifting host better than absolute runtimes do.
+        if verdict is None or not verdict.ok:
+            return 0.0
+        return verdict.speedup or 0.0
+
+    def _fastest(self, results: dict[tuple[str, ...], Verdict | None]) -> tuple[str, ...] | None:
+        ok = {s: self._speedup(v) for s, v in results.items() if self._speedup(v) > 0}
+        return max(ok, key=lambda s: ok[s]) if ok else None
+
+    def _speedup_of(self, names: tuple[str, ...]) -> float:
+        idea = " + ".join(names)
+        for row in self.store.candidates(self.task):
+            if row.role == "offline" and row.idea == idea:
+                return self._speedup(row.verdict)
+        return 0.0

@@ -1,0 +1,87 @@
+"""The device lock: timing alone on a GPU, trials shared, timers not starved."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pike.evaluate.device_lock import hold
+
+
+@pytest.fixture(autouse=True)
+def _lock_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIKE_LOCK_DIR", str(tmp_path))
+
+
+def _holder(device: str, exclusive: bool, events: list[str], name: str,
+            release: threading.Event) -> threading.Thread:
+    def run() -> None:
+        with hold(device, exclusive=exclusive):
+            events.append(f"{name} in")
+            release.wait(10)
+            events.append(f"{name} out")  # still holding: the next holder comes after
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _wait_for(events: list[str], item: str, seconds: float = 5) -> None:
+    deadline = time.monotonic() + seconds
+    while item not in events and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert item in events, events
+
+
+def test_trials_share_the_device():
+    events: list[str] = []
+    go = threading.Event()
+    threads = [_holder("cuda:0", False, events, n, go) for n in ("a", "b")]
+    _wait_for(events, "a in")
+    _wait_for(events, "b in")
+    go.set()
+    for t in threads:
+        t.join(5)
+
+
+def test_timing_waits_for_trials_and_new_trials_wait_for_timing():
+    events: list[str] = []
+    release_trial, release_timer, release_late = (threading.Event() for _ in range(3))
+    trial = _holder("cuda:0", False, events, "trial", release_trial)
+    _wait_for(events, "trial in")
+    timer = _holder("cuda:0", True, events, "timer", release_timer)
+    time.sleep(0.3)
+    assert "timer in" not in events  # a trial is on the device
+    late = _holder("cuda:0", False, events, "late", release_late)
+    time.sleep(0.3)
+    assert "late in" not in events  # the waiting timer closed the turnstile
+    release_trial.set()
+    _wait_for(events, "timer in")
+    time.sleep(0.2)
+    assert "late in" not in events  # still timing: nothing else on the device
+    release_timer.set()
+    _wait_for(events, "late in")
+    release_late.set()
+    for t in (trial, timer, late):
+        t.join(5)
+    assert events.index("timer out") < events.index("late in")
+
+
+def test_other_gpus_and_cpu_are_not_locked():
+    events: list[str] = []
+    hold_timer = threading.Event()
+    timer = _holder("cuda:0", True, events, "timer", hold_timer)
+    _wait_for(events, "timer in")
+    with hold("cuda:1", exclusive=True), hold("cpu", exclusive=True):
+        pass  # would block if either shared cuda:0's lock
+    hold_timer.set()
+    timer.join(5)
+
+
+def test_visible_devices_map_to_the_physical_gpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    with hold("cuda:1", exclusive=True):
+        pass
+    assert (tmp_path / "cuda-5.lock").exists()

@@ -1,0 +1,128 @@
+"""The offline agent's transformations and the offline strategy (no LLM)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from pike.agents.offline import ALL, applicable, compatible, render
+from pike.cli import app
+from pike.config import EvalConfig
+from pike.evaluate import evaluate
+from pike.store import RunStore
+from pike.task import Task
+from tests.conftest import EXAMPLES
+
+CONV = Task.from_file(EXAMPLES / "tasks" / "2_ConvBlock.py")
+MLP = Task.from_file(EXAMPLES / "tasks" / "1_GeluMLP.py")
+# Run on CPU: the CUDA-only ones must fall back to the reference's own path.
+CPU_SAFE = [n for n in ALL if not n.startswith(("compile:", "autocast_"))]
+
+
+def build(task: Task, names: tuple[str, ...]) -> tuple[Any, Any]:
+    """The reference and the transformed module, built with the same weights."""
+    ns: dict[str, Any] = {}
+    exec(compile(render(task.source, names), "offline.py", "exec"), ns)
+    init = ns["get_init_inputs"]()
+    torch.manual_seed(0)
+    reference = ns["Model"](*init)
+    torch.manual_seed(0)
+    candidate = ns["ModelNew"](*init)
+    return reference, candidate
+
+
+@pytest.mark.parametrize("name", CPU_SAFE)
+def test_each_transformation_is_correct_and_survives_new_shapes(name: str) -> None:
+    task = CONV if name in ("channels_last", "cudnn_benchmark") else MLP
+    flags = torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32
+    try:
+        reference, candidate = build(task, (name,))
+        for shape_scale in (1, 2):  # a new batch size must not reuse anything stale
+            x = torch.randn(4 * shape_scale, *_input_shape(task)[1:])
+            torch.testing.assert_close(candidate(x), reference(x), atol=1e-4, rtol=1e-4)
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32 = flags
+
+
+def _input_shape(task: Task) -> tuple[int, ...]:
+    ns: dict[str, Any] = {}
+    exec(compile(task.source, str(task.path), "exec"), ns)
+    return tuple(ns["get_inputs"]()[0].shape)
+
+
+def test_autocast_returns_the_inputs_dtype_within_loose_tolerance() -> None:
+    reference, candidate = build(MLP, ("autocast_bf16",))
+    x = torch.randn(8, *_input_shape(MLP)[1:])
+    out = candidate(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, reference(x), atol=0.1, rtol=0.1)
+
+
+@pytest.mark.slow
+def test_compile_transformation_is_correct_under_the_evaluator(fast_config: EvalConfig) -> None:
+    verdict = evaluate(MLP, render(MLP.source, ("compile:default", "inference_mode")),
+                       fast_config)
+    assert verdict.status == "ok", verdict.message
+
+
+def test_transformed_sources_pass_the_evaluator_with_their_flags_listed(
+        fast_config: EvalConfig) -> None:
+    verdict = evaluate(CONV, render(CONV.source, ("channels_last", "cudnn_benchmark", "tf32",
+                                                  "inference_mode")), fast_config)
+    assert verdict.status == "ok", verdict.message
+    assert "cudnn.benchmark" in verdict.flags_changed
+
+
+def test_which_transformations_apply_and_compose() -> None:
+    assert "cuda_graph" not in applicable(MLP.source, "cpu")
+    assert "channels_last" not in applicable(MLP.source, "cuda:0")
+    assert "channels_last" in applicable(CONV.source, "cpu")
+    assert compatible(("cuda_graph", "inference_mode", "compile:default"))
+    assert not compatible(("cuda_graph", "compile:reduce-overhead"))
+    assert not compatible(("compile:default", "compile:max-autotune-no-cudagraphs"))
+    assert not compatible(("autocast_bf16", "autocast_fp16"))
+    # canonical order: the same set renders the same file
+    assert render(MLP.source, ("inference_mode", "tf32")) == render(MLP.source,
+                                                                    ("tf32", "inference_mode"))
+
+
+@pytest.mark.slow
+def test_optimize_without_an_llm_runs_the_offline_strategy(tmp_path: Path,
+                                                           build_cache: Path) -> None:
+    config = tmp_path / "pike.yaml"
+    config.write_text(json.dumps({"eval": {
+        "device": "cpu", "trials": 2, "build_cache": str(build_cache),
+        "timing": {"warmup_calls": 1, "warmup_seconds": 0.0, "min_calls": 5,
+                   "min_seconds": 0.05, "rounds": 4}}}))
+    out = tmp_path / "run"
+    runner = CliRunner()
+    result = runner.invoke(app, ["optimize", str(MLP.path), "--config", str(config),
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    store = RunStore.open(out)
+    rows = store.candidates("1_GeluMLP")
+    assert rows and all(r.role == "offline" and r.verdict for r in rows)
+    assert {"inference_mode", "compile:default"} <= {r.idea for r in rows}
+    best = store.best("1_GeluMLP")
+    assert best is not None and (out / "best.py").read_text() == best.source
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["queries"] == 0 and summary["speedup"] == best.verdict.speedup
+    store.close()
+    # resuming a finished offline run judges nothing again
+    again = runner.invoke(app, ["optimize", "--resume", str(out)])
+    assert again.exit_code == 0, again.output
+    assert len(RunStore.open(out).candidates("1_GeluMLP")) == len(rows)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_recaptures_when_the_input_shape_changes() -> None:
+    reference, candidate = build(MLP, ("cuda_graph", "inference_mode"))
+    reference, candidate = reference.cuda(), candidate.cuda()
+    for batch in (4, 8, 4):
+        x = torch.randn(batch, *_input_shape(MLP)[1:], device="cuda")
+        torch.testing.assert_close(candidate(x), reference(x), atol=1e-4, rtol=1e-4)
