@@ -138,3 +138,23 @@ def test_crossover_prompts_carry_two_parents_and_replay_reproduces(
     # are within the timing noise of each other)
     assert [(r.role, r.verdict.status) for r in new.candidates("1_GeluMLP")] == \
         [(r.role, r.verdict.status) for r in old.candidates("1_GeluMLP")]
+
+
+def test_both_strategies_on_one_budget_compare_side_by_side_in_the_report(
+        fake_llm: FakeOpenAI, evolve_config: Path, tmp_path: Path) -> None:
+    from pike.report.data import load_runs, progress
+
+    evolved = tmp_path / "evolve"
+    evolve(fake_llm, evolve_config, evolved, "exploit-small-library", 5)
+    branched = tmp_path / "branching"
+    result = pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-queries", "5",
+                  "--strategy", "branching", "--config", evolve_config, "--out", branched)
+    assert result.exit_code == 0, result.output
+    runs = load_runs([branched, evolved])
+    assert [r.strategy for r in runs] == ["branching", "evolve"]
+    for run in runs:
+        assert run.task("1_GeluMLP") is not None
+        curve = progress(run, "queries")
+        assert curve[0][0] == 0 and curve[-1][0] == 5  # the same budget, spent in full
+        assert any(c.verdict and c.verdict.ok and c.role != "reference"
+                   for c in run.task("1_GeluMLP").candidates)  # each found a correct one

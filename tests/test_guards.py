@@ -93,3 +93,19 @@ def test_the_shared_trial_inputs_are_read_only(mlp_task: Task, fast_config: Eval
     assert run.inputs_dir.stat().st_mode & 0o222 == 0
     for path in run.inputs_dir.iterdir():
         assert path.stat().st_mode & 0o222 == 0
+
+
+def test_the_wall_clock_check_tells_forged_timings_from_an_overloaded_host() -> None:
+    from pike.evaluate.driver import LoopCost, Timer, unaccounted_wall_time
+
+    cost = LoopCost(per_block_s=0.001, per_call_s=0.0001)
+    honest = [(0.012, [1.0] * 10)] * 4  # 10 ms reported in 12 ms of wall time
+    stretched = [(0.5, [1.0] * 10)] * 4  # 10 ms reported in 500 ms of wall time
+    reference = Timer(child=None, mode="eager", blocks=list(honest))  # type: ignore[arg-type]
+    forged = Timer(child=None, mode="candidate", blocks=list(stretched))  # type: ignore[arg-type]
+    assert "do not account" in (unaccounted_wall_time(cost, forged, reference) or "")
+    fine = Timer(child=None, mode="candidate", blocks=list(honest))  # type: ignore[arg-type]
+    assert unaccounted_wall_time(cost, fine, reference) is None
+    # the host stalled both processes alike: no verdict against the candidate
+    loaded = Timer(child=None, mode="eager", blocks=list(stretched))  # type: ignore[arg-type]
+    assert unaccounted_wall_time(cost, forged, loaded) is None

@@ -16,6 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from pike.cli import app
+from pike.errors import StoreError
 from pike.evaluate.verdict import TimingStats, Verdict
 from pike.store import RunStore
 from tests.conftest import CANDIDATES, EXAMPLES
@@ -159,7 +160,10 @@ def test_resume_after_kill_continues_without_double_counting(
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # kill it once some candidates have verdicts
         if (out / "run.sqlite").exists():
-            done = [r for r in RunStore.open(out).candidates("1_GeluMLP") if r.verdict]
+            try:
+                done = [r for r in RunStore.open(out).candidates("1_GeluMLP") if r.verdict]
+            except StoreError:  # the run is still writing the new store's schema
+                done = []
             if len(done) >= 2:
                 break
         time.sleep(0.2)
@@ -233,3 +237,57 @@ def test_seed_offline_starts_the_llm_search_from_the_best_offline_candidate(
     optimizer_prompts = [prompt_of(r["body"]) for r in fake_llm.requests
                          if "optimization ideas" not in prompt_of(r["body"])]
     assert "pike offline transformation" in optimizer_prompts[0]
+
+
+def _set_with(tmp_path: Path, source: str) -> Path:
+    folder = tmp_path / "set"
+    folder.mkdir()
+    (folder / "1_GeluMLP.py").write_text(source)
+    return folder
+
+
+def test_a_correct_set_file_seeds_every_first_round_branch(
+        fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path) -> None:
+    fake_llm.handler = Scripted(optimize=[GOOD])
+    marked = GOOD + "\n# from the solution set\n"
+    out = tmp_path / "run"
+    result = pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-queries", "3",
+                  "--config", run_config, "--out", out,
+                  "--seed-from", _set_with(tmp_path, marked))
+    assert result.exit_code == 0, result.output
+    store = RunStore.open(out)
+    seed = [r for r in store.candidates("1_GeluMLP") if r.role == "seed"]
+    assert len(seed) == 1 and seed[0].verdict.ok and seed[0].idea.endswith("1_GeluMLP.py")
+    first_round = [r for r in store.candidates("1_GeluMLP")
+                   if r.role == "optimize" and r.round == 0]
+    assert first_round and all(r.parent_id == seed[0].id for r in first_round)
+    prompts = [prompt_of(r["body"]) for r in fake_llm.requests]
+    assert sum("# from the solution set" in p for p in prompts) == len(first_round)
+
+
+def test_a_failing_set_file_seeds_nothing_unless_the_fixer_repairs_it(
+        fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path) -> None:
+    fake_llm.handler = Scripted(optimize=[GOOD], fix=GOOD + "\n# repaired\n")
+    solutions = _set_with(tmp_path, WRONG)
+    plain, fixed = tmp_path / "plain", tmp_path / "fixed"
+    result = pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-queries", "3",
+                  "--config", run_config, "--out", plain, "--seed-from", solutions)
+    assert result.exit_code == 0, result.output
+    store = RunStore.open(plain)
+    assert [r.verdict.status for r in store.candidates("1_GeluMLP") if r.role == "seed"] \
+        == ["incorrect"]
+    assert all(r.parent_id is None for r in store.candidates("1_GeluMLP")
+               if r.role == "optimize" and r.round == 0)  # round 0 starts from the reference
+    result = pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-queries", "3",
+                  "--config", run_config, "--out", fixed, "--seed-from", solutions,
+                  "--fix-seeds")
+    assert result.exit_code == 0, result.output
+    store = RunStore.open(fixed)
+    calls = [c["role"] for c in store.llm_calls("1_GeluMLP")]
+    assert calls[0] == "fix:-1:0:1"  # the fixer's repair comes first, within the budget
+    repaired = [r for r in store.candidates("1_GeluMLP") if r.role == "fix" and r.round == -1]
+    assert len(repaired) == 1 and repaired[0].verdict.ok
+    first_round = [r for r in store.candidates("1_GeluMLP")
+                   if r.role == "optimize" and r.round == 0]
+    assert first_round and all(r.parent_id == repaired[0].id for r in first_round)
+    assert pike("optimize", MLP, "--fix-seeds").exit_code == 2

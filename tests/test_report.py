@@ -237,7 +237,8 @@ def test_report_of_a_folder_without_a_run_is_a_one_line_error(tmp_path: Path) ->
     assert "\n" not in str(info.value)
 
 
-def test_the_page_shows_every_figure_in_a_headless_browser(report: Path, tmp_path: Path) -> None:
+def images_loaded_in_browser(page: Path, tmp_path: Path) -> tuple[int, int]:
+    """(loaded, total) images of the page in headless Chromium, from the page's own script."""
     if not CHROMIUM.exists():
         if os.environ.get("CI"):
             pytest.fail(f"{CHROMIUM} is missing; CI installs it to check the page renders")
@@ -247,8 +248,12 @@ def test_the_page_shows_every_figure_in_a_headless_browser(report: Path, tmp_pat
         [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
          "--no-first-run", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-         "--virtual-time-budget=5000", "--dump-dom", report.as_uri()],
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=120, check=True).stdout
     loaded = re.search(r'data-images-loaded="(\d+)/(\d+)"', dom)
     assert loaded is not None, "the page's load script did not run"
-    assert loaded.group(1) == loaded.group(2) == str(len(FIGURES))
+    return int(loaded.group(1)), int(loaded.group(2))
+
+
+def test_the_page_shows_every_figure_in_a_headless_browser(report: Path, tmp_path: Path) -> None:
+    assert images_loaded_in_browser(report, tmp_path) == (len(FIGURES), len(FIGURES))

@@ -41,6 +41,10 @@ BudgetDollarsOpt = Annotated[float | None, typer.Option(min=0.0, help="USD per t
 BackendOpt = Annotated[str | None, typer.Option(help="any, cuda or triton")]
 SeedOfflineOpt = Annotated[bool, typer.Option(
     "--seed-offline", help="with --llm: start from the best offline candidate")]
+SeedFromOpt = Annotated[Path | None, typer.Option(
+    help="with --llm: a solution set; its correct files seed the first round")]
+FixSeedsOpt = Annotated[bool, typer.Option(
+    "--fix-seeds", help="with --seed-from: the fixer repairs the set's failing files first")]
 StrategyOpt = Annotated[str | None, typer.Option(
     help="offline (no LLM; the default without --llm), branching (PIKE-B; the default with "
     "--llm) or evolve (PIKE-O)")]
@@ -178,6 +182,8 @@ def optimize_command(
     replay: Annotated[Path | None, typer.Option(help="re-run this run's recorded replies, "
                                                 "no LLM")] = None,
     seed_offline: SeedOfflineOpt = False,
+    seed_from: SeedFromOpt = None,
+    fix_seeds: FixSeedsOpt = False,
     strategy: StrategyOpt = None,
     preset: PresetOpt = None,
     config: ConfigOpt = None,
@@ -194,7 +200,7 @@ def optimize_command(
     cfg = _search_config(config, device, llm=llm, fixer_llm=fixer_llm,
                          budget_queries=budget_queries, budget_dollars=budget_dollars,
                          backend=backend, strategy=strategy, preset=preset,
-                         seed_offline=seed_offline)
+                         seed_offline=seed_offline, seed_from=seed_from, fix_seeds=fix_seeds)
     the_task = load_task(task) if task else None
     if the_task is None and resume is None and replay is None:
         raise PikeError("give a TASK to optimize (or --resume RUN_DIR / --replay RUN_DIR)")
@@ -217,6 +223,8 @@ def bench_command(
     backend: BackendOpt = None,
     preset: PresetOpt = None,
     seed_offline: SeedOfflineOpt = False,
+    seed_from: SeedFromOpt = None,
+    fix_seeds: FixSeedsOpt = False,
     jobs: Annotated[int, typer.Option(min=1, help="tasks at once (timing stays exclusive "
                                       "per GPU)")] = 1,
     device: DeviceOpt = None,
@@ -238,7 +246,7 @@ def bench_command(
     cfg = _search_config(config, device, llm=llm, fixer_llm=fixer_llm,
                          budget_queries=budget_queries, budget_dollars=budget_dollars,
                          backend=backend, strategy=strategy, preset=preset,
-                         seed_offline=seed_offline)
+                         seed_offline=seed_offline, seed_from=seed_from, fix_seeds=fix_seeds)
     ids = _ids(tasks)
     names = ([t.name for t in load_tasks(folder, ids)] if folder else [])
     try:
@@ -305,14 +313,62 @@ def export_command(
     task: Annotated[str | None, typer.Argument(help="task name (optional for a one-task run)")]
     = None,
     out: Annotated[Path, typer.Option(help="where to write the module")] = Path("best.py"),
+    set_dir: Annotated[Path | None, typer.Option(
+        "--set", help="write every task's best as a solution set (files + manifest.json) "
+        "to this folder instead")] = None,
 ) -> None:
-    """Write a task's best correct solution as a standalone module with its verdict on top."""
+    """Write a task's best correct solution as a standalone module with its verdict on top,
+    or (--set DIR) the whole run as a solution set that `pike audit` and --seed-from read."""
     from pike.report.export import export_best
     from pike.store import RunStore
 
     with RunStore.open(run_dir) as store:
-        path = export_best(store, task, out)
+        if set_dir is not None:
+            if task is not None:
+                raise PikeError("--set writes every task of the run: give no TASK")
+            from pike.solution_set import write_set
+
+            path = write_set(store, set_dir)
+        else:
+            path = export_best(store, task, out)
     console.print(f"wrote {escape(str(path))}")
+
+
+@app.command("audit")
+@user_errors
+def audit_command(
+    solutions: Annotated[Path, typer.Argument(help="folder of solution files (task_10.py, "
+                                              "10_*.py, a mapping.yaml, or a pike set)")],
+    tasks_folder: Annotated[Path, typer.Argument(metavar="TASKS", help="folder of task files")],
+    tasks: Annotated[str | None, typer.Option(help="only these task ids: 1,4,9")] = None,
+    device: DeviceOpt = None,
+    out: Annotated[Path | None, typer.Option(help="run dir (default RUNS/audit-<set>-<time>)")]
+    = None,
+    allow_changed_tasks: Annotated[bool, typer.Option(
+        "--allow-changed-tasks", help="audit a pike set even where a task file changed since "
+        "the set was written (marked in the result)")] = False,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Judge every file of a solution set with the full guards, time it against eager and
+    each torch.compile mode, and give aggregates that count failures as 1.0x."""
+    from pike.audit import audit, to_markdown
+    from pike.report.progress import BenchProgress
+    from pike.search.session import stamp
+
+    cfg = _config(config, device)
+    ids = _ids(tasks)
+    names = [t.name for t in load_tasks(tasks_folder, ids)]
+    run_dir = out or cfg.runs_dir / f"audit-{solutions.resolve().name}-{stamp()}"
+    with BenchProgress(err_console, names) as progress:
+        result = audit(solutions, tasks_folder, cfg, out=run_dir, ids=ids,
+                       command="pike " + " ".join(sys.argv[1:]),
+                       allow_changed_tasks=allow_changed_tasks, on_event=progress)
+    if as_json:
+        print(result.model_dump_json(indent=2))
+    else:
+        console.print(escape(to_markdown(result)), highlight=False)
+        console.print(f"run store: {escape(str(run_dir))} (pike report {escape(str(run_dir))})")
 
 
 @app.command("report")
@@ -341,7 +397,8 @@ def _ids(tasks: str | None) -> list[int] | None:
 def _search_config(config: Path | None, device: str | None, *, llm: str | None,
                    fixer_llm: str | None, budget_queries: int | None,
                    budget_dollars: float | None, backend: str | None, strategy: str | None,
-                   preset: str | None, seed_offline: bool) -> RunConfig:
+                   preset: str | None, seed_offline: bool, seed_from: Path | None = None,
+                   fix_seeds: bool = False) -> RunConfig:
     """The run config of `optimize` and `bench`: the file, then the flags over it."""
     cfg = _config(config, device)
     if llm is not None:
@@ -350,6 +407,16 @@ def _search_config(config: Path | None, device: str | None, *, llm: str | None,
         cfg.llm.fixer = fixer_llm
     if seed_offline:
         cfg.search.seed_offline = True
+    if seed_from is not None:
+        if not seed_from.is_dir():
+            raise PikeError(f"--seed-from {seed_from}: not a folder of solution files")
+        cfg.search.seed_from = seed_from.resolve()
+    if fix_seeds:
+        if cfg.search.seed_from is None:
+            raise PikeError("--fix-seeds repairs the files of --seed-from SOLUTIONS: add it")
+        cfg.search.fix_seeds = True
+    if cfg.search.seed_from is not None and not cfg.llm.model:
+        raise PikeError("--seed-from seeds an LLM search: add --llm SPEC")
     if strategy is not None:
         if strategy not in ("offline", "branching", "evolve"):
             raise PikeError(f"--strategy {strategy!r}: use offline, branching or evolve")

@@ -135,6 +135,11 @@ class SearchConfig(_Strict):
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
     seed_offline: bool = Field(False, description="with an LLM: run the offline strategy "
                                "first and start the LLM search from its best candidate")
+    seed_from: Path | None = Field(
+        None, description="with an LLM: a solution set (folder of files matched to tasks by "
+        "id, or one pike wrote with `pike export --set`); its correct files seed round 0")
+    fix_seeds: bool = Field(False, description="with seed_from: hand the set's failing files "
+                            "to the error fixer first; the repaired ones seed round 0 too")
     baseline_modes: list[str] = Field(
         default_factory=lambda: ["eager", *(f"compile:{m}" for m in COMPILE_MODES)],
         description="what `pike bench` times once per task, for the report's comparisons")

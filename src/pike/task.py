@@ -121,3 +121,18 @@ def load_task(spec: str | Path) -> Task:
     if path.name.isdigit() and path.parent.is_dir():
         return load_tasks(path.parent, [int(path.name)])[0]
     raise TaskError(f"{path}: no such task file")
+
+
+def safe_file_stems(names: list[str]) -> dict[str, str]:
+    """A file-system-safe, unique stem for each task name (names come from users' files);
+    unique also on case-insensitive file systems."""
+    stems: dict[str, str] = {}
+    taken: set[str] = set()
+    for name in names:
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._")[:80] or "task"
+        unique, n = stem, 2
+        while unique.lower() in taken:
+            unique, n = f"{stem}-{n}", n + 1
+        taken.add(unique.lower())
+        stems[name] = unique
+    return stems

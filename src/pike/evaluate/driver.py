@@ -8,6 +8,7 @@ taken a minute apart are not comparable; blocks interleaved in one window are.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import secrets
@@ -29,6 +30,8 @@ from pike.evaluate.sandbox import (
     scrubbed_environment,
 )
 from pike.evaluate.verdict import Verdict
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -220,23 +223,34 @@ def calibrate(trusted: ChildProcess) -> LoopCost:
 _SLACK_S = 0.005  # scheduling noise of one block on a busy host
 
 
-def unaccounted_wall_time(cost: LoopCost, judged: Timer) -> str | None:
+def _suspicious_blocks(cost: LoopCost, timer: Timer) -> int:
+    suspicious = 0
+    for wall, samples in timer.blocks:
+        reported = (sum(samples) + statistics.fmean(samples)) / 1e3  # + the untimed call
+        loop = cost.per_block_s + (len(samples) + 1) * cost.per_call_s
+        suspicious += wall - loop - _SLACK_S > 3 * reported
+    return suspicious
+
+
+def unaccounted_wall_time(cost: LoopCost, judged: Timer, reference: Timer) -> str | None:
     """Why the judged child's timings cannot be true, or None when they account for the
     wall time the parent measured around each of its blocks.
 
     Everything in the child can be reached by the candidate's code (frames, memory), so
-    its reported samples are checked against a clock the candidate cannot touch.
+    its reported samples are checked against a clock the candidate cannot touch. The
+    trusted reference, timed in the same window, tells an overloaded host (its blocks
+    stretch too) from forged timings (only the candidate's do).
     """
-    suspicious = 0
-    for wall, samples in judged.blocks:
-        reported = (sum(samples) + statistics.fmean(samples)) / 1e3  # + the untimed call
-        loop = cost.per_block_s + (len(samples) + 1) * cost.per_call_s
-        suspicious += wall - loop - _SLACK_S > 3 * reported
-    if judged.blocks and suspicious > len(judged.blocks) // 2:
-        return (f"reported timings that do not account for the wall time of its timing "
-                f"blocks ({suspicious} of {len(judged.blocks)} blocks took over 3x longer "
-                "than the calls it reported)")
-    return None
+    suspicious = _suspicious_blocks(cost, judged)
+    if not judged.blocks or suspicious <= len(judged.blocks) // 2:
+        return None
+    if _suspicious_blocks(cost, reference) > len(reference.blocks) // 2:
+        log.warning("wall-clock check inconclusive: the host is overloaded (the reference's "
+                    "timing blocks stretched too)")
+        return None
+    return (f"reported timings that do not account for the wall time of its timing "
+            f"blocks ({suspicious} of {len(judged.blocks)} blocks took over 3x longer "
+            "than the calls it reported)")
 
 
 def time_interleaved(timers: list[Timer], cfg: TimingConfig) -> None:

@@ -264,7 +264,8 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
                     time_interleaved(timers, cfg.timing)
                 reference.child.enter_phase("idle")
                 forged = (cfg.guards and timers[1].failure is None
-                          and unaccounted_wall_time(reference.loop_cost(), timers[1]))
+                          and unaccounted_wall_time(reference.loop_cost(), timers[1],
+                                                    timers[0]))
                 if forged:
                     timers[1].failure = Verdict(status="rejected", phase="timing", message=forged)
             if correctness.ok and cfg.guards and not any(t.failure for t in timers):

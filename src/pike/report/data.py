@@ -136,6 +136,9 @@ def load_run(run_dir: Path) -> RunData:
         tasks = [_load_task(store, row) for row in store.tasks()]
         command, created_at = store.command(), store.created_at()
     strategy, model = describe_strategy(config)
+    judged = [c for t in tasks for c in t.searched()]
+    if judged and all(c.role == "audit" for c in judged):
+        strategy, model = "audit", None  # `pike audit` of a solution set: no search ran
     label = " · ".join(p for p in (strategy, model, Path(run_dir).resolve().name) if p)
     return RunData(run_dir=Path(run_dir), label=label, strategy=strategy, model=model,
                    command=command, created_at=created_at, config=config, tasks=tasks,

@@ -8,13 +8,13 @@ and the .py and .diff files are plain text that the report only links to.
 from __future__ import annotations
 
 import difflib
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pike.report.data import RunData, TaskRun, lines_of_code, speedup, task_names
 from pike.report.html import render
 from pike.store import CandidateRow
+from pike.task import safe_file_stems
 
 
 @dataclass(frozen=True)
@@ -107,14 +107,4 @@ def _diff_class(line: str) -> str:
 
 
 def _file_names(tasks: list[str]) -> dict[str, str]:
-    """A file-system-safe, unique name for each task (task names come from user files)."""
-    names: dict[str, str] = {}
-    taken: set[str] = set()
-    for task in tasks:
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", task).strip("._")[:80] or "task"
-        unique, n = name, 2
-        while unique.lower() in taken:  # case-insensitive file systems
-            unique, n = f"{name}-{n}", n + 1
-        taken.add(unique.lower())
-        names[task] = unique
-    return names
+    return safe_file_stems(tasks)

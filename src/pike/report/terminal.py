@@ -33,9 +33,10 @@ def run_tables(store: RunStore) -> Group:
     tasks = Table(title=f"{escape(str(store.path.parent))}: strategy "
                   f"{escape(str(search.get('strategy', '?')))}, LLM {escape(llm)}",
                   title_justify="left")
-    for column in ("task", "state", "queries", "dollars", "best", "best compile",
-                   "candidates", "ok", "failed"):
-        tasks.add_column(column, justify="left" if column in ("task", "state") else "right")
+    tasks.add_column("task", no_wrap=True)  # names are what a user scans for
+    for column in ("state", "queries", "dollars", "best", "best compile", "candidates", "ok",
+                   "failed"):
+        tasks.add_column(column, justify="left" if column == "state" else "right")
     all_rows = []
     for task in store.tasks():
         name = task["name"]

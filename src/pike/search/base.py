@@ -27,6 +27,7 @@ class LLMSearch:
         self.querier, self.ctx = querier, ctx
         self.judge, self.concurrency = judge, concurrency
         self.max_fix_attempts, self.on_event = max_fix_attempts, on_event
+        self.fix_first: list[int] = []  # failing seed candidates for the fixer (--fix-seeds)
 
     def ask_parallel(self, asks: list[tuple[str, list[dict[str, str]]]]
                      ) -> list[RecordedCall | None]:
@@ -69,6 +70,12 @@ class LLMSearch:
     def ok(self, cid: int) -> bool:
         verdict = self.store.candidate(cid).verdict
         return verdict is not None and verdict.ok
+
+    def fix_seeds(self) -> None:
+        """Hand failing seed candidates (`--fix-seeds`) to the error fixer before round 0;
+        the fixes are round -1, so both strategies treat the correct ones as seeds."""
+        if self.fix_first:
+            self.fix_chains(-1, dict(enumerate(self.fix_first)))
 
     def fix_chains(self, round_: int, latest: dict[int, int]) -> None:
         """Send each failing slot's latest candidate to the error fixer, up to

@@ -42,16 +42,17 @@ class BranchingSearch(LLMSearch):
     def __init__(self, store: Any, task_name: str, querier: Querier, ctx: AgentContext,
                  cfg: BranchingConfig, judge: Callable[[str], Verdict], concurrency: int,
                  on_event: Callable[..., None] = lambda kind, **data: None,
-                 first_seed: Seed | None = None) -> None:
+                 first_seeds: list[Seed] | None = None) -> None:
         super().__init__(store, task_name, querier, ctx, judge, concurrency,
                          cfg.max_fix_attempts, on_event)
         self.cfg = cfg
-        self.first_seed = first_seed or Seed(None, None, None)
+        self.first_seeds = list(first_seeds or [])
 
     # ---- the search -------------------------------------------------------------------
 
     def run(self) -> None:
         self.judge_pending()
+        self.fix_seeds()
         round_ = 0
         while self.querier.ledger.has_room():
             branches = self._plan(round_)
@@ -78,7 +79,8 @@ class BranchingSearch(LLMSearch):
             ideas = self._ideas()
             if ideas is None:
                 return None
-            return [Branch(b, self.first_seed, ideas[b % len(ideas)] if ideas else None)
+            seeds = self._round0_seeds()
+            return [Branch(b, seeds[b % len(seeds)], ideas[b % len(ideas)] if ideas else None)
                     for b in range(self.cfg.branches)]
         seeds = self._seeds()
         shares = _spread(self.cfg.branches, len(seeds))
@@ -101,6 +103,17 @@ class BranchingSearch(LLMSearch):
         return ideas
 
     # ---- seeds -------------------------------------------------------------------------
+
+    def _round0_seeds(self) -> list[Seed]:
+        """The seeds given (offline best, a solution set's correct files) and the fixer's
+        correct repairs of failing set files; the reference when there are none."""
+        seeds = list(self.first_seeds)
+        known = {s.candidate_id for s in seeds}
+        for row in self.store.candidates(self.task):
+            if (row.role == "fix" and row.round == -1 and row.verdict is not None
+                    and row.verdict.ok and row.id not in known):
+                seeds.append(Seed(row.id, row.source, row.verdict))
+        return seeds or [Seed(None, None, None)]
 
     def _seeds(self) -> list[Seed]:
         """Top k correct candidates, the best of each branch first; the reference fills up."""

@@ -48,6 +48,7 @@ class EvolveSearch(LLMSearch):
 
     def run(self) -> None:
         self.judge_pending()
+        self.fix_seeds()
         generation = 0
         while self.querier.ledger.has_room():
             self.on_event("round", round=generation, branches=self.cfg.parallel_evaluations)
@@ -80,10 +81,11 @@ class EvolveSearch(LLMSearch):
     def programs(self, before_generation: int) -> list[Program]:
         found = []
         for row in self.store.candidates(self.task):
-            if row.role not in ("evolve", "fix", "offline") or row.verdict is None:
+            if row.role not in ("evolve", "fix", "offline", "seed") or row.verdict is None:
                 continue
-            # offline candidates (--seed-offline) are there before the first generation
-            generation = -1 if row.role == "offline" else row.round
+            # offline candidates (--seed-offline) and a solution set's files (--seed-from)
+            # are there before the first generation: the start of PIKE-O's library
+            generation = -1 if row.role in ("offline", "seed") else row.round
             if generation >= before_generation:
                 continue
             ok = row.verdict.ok and bool(row.verdict.speedup)

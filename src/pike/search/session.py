@@ -82,14 +82,20 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
                 on_event: Callable[..., None]) -> OptimizeResult:
     """Run (or continue) the configured strategy on one task of the store."""
     device = resolve_device(cfg.eval.device)
-    first_seed = None
+    seeds: list[Seed] = []
     if recorded is None and (not cfg.llm.model or cfg.search.seed_offline):
         _offline(store, task, cfg, device, on_event)
         if not cfg.llm.model:
             return task_result(store, task.name, False)
         best = store.best(task.name)
         if best is not None:
-            first_seed = Seed(best.id, best.source, best.verdict)
+            seeds.append(Seed(best.id, best.source, best.verdict))
+    failing_seeds: list[int] = []
+    if cfg.search.seed_from is not None:
+        from_set, failing_seeds = _seed_from_set(store, task, cfg, on_event)
+        seeds += from_set
+        if not cfg.search.fix_seeds:
+            failing_seeds = []
     clients, pricing = _clients(cfg, replaying=recorded is not None)
     ctx = AgentContext(task_source=task.source, backend=cfg.search.backend,
                        device=describe_device(device), atol=cfg.eval.atol)
@@ -118,7 +124,8 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
         search = EvolveSearch(store, task.name, querier, ctx, cfg=cfg.search.evolve, **common)
     else:
         search = BranchingSearch(store, task.name, querier, ctx, cfg.search.branching,
-                                 first_seed=first_seed, **common)
+                                 first_seeds=seeds, **common)
+    search.fix_first = failing_seeds
     exhausted = False
     try:
         search.run()
@@ -133,6 +140,33 @@ def _offline(store: RunStore, task: Task, cfg: RunConfig, device: str,
                   judge=lambda source: evaluate(task, source, cfg.eval),
                   max_candidates=cfg.search.offline.max_candidates,
                   max_seconds=cfg.search.offline.max_seconds, on_event=on_event).run()
+
+
+def _seed_from_set(store: RunStore, task: Task, cfg: RunConfig,
+                   on_event: Callable[..., None]) -> tuple[list[Seed], list[int]]:
+    """Judge the set's file for this task once (role 'seed', its file name as the idea):
+    correct, it seeds round 0 (and PIKE-O's library); failing, it may go to the fixer."""
+    from pike.audit import match_solutions
+
+    assert cfg.search.seed_from is not None
+    path = match_solutions(cfg.search.seed_from, [task]).get(task.name)
+    if path is None:
+        return [], []
+    idea = f"seed: {path}"
+    row = next((r for r in store.candidates(task.name) if r.role == "seed" and r.idea == idea),
+               None)
+    if row is None:
+        cid = store.add_candidate(task.name, path.read_text(), parent_id=None, role="seed",
+                                  round=-1, branch=0, idea=idea)
+        row = store.candidate(cid)
+    if row.verdict is None:
+        store.set_verdict(row.id, evaluate(task, row.source, cfg.eval))
+        row = store.candidate(row.id)
+        on_event("verdict", candidate=row.id, verdict=row.verdict)
+    assert row.verdict is not None
+    if row.verdict.ok:
+        return [Seed(row.id, row.source, row.verdict)], []
+    return [], [row.id]
 
 
 def _clients(cfg: RunConfig, replaying: bool) -> tuple[dict[str, Any], Pricing]:

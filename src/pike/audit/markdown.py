@@ -1,0 +1,129 @@
+"""An audit result as a markdown page: the aggregates first, every failure spelled out."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from pike.audit.result import AuditResult, TaskAudit
+
+_MESSAGE_LINES = 12
+
+
+def to_markdown(result: AuditResult) -> str:
+    lines = [f"# pike audit of {result.solutions}", "",
+             f"Tasks from `{result.tasks_dir}`, files matched by {result.matched_by}; "
+             f"run store `{result.run_dir}`.", "",
+             f"Measured on {_device(result)}, torch {result.torch_version or '?'}, "
+             f"host {result.host or '?'}, {result.date}. Protocol: {result.protocol}.", ""]
+    lines += _summary(result)
+    lines += _table(result)
+    lines += _failures(result.tasks)
+    if result.warnings:
+        lines += ["## Warnings", "", *(f"- {_inline(w)}" for w in result.warnings), ""]
+    return "\n".join(lines)
+
+
+def _device(result: AuditResult) -> str:
+    if result.device_name and result.device_name != result.device:
+        return f"{result.device} ({result.device_name})"
+    return result.device or "?"
+
+
+def _summary(result: AuditResult) -> list[str]:
+    agg = result.aggregates
+    failed = Counter(t.status for t in result.tasks
+                     if t.status not in ("ok", "missing", "error"))
+    failed_text = ", ".join(f"{n} {s}" for s, n in failed.most_common())
+    lines = ["## Summary", "",
+             f"- **Geomean speedup over eager, all {agg.tasks} tasks: {_x(agg.geomean_all)}** "
+             "(a failing or missing file counts 1.0×)",
+             f"- Geomean over the {_count(agg.correct, 'correct file')} only: "
+             f"{_x(agg.geomean_correct)}" if agg.correct else
+             "- No correct file: there is no geomean over correct files"]
+    for mode in agg.modes:
+        lines.append(f"- Geomean over torch.compile {_mode(mode.mode)}: {_x(mode.geomean)} "
+                     f"({mode.tasks} tasks; no correct file counts 1.0×)")
+    if agg.claimed_geomean is not None:
+        lines.append(f"- Claimed geomean: {_x(agg.claimed_geomean)} ({_inline(agg.claimed_source or '')}); "
+                     f"the measured all-task geomean is {agg.geomean_all / agg.claimed_geomean:.2f}× "
+                     "the claim")
+    lines.append(f"- {agg.correct} correct, {agg.failed} failed"
+                 + (f" ({failed_text})" if failed_text else "")
+                 + f", {agg.missing} missing, {agg.errors} with a failing reference")
+    seed = [t.task for t in result.tasks if t.seed_dependent]
+    if seed:
+        lines.append(f"- Seed-dependent (pass some trials, fail others): {', '.join(seed)}")
+    return [*lines, ""]
+
+
+def _table(result: AuditResult) -> list[str]:
+    modes = [m.mode for m in result.aggregates.modes]
+    claimed = any(t.claimed_speedup is not None for t in result.tasks)
+    head = ["task", "file", "verdict", "trials passed", "max abs / rel error", "vs eager",
+            *(f"vs compile {_mode(m)}" for m in modes), "precision detected"]
+    head += ["claimed"] if claimed else []
+    lines = ["## Tasks", "", _row(head), _row(["---"] * len(head))]
+    for t in result.tasks:
+        cells = [t.task + (" (task changed)" if t.task_changed else ""), t.file or "—",
+                 _verdict(t), f"{t.trials_passed}/{t.trials}" if t.trials else "—",
+                 _errors(t), _x(t.speedup), *(_x(t.compile_speedups.get(m)) for m in modes),
+                 ", ".join(t.precision) or "none"]
+        cells += [_x(t.claimed_speedup)] if claimed else []
+        lines.append(_row(cells))
+    return [*lines, ""]
+
+
+def _failures(tasks: list[TaskAudit]) -> list[str]:
+    failing = [t for t in tasks if not t.ok]
+    if not failing:
+        return []
+    lines = ["## Failures", ""]
+    for t in failing:
+        where = f" in {t.phase}" if t.phase else ""
+        lines += [f"### {t.task}: {_verdict(t)}{where}", ""]
+        if t.file:
+            lines += [f"File `{t.file}`, {t.trials_passed}/{t.trials} trials passed.", ""]
+        message = "\n".join(t.message.strip().splitlines()[:_MESSAGE_LINES])
+        if message:
+            lines += ["````text", message, "````", ""]
+        for e in t.trial_errors:
+            lines.append(f"- {e.label}: max abs error {_num(e.max_abs_error)}, max rel error "
+                         f"{_num(e.max_rel_error)}: {_inline(e.problem)}")
+        lines += [""] if t.trial_errors else []
+    return lines
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _verdict(t: TaskAudit) -> str:
+    if t.seed_dependent:
+        return f"{t.status} (seed-dependent: {t.trials_passed}/{t.trials} trials passed)"
+    return t.status
+
+
+def _errors(t: TaskAudit) -> str:
+    if t.max_abs_error is None and t.max_rel_error is None:
+        return "—"
+    return f"{_num(t.max_abs_error)} / {_num(t.max_rel_error)}"
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(_inline(c) for c in cells) + " |"
+
+
+def _inline(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _mode(mode: str) -> str:
+    return mode.removeprefix("compile:")
+
+
+def _x(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3g}×"
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3g}"

@@ -1,0 +1,161 @@
+"""What an audit returns: a TaskAudit per task and aggregates that never hide a failure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from pike.evaluate.baseline import Baseline
+from pike.evaluate.verdict import Status, Verdict
+from pike.report.data import geomean
+from pike.solution_set import compile_speedups
+
+# a Verdict's status, or: no file for the task (missing), the task's reference failed (error)
+AuditStatus = Status | Literal["missing", "error"]
+
+
+class TrialError(BaseModel):
+    """The worst error of one failing trial, over its output leaves."""
+
+    trial: int
+    label: str = Field(description="'trial N', 'shifted inputs' or 'after timing'")
+    problem: str
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+
+
+class TaskAudit(BaseModel):
+    task: str
+    task_id: int | None = None
+    file: str | None = Field(None, description="the solution file, relative to SOLUTIONS")
+    status: AuditStatus
+    phase: str | None = Field(None, description="where it failed (the failing check)")
+    message: str = ""
+    trials_passed: int = 0
+    trials: int = 0
+    seed_dependent: bool = Field(
+        False, description="incorrect, yet some trials (other seeds) passed")
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    trial_errors: list[TrialError] = Field(default_factory=list)
+    speedup: float | None = Field(None, description="over eager; correct files only")
+    compile_speedups: dict[str, float] = Field(
+        default_factory=dict, description="mode -> speedup over that torch.compile mode")
+    precision: list[str] = Field(default_factory=list, description="see audit/precision.py")
+    claimed_speedup: float | None = Field(None, description="what the set's manifest says")
+    task_changed: bool = Field(False, description="the task file differs from the manifest's")
+    candidate_id: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def counted_speedup(self) -> float:
+        """What the task adds to the all-task geomean: 1.0x unless correct and timed."""
+        return self.speedup if self.ok and self.speedup else 1.0
+
+
+class ModeGeomean(BaseModel):
+    mode: str
+    geomean: float = Field(description="over the tasks where the mode ran; no correct file "
+                           "counts 1.0x (the user keeps torch.compile)")
+    tasks: int
+
+
+class Aggregates(BaseModel):
+    tasks: int
+    correct: int = Field(description="files judged correct")
+    failed: int = Field(description="files judged not correct")
+    missing: int
+    errors: int = Field(description="tasks whose reference failed")
+    geomean_all: float = Field(description="over ALL tasks, failing and missing count 1.0x")
+    geomean_correct: float | None = Field(None, description="over correct (timed) files only")
+    modes: list[ModeGeomean] = Field(default_factory=list)
+    claimed_geomean: float | None = None
+    claimed_source: str | None = None
+
+
+class AuditResult(BaseModel):
+    solutions: str
+    tasks_dir: str
+    run_dir: str
+    matched_by: str
+    date: str
+    device: str = ""
+    device_name: str = ""
+    torch_version: str = ""
+    host: str = ""
+    protocol: str = Field("", description="the correctness protocol the files were judged by")
+    tasks: list[TaskAudit]
+    aggregates: Aggregates
+    warnings: list[str] = Field(default_factory=list)
+
+
+def task_audit(base: TaskAudit, verdict: Verdict, baseline: Baseline | None) -> TaskAudit:
+    """Fill a task's audit from its file's verdict."""
+    speedup = verdict.speedup if verdict.ok else None
+    return base.model_copy(update={
+        "status": verdict.status, "phase": verdict.phase, "message": verdict.message,
+        "trials_passed": verdict.trials_passed, "trials": verdict.trials,
+        "seed_dependent": not verdict.ok and 0 < verdict.trials_passed < verdict.trials,
+        "max_abs_error": verdict.max_abs_error, "max_rel_error": verdict.max_rel_error,
+        "trial_errors": trial_errors(verdict), "speedup": speedup,
+        "compile_speedups": compile_speedups(speedup, baseline)})
+
+
+def trial_errors(verdict: Verdict) -> list[TrialError]:
+    """The verdict's mismatches grouped by trial, each trial's worst errors."""
+    by_trial: dict[int, list] = {}
+    for m in verdict.mismatches:
+        by_trial.setdefault(m.trial, []).append(m)
+    found = []
+    for trial, leaves in sorted(by_trial.items()):
+        abs_errors = [m.max_abs_error for m in leaves if m.max_abs_error is not None]
+        rel_errors = [m.max_rel_error for m in leaves if m.max_rel_error is not None]
+        found.append(TrialError(
+            trial=trial, label=_trial_label(trial, verdict.trials), problem=leaves[0].problem,
+            max_abs_error=max(abs_errors) if abs_errors else None,
+            max_rel_error=max(rel_errors) if rel_errors else None))
+    return found
+
+
+def _trial_label(trial: int, trials: int) -> str:
+    if trials and trial == trials:
+        return "shifted inputs (x * 3 + 0.5)"
+    if trials and trial == trials + 1:
+        return "after timing (new values in the same tensors)"
+    return f"trial {trial}"
+
+
+def aggregate(tasks: list[TaskAudit], baselines: dict[str, Baseline],
+              claim: tuple[float, str] | None) -> Aggregates:
+    timed = [t.speedup for t in tasks if t.ok and t.speedup]
+    return Aggregates(
+        tasks=len(tasks), correct=sum(1 for t in tasks if t.ok),
+        failed=sum(1 for t in tasks if t.status not in ("ok", "missing", "error")),
+        missing=sum(1 for t in tasks if t.status == "missing"),
+        errors=sum(1 for t in tasks if t.status == "error"),
+        geomean_all=geomean([t.counted_speedup() for t in tasks]),
+        geomean_correct=geomean(timed) if timed else None,
+        modes=_mode_geomeans(tasks, baselines),
+        claimed_geomean=claim[0] if claim else None, claimed_source=claim[1] if claim else None)
+
+
+def _mode_geomeans(tasks: list[TaskAudit], baselines: dict[str, Baseline]) -> list[ModeGeomean]:
+    modes: dict[str, list[float]] = {}
+    for task in tasks:
+        baseline = baselines.get(task.task)
+        for m in baseline.modes if baseline else []:
+            if m.mode != "eager" and m.speedup_vs_eager and not m.error:
+                modes.setdefault(m.mode, []).append(task.compile_speedups.get(m.mode, 1.0))
+    return [ModeGeomean(mode=mode, geomean=geomean(values), tasks=len(values))
+            for mode, values in modes.items()]
+
+
+def relative(path: Path, folder: Path) -> str:
+    try:
+        return path.resolve().relative_to(folder.resolve()).as_posix()
+    except ValueError:
+        return str(path)

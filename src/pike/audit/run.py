@@ -1,0 +1,181 @@
+"""`audit()`: re-judge a folder of solutions against a folder of tasks, from scratch.
+
+Every file goes through `evaluate` with the full guards, whatever the config says; every
+task's baselines (eager and each torch.compile mode of `search.baseline_modes`) are
+measured once. All of it lands in a run store at `out` like any pike run: candidates with
+role "audit" and the file name as idea, task states "baseline", "missing", "error" and
+"done", so `pike report` and `pike show` read it. `audit.json` (the AuditResult) and
+`audit.md` (to_markdown) are written beside the store.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pike.audit.markdown import to_markdown
+from pike.audit.matching import Matching, match
+from pike.audit.precision import detect_precision
+from pike.audit.result import AuditResult, TaskAudit, aggregate, relative, task_audit
+from pike.config import RunConfig
+from pike.errors import TaskError
+from pike.evaluate import Baseline, evaluate, measure_baselines
+from pike.store import RunStore
+from pike.task import Task, load_tasks
+
+log = logging.getLogger(__name__)
+
+ROLE = "audit"
+RESULT_JSON = "audit.json"
+RESULT_MARKDOWN = "audit.md"
+
+
+def _no_event(kind: str, **data: Any) -> None:
+    pass
+
+
+def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out: Path,
+          ids: list[int] | None = None, command: str = "", allow_changed_tasks: bool = False,
+          on_event: Callable[..., None] = _no_event) -> AuditResult:
+    """Judge each solution file of `solutions` against its task in the folder `tasks`.
+
+    Refuses (TaskError) when a solution set's manifest recorded another version of a task
+    file, unless allow_changed_tasks, which audits anyway and marks those tasks.
+    on_event(kind, task=..., **data) is called with "task_phase" (phase "baseline" or
+    "evaluate") and "task_done" (audit=TaskAudit).
+    """
+    solutions, tasks_dir = Path(solutions), Path(tasks)
+    cfg, warnings = _audit_config(config or RunConfig())
+    task_list = load_tasks(tasks_dir, ids)
+    matching = match(solutions, task_list)
+    warnings += matching.notes
+    changed = _changed_tasks(matching, task_list)
+    if changed and not allow_changed_tasks:
+        raise TaskError(f"{', '.join(changed)}: the task file differs from the one the solution "
+                        "set was judged on (sha256 in its manifest); audit with the set's task "
+                        "files, or allow changed tasks to audit anyway")
+    warnings += [f"{name}: the task file differs from the one in the set's manifest"
+                 for name in changed]
+    if matching.solution_set is not None:
+        warnings += [f"{name}: changed since the set's manifest was written; its claimed "
+                     "numbers are for another file"
+                     for name in matching.solution_set.modified_files(solutions)]
+    if ids is None:
+        warnings += [f"{name}: matches no task; not audited"
+                     for name in matching.unmatched(solutions)]
+    store = RunStore.create(out, cfg.model_dump(mode="json"), command)
+    baselines: dict[str, Baseline] = {}
+    audits: list[TaskAudit] = []
+    try:
+        for task in task_list:
+            store.add_task(task.name, str(task.path), task.sha256, task.source)
+        for index, task in enumerate(task_list):
+            event = _task_events(on_event, task.name)
+            base = _base(task, matching, solutions, changed)
+            done = _audit_task(store, task, matching.files[task.name], base, index, cfg,
+                               baselines, event)
+            audits.append(done)
+            store.set_state(task.name, "done", True)  # as `pike bench` marks it (pike show)
+            event("task_done", audit=done)
+        run_dir = store.path.parent
+    finally:
+        store.close()
+    result = _result(solutions, tasks_dir, run_dir, matching, audits, baselines, cfg, warnings)
+    (run_dir / RESULT_JSON).write_text(result.model_dump_json(indent=2) + "\n")
+    (run_dir / RESULT_MARKDOWN).write_text(to_markdown(result))
+    return result
+
+
+def _task_events(on_event: Callable[..., None], task: str) -> Callable[..., None]:
+    def event(kind: str, **data: Any) -> None:
+        on_event(kind, task=task, **data)
+
+    return event
+
+
+def _audit_config(config: RunConfig) -> tuple[RunConfig, list[str]]:
+    """The guards are part of the audit: a config that turns them off is overridden."""
+    if config.eval.guards:
+        return config, []
+    fixed = config.model_copy(update={"eval": config.eval.model_copy(update={"guards": True})})
+    return fixed, ["eval.guards was off in the config; an audit always runs the guards"]
+
+
+def _changed_tasks(matching: Matching, tasks: list[Task]) -> list[str]:
+    if matching.solution_set is None:
+        return []
+    changed = []
+    for task in tasks:
+        entry = matching.solution_set.entry(task.name)
+        if entry is not None and entry.task_sha256 != task.sha256:
+            changed.append(task.name)
+    return changed
+
+
+def _base(task: Task, matching: Matching, solutions: Path, changed: list[str]) -> TaskAudit:
+    file = matching.files[task.name]
+    entry = matching.solution_set.entry(task.name) if matching.solution_set else None
+    return TaskAudit(task=task.name, task_id=task.id, status="missing",
+                     file=relative(file, solutions) if file is not None else None,
+                     claimed_speedup=entry.speedup_vs_eager if entry else None,
+                     task_changed=task.name in changed)
+
+
+def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit, index: int,
+                cfg: RunConfig, baselines: dict[str, Baseline],
+                event: Callable[..., None]) -> TaskAudit:
+    try:
+        event("task_phase", phase="baseline")
+        baseline = measure_baselines(task, cfg, cfg.search.baseline_modes)
+        baselines[task.name] = baseline
+        store.set_state(task.name, "baseline", baseline.model_dump(mode="json"))
+        if file is None:
+            store.set_state(task.name, "missing", True)
+            return base.model_copy(update={"message": "no solution file"})
+        try:
+            source = file.read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            store.set_state(task.name, "missing", True)
+            return base.model_copy(update={"message": f"cannot read {file.name}: {err}"})
+        candidate_id = store.add_candidate(task.name, source, parent_id=None, role=ROLE,
+                                           round=0, branch=index, idea=file.name)
+        event("task_phase", phase="evaluate")
+        verdict = evaluate(task, source, cfg)
+    except TaskError as err:  # the reference itself fails: nothing to judge against
+        log.warning("%s: %s", task.name, err)
+        store.set_state(task.name, "error", str(err))
+        return base.model_copy(update={"status": "error", "message": str(err)})
+    store.set_verdict(candidate_id, verdict)
+    done = task_audit(base, verdict, baseline)
+    done.candidate_id = candidate_id
+    done.precision = detect_precision(source, task.source, verdict)
+    return done
+
+
+def _result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matching,
+            audits: list[TaskAudit], baselines: dict[str, Baseline], cfg: RunConfig,
+            warnings: list[str]) -> AuditResult:
+    env = _environment(list(baselines.values()))
+    claim = (matching.claim.geomean, matching.claim.source) if matching.claim else None
+    ev = cfg.eval
+    protocol = (f"{ev.trials} trials with fresh seeded inputs, plus shifted-input and "
+                f"after-timing trials; atol {ev.atol}, rtol {ev.rtol}; guards on")
+    return AuditResult(
+        solutions=str(solutions), tasks_dir=str(tasks_dir), run_dir=str(run_dir),
+        matched_by=matching.how,
+        date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **env,
+        protocol=protocol, tasks=audits, aggregates=aggregate(audits, baselines, claim),
+        warnings=warnings)
+
+
+def _environment(baselines: list[Baseline]) -> dict[str, str]:
+    """Where the audit measured: the most common value of each field over the baselines."""
+    def common(attr: str) -> str:
+        values = Counter(getattr(b, attr) for b in baselines if getattr(b, attr))
+        return values.most_common(1)[0][0] if values else ""
+
+    return {k: common(k) for k in ("device", "device_name", "torch_version", "host")}

@@ -1,0 +1,309 @@
+"""`audit()`: every solution file re-judged with the full guards, per-task verdicts that say
+why a file failed, and aggregates where a failing or missing file counts 1.0x.
+
+One real audit (module fixture, CPU, about 25 s) of tests/audit_set/mixed: a correct file
+(task_1.py), a wrong one (2_*.py), a seed-dependent one (3_*.py, replays its first answer),
+a crashing one (task_10.py, os._exit), a task with no file (4_Negate) and a stray file.
+The rest runs with the evaluator replaced, to check arithmetic and wiring quickly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pike.audit import AuditResult, audit, detect_precision, match_solutions, to_markdown
+from pike.audit import run as audit_run
+from pike.audit.matching import match
+from pike.config import RunConfig
+from pike.errors import ConfigError, TaskError
+from pike.evaluate import Baseline, ModeTiming, TimingStats, Verdict
+from pike.report.data import load_run
+from pike.store import RunStore
+from pike.task import Task, load_tasks
+
+AUDIT_SET = Path(__file__).resolve().parent / "audit_set"
+TASKS = AUDIT_SET / "tasks"
+MIXED = AUDIT_SET / "mixed"
+
+
+def audit_config(build_cache: Path, modes: list[str] | None = None) -> RunConfig:
+    """The fast CPU protocol of tests/conftest.py's run_config."""
+    return RunConfig.model_validate({
+        "eval": {"device": "cpu", "trials": 2, "build_cache": str(build_cache),
+                 "timing": {"warmup_calls": 1, "warmup_seconds": 0.0, "min_calls": 5,
+                            "min_seconds": 0.02, "rounds": 2},
+                 "limits": {"load_seconds": 120, "check_seconds": 30, "timing_seconds": 60,
+                            "memory_gib": 2}},
+        "search": {"baseline_modes": modes or ["eager"]},
+    })
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory,
+          build_cache: Path) -> tuple[AuditResult, Path, list[tuple[str, str, str]]]:
+    out = tmp_path_factory.mktemp("audit") / "run"
+    events: list[tuple[str, str, str]] = []
+    result = audit(MIXED, TASKS, audit_config(build_cache), out=out, command="pike audit",
+                   on_event=lambda kind, **d: events.append((kind, d["task"], d.get("phase", ""))))
+    return result, out, events
+
+
+def by_task(result: AuditResult) -> dict[str, Any]:
+    return {t.task: t for t in result.tasks}
+
+
+# -- the real audit -----------------------------------------------------------------------
+
+
+def test_each_file_gets_its_verdict_and_failing_check(mixed: Any) -> None:
+    result, _, _ = mixed
+    t = by_task(result)
+    assert list(t) == ["1_Scale", "2_Softplus", "3_RowSum", "4_Negate", "10_Square"]
+    assert [t[n].file for n in t] == ["task_1.py", "2_softplus_relu.py", "3_rowsum_cached.py",
+                                      None, "task_10.py"]
+    ok = t["1_Scale"]
+    assert ok.status == "ok" and (ok.trials_passed, ok.trials) == (2, 2)
+    assert ok.speedup > 1.5  # one multiply against twenty
+    assert ok.precision == ["tf32"]  # it sets allow_tf32
+    wrong = t["2_Softplus"]
+    assert (wrong.status, wrong.phase, wrong.trials_passed) == ("incorrect", "check", 0)
+    assert not wrong.seed_dependent
+    assert [e.label for e in wrong.trial_errors][:2] == ["trial 0", "trial 1"]
+    assert all(e.max_abs_error > 0.5 and e.max_rel_error for e in wrong.trial_errors)
+    assert wrong.speedup is None and wrong.precision == []
+    seed = t["3_RowSum"]
+    assert (seed.status, seed.trials_passed, seed.trials) == ("incorrect", 1, 2)
+    assert seed.seed_dependent
+    assert [e.trial for e in seed.trial_errors][0] == 1  # trial 0 passed
+    assert t["4_Negate"].status == "missing"
+    crash = t["10_Square"]
+    assert (crash.status, crash.phase) == ("crashed", "check")
+    assert "exited with status 3" in crash.message
+
+
+def test_aggregates_count_every_failure_as_one(mixed: Any) -> None:
+    result, _, _ = mixed
+    agg = result.aggregates
+    s = by_task(result)["1_Scale"].speedup
+    assert (agg.tasks, agg.correct, agg.failed, agg.missing, agg.errors) == (5, 1, 3, 1, 0)
+    assert agg.geomean_all == pytest.approx(s ** (1 / 5))  # four tasks at 1.0x
+    assert agg.geomean_correct == pytest.approx(s)
+    assert agg.claimed_geomean == 2.5 and "claimed.json" in agg.claimed_source
+    assert agg.modes == []  # eager only in this config
+    assert any("99_stray.py" in w for w in result.warnings)
+
+
+def test_everything_is_in_the_run_store(mixed: Any) -> None:
+    result, out, events = mixed
+    with RunStore.open(out) as store:
+        assert store.command() == "pike audit"
+        assert [row["name"] for row in store.tasks()] == [t.task for t in result.tasks]
+        rows = store.candidates()
+        assert [(r.task, r.role, r.idea) for r in rows] == [
+            ("1_Scale", "audit", "task_1.py"), ("2_Softplus", "audit", "2_softplus_relu.py"),
+            ("3_RowSum", "audit", "3_rowsum_cached.py"), ("10_Square", "audit", "task_10.py")]
+        assert [r.verdict.status for r in rows] == ["ok", "incorrect", "incorrect", "crashed"]
+        assert rows[0].source == (MIXED / "task_1.py").read_text()
+        for task in result.tasks:
+            baseline = Baseline.model_validate(store.get_state(task.task, "baseline"))
+            assert [m.mode for m in baseline.modes] == ["eager"]
+        assert store.get_state("4_Negate", "missing") is True
+        assert store.get_state("1_Scale", "missing") is None
+        assert all(store.get_state(t.task, "done") for t in result.tasks)
+    assert ("task_phase", "4_Negate", "baseline") in events
+    assert ("task_phase", "4_Negate", "evaluate") not in events
+    assert [e[1] for e in events if e[0] == "task_done"] == [t.task for t in result.tasks]
+    # the JSON beside the store is the result; the report sees the failures as 1.0x
+    assert AuditResult.model_validate_json((out / "audit.json").read_text()) == result
+    run = load_run(out)
+    assert [t.name for t in run.tasks if t.best() is None] == [
+        "2_Softplus", "3_RowSum", "4_Negate", "10_Square"]
+    assert all(t.baseline is not None for t in run.tasks)
+
+
+def test_markdown_leads_with_the_all_task_geomean_and_spells_out_failures(mixed: Any) -> None:
+    result, out, _ = mixed
+    page = to_markdown(result)
+    assert (out / "audit.md").read_text() == page
+    s = by_task(result)["1_Scale"].speedup
+    assert f"all 5 tasks: {s ** 0.2:.3g}×**" in page
+    assert f"1 correct file only: {s:.3g}×" in page
+    assert "Claimed geomean: 2.5×" in page
+    assert "incorrect (seed-dependent: 1/2 trials passed)" in page
+    assert "exited with status 3" in page
+    assert "1 correct, 3 failed (2 incorrect, 1 crashed), 1 missing" in page
+    assert "| 4_Negate | — | missing |" in page
+    assert "99_stray.py: matches no task" in page
+
+
+# -- matching files to tasks -----------------------------------------------------------------
+
+
+def _files(folder: Path, *names: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_text("# a solution\n")
+    return folder
+
+
+def _names(found: dict[str, Path | None]) -> dict[str, str | None]:
+    return {task: path.name if path else None for task, path in found.items()}
+
+
+def test_matching_by_file_names(tmp_path: Path) -> None:
+    tasks = load_tasks(TASKS)
+    folder = _files(tmp_path, "task_10.py", "1_my_scale.py", "2_Softplus.py", "task_2.py",
+                    "_helpers.py", "30_other.py")
+    assert _names(match_solutions(folder, tasks)) == {
+        "1_Scale": "1_my_scale.py",        # KernelBench style: id prefix, any name
+        "2_Softplus": "2_Softplus.py",     # the exact task name wins over task_2.py
+        "3_RowSum": None, "4_Negate": None,
+        "10_Square": "task_10.py",         # 1_*.py does not take task 10's file
+    }
+    _files(tmp_path, "10_square_v2.py")
+    with pytest.raises(ConfigError, match="2 files fit task 10_Square"):
+        match_solutions(folder, tasks)
+
+
+def test_matching_by_mapping_file(tmp_path: Path) -> None:
+    tasks = load_tasks(TASKS)
+    folder = _files(tmp_path, "fast.py", "neg.py", "task_3.py")
+    (folder / "mapping.yaml").write_text(yaml.safe_dump(
+        {"1_Scale": "fast.py", 4: "neg.py", "10": "gone.py", "77": "fast.py"}))
+    assert _names(match_solutions(folder, tasks)) == {
+        "1_Scale": "fast.py", "2_Softplus": None,
+        "3_RowSum": None,  # a mapping is the whole truth: task_3.py is not guessed
+        "4_Negate": "neg.py", "10_Square": None}
+    found = match(folder, tasks)
+    assert found.how == "mapping.yaml"
+    assert any("gone.py does not exist" in n for n in found.notes)
+    assert any("77 names none" in n for n in found.notes)
+    (folder / "mapping.yaml").write_text("- fast.py\n")
+    with pytest.raises(ConfigError, match="must map task names or ids"):
+        match_solutions(folder, tasks)
+
+
+# -- precision -----------------------------------------------------------------------------
+
+
+def test_precision_detected_from_source_and_flags() -> None:
+    assert detect_precision("y = x.half()\nz = y.to(torch.bfloat16)\n") == ["fp16", "bf16"]
+    assert detect_precision("with torch.autocast('cuda'):\n    y = f(x)\n") == ["autocast"]
+    assert detect_precision("torch.set_float32_matmul_precision('high')\n") == ["tf32"]
+    assert detect_precision('src = "__global__ void k(__half* x) {}"\n') == ["fp16"]
+    assert detect_precision("y = x * 2  # TODO try .half() or bfloat16\n") == []
+    # the task's own dtype is the contract, not a lowered precision
+    assert detect_precision("x.to(torch.float16)", reference="x = torch.float16") == []
+    flags = Verdict(status="ok", flags_changed={"cudnn.allow_tf32": "False -> True"})
+    assert detect_precision("y = x", verdict=flags) == ["tf32"]
+
+
+# -- wiring, with the evaluator replaced ------------------------------------------------------
+
+
+def fake_baseline(task: Task, compile_speedup: float | None) -> Baseline:
+    stats = TimingStats.from_samples([1.0])
+    modes = [ModeTiming(mode="eager", stats=stats, speedup_vs_eager=1.0)]
+    if compile_speedup is None:
+        modes.append(ModeTiming(mode="compile:default", error="compile failed"))
+    else:
+        modes.append(ModeTiming(mode="compile:default", stats=stats,
+                                speedup_vs_eager=compile_speedup))
+    return Baseline(task=task.name, task_path=str(task.path), task_sha256=task.sha256,
+                    device="cpu", device_name="fake", torch_version="0", host="h", date="d",
+                    modes=modes)
+
+
+def fake_ok(speedup: float) -> Verdict:
+    return Verdict(status="ok", trials_passed=2, trials=2, speedup=speedup, device="cpu",
+                   runtime=TimingStats.from_samples([1.0 / speedup]),
+                   reference=TimingStats.from_samples([1.0]))
+
+
+class FakeJudge:
+    """Stands in for measure_baselines and evaluate; records what the audit asked."""
+
+    def __init__(self, compile_speedups: dict[str, float | None], verdicts: dict[str, Verdict],
+                 broken: tuple[str, ...] = ()) -> None:
+        self.compile_speedups, self.verdicts, self.broken = compile_speedups, verdicts, broken
+        self.modes: list[list[str]] = []
+        self.configs: list[RunConfig] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeJudge:
+        monkeypatch.setattr(audit_run, "measure_baselines", self.measure)
+        monkeypatch.setattr(audit_run, "evaluate", self.evaluate)
+        return self
+
+    def measure(self, task: Task, cfg: RunConfig, modes: list[str]) -> Baseline:
+        self.modes.append(modes)
+        if task.name in self.broken:
+            raise TaskError(f"{task.path}: reference failed in phase 'check': boom")
+        return fake_baseline(task, self.compile_speedups.get(task.name))
+
+    def evaluate(self, task: Task, source: str, cfg: RunConfig) -> Verdict:
+        self.configs.append(cfg)
+        return self.verdicts[task.name]
+
+
+def test_compile_speedups_guards_and_reference_errors(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    judge = FakeJudge({"1_Scale": 2.0, "2_Softplus": 4.0, "3_RowSum": None},
+                      {"1_Scale": fake_ok(3.0),
+                       "2_Softplus": Verdict(status="incorrect", trials=2, phase="check"),
+                       "3_RowSum": fake_ok(0.5)},
+                      broken=("10_Square",)).install(monkeypatch)
+    folder = _files(tmp_path / "set", "task_1.py", "task_2.py", "task_3.py", "task_10.py")
+    cfg = audit_config(build_cache, ["eager", "compile:default"])
+    cfg.eval.guards = False
+    result = audit(folder, TASKS, cfg, out=tmp_path / "run", ids=[1, 2, 3, 10])
+    assert judge.modes == [["eager", "compile:default"]] * 4
+    assert all(c.eval.guards for c in judge.configs)  # an audit never runs without guards
+    assert any("guards" in w for w in result.warnings)
+    t = by_task(result)
+    assert t["1_Scale"].compile_speedups == {"compile:default": pytest.approx(1.5)}
+    assert t["2_Softplus"].compile_speedups == {}
+    assert t["3_RowSum"].compile_speedups == {}  # the mode failed: no ratio to take
+    assert (t["10_Square"].status, "boom" in t["10_Square"].message) == ("error", True)
+    agg = result.aggregates
+    assert (agg.correct, agg.failed, agg.errors) == (2, 1, 1)
+    assert agg.geomean_all == pytest.approx((3.0 * 1.0 * 0.5 * 1.0) ** 0.25)
+    assert agg.geomean_correct == pytest.approx(math.sqrt(3.0 * 0.5))
+    # over compile: the tasks where the mode ran, the incorrect one at 1.0x
+    [mode] = agg.modes
+    assert (mode.mode, mode.tasks) == ("compile:default", 2)
+    assert mode.geomean == pytest.approx(math.sqrt(1.5))
+    with RunStore.open(tmp_path / "run") as store:
+        assert "boom" in store.get_state("10_Square", "error")
+    summary = json.loads((tmp_path / "run" / "audit.json").read_text())["aggregates"]
+    assert summary["errors"] == 1
+
+
+def test_cli_audits_exports_a_set_and_reports(mixed: Any, tmp_path: Path,
+                                              build_cache: Path) -> None:
+    from tests.test_optimize import pike
+
+    _, out, _ = mixed
+    config = tmp_path / "audit.yaml"
+    config.write_text(yaml.safe_dump(audit_config(build_cache).model_dump(mode="json")))
+    exported = tmp_path / "set"
+    result = pike("export", out, "--set", exported)
+    assert result.exit_code == 0, result.output
+    assert (exported / "manifest.json").exists() and (exported / "1_Scale.py").exists()
+    again = tmp_path / "again"
+    result = pike("audit", exported, TASKS, "--tasks", "1", "--json", "--config", config,
+                  "--out", again)
+    assert result.exit_code == 0, result.output
+    audited = json.loads(result.output[result.output.index("{"):])
+    assert [t["status"] for t in audited["tasks"]] == ["ok"]
+    assert audited["aggregates"]["claimed_geomean"] is not None  # the set carries its figure
+    report = tmp_path / "report"
+    assert pike("report", out, again, "--out", report).exit_code == 0
+    assert load_run(out).strategy == "audit"
+    assert "audit" in (report / "index.html").read_text()
+    assert pike("export", out, "1_Scale", "--set", exported).exit_code == 2

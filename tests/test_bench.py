@@ -1,0 +1,151 @@
+"""`pike bench`, `show`, `export` and `report` end to end: three example tasks, the fake LLM
+server, a kill mid-campaign, a resume, and the report opened in a headless browser."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pike.errors import StoreError
+from pike.store import RunStore
+from tests.conftest import CANDIDATES, EXAMPLES
+from tests.fake_openai import FakeOpenAI, Reply
+from tests.test_optimize import GOOD, WRONG, fenced, pike, prompt_of, spec
+from tests.test_report import images_loaded_in_browser
+
+TASKS = EXAMPLES / "tasks"
+NAMES = ["1_GeluMLP", "2_ConvBlock", "3_CausalAttention"]
+SDPA = (EXAMPLES / "candidates" / "3_CausalAttention_sdpa.py").read_text()
+CONV_AS_IS = (TASKS / "2_ConvBlock.py").read_text() + "\n\nclass ModelNew(Model):\n    pass\n"
+
+
+class PerTask:
+    """A correct reply for whichever task the prompt shows; every third optimizer reply is
+    wrong, so the error fixer has work."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s, self.calls = delay_s, 0
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        prompt = prompt_of(body)
+        if "optimization ideas" in prompt:
+            return Reply(content="1. Fuse elementwise ops.\n2. Use a fused kernel.\n",
+                         delay_s=self.delay_s)
+        self.calls += 1
+        if "failed the evaluator" not in prompt and self.calls % 3 == 0:
+            return Reply(content=fenced(WRONG), delay_s=self.delay_s)
+        if "NewGELU" in prompt:
+            source = GOOD
+        elif "softmax" in prompt:
+            source = SDPA
+        else:
+            source = CONV_AS_IS
+        return Reply(content=fenced(source), delay_s=self.delay_s)
+
+
+def bench_config(run_config: Path) -> Path:
+    cfg = yaml.safe_load(run_config.read_text())
+    cfg["search"]["baseline_modes"] = ["eager", "compile:default"]
+    run_config.write_text(yaml.safe_dump(cfg))
+    return run_config
+
+
+def _judged(out: Path) -> dict[int, Any]:
+    try:
+        with RunStore.open(out) as store:
+            return {r.id: r.verdict for r in store.candidates() if r.verdict}
+    except StoreError:  # the campaign is still writing the new store's schema
+        return {}
+
+
+def test_bench_survives_a_kill_and_reports_every_figure(
+        fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "160")
+    fake_llm.handler = PerTask(delay_s=0.2)
+    config = bench_config(run_config)
+    out = tmp_path / "campaign"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pike", "bench", str(TASKS), "--llm", spec(fake_llm),
+         "--budget-queries", "4", "--jobs", "2", "--config", str(config), "--out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # kill it once a few candidates are judged
+        if (out / "run.sqlite").exists() and len(_judged(out)) >= 3:
+            break
+        assert child.poll() is None, "the campaign ended before it could be killed"
+        time.sleep(0.2)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    judged_before = _judged(out)
+    with RunStore.open(out) as store:
+        assert [t["name"] for t in store.tasks()] == NAMES
+        baselines_before = {n: store.get_state(n, "baseline") for n in NAMES}
+        assert not all(store.get_state(n, "done") for n in NAMES)
+
+    result = pike("bench", "--resume", out)
+    assert result.exit_code == 0, result.output
+
+    with RunStore.open(out) as store:
+        for name in NAMES:
+            assert store.get_state(name, "done") is True
+            keys = [c["role"] for c in store.llm_calls(name)]
+            assert len(keys) == len(set(keys)) == 4  # each task's own budget, nothing twice
+            baseline = store.get_state(name, "baseline")
+            assert [m["mode"] for m in baseline["modes"]] == ["eager", "compile:default"]
+            if baselines_before[name] is not None:  # measured once, kept across the resume
+                assert baseline == baselines_before[name]
+            best = store.best(name)
+            assert best is not None and best.verdict.ok
+        for cid, verdict in judged_before.items():  # finished evaluations were not redone
+            assert store.candidate(cid).verdict == verdict
+        assert any(r.role == "fix" and r.verdict.ok for r in store.candidates())
+    assert sorted(p.name for p in (out / "best").iterdir()) == [f"{n}.py" for n in NAMES]
+
+    shown = pike("show", out)
+    assert shown.exit_code == 0, shown.output
+    for name in NAMES:
+        assert name in shown.output
+    assert "recent verdicts" in shown.output
+
+    exported = tmp_path / "gelu_best.py"
+    result = pike("export", out, "1_GeluMLP", "--out", exported)
+    assert result.exit_code == 0, result.output
+    text = exported.read_text()
+    assert text.startswith("# pike solution for 1_GeluMLP") and "verdict: ok" in text
+    assert "class ModelNew" in text
+    ok = pike("eval", TASKS / "1_GeluMLP.py", exported, "--device", "cpu")
+    assert ok.exit_code == 0, ok.output  # the exported file is still a correct candidate
+
+    report_dir = tmp_path / "report"
+    result = pike("report", out, "--out", report_dir)
+    assert result.exit_code == 0, result.output
+    page = report_dir / "index.html"
+    loaded, total = images_loaded_in_browser(page, tmp_path)
+    assert loaded == total >= 5
+
+
+def test_export_and_bench_errors_are_one_line(tmp_path: Path) -> None:
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    store.add_task("a", "a.py", "0" * 64, "src")
+    store.add_task("b", "b.py", "1" * 64, "src")
+    store.close()
+    result = pike("export", tmp_path / "run")
+    assert result.exit_code == 2 and "name one of: a, b" in result.output
+    result = pike("export", tmp_path / "run", "a")
+    assert result.exit_code == 2 and "no correct candidate" in result.output
+    result = pike("bench", TASKS, "--strategy", "evolve")
+    assert result.exit_code == 2 and "needs a model" in result.output
+    result = pike("bench", TASKS, "--tasks", "1,x")
+    assert result.exit_code == 2 and "numeric task ids" in result.output
+    result = pike("bench")
+    assert result.exit_code == 2 and "task folder" in result.output
+    assert (CANDIDATES / "fused.py").exists()

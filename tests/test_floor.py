@@ -1,0 +1,273 @@
+"""The floor: FLOPs and bytes of a reference, device peaks, and the lower bound they give."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pike.errors import ConfigError, TaskError
+from pike.floor import (
+    Device,
+    Work,
+    count_work,
+    describe,
+    floor,
+    load_devices,
+    match_device,
+    no_floor_reason,
+    times_floor,
+)
+from pike.task import Task
+
+ROOT = Path(__file__).resolve().parent.parent
+DEVICES_YAML = ROOT / "src" / "pike" / "data" / "devices.yaml"
+
+
+def make_task(tmp_path: Path, body: str, name: str = "1_Tiny") -> Task:
+    path = tmp_path / f"{name}.py"
+    path.write_text("import math\nimport torch\nimport torch.nn as nn\n\n" + textwrap.dedent(body))
+    return Task.from_file(path)
+
+
+# ---------------------------------------------------------------- FLOPs
+
+def test_linear_flops_are_2mnk(tmp_path: Path) -> None:
+    m, k, n = 16, 64, 32
+    task = make_task(tmp_path, f"""
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear({k}, {n})
+            def forward(self, x):
+                return self.fc(x)
+        def get_inputs():
+            return [torch.randn({m}, {k})]
+        def get_init_inputs():
+            return []
+    """)
+    work = count_work(task)
+    assert work.flops == 2 * m * n * k
+    assert work.flops_by_op == {"aten.addmm": 2 * m * n * k}
+
+
+def test_conv2d_flops(tmp_path: Path) -> None:
+    task = make_task(tmp_path, """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(3, 8, kernel_size=3, padding=1)
+            def forward(self, x):
+                return self.conv(x)
+        def get_inputs():
+            return [torch.randn(2, 3, 16, 16)]
+        def get_init_inputs():
+            return []
+    """)
+    # 2 FLOPs per multiply-add: every output element (2*8*16*16) sums Cin*kh*kw = 3*3*3 products
+    assert count_work(task).flops == 2 * (2 * 8 * 16 * 16) * (3 * 3 * 3)
+
+
+def test_attention_flops_count_both_matmuls_and_not_softmax(tmp_path: Path) -> None:
+    b, h, t, d = 2, 4, 32, 16
+    task = make_task(tmp_path, f"""
+        class Model(nn.Module):
+            def forward(self, q, k, v):
+                scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+                return torch.softmax(scores, dim=-1) @ v
+        def get_inputs():
+            return [torch.randn({b}, {h}, {t}, {d}) for _ in range(3)]
+        def get_init_inputs():
+            return []
+    """)
+    work = count_work(task)
+    assert work.flops == 2 * (2 * b * h * t * t * d)  # QK^T and PV, each 2*T*T*D per head
+    assert any("_softmax" in note and "lower bound" in note for note in work.notes)
+
+
+def test_meta_device_counts_the_same_as_cpu_and_rng_is_left_alone() -> None:
+    task = Task.from_file(ROOT / "examples" / "tasks" / "3_CausalAttention.py")
+    torch.manual_seed(0)
+    expected = torch.rand(1)
+    torch.manual_seed(0)
+    on_cpu = count_work(task, "cpu")
+    assert torch.equal(torch.rand(1), expected)
+    on_meta = count_work(task, "meta")
+    assert on_meta.model_dump(exclude={"counted_on"}) == on_cpu.model_dump(exclude={"counted_on"})
+    assert any("causal" in note for note in on_cpu.notes)
+
+
+def test_a_failing_task_is_a_task_error_naming_the_file(tmp_path: Path) -> None:
+    task = make_task(tmp_path, """
+        class Model(nn.Module):
+            def forward(self, x):
+                raise ValueError("boom")
+        def get_inputs():
+            return [torch.randn(2)]
+        def get_init_inputs():
+            return []
+    """, name="7_Broken")
+    with pytest.raises(TaskError, match=r"7_Broken.py: .*forward.*ValueError: boom"):
+        count_work(task)
+
+
+# ---------------------------------------------------------------- bytes
+
+def test_bytes_min_is_inputs_params_buffers_outputs_each_once(tmp_path: Path) -> None:
+    task = make_task(tmp_path, """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 3)
+                self.register_buffer("scale", torch.ones(3))
+            def forward(self, x, idx):
+                return self.fc(x) * self.scale, x   # x comes back as is: moved once
+        def get_inputs():
+            return [torch.randn(2, 4), torch.arange(5)]
+        def get_init_inputs():
+            return []
+    """)
+    work = count_work(task)
+    inputs = 2 * 4 * 4 + 5 * 8     # fp32 x, int64 idx
+    params = (3 * 4 + 3) * 4       # weight and bias, fp32
+    buffers = 3 * 4
+    outputs = 2 * 3 * 4            # the returned x is the input, not counted again
+    assert (work.bytes_inputs, work.bytes_params, work.bytes_buffers, work.bytes_outputs) == (
+        inputs, params, buffers, outputs)
+    assert work.bytes_min == inputs + params + buffers + outputs == 168
+    assert work.dtype == "fp32"
+
+
+def test_dtype_class_is_the_dominant_floating_dtype(tmp_path: Path) -> None:
+    task = make_task(tmp_path, """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(8, 8).to(torch.bfloat16)
+            def forward(self, x):
+                return self.fc(x)
+        def get_inputs():
+            return [torch.randn(4, 8, dtype=torch.bfloat16)]
+        def get_init_inputs():
+            return []
+    """)
+    work = count_work(task)
+    assert work.dtype == "bf16"
+    assert work.bytes_min == (4 * 8 + 8 * 8 + 8 + 4 * 8) * 2
+
+
+# ---------------------------------------------------------------- devices
+
+@pytest.mark.parametrize(("device_name", "entry"), [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+    ("NVIDIA H100 PCIe", "H100 PCIe"),
+    ("NVIDIA H200", "H200"),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB"),
+    ("NVIDIA A100-PCIE-40GB", "A100 PCIe 40GB"),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+    ("nvidia h100 80gb hbm3", "H100 SXM"),
+])
+def test_device_names_match_their_entry(device_name: str, entry: str) -> None:
+    device = match_device(device_name)
+    assert device is not None and device.name == entry
+
+
+@pytest.mark.parametrize("device_name", ["NVIDIA H100 NVL", "NVIDIA H200 NVL", "Tesla T4", "H100"])
+def test_unknown_devices_have_no_floor(device_name: str) -> None:
+    work = Work(flops=10, bytes_min=10)
+    assert match_device(device_name) is None
+    assert floor(work, device_name) is None
+    assert "no peaks on file" in (no_floor_reason(work, device_name) or "")
+
+
+@pytest.mark.parametrize("device_name", ["cpu", "x86_64", "aarch64"])
+def test_cpu_has_no_floor(device_name: str) -> None:
+    work = Work(flops=10, bytes_min=10)
+    assert floor(work, device_name) is None
+    assert "CPU" in (no_floor_reason(work, device_name) or "")
+    assert describe(None) == "no floor for this device"
+
+
+def test_device_file_has_every_field_for_every_entry() -> None:
+    raw = yaml.safe_load(DEVICES_YAML.read_text())["devices"]
+    fields = set(Device.model_fields)
+    for entry in raw:
+        assert set(entry) == fields, entry.get("name")
+        for precision in ("bf16", "fp16", "tf32", "fp32", "bandwidth"):
+            assert isinstance(entry[precision], float), (entry["name"], precision)
+        # dense tensor-core peaks are at least the CUDA-core fp32 peak; HBM/GDDR is 0.1-10 TB/s
+        assert entry["bf16"] >= entry["tf32"] >= entry["fp32"] > 1e12, entry["name"]
+        assert 1e11 < entry["bandwidth"] < 1e13, entry["name"]
+    names = {d.name for d in load_devices()}
+    assert {"H100 SXM", "H100 PCIe", "H200", "A100 SXM 80GB", "L40S", "B200", "RTX 4090"} <= names
+    assert any(n.startswith("A100 PCIe") for n in names)
+
+
+def test_a_device_file_missing_a_field_is_a_config_error(tmp_path: Path) -> None:
+    entry = yaml.safe_load(DEVICES_YAML.read_text())["devices"][0]
+    del entry["tf32"]
+    path = tmp_path / "devices.yaml"
+    path.write_text(yaml.safe_dump({"devices": [entry]}))
+    with pytest.raises(ConfigError, match="tf32"):
+        load_devices(path)
+
+
+# ---------------------------------------------------------------- the floor
+
+H100 = "NVIDIA H100 80GB HBM3"  # datasheet: fp32 67 TF/s, bf16 989.4 TF/s dense, 3.35 TB/s
+
+
+def test_memory_bound_floor() -> None:
+    work = Work(flops=1_000_000, bytes_min=48_000_000, dtype="fp32")
+    fl = floor(work, H100)
+    assert fl is not None and fl.device == "H100 SXM"
+    assert fl.memory_ms == pytest.approx(48e6 / 3.35e12 * 1e3)
+    assert fl.compute_ms == pytest.approx(1e6 / 67e12 * 1e3)
+    assert (fl.ms, fl.bound) == (fl.memory_ms, "memory")
+    assert (fl.lowp_ms, fl.lowp_bound) == (fl.memory_ms, "memory")
+    assert times_floor(25 * fl.ms, fl) == pytest.approx(25)
+    line = describe(fl, runtime_ms=25 * fl.ms)
+    assert "memory-bound" in line and "48 MB at 3.35 TB/s" in line and "eager is 25x" in line
+
+
+def test_compute_bound_fp32_floor_and_its_tensor_core_floor() -> None:
+    n = 4096
+    work = Work(flops=2 * n**3, bytes_min=3 * n * n * 4, dtype="fp32")
+    fl = floor(work, H100)
+    assert fl is not None
+    assert (fl.bound, fl.precision, fl.peak_flops) == ("compute", "fp32", 67e12)
+    assert fl.ms == pytest.approx(2 * n**3 / 67e12 * 1e3)          # 2.05 ms
+    assert (fl.lowp_bound, fl.lowp_precision) == ("compute", "bf16")
+    assert fl.lowp_ms == pytest.approx(2 * n**3 / 989.4e12 * 1e3)  # 0.139 ms
+    assert times_floor(2 * fl.lowp_ms, fl, lowp=True) == pytest.approx(2)
+    line = describe(fl)
+    assert "compute-bound" in line and "fp32" in line and "bf16 tensor cores" in line
+
+
+def test_half_precision_tasks_use_their_own_peak() -> None:
+    fl = floor(Work(flops=10**12, bytes_min=10, dtype="bf16"), "NVIDIA H200")
+    assert fl is not None
+    assert (fl.precision, fl.lowp_precision, fl.ms) == ("bf16", "bf16", fl.lowp_ms)
+    assert fl.ms == pytest.approx(1e12 / 989.4e12 * 1e3)
+    assert "tensor cores" not in describe(fl)
+
+
+def test_a_task_with_no_work_is_infinitely_above_its_floor() -> None:
+    fl = floor(Work(flops=0, bytes_min=0), H100)
+    assert fl is not None and fl.ms == 0
+    assert math.isinf(times_floor(1.0, fl))
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_device_matches_and_counts_agree() -> None:
+    name = torch.cuda.get_device_name()
+    assert match_device(name) is not None, f"{name!r} is not in devices.yaml"
+    task = Task.from_file(ROOT / "examples" / "tasks" / "3_CausalAttention.py")
+    on_gpu, on_cpu = count_work(task, "cuda"), count_work(task, "cpu")
+    assert (on_gpu.flops, on_gpu.bytes_min) == (on_cpu.flops, on_cpu.bytes_min)
+    fl = floor(on_gpu, name)
+    assert fl is not None and fl.ms > 0
