@@ -149,3 +149,34 @@ def test_export_and_bench_errors_are_one_line(tmp_path: Path) -> None:
     result = pike("bench")
     assert result.exit_code == 2 and "task folder" in result.output
     assert (CANDIDATES / "fused.py").exists()
+
+
+def test_ctrl_c_stops_the_campaign_without_starting_queued_tasks(
+        fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path) -> None:
+    fake_llm.handler = PerTask(delay_s=0.2)
+    cfg = yaml.safe_load(run_config.read_text())
+    cfg["search"]["baseline_modes"] = ["eager"]
+    run_config.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "campaign"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pike", "bench", str(TASKS), "--llm", spec(fake_llm),
+         "--budget-queries", "6", "--jobs", "1", "--config", str(run_config), "--out",
+         str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not _judged(out):
+        assert child.poll() is None, "the campaign ended before it could be interrupted"
+        time.sleep(0.2)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 130, err
+    assert "pike bench --resume" in " ".join(err.split())
+    with RunStore.open(out) as store:  # the queued tasks never started
+        assert not store.candidates("3_CausalAttention")
+        assert not store.llm_calls("3_CausalAttention")
+
+
+def test_resume_refuses_options_it_would_ignore(tmp_path: Path) -> None:
+    result = pike("bench", "--resume", tmp_path, "--budget-queries", "9")
+    assert result.exit_code == 2 and "drop --budget-queries" in result.output
+    result = pike("optimize", "--resume", tmp_path, "--llm", "openai:gpt-5", "--planner")
+    assert result.exit_code == 2 and "drop --llm, --planner" in result.output

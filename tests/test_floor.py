@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from pike.floor import (
     times_floor,
 )
 from pike.task import Task
+from tests.conftest import EXAMPLES
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICES_YAML = ROOT / "src" / "pike" / "data" / "devices.yaml"
@@ -271,3 +273,50 @@ def test_on_the_gpu_the_device_matches_and_counts_agree() -> None:
     assert (on_gpu.flops, on_gpu.bytes_min) == (on_cpu.flops, on_cpu.bytes_min)
     fl = floor(on_gpu, name)
     assert fl is not None and fl.ms > 0
+
+
+# ---------------------------------------------------------------- wired into the evaluator
+
+
+def test_baselines_carry_the_work_counted_in_the_reference_child(
+        tmp_path: Path, build_cache: Path) -> None:
+    from pike.config import EvalConfig, TimingConfig
+    from pike.evaluate import measure_baselines
+
+    mlp = Task.from_file(EXAMPLES / "tasks" / "1_GeluMLP.py")
+    cfg = EvalConfig(device="cpu", trials=2, build_cache=build_cache,
+                     timing=TimingConfig(min_calls=3, min_seconds=0.01, rounds=2,
+                                         warmup_seconds=0.0))
+    base = measure_baselines(mlp, cfg, ["eager"])
+    assert base.work is not None and base.work.flops == count_work(mlp, "meta").flops > 0
+    assert base.floor is None and base.no_floor  # a CPU has no entry: said, not guessed
+
+
+def test_a_verdict_on_a_known_gpu_reports_its_time_as_a_multiple_of_the_floor() -> None:
+    from pike.evaluate.judge import attach_floor
+    from pike.evaluate.verdict import TimingStats, Verdict
+
+    mlp = Task.from_file(EXAMPLES / "tasks" / "1_GeluMLP.py")
+    work = count_work(mlp, "meta")
+    verdict = Verdict(status="ok", runtime=TimingStats.from_samples([0.5]),
+                      device_name="NVIDIA H100 80GB HBM3")
+    attach_floor(verdict, work)
+    expected = floor(work, "NVIDIA H100 80GB HBM3")
+    assert expected is not None and verdict.floor_ms == expected.ms
+    assert verdict.times_floor == pytest.approx(0.5 / expected.ms)
+    unknown = Verdict(status="ok", runtime=TimingStats.from_samples([0.5]),
+                      device_name="Some Future GPU")
+    attach_floor(unknown, work)
+    assert unknown.floor_ms is None and unknown.times_floor is None
+
+
+@pytest.mark.gpu
+def test_cuda_verdicts_carry_their_multiple_of_the_floor(mlp_task: Task,
+                                                         fast_config: Any) -> None:
+    from pike.evaluate import evaluate
+    from tests.conftest import candidate
+
+    fast_config.device = "cuda"
+    verdict = evaluate(mlp_task, candidate("fused"), fast_config)
+    assert verdict.ok and verdict.floor_ms is not None
+    assert verdict.times_floor is not None and verdict.times_floor >= 1.0

@@ -50,7 +50,16 @@ StrategyOpt = Annotated[str | None, typer.Option(
     "--llm) or evolve (PIKE-O)")]
 PresetOpt = Annotated[str | None, typer.Option(
     help="PIKE-O preset: openevolve, mutation, serial, one-island, exploit, "
-    "exploit-small-library")]
+    "exploit-small-library; or 'guided': the planner and profile feedback, for either "
+    "strategy")]
+PlannerOpt = Annotated[bool, typer.Option(
+    "--planner", help="a planner agent ranks concrete steps before each round; each query "
+    "implements one (see --plan-granularity)")]
+GranularityOpt = Annotated[str | None, typer.Option(
+    help="what each query implements with --planner: one (step), several, free")]
+ProfileFeedbackOpt = Annotated[bool, typer.Option(
+    "--profile-feedback", help="profile correct candidates and the reference; the agents "
+    "see where the time goes")]
 
 EXIT_CANDIDATE_FAILED = 1
 EXIT_USER_ERROR = 2
@@ -99,10 +108,15 @@ def eval_command(
     as_json: JsonOpt = False,
     explain: Annotated[bool, typer.Option("--explain", help="also print which guards ran and "
                                           "what each saw")] = False,
+    profile: Annotated[bool, typer.Option("--profile", help="also profile a correct candidate "
+                                          "(torch.profiler, outside the timed region)")]
+    = False,
     config: ConfigOpt = None,
 ) -> None:
     """Judge CANDIDATE against TASK: correctness on fresh inputs, then timing. Exit 0 if ok."""
     cfg = _config(config, device)
+    if profile:
+        cfg.eval.profile = True
     if trials is not None:
         cfg.eval.trials = trials
     cfg.eval.time_candidate = not no_timing
@@ -119,6 +133,12 @@ def eval_command(
         _print_verdict(the_task, candidate, verdict)
         if explain:
             _print_guards(verdict)
+        if verdict.profile is not None:
+            from pike.evaluate.profile import render
+
+            console.print(escape(render(verdict.profile, cfg.eval.profile_tokens)),
+                          highlight=False)
+            console.print(f"[dim]{escape(verdict.profile.ncu)}[/dim]")
     if not verdict.ok:
         raise typer.Exit(EXIT_CANDIDATE_FAILED)
 
@@ -157,6 +177,9 @@ def _print_verdict(task: Task, candidate: Path, v: Verdict) -> None:
                       f"(n={v.reference.count})")
     if v.speedup is not None:
         table.add_row("speedup", f"[bold]{v.speedup:.2f}x[/bold]")
+    if v.floor_ms is not None and v.times_floor is not None:
+        table.add_row("floor", f"{_ms(v.floor_ms)} on this GPU: the candidate is "
+                      f"{v.times_floor:.3g}x the floor")
     table.add_row("device", f"{v.device} {v.device_name}, torch {v.torch_version}, host {v.host}")
     if v.flags_changed:
         table.add_row("flags changed", escape(", ".join(f"{k} {x}" for k, x in
@@ -184,6 +207,9 @@ def optimize_command(
     seed_offline: SeedOfflineOpt = False,
     seed_from: SeedFromOpt = None,
     fix_seeds: FixSeedsOpt = False,
+    planner: PlannerOpt = False,
+    plan_granularity: GranularityOpt = None,
+    profile_feedback: ProfileFeedbackOpt = False,
     strategy: StrategyOpt = None,
     preset: PresetOpt = None,
     config: ConfigOpt = None,
@@ -197,10 +223,18 @@ def optimize_command(
 
     if resume and (task or replay):
         raise PikeError("--resume continues a run as it was started: give no task or --replay")
+    _runs_as_recorded("--resume" if resume else "--replay" if replay else None, llm=llm,
+                      fixer_llm=fixer_llm, budget_queries=budget_queries,
+                      budget_dollars=budget_dollars, backend=backend, strategy=strategy,
+                      preset=preset, seed_offline=seed_offline, seed_from=seed_from,
+                      fix_seeds=fix_seeds, planner=planner, plan_granularity=plan_granularity,
+                      profile_feedback=profile_feedback, device=device, config=config)
     cfg = _search_config(config, device, llm=llm, fixer_llm=fixer_llm,
                          budget_queries=budget_queries, budget_dollars=budget_dollars,
                          backend=backend, strategy=strategy, preset=preset,
-                         seed_offline=seed_offline, seed_from=seed_from, fix_seeds=fix_seeds)
+                         seed_offline=seed_offline, seed_from=seed_from, fix_seeds=fix_seeds,
+                         planner=planner, plan_granularity=plan_granularity,
+                         profile_feedback=profile_feedback)
     the_task = load_task(task) if task else None
     if the_task is None and resume is None and replay is None:
         raise PikeError("give a TASK to optimize (or --resume RUN_DIR / --replay RUN_DIR)")
@@ -225,6 +259,9 @@ def bench_command(
     seed_offline: SeedOfflineOpt = False,
     seed_from: SeedFromOpt = None,
     fix_seeds: FixSeedsOpt = False,
+    planner: PlannerOpt = False,
+    plan_granularity: GranularityOpt = None,
+    profile_feedback: ProfileFeedbackOpt = False,
     jobs: Annotated[int, typer.Option(min=1, help="tasks at once (timing stays exclusive "
                                       "per GPU)")] = 1,
     device: DeviceOpt = None,
@@ -243,10 +280,19 @@ def bench_command(
 
     if resume and folder:
         raise PikeError("--resume continues a campaign as it was started: give no FOLDER")
+    _runs_as_recorded("--resume" if resume else None, llm=llm, fixer_llm=fixer_llm,
+                      budget_queries=budget_queries, budget_dollars=budget_dollars,
+                      backend=backend, strategy=strategy, preset=preset,
+                      seed_offline=seed_offline, seed_from=seed_from, fix_seeds=fix_seeds,
+                      planner=planner, plan_granularity=plan_granularity,
+                      profile_feedback=profile_feedback, device=device, config=config,
+                      tasks=tasks)
     cfg = _search_config(config, device, llm=llm, fixer_llm=fixer_llm,
                          budget_queries=budget_queries, budget_dollars=budget_dollars,
                          backend=backend, strategy=strategy, preset=preset,
-                         seed_offline=seed_offline, seed_from=seed_from, fix_seeds=fix_seeds)
+                         seed_offline=seed_offline, seed_from=seed_from, fix_seeds=fix_seeds,
+                         planner=planner, plan_granularity=plan_granularity,
+                         profile_feedback=profile_feedback)
     ids = _ids(tasks)
     names = ([t.name for t in load_tasks(folder, ids)] if folder else [])
     try:
@@ -394,11 +440,24 @@ def _ids(tasks: str | None) -> list[int] | None:
         raise TaskError(f"--tasks {tasks!r}: give numeric task ids, like 1,4,9") from None
 
 
+def _runs_as_recorded(mode: str | None, **options: Any) -> None:
+    """--resume and --replay run with the recorded config; a search option given with them
+    would be silently ignored, so it is an error."""
+    if mode is None:
+        return
+    given = [name for name, value in options.items() if value not in (None, False)]
+    if given:
+        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        raise PikeError(f"{mode} runs with the config the run was started with; drop {flags}")
+
+
 def _search_config(config: Path | None, device: str | None, *, llm: str | None,
                    fixer_llm: str | None, budget_queries: int | None,
                    budget_dollars: float | None, backend: str | None, strategy: str | None,
                    preset: str | None, seed_offline: bool, seed_from: Path | None = None,
-                   fix_seeds: bool = False) -> RunConfig:
+                   fix_seeds: bool = False, planner: bool = False,
+                   plan_granularity: str | None = None,
+                   profile_feedback: bool = False) -> RunConfig:
     """The run config of `optimize` and `bench`: the file, then the flags over it."""
     cfg = _config(config, device)
     if llm is not None:
@@ -426,6 +485,20 @@ def _search_config(config: Path | None, device: str | None, *, llm: str | None,
             if not cfg.llm.model:
                 raise PikeError(f"--strategy {strategy} needs a model: add --llm SPEC")
             cfg.search.strategy = strategy  # type: ignore[assignment]
+    if preset == "guided":  # the profiler-grounded agents, on whichever strategy
+        planner = profile_feedback = True
+        preset = None
+    if planner or profile_feedback:
+        if not cfg.llm.model:
+            raise PikeError("--planner and --profile-feedback guide LLM agents: add --llm SPEC")
+        cfg.search.planner = cfg.search.planner or planner
+        cfg.eval.profile = cfg.eval.profile or profile_feedback
+    if plan_granularity is not None:
+        if not cfg.search.planner:
+            raise PikeError("--plan-granularity shapes the planner's steps: add --planner")
+        if plan_granularity not in ("one", "several", "free"):
+            raise PikeError(f"--plan-granularity {plan_granularity!r}: use one, several or free")
+        cfg.search.plan_granularity = plan_granularity  # type: ignore[assignment]
     if preset is not None:
         from pike.search.presets import preset as evolve_preset
 
@@ -534,6 +607,15 @@ def _print_baselines(results: list[Baseline], modes: list[str]) -> None:
                 cells.append(_ms(m.stats.median_ms) + ratio)
         table.add_row(r.task, *cells)
     console.print(table)
+    from pike.floor import describe
+
+    for r in results:
+        eager = next((m.stats.median_ms for m in r.modes if m.mode == "eager" and m.stats), None)
+        line = describe(r.floor, eager) if r.floor else f"no floor: {r.no_floor}"
+        if r.floor is not None and r.floor.ms > 0:
+            line += "".join(f"; {m.mode} is {m.stats.median_ms / r.floor.ms:.3g}x the floor"
+                            for m in r.modes if m.mode != "eager" and m.stats)
+        console.print(f"{escape(r.task)}: {escape(line)}", highlight=False)
 
 
 def run() -> None:  # pragma: no cover - console entry for `python -m pike`

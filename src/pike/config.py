@@ -61,6 +61,10 @@ class EvalConfig(_Strict):
     guards: bool = Field(
         True, description="anti-cheating guards (audit hook, integrity and wall-clock checks, "
         "the shifted and after-timing trials); turn off only to measure their cost")
+    profile: bool = Field(False, description="after the checks, profile correct candidates "
+                          "(torch.profiler, outside the timed region) for prompts and users")
+    profile_calls: int = Field(10, ge=1, description="forward calls in the profiling pass")
+    profile_tokens: int = Field(300, ge=50, description="how long a profile may be in a prompt")
     time_candidate: bool = Field(True, description="skip timing to only check correctness")
     build_cache: Path | None = Field(
         None, description="where compiled extensions are cached; None = ~/.cache/pike/build"
@@ -140,6 +144,12 @@ class SearchConfig(_Strict):
         "id, or one pike wrote with `pike export --set`); its correct files seed round 0")
     fix_seeds: bool = Field(False, description="with seed_from: hand the set's failing files "
                             "to the error fixer first; the repaired ones seed round 0 too")
+    planner: bool = Field(False, description="a planner agent ranks concrete steps from the "
+                          "current best (and its profile) before each round or generation; "
+                          "its queries count in the budget")
+    plan_granularity: Literal["one", "several", "free"] = Field(
+        "one", description="what each optimizer query implements: one step, three, or the "
+        "whole plan")
     baseline_modes: list[str] = Field(
         default_factory=lambda: ["eager", *(f"compile:{m}" for m in COMPILE_MODES)],
         description="what `pike bench` times once per task, for the report's comparisons")

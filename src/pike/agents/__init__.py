@@ -12,7 +12,10 @@ from pike.agents.roles import (
     evolve_messages,
     fix_messages,
     optimize_messages,
+    plan_ideas,
+    planner_messages,
 )
 
 __all__ = ["AgentContext", "ProgramView", "brainstorm_messages", "evolve_messages",
-           "extract_ideas", "extract_module", "fix_messages", "optimize_messages"]
+           "extract_ideas", "extract_module", "fix_messages", "optimize_messages",
+           "plan_ideas", "planner_messages"]

@@ -30,6 +30,8 @@ class AgentContext:
     backend: str  # any | cuda | triton
     device: str  # e.g. "NVIDIA H100 80GB HBM3 (compute capability 9.0, 79 GiB)"
     atol: float = 1e-2
+    reference_profile: str = ""  # where the reference's time goes (EvalConfig.profile)
+    profile_tokens: int = 300
 
     def _messages(self, template: str, **values: object) -> Messages:
         env = _templates()
@@ -50,8 +52,13 @@ def optimize_messages(ctx: AgentContext, parent_source: str | None,
     if parent_verdict is not None and parent_verdict.runtime is not None:
         runtime = f"{parent_verdict.runtime.median_ms:.4g} ms"
         speedup = f"{parent_verdict.speedup:.2f}x" if parent_verdict.speedup else "?x"
+    profile = ctx.reference_profile if parent_source is None else ""
+    if parent_verdict is not None and parent_verdict.profile is not None:
+        from pike.evaluate.profile import render
+
+        profile = render(parent_verdict.profile, ctx.profile_tokens)
     return ctx._messages("optimize.j2", parent_source=parent_source, idea=idea,
-                         parent_runtime=runtime, parent_speedup=speedup)
+                         parent_runtime=runtime, parent_speedup=speedup, profile=profile)
 
 
 def fix_messages(ctx: AgentContext, failing_source: str, verdict: Verdict) -> Messages:
@@ -75,10 +82,46 @@ class ProgramView:
 
 
 def evolve_messages(ctx: AgentContext, parent: ProgramView | None, other: ProgramView | None,
-                    top: list[ProgramView], failed: ProgramView | None) -> Messages:
-    """Mutation (one parent, or the reference) or crossover (two parents) for PIKE-O."""
+                    top: list[ProgramView], failed: ProgramView | None,
+                    step: str | None = None) -> Messages:
+    """Mutation (one parent, or the reference) or crossover (two parents) for PIKE-O; with
+    the planner on, `step` is the plan's step this query implements."""
     template = "evolve_crossover.j2" if parent and other else "evolve_mutation.j2"
-    return ctx._messages(template, parent=parent, other=other, top=top, failed=failed)
+    return ctx._messages(template, parent=parent, other=other, top=top, failed=failed,
+                         step=step)
+
+
+def planner_messages(ctx: AgentContext, best_source: str | None, best: Verdict | None,
+                     count: int) -> Messages:
+    """The planner: a ranked list of concrete steps from the current best and its profile."""
+    runtime = speedup = times_floor = profile = ""
+    if best is not None and best.runtime is not None:
+        runtime = f"{best.runtime.median_ms:.4g} ms"
+        speedup = f"{best.speedup:.2f}x" if best.speedup else "?x"
+        times_floor = f"{best.times_floor:.3g}x" if best.times_floor else ""
+    if best is not None and best.profile is not None:
+        from pike.evaluate.profile import render
+
+        profile = render(best.profile, ctx.profile_tokens)
+    elif best_source is None:
+        profile = ctx.reference_profile
+    backend_words = {"cuda": "CUDA C++", "triton": "Triton"}.get(ctx.backend,
+                                                                 "CUDA C++ or Triton")
+    return ctx._messages("planner.j2", best_source=best_source, best_runtime=runtime,
+                         best_speedup=speedup, times_floor=times_floor, profile=profile,
+                         count=count, backend_words=backend_words)
+
+
+def plan_ideas(steps: list[str], branches: int, granularity: str) -> list[str]:
+    """What each query of a round implements: one step, a few, or the whole plan."""
+    if not steps:
+        return []
+    if granularity == "free":
+        plan = "\n".join(f"{i + 1}. {s}" for i, s in enumerate(steps))
+        return [f"implement as much of this plan as pays:\n{plan}"] * branches
+    width = 3 if granularity == "several" else 1
+    return ["; then ".join(steps[(b + k) % len(steps)] for k in range(min(width, len(steps))))
+            for b in range(branches)]
 
 
 def describe_device(device: str) -> str:

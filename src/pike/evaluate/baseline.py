@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from pike.config import COMPILE_MODES, EvalConfig, RunConfig
 from pike.evaluate.judge import (
@@ -14,6 +14,7 @@ from pike.evaluate.judge import (
     time_reference_modes,
 )
 from pike.evaluate.verdict import TimingStats
+from pike.floor import Floor, Work, floor, no_floor_reason
 from pike.task import Task
 
 BASELINE_MODES = ["eager", *(f"compile:{m}" for m in COMPILE_MODES)]
@@ -38,6 +39,9 @@ class Baseline(BaseModel):
     host: str
     date: str
     modes: list[ModeTiming]
+    work: Work | None = None
+    floor: Floor | None = None
+    no_floor: str | None = Field(None, description="why there is no floor (CPU, unknown GPU)")
 
 
 def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
@@ -48,6 +52,7 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     modes = modes or BASELINE_MODES
     reference = run_reference(task, cfg, device, keep_child=True, cache=False)
     try:
+        work = reference.work()
         timers = time_reference_modes(task, reference, modes, cfg, device)
     finally:
         reference.close()
@@ -58,9 +63,13 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     for r in results:
         if eager and r.stats:
             r.speedup_vs_eager = eager.median_ms / r.stats.median_ms
+    device_name = reference.env.get("device_name", "")
+    floor_name = device_name if device.startswith("cuda") else "cpu"
     return Baseline(
         task=task.name, task_path=str(task.path), task_sha256=task.sha256, device=device,
-        device_name=reference.env.get("device_name", ""),
+        device_name=device_name,
         torch_version=reference.env.get("torch_version", ""), host=reference.env.get("host", ""),
         date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), modes=results,
+        work=work, floor=floor(work, floor_name) if work else None,
+        no_floor=(no_floor_reason(work, floor_name) if work else "the FLOPs could not be counted"),
     )

@@ -55,7 +55,9 @@ def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
     lim = cfg.limits
     phase_limits = {"setup": lim.load_seconds, "load": lim.load_seconds,
                     "init": lim.load_seconds, "check": lim.check_seconds,
-                    "timing": lim.timing_seconds, "cleanup": 10.0}
+                    "timing": lim.timing_seconds, "cleanup": 10.0,
+                    # advisory passes: a hang here must not hold the device for long
+                    "profile": lim.check_seconds, "work": lim.check_seconds}
     child = ChildProcess(request, work_dir, env, lim, phase_limits,
                          prefix=network_prefix(cfg.network_isolation))
     return child.__enter__()
@@ -223,13 +225,16 @@ def calibrate(trusted: ChildProcess) -> LoopCost:
 _SLACK_S = 0.005  # scheduling noise of one block on a busy host
 
 
-def _suspicious_blocks(cost: LoopCost, timer: Timer) -> int:
-    suspicious = 0
+def _stretch(cost: LoopCost, timer: Timer) -> tuple[int, float]:
+    """(blocks whose wall time exceeds 3x what was reported, median wall/reported ratio)."""
+    suspicious, ratios = 0, []
     for wall, samples in timer.blocks:
         reported = (sum(samples) + statistics.fmean(samples)) / 1e3  # + the untimed call
         loop = cost.per_block_s + (len(samples) + 1) * cost.per_call_s
-        suspicious += wall - loop - _SLACK_S > 3 * reported
-    return suspicious
+        unexplained = wall - loop - _SLACK_S
+        suspicious += unexplained > 3 * reported
+        ratios.append(unexplained / reported if reported > 0 else math.inf)
+    return suspicious, statistics.median(ratios) if ratios else 0.0
 
 
 def unaccounted_wall_time(cost: LoopCost, judged: Timer, reference: Timer) -> str | None:
@@ -239,13 +244,15 @@ def unaccounted_wall_time(cost: LoopCost, judged: Timer, reference: Timer) -> st
     Everything in the child can be reached by the candidate's code (frames, memory), so
     its reported samples are checked against a clock the candidate cannot touch. The
     trusted reference, timed in the same window, tells an overloaded host (its blocks
-    stretch too) from forged timings (only the candidate's do).
+    stretch too) from forged timings: the candidate's blocks must stretch far more than
+    the reference's, not merely as much, before it counts as forged.
     """
-    suspicious = _suspicious_blocks(cost, judged)
+    suspicious, ratio = _stretch(cost, judged)
     if not judged.blocks or suspicious <= len(judged.blocks) // 2:
         return None
-    if _suspicious_blocks(cost, reference) > len(reference.blocks) // 2:
-        log.warning("wall-clock check inconclusive: the host is overloaded (the reference's "
+    _, ref_ratio = _stretch(cost, reference)
+    if ratio <= 3 * max(ref_ratio, 1.0):
+        log.warning("wall-clock check inconclusive: the host is loaded (the reference's "
                     "timing blocks stretched too)")
         return None
     return (f"reported timings that do not account for the wall time of its timing "

@@ -38,10 +38,12 @@ from pike.evaluate.driver import (
     unaccounted_wall_time,
 )
 from pike.evaluate.explain import explain_guards
+from pike.evaluate.profile import ProfileSummary
 from pike.evaluate.protocol import ChildRequest
 from pike.evaluate.runner import EXTRA_TRIALS
 from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.verdict import OutputMismatch, TimingStats, Verdict
+from pike.floor import Work, floor, times_floor
 from pike.task import Task
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,8 @@ class ReferenceRun:
     _tmp: Path
 
     _loop_cost: LoopCost | None = None
+    _work: Work | None = None
+    _work_asked: bool = False
     users: int = 0  # evaluations using it now; the cache evicts only unused ones
 
     def loop_cost(self) -> LoopCost:
@@ -86,6 +90,19 @@ class ReferenceRun:
             self._loop_cost = calibrate(self.child)
             self.child.enter_phase("idle")
         return self._loop_cost
+
+    def work(self) -> Work | None:
+        """The task's FLOPs and minimum bytes, counted once in the reference's child."""
+        if not self._work_asked and self.child is not None:
+            self._work_asked = True
+            reply = request(self.child, "work", "work", "work")
+            self.child.enter_phase("idle")
+            if isinstance(reply, dict) and reply.get("work"):
+                self._work = Work.model_validate(reply["work"])
+            else:
+                why = reply.message if isinstance(reply, Verdict) else reply.get("error")
+                log.info("no work count for the floor: %s", why)
+        return self._work
 
     def usable(self) -> bool:
         return self.child is None or self.child.alive()
@@ -137,6 +154,12 @@ def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
                 _references.pop(old).close()
         cached.users += 1
         return cached
+
+
+def keep_references(count: int) -> None:
+    """Keep at least `count` idle reference children alive (one per concurrent task)."""
+    global _REFERENCE_CACHE_SIZE
+    _REFERENCE_CACHE_SIZE = max(_REFERENCE_CACHE_SIZE, count)
 
 
 def release_reference(run: ReferenceRun) -> None:
@@ -204,6 +227,44 @@ def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
     return timers
 
 
+def attach_floor(verdict: Verdict, work: Work | None) -> None:
+    """The verdict's runtime as a multiple of the least time its GPU could take."""
+    found = floor(work, verdict.device_name) if work is not None else None
+    if found is None or verdict.runtime is None or found.ms <= 0:
+        return
+    verdict.floor_ms = found.ms
+    verdict.times_floor = times_floor(verdict.runtime.median_ms, found)
+
+
+def request_profile(child: ChildProcess, mode: str, calls: int) -> ProfileSummary | None:
+    """The child's profile of one mode; None (logged) when the pass failed."""
+    reply = request(child, "profile", "profiled", "profile", mode=mode, calls=calls)
+    child.enter_phase("idle")
+    if isinstance(reply, Verdict) or not reply.get("summary"):
+        why = reply.message if isinstance(reply, Verdict) else reply.get("error")
+        log.warning("profiling pass failed: %s", why)
+        return None
+    try:
+        return ProfileSummary.model_validate(reply["summary"])
+    except ValueError as err:  # written by the child: anything may be in it
+        log.warning("profile could not be read back: %s", err)
+        return None
+
+
+def profile_reference(task: Task, config: EvalConfig | RunConfig | None = None
+                      ) -> ProfileSummary | None:
+    """Where the unchanged task's time goes (eager), from its live reference child."""
+    cfg = as_eval_config(config)
+    device = resolve_device(cfg.device)
+    reference = run_reference(task, cfg, device, keep_child=True)
+    try:
+        assert reference.child is not None
+        with hold(device, exclusive=False):
+            return request_profile(reference.child, "eager", cfg.profile_calls)
+    finally:
+        release_reference(reference)
+
+
 def _load_leaves(path: Path) -> list[Any]:
     leaves = torch.load(path, weights_only=True)
     if not isinstance(leaves, list):
@@ -226,6 +287,8 @@ def evaluate(task: Task, candidate_source: str,
     tmp = Path(tempfile.mkdtemp(prefix="pike-cand-"))
     try:
         verdict = _judge_candidate(task, candidate_source, cfg, device, reference, tmp)
+        if verdict.ok and verdict.runtime is not None and device.startswith("cuda"):
+            attach_floor(verdict, reference.work())
     finally:
         release_reference(reference)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -250,6 +313,7 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
     timers: list[Timer] = []
     correctness: Verdict | None = None
     final: Verdict | None = None
+    profile: ProfileSummary | None = None
     build_key = task.sha256[:8] + "-" + _sha(source)[:16]
     child = start_child(request, work_dir, cfg, build_key)
     try:
@@ -271,6 +335,10 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
             if correctness.ok and cfg.guards and not any(t.failure for t in timers):
                 with hold(device, exclusive=False):
                     final = _final_check(child, reference, outputs_dir, cfg)
+            if (correctness.ok and cfg.profile and not any(t.failure for t in timers)
+                    and (final is None or final.ok)):
+                with hold(device, exclusive=False):
+                    profile = request_profile(child, "candidate", cfg.profile_calls)
     finally:
         finish(child, report)
     if timers and timers[0].failure is not None:
@@ -285,6 +353,8 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
     verdict.phase_seconds = dict(child.phase_seconds)
     verdict.flags_changed = report.flags
     verdict.guards = explain_guards(cfg, report, correctness, timers, final, child)
+    if verdict.ok:
+        verdict.profile = profile
     _attach_timings(verdict, timers)
     return verdict
 

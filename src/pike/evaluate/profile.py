@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    import torch
 
 _TOP = 8
 
@@ -45,6 +47,7 @@ def _device_time(evt: Any) -> float:
 
 def profile_calls(fn: Callable[[], Any], device: torch.device, calls: int) -> ProfileSummary:
     """Run `fn` (one forward call) `calls` times under torch.profiler and summarize."""
+    import torch  # the verdict module imports this one and stays free of torch
     from torch.profiler import ProfilerActivity, profile
 
     on_cuda = device.type == "cuda"

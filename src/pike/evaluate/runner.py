@@ -22,6 +22,7 @@ import torch
 from pike.evaluate import check
 from pike.evaluate.diagnostics import describe_exception
 from pike.evaluate.guards import Guards
+from pike.evaluate.profile import profile_calls
 from pike.evaluate.protocol import Channel, ChildRequest
 from pike.evaluate.timing import time_block
 
@@ -175,6 +176,12 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
             final_check()
             chan.send("final_checked", seq=msg.get("seq"))
             continue
+        if msg and msg.get("event") == "profile":
+            _serve_profile(msg, chan, device, calls, make_call)
+            continue
+        if msg and msg.get("event") == "work" and req.role == "reference":
+            _serve_work(req, msg, chan)
+            continue
         if not msg or msg.get("event") != "time":
             return
         mode = str(msg["mode"])
@@ -190,6 +197,39 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
             continue
         after_block()
         chan.send("timed", mode=mode, samples=samples, seq=msg.get("seq"))
+
+
+def _serve_profile(msg: dict, chan: Channel, device: torch.device,
+                   calls: dict[str, Callable[[], Any]],
+                   make_call: Callable[[str], Callable[[], Any]]) -> None:
+    mode = str(msg["mode"])
+    try:
+        if mode not in calls:
+            calls[mode] = make_call(mode)
+        summary = profile_calls(calls[mode], device, int(msg["calls"]))
+    except BaseException as exc:  # a profile informs; its failure must not end the child
+        chan.send("profiled", summary=None, error=f"{type(exc).__name__}: {exc}"[:300],
+                  seq=msg.get("seq"))
+        return
+    chan.send("profiled", summary=summary.model_dump(mode="json"), seq=msg.get("seq"))
+
+
+def _serve_work(req: ChildRequest, msg: dict, chan: Channel) -> None:
+    """FLOPs and bytes of the task's forward, counted here because task code runs only in
+    the reference's child; on the meta device first (no memory), on the CPU if that fails."""
+    from pike.floor import count_work
+    from pike.task import Task
+
+    error = ""
+    for where in ("meta", "cpu"):
+        try:
+            work = count_work(Task.from_file(Path(req.module_path)), device=where, seed=req.seed)
+        except Exception as exc:  # the count is advisory: report why, never fail the child
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            continue
+        chan.send("work", work=work.model_dump(mode="json"), seq=msg.get("seq"))
+        return
+    chan.send("work", work=None, error=error, seq=msg.get("seq"))
 
 
 def run_candidate(req: ChildRequest, chan: Channel, device: torch.device) -> None:

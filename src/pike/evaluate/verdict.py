@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from pike.evaluate.profile import ProfileSummary
+
 Status = Literal[
     "ok", "compile_error", "runtime_error", "incorrect", "timeout", "crashed", "rejected"
 ]
@@ -79,6 +81,11 @@ class Verdict(BaseModel):
     phase_seconds: dict[str, float] = Field(
         default_factory=dict, description="wall time of each evaluator phase"
     )
+    floor_ms: float | None = Field(
+        None, description="the least time the task can take on this GPU (pike.floor)")
+    times_floor: float | None = Field(None, description="runtime as a multiple of the floor")
+    profile: ProfileSummary | None = Field(
+        None, description="where the time goes (EvalConfig.profile); informs prompts only")
 
     @property
     def ok(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from typing import Any
 
@@ -40,6 +41,8 @@ class TaskStatus:
             self.rescued += 1
         elif kind == "ideas":
             self.console.log(f"{escape(self.task)}: brainstormer: {len(data['ideas'])} ideas")
+        elif kind == "plan":
+            self.console.log(f"{escape(self.task)}: planner: {len(data['steps'])} steps")
         elif kind == "task_phase":
             self.phase = data["phase"]
         elif kind == "task_done":
@@ -90,16 +93,18 @@ class BenchProgress(_LiveDisplay):
 
     def __init__(self, console: Console, tasks: list[str]) -> None:
         self.tasks = {name: TaskStatus(console, name) for name in tasks}
+        self._lock = threading.Lock()  # events come from every task's worker thread
         super().__init__(console)
 
     def __call__(self, kind: str, **data: Any) -> None:
         task = data.pop("task", None)
         if task is None:
             return
-        if task not in self.tasks:
-            self.tasks[task] = TaskStatus(self.console, task)
-        self.tasks[task].update(kind, **data)
-        self._live.update(self._render())
+        with self._lock:
+            if task not in self.tasks:
+                self.tasks[task] = TaskStatus(self.console, task)
+            self.tasks[task].update(kind, **data)
+            self._live.update(self._render())
 
     def _render(self) -> Group:
-        return Group(*(Text(f"[{s.phase}] ") + s.render() for s in self.tasks.values()))
+        return Group(*(Text(f"[{s.phase}] ") + s.render() for s in list(self.tasks.values())))

@@ -8,10 +8,16 @@ finds the calls and verdicts it already has, and only does what is missing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pike.agents import AgentContext, extract_module, fix_messages
+from pike.agents import (
+    AgentContext,
+    extract_ideas,
+    extract_module,
+    fix_messages,
+    plan_ideas,
+    planner_messages,
+)
 from pike.evaluate.verdict import Verdict
 from pike.search.querier import Querier, RecordedCall
 
@@ -28,13 +34,14 @@ class LLMSearch:
         self.judge, self.concurrency = judge, concurrency
         self.max_fix_attempts, self.on_event = max_fix_attempts, on_event
         self.fix_first: list[int] = []  # failing seed candidates for the fixer (--fix-seeds)
+        self.planner = False  # --planner: a planner call before each round or generation
+        self.plan_granularity = "one"
 
     def ask_parallel(self, asks: list[tuple[str, list[dict[str, str]]]]
                      ) -> list[RecordedCall | None]:
         if not asks:
             return []
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(asks))) as pool:
-            return list(pool.map(lambda kv: self.querier.ask(*kv), asks))
+        return self.querier.ask_many(asks, self.concurrency)
 
     def candidate(self, call: RecordedCall, parent_id: int | None, role: str, round_: int,
                   branch: int, idea: str) -> int:
@@ -70,6 +77,19 @@ class LLMSearch:
     def ok(self, cid: int) -> bool:
         verdict = self.store.candidate(cid).verdict
         return verdict is not None and verdict.ok
+
+    def plan(self, round_: int, source: str | None, verdict: Verdict | None,
+             queries: int) -> list[str] | None:
+        """The planner's steps for this round's `queries` (None: the budget is spent). Its
+        reply is recorded like every call, so resume and replay get the same plan."""
+        count = max(queries, 4)
+        call = self.querier.ask(f"plan:{round_}", planner_messages(self.ctx, source, verdict,
+                                                                   count))
+        if call is None:
+            return None
+        steps = extract_ideas(call.reply, count) if not call.error else []
+        self.on_event("plan", steps=steps)
+        return plan_ideas(steps, queries, self.plan_granularity)
 
     def fix_seeds(self) -> None:
         """Hand failing seed candidates (`--fix-seeds`) to the error fixer before round 0;

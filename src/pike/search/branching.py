@@ -76,18 +76,25 @@ class BranchingSearch(LLMSearch):
 
     def _plan(self, round_: int) -> list[Branch] | None:
         if round_ == 0:
-            ideas = self._ideas()
+            seeds = self._round0_seeds()
+            ideas = (self.plan(0, seeds[0].source, seeds[0].verdict, self.cfg.branches)
+                     if self.planner else self._ideas())
             if ideas is None:
                 return None
-            seeds = self._round0_seeds()
             return [Branch(b, seeds[b % len(seeds)], ideas[b % len(ideas)] if ideas else None)
                     for b in range(self.cfg.branches)]
         seeds = self._seeds()
+        steps: list[str] = []
+        if self.planner:  # steps planned from the best seed, shared by this round's branches
+            planned = self.plan(round_, seeds[0].source, seeds[0].verdict, self.cfg.branches)
+            if planned is None:
+                return None
+            steps = planned
         shares = _spread(self.cfg.branches, len(seeds))
         plan, index = [], 0
         for seed, share in zip(seeds, shares, strict=True):
             for _ in range(share):
-                plan.append(Branch(index, seed, None))
+                plan.append(Branch(index, seed, steps[index % len(steps)] if steps else None))
                 index += 1
         return plan
 

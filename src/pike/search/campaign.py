@@ -20,8 +20,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from pike.config import RunConfig
-from pike.errors import ConfigError, PikeError
+from pike.errors import ConfigError, TaskError
 from pike.evaluate import measure_baselines
+from pike.evaluate.judge import keep_references
 from pike.search.session import (
     OptimizeResult,
     search_task,
@@ -80,11 +81,19 @@ def bench(folder: Path | None, config: RunConfig | None = None, *,
 def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
              on_event: Callable[..., None]) -> list[TaskOutcome]:
     outcomes: dict[str, TaskOutcome] = {}
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pike-bench") as pool:
+    keep_references(jobs + 1)
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pike-bench")
+    try:
         futures = {pool.submit(_one_task, store, t, cfg, on_event): t for t in tasks}
         for future in as_completed(futures):
             outcome = future.result()
             outcomes[outcome.task] = outcome
+    except BaseException:
+        # Ctrl-C or a host-level error: queued tasks must not start (they would spend
+        # budget); what ran is in the store for --resume.
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return [outcomes[t.name] for t in tasks]
 
 
@@ -104,12 +113,15 @@ def _one_task(store: RunStore, task: Task, cfg: RunConfig,
             store.set_state(task.name, BASELINE_KEY, baseline.model_dump(mode="json"))
         event("task_phase", phase="search")
         result = search_task(store, task, cfg, None, event)
-    except PikeError as err:  # the reference itself fails: report it, go on with the rest
+    except TaskError as err:  # the task's reference fails: report it, go on with the rest
         log.warning("%s: %s", task.name, err)
         store.set_state(task.name, ERROR_KEY, str(err))
         store.set_state(task.name, DONE_KEY, True)
         event("task_done", error=str(err))
-        return TaskOutcome(task=task.name, error=str(err))
+        return TaskOutcome(task=task.name, result=task_result(store, task.name),
+                           error=str(err))
+    # Other errors (no GPU, a bad seed set) are the host's or the user's: they end the
+    # campaign with their message, and the task stays open for --resume.
     store.set_state(task.name, DONE_KEY, True)
     event("task_done", result=result)
     return TaskOutcome(task=task.name, result=result)

@@ -54,6 +54,15 @@ class EvolveSearch(LLMSearch):
             self.on_event("round", round=generation, branches=self.cfg.parallel_evaluations)
             populations = self.populations(generation)
             archive = self.archive(generation)
+            steps: list[str] = []
+            if self.planner:  # planned from the library's best (the reference at first)
+                best = self.store.candidate(archive[0].id) if archive else None
+                planned = self.plan(generation, best.source if best else None,
+                                    best.verdict if best else None,
+                                    self.cfg.parallel_evaluations)
+                if planned is None:
+                    return
+                steps = planned
             asks, plans = [], []
             for slot in range(self.cfg.parallel_evaluations):
                 island = (generation * self.cfg.parallel_evaluations + slot) % self.cfg.islands
@@ -62,7 +71,8 @@ class EvolveSearch(LLMSearch):
                 top = [p.view() for p in archive[:self.cfg.num_top_programs]]
                 failed = next((p.view() for p in reversed(populations[island]) if not p.ok), None)
                 messages = evolve_messages(self.ctx, parent.view() if parent else None,
-                                           other.view() if other else None, top, failed)
+                                           other.view() if other else None, top, failed,
+                                           steps[slot % len(steps)] if steps else None)
                 asks.append((f"evolve:{generation}:{slot}", messages))
                 plans.append((island, parent, "crossover" if other else "mutation"))
             calls = self.ask_parallel(asks)

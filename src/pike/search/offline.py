@@ -29,7 +29,10 @@ class OfflineSearch:
         self.max_candidates, self.max_seconds = max_candidates, max_seconds
         self.on_event = on_event
         self._started = time.monotonic()
-        self._made = 0
+        # a resumed search has the budget that is left, not a new one
+        self._made = sum(1 for r in store.candidates(task_name) if r.role == "offline")
+        spent = store.get_state(task_name, "offline_seconds") or 0.0
+        self._started -= float(spent)
 
     def run(self) -> None:
         names = applicable(self.task_source, self.device)
@@ -73,6 +76,7 @@ class OfflineSearch:
     def _judge(self, cid: int, source: str) -> Verdict:
         verdict = self.judge(source)
         self.store.set_verdict(cid, verdict)
+        self.store.set_state(self.task, "offline_seconds", time.monotonic() - self._started)
         self.on_event("verdict", candidate=cid, verdict=verdict)
         return verdict
 

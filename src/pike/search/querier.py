@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -62,13 +63,34 @@ class Querier:
 
     def ask(self, key: str, messages: Messages) -> RecordedCall | None:
         """The call for `key`: already recorded, replayed, or made now; None if no budget."""
-        done = self.recorded().get(key)
-        if done is not None:
-            return done
-        role = key.split(":", 1)[0]
-        cost = self.estimate(role, messages)
-        if not self.ledger.reserve(cost):
-            return None
+        return self.ask_many([(key, messages)], concurrency=1)[0]
+
+    def ask_many(self, asks: list[tuple[str, Messages]],
+                 concurrency: int) -> list[RecordedCall | None]:
+        """Several calls at once. Budget is reserved in the order given, before any call
+        starts, so which asks get room never depends on thread timing: a resumed or
+        replayed search grants the same ones."""
+        recorded = self.recorded()
+        plan: list[tuple[str, str, Messages, float] | None] = []
+        results: list[RecordedCall | None] = []
+        for key, messages in asks:
+            role = key.split(":", 1)[0]
+            cost = 0.0 if key in recorded else self.estimate(role, messages)
+            granted = key in recorded or self.ledger.reserve(cost)
+            plan.append((key, role, messages, cost) if granted and key not in recorded
+                        else None)
+            results.append(recorded.get(key))
+        todo = [i for i, item in enumerate(plan) if item is not None]
+        if not todo:
+            return results
+        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(todo)))) as pool:
+            futures = {i: pool.submit(self._complete, *plan[i]) for i in todo}  # type: ignore[misc]
+            for i, future in futures.items():
+                results[i] = future.result()
+        return results
+
+    def _complete(self, key: str, role: str, messages: Messages,
+                  cost: float) -> RecordedCall | None:
         try:
             call = self._make(key, role, messages)
         except BaseException:

@@ -83,11 +83,11 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
     """Run (or continue) the configured strategy on one task of the store."""
     device = resolve_device(cfg.eval.device)
     seeds: list[Seed] = []
-    if recorded is None and (not cfg.llm.model or cfg.search.seed_offline):
+    if not cfg.llm.model or cfg.search.seed_offline:  # replays too: it needs no LLM
         _offline(store, task, cfg, device, on_event)
         if not cfg.llm.model:
             return task_result(store, task.name, False)
-        best = store.best(task.name)
+        best = _best_offline(store, task.name)
         if best is not None:
             seeds.append(Seed(best.id, best.source, best.verdict))
     failing_seeds: list[int] = []
@@ -98,10 +98,12 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
             failing_seeds = []
     clients, pricing = _clients(cfg, replaying=recorded is not None)
     ctx = AgentContext(task_source=task.source, backend=cfg.search.backend,
-                       device=describe_device(device), atol=cfg.eval.atol)
+                       device=describe_device(device), atol=cfg.eval.atol,
+                       reference_profile=_reference_profile(store, task, cfg),
+                       profile_tokens=cfg.eval.profile_tokens)
     ledger = Ledger(store, task.name, cfg.search.budget_queries, cfg.search.budget_dollars)
     model_of = {"brainstorm": cfg.llm.model, "optimize": cfg.llm.model, "evolve": cfg.llm.model,
-                "fix": cfg.llm.fixer or cfg.llm.model}
+                "plan": cfg.llm.model, "fix": cfg.llm.fixer or cfg.llm.model}
 
     def estimate(role: str, messages: list[dict[str, str]]) -> float:
         spec = model_of.get(role)
@@ -126,6 +128,7 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
         search = BranchingSearch(store, task.name, querier, ctx, cfg.search.branching,
                                  first_seeds=seeds, **common)
     search.fix_first = failing_seeds
+    search.planner, search.plan_granularity = cfg.search.planner, cfg.search.plan_granularity
     exhausted = False
     try:
         search.run()
@@ -134,12 +137,35 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
     return task_result(store, task.name, exhausted)
 
 
+def _best_offline(store: RunStore, task: str) -> Any:
+    """The fastest correct offline candidate (by in-window speedup, as the offline search
+    ranks), whatever the LLM search later found: a resumed run seeds as the first did."""
+    ok = [r for r in store.candidates(task)
+          if r.role == "offline" and r.verdict is not None and r.verdict.ok]
+    return max(ok, key=lambda r: (r.verdict.speedup or 0.0, -r.id), default=None)
+
+
 def _offline(store: RunStore, task: Task, cfg: RunConfig, device: str,
              on_event: Callable[..., None]) -> None:
     OfflineSearch(store, task.name, task.source, device,
                   judge=lambda source: evaluate(task, source, cfg.eval),
                   max_candidates=cfg.search.offline.max_candidates,
                   max_seconds=cfg.search.offline.max_seconds, on_event=on_event).run()
+
+
+def _reference_profile(store: RunStore, task: Task, cfg: RunConfig) -> str:
+    """The reference's profile for the first prompts, measured once per task and kept."""
+    if not cfg.eval.profile:
+        return ""
+    from pike.evaluate.judge import profile_reference
+    from pike.evaluate.profile import ProfileSummary, render
+
+    kept = store.get_state(task.name, "reference_profile")
+    if kept is None:
+        summary = profile_reference(task, cfg.eval)
+        kept = summary.model_dump(mode="json") if summary else {}
+        store.set_state(task.name, "reference_profile", kept)
+    return render(ProfileSummary.model_validate(kept), cfg.eval.profile_tokens) if kept else ""
 
 
 def _seed_from_set(store: RunStore, task: Task, cfg: RunConfig,
@@ -179,7 +205,8 @@ def _clients(cfg: RunConfig, replaying: bool) -> tuple[dict[str, Any], Pricing]:
                "retry_wait_s": cfg.llm.retry_wait_s}
     main = LLMClient(cfg.llm.model, **options)
     fixer = LLMClient(cfg.llm.fixer, **options) if cfg.llm.fixer else main
-    return {"brainstorm": main, "optimize": main, "evolve": main, "fix": fixer}, pricing
+    return {"brainstorm": main, "optimize": main, "evolve": main, "plan": main,
+            "fix": fixer}, pricing
 
 
 def task_result(store: RunStore, task: str, exhausted: bool = False) -> OptimizeResult:

@@ -1,0 +1,43 @@
+"""What the folder benchmarks share: their command-line options and the run config."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import torch
+
+from pike.config import RunConfig
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def folder_arguments(p: argparse.ArgumentParser, max_candidates: int,
+                     max_seconds: float) -> None:
+    """TASK_FOLDER, --ids, --device, the offline search's budget, --tag, --resume, --out."""
+    p.add_argument("folder", type=Path)
+    p.add_argument("--ids", help="only these task ids, e.g. 1,4,9")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--max-candidates", type=int, default=max_candidates)
+    p.add_argument("--max-seconds", type=float, default=max_seconds)
+    p.add_argument("--tag", default=None)
+    p.add_argument("--resume", action="store_true", help="keep finished tasks of the results")
+    p.add_argument("--out", type=Path, default=RESULTS)
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    cfg = RunConfig()
+    cfg.eval.device = args.device
+    cfg.search.offline.max_candidates = args.max_candidates
+    cfg.search.offline.max_seconds = args.max_seconds
+    return cfg
+
+
+def task_ids(args: argparse.Namespace) -> list[int] | None:
+    return [int(i) for i in args.ids.split(",")] if args.ids else None
+
+
+def geomean(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, kept)) / len(kept)) if kept else None

@@ -1,0 +1,156 @@
+"""How far each task is from its GPU's floor: FLOPs, bytes, the floor, and eager, each
+torch.compile mode and (with --offline) the offline strategy's best as multiples of it.
+
+    python bench/floor.py TASK_FOLDER [--ids 1,4,9] [--device cuda] [--offline]
+        [--max-candidates 16] [--max-seconds 300] [--tag level3-pike] [--resume]
+
+Per task: `measure_baselines` (eager and each compile mode, timed in one window; the
+FLOPs and bytes counted in the reference's child), the eager profile's top three kernels
+(`profile_reference`), and with --offline the offline strategy's best verdict. Results are
+rewritten after every task (a run cut off keeps what it finished; --resume skips those).
+Writes bench/results/floor-<tag>.json and .md with device, torch version, date, command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import folder_arguments, geomean, run_config, task_ids
+
+from pike.config import RunConfig
+from pike.errors import PikeError
+from pike.evaluate import measure_baselines
+from pike.evaluate.judge import profile_reference
+from pike.floor import describe
+from pike.search import optimize
+from pike.task import Task, load_tasks
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def one_task(task: Task, cfg: RunConfig, offline: bool, runs: Path) -> dict:
+    started = time.monotonic()
+    row: dict = {"task": task.name}
+    try:
+        base = measure_baselines(task, cfg, cfg.search.baseline_modes)
+    except PikeError as err:
+        return {**row, "error": f"baseline: {err}"}
+    fl = base.floor
+    row.update(flops=base.work.flops if base.work else None,
+               bytes_min=base.work.bytes_min if base.work else None,
+               floor_ms=fl.ms if fl else None, bound=fl.bound if fl else None,
+               lowp_floor_ms=fl.lowp_ms if fl else None, no_floor=base.no_floor,
+               work_notes=base.work.notes if base.work else [])
+    row["modes_ms"] = {m.mode: m.stats.median_ms for m in base.modes if m.stats}
+    row["modes_x_floor"] = ({mode: ms / fl.ms for mode, ms in row["modes_ms"].items()}
+                            if fl and fl.ms > 0 else {})
+    eager_ms = row["modes_ms"].get("eager")
+    row["describe"] = describe(fl, eager_ms) if fl else f"no floor: {base.no_floor}"
+    try:
+        cfg.eval.profile_calls = 5
+        profile = profile_reference(task, cfg.eval)
+    except PikeError as err:
+        profile = None
+        row["profile_error"] = str(err)
+    if profile is not None:
+        top = profile.top_kernels or profile.top_ops
+        row["eager_top3"] = [{"name": k.name, "ms_per_call": k.ms_per_call, "share": k.share}
+                             for k in top[:3]]
+        row["eager_launches_per_call"] = profile.kernel_launches_per_call
+    if offline:
+        try:
+            result = optimize(task, cfg, out=runs / task.name)
+            v = result.best_verdict
+            if v is not None and v.ok and v.runtime is not None:
+                row["offline_ms"] = v.runtime.median_ms
+                row["offline_speedup"] = v.speedup
+                if fl and fl.ms > 0:
+                    row["modes_x_floor"]["offline"] = v.runtime.median_ms / fl.ms
+        except Exception as err:  # one task's failure must not end the benchmark
+            row["offline_error"] = f"{type(err).__name__}: {err}"[:300]
+    row["seconds"] = round(time.monotonic() - started, 1)
+    return row
+
+
+def summary(rows: list[dict], args: argparse.Namespace, pending: list[str]) -> dict:
+    modes = sorted({m for r in rows for m in r.get("modes_x_floor", {})})
+    device_name = (torch.cuda.get_device_name(0) if args.device.startswith("cuda")
+                   else platform.processor() or "cpu")
+    return {
+        "benchmark": "floor", "device": args.device, "device_name": device_name,
+        "torch_version": torch.__version__, "host": platform.node(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python " + " ".join(sys.argv), "rows": rows, "not_run": pending,
+        # the distance to the floor per mode, over the tasks that have a floor
+        "geomean_x_floor": {m: geomean([r["modes_x_floor"][m] for r in rows
+                                        if m in r.get("modes_x_floor", {})]) for m in modes},
+    }
+
+
+def markdown(result: dict) -> str:
+    modes = list(result["geomean_x_floor"])
+    lines = [f"# Distance to the floor ({result['device_name']})", "",
+             f"- device: {result['device']}, torch {result['torch_version']}, "
+             f"host {result['host']}", f"- date: {result['date']}",
+             f"- command: `{result['command']}`", "",
+             "Runtime as a multiple of the floor (max of FLOPs at the task dtype's peak and "
+             "minimum bytes at the memory bandwidth; pike.floor). Geomean over tasks with a "
+             "floor: " + (", ".join(f"{m} {g:.3g}x" for m, g in result["geomean_x_floor"].items()
+                                    if g) or "none (no floor on this device)") + ".", "",
+             "| " + " | ".join(["task", "GFLOP", "MB", "floor", "bound", *modes,
+                                "eager top kernels"]) + " |", "|---" * (6 + len(modes)) + "|"]
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['task']} | failed: {r['error'][:80]} |" + " |" * (4 + len(modes)))
+            continue
+        floor = f"{r['floor_ms'] * 1e3:.3g} us" if r.get("floor_ms") else "-"
+        gflop = f"{r['flops'] / 1e9:.3g}" if r.get("flops") is not None else "-"
+        mb = f"{r['bytes_min'] / 1e6:.3g}" if r.get("bytes_min") is not None else "-"
+        cells = [f"{r['modes_x_floor'][m]:.3g}x" if m in r.get("modes_x_floor", {}) else "-"
+                 for m in modes]
+        top = "; ".join(f"{k['name'][:40]} {k['share']:.0%}" for k in r.get("eager_top3", []))
+        lines.append("| " + " | ".join([r["task"], gflop, mb, floor, r.get("bound") or "-",
+                                        *cells, top or "-"]) + " |")
+    if result["not_run"]:
+        lines += ["", f"Not run: {', '.join(result['not_run'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    folder_arguments(p, max_candidates=16, max_seconds=300)
+    p.add_argument("--offline", action="store_true", help="also run the offline strategy")
+    args = p.parse_args()
+    cfg = run_config(args)
+    tasks = load_tasks(args.folder, task_ids(args))
+    tag = args.tag or args.folder.name
+    json_path, md_path = args.out / f"floor-{tag}.json", args.out / f"floor-{tag}.md"
+    rows: list[dict] = []
+    if args.resume and json_path.exists():
+        rows = [r for r in json.loads(json_path.read_text())["rows"] if "error" not in r]
+    runs = Path(tempfile.mkdtemp(prefix="pike-floor-bench-"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    for task in tasks:
+        if any(r["task"] == task.name for r in rows):
+            continue
+        print(f"{task.name} ...", flush=True)
+        rows.append(one_task(task, cfg, args.offline, runs))
+        print(json.dumps(rows[-1]), flush=True)
+        done = {r["task"] for r in rows}
+        result = summary(rows, args, [t.name for t in tasks if t.name not in done])
+        json_path.write_text(json.dumps(result, indent=2))
+        md_path.write_text(markdown(result))
+    print(md_path.read_text() if md_path.exists() else "no task ran")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
