@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import platform
 from pathlib import Path
 
 import torch
@@ -36,6 +37,13 @@ def run_config(args: argparse.Namespace) -> RunConfig:
 
 def task_ids(args: argparse.Namespace) -> list[int] | None:
     return [int(i) for i in args.ids.split(",")] if args.ids else None
+
+
+def device_name(device: str) -> str:
+    """The GPU's name for cuda devices, else the host's processor."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return platform.processor() or "cpu"
 
 
 def geomean(values: list[float | None]) -> float | None:

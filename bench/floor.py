@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import folder_arguments, geomean, run_config, task_ids
+from common import device_name, folder_arguments, geomean, run_config, task_ids
 
 from pike.config import RunConfig
 from pike.errors import PikeError
@@ -82,10 +82,8 @@ def one_task(task: Task, cfg: RunConfig, offline: bool, runs: Path) -> dict:
 
 def summary(rows: list[dict], args: argparse.Namespace, pending: list[str]) -> dict:
     modes = sorted({m for r in rows for m in r.get("modes_x_floor", {})})
-    device_name = (torch.cuda.get_device_name(0) if args.device.startswith("cuda")
-                   else platform.processor() or "cpu")
     return {
-        "benchmark": "floor", "device": args.device, "device_name": device_name,
+        "benchmark": "floor", "device": args.device, "device_name": device_name(args.device),
         "torch_version": torch.__version__, "host": platform.node(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join(sys.argv), "rows": rows, "not_run": pending,

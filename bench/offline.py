@@ -33,7 +33,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from common import folder_arguments, geomean, run_config, task_ids
+from common import device_name, folder_arguments, geomean, run_config, task_ids
 
 from pike.config import COMPILE_MODES, RunConfig
 from pike.errors import PikeError
@@ -100,17 +100,11 @@ def _run_one(path: str, cfg_json: str, runs: str, baselines: str) -> dict:
     return one_task(Task.from_file(Path(path)), cfg, Path(runs), baselines)
 
 
-def _device_name(device: str) -> str:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(0)
-    return platform.processor() or "cpu"
-
-
 def summary(rows: list[dict], args: argparse.Namespace, runs: Path, pending: list[str]) -> dict:
     ran = [r for r in rows if "error" not in r]
     complete = [r for r in ran if len(r.get("compile", {})) == len(COMPILE_MODES)]
     return {
-        "benchmark": "offline", "device": args.device, "device_name": _device_name(args.device),
+        "benchmark": "offline", "device": args.device, "device_name": device_name(args.device),
         "torch_version": torch.__version__, "host": platform.node(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join(sys.argv), "runs": str(runs), "jobs": args.jobs,
@@ -148,7 +142,7 @@ def main() -> int:
     earlier: list[str] = []
     if args.resume and json_path.exists():
         before = json.loads(json_path.read_text())
-        if before.get("device_name") != _device_name(args.device):
+        if before.get("device_name") != device_name(args.device):
             raise SystemExit(f"{json_path} was measured on {before.get('device_name')}: "
                              "results of two devices do not mix; use another --tag")
         rows = [r for r in before["rows"] if "error" not in r]
@@ -179,7 +173,7 @@ def main() -> int:
                 row = {"task": task.name, "error": f"worker: {type(err).__name__}: {err}"}
             row["settings"] = {"jobs": args.jobs, "max_candidates": args.max_candidates,
                                "max_seconds": args.max_seconds, "date": dt.date.today().isoformat(),
-                               "device_name": _device_name(args.device),
+                               "device_name": device_name(args.device),
                                "torch_version": torch.__version__}
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "trace"}), flush=True)

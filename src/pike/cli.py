@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -223,18 +224,12 @@ def optimize_command(
 
     if resume and (task or replay):
         raise PikeError("--resume continues a run as it was started: give no task or --replay")
-    _runs_as_recorded("--resume" if resume else "--replay" if replay else None, llm=llm,
-                      fixer_llm=fixer_llm, budget_queries=budget_queries,
-                      budget_dollars=budget_dollars, backend=backend, strategy=strategy,
-                      preset=preset, seed_offline=seed_offline, seed_from=seed_from,
-                      fix_seeds=fix_seeds, planner=planner, plan_granularity=plan_granularity,
-                      profile_feedback=profile_feedback, device=device, config=config)
-    cfg = _search_config(config, device, llm=llm, fixer_llm=fixer_llm,
-                         budget_queries=budget_queries, budget_dollars=budget_dollars,
-                         backend=backend, strategy=strategy, preset=preset,
-                         seed_offline=seed_offline, seed_from=seed_from, fix_seeds=fix_seeds,
-                         planner=planner, plan_granularity=plan_granularity,
-                         profile_feedback=profile_feedback)
+    flags = SearchFlags(llm, fixer_llm, budget_queries, budget_dollars, backend, strategy,
+                        preset, seed_offline, seed_from, fix_seeds, planner, plan_granularity,
+                        profile_feedback)
+    _runs_as_recorded("--resume" if resume else "--replay" if replay else None, flags,
+                      device=device, config=config)
+    cfg = _search_config(config, device, flags)
     the_task = load_task(task) if task else None
     if the_task is None and resume is None and replay is None:
         raise PikeError("give a TASK to optimize (or --resume RUN_DIR / --replay RUN_DIR)")
@@ -280,19 +275,12 @@ def bench_command(
 
     if resume and folder:
         raise PikeError("--resume continues a campaign as it was started: give no FOLDER")
-    _runs_as_recorded("--resume" if resume else None, llm=llm, fixer_llm=fixer_llm,
-                      budget_queries=budget_queries, budget_dollars=budget_dollars,
-                      backend=backend, strategy=strategy, preset=preset,
-                      seed_offline=seed_offline, seed_from=seed_from, fix_seeds=fix_seeds,
-                      planner=planner, plan_granularity=plan_granularity,
-                      profile_feedback=profile_feedback, device=device, config=config,
+    flags = SearchFlags(llm, fixer_llm, budget_queries, budget_dollars, backend, strategy,
+                        preset, seed_offline, seed_from, fix_seeds, planner, plan_granularity,
+                        profile_feedback)
+    _runs_as_recorded("--resume" if resume else None, flags, device=device, config=config,
                       tasks=tasks)
-    cfg = _search_config(config, device, llm=llm, fixer_llm=fixer_llm,
-                         budget_queries=budget_queries, budget_dollars=budget_dollars,
-                         backend=backend, strategy=strategy, preset=preset,
-                         seed_offline=seed_offline, seed_from=seed_from, fix_seeds=fix_seeds,
-                         planner=planner, plan_granularity=plan_granularity,
-                         profile_feedback=profile_feedback)
+    cfg = _search_config(config, device, flags)
     ids = _ids(tasks)
     names = ([t.name for t in load_tasks(folder, ids)] if folder else [])
     try:
@@ -440,51 +428,67 @@ def _ids(tasks: str | None) -> list[int] | None:
         raise TaskError(f"--tasks {tasks!r}: give numeric task ids, like 1,4,9") from None
 
 
-def _runs_as_recorded(mode: str | None, **options: Any) -> None:
+@dataclass
+class SearchFlags:
+    """The search options `optimize` and `bench` share, as given on the command line."""
+
+    llm: str | None
+    fixer_llm: str | None
+    budget_queries: int | None
+    budget_dollars: float | None
+    backend: str | None
+    strategy: str | None
+    preset: str | None
+    seed_offline: bool
+    seed_from: Path | None
+    fix_seeds: bool
+    planner: bool
+    plan_granularity: str | None
+    profile_feedback: bool
+
+
+def _runs_as_recorded(mode: str | None, flags: SearchFlags, **options: Any) -> None:
     """--resume and --replay run with the recorded config; a search option given with them
     would be silently ignored, so it is an error."""
     if mode is None:
         return
-    given = [name for name, value in options.items() if value not in (None, False)]
+    given = [name for name, value in {**asdict(flags), **options}.items()
+             if value not in (None, False)]
     if given:
-        flags = ", ".join("--" + n.replace("_", "-") for n in given)
-        raise PikeError(f"{mode} runs with the config the run was started with; drop {flags}")
+        names = ", ".join("--" + n.replace("_", "-") for n in given)
+        raise PikeError(f"{mode} runs with the config the run was started with; drop {names}")
 
 
-def _search_config(config: Path | None, device: str | None, *, llm: str | None,
-                   fixer_llm: str | None, budget_queries: int | None,
-                   budget_dollars: float | None, backend: str | None, strategy: str | None,
-                   preset: str | None, seed_offline: bool, seed_from: Path | None = None,
-                   fix_seeds: bool = False, planner: bool = False,
-                   plan_granularity: str | None = None,
-                   profile_feedback: bool = False) -> RunConfig:
+def _search_config(config: Path | None, device: str | None, flags: SearchFlags) -> RunConfig:
     """The run config of `optimize` and `bench`: the file, then the flags over it."""
+    # the 'guided' preset stands for two flags: these three may change below
+    preset, planner, profile_feedback = flags.preset, flags.planner, flags.profile_feedback
     cfg = _config(config, device)
-    if llm is not None:
-        cfg.llm.model = llm
-    if fixer_llm is not None:
-        cfg.llm.fixer = fixer_llm
-    if seed_offline:
+    if flags.llm is not None:
+        cfg.llm.model = flags.llm
+    if flags.fixer_llm is not None:
+        cfg.llm.fixer = flags.fixer_llm
+    if flags.seed_offline:
         cfg.search.seed_offline = True
-    if seed_from is not None:
-        if not seed_from.is_dir():
-            raise PikeError(f"--seed-from {seed_from}: not a folder of solution files")
-        cfg.search.seed_from = seed_from.resolve()
-    if fix_seeds:
+    if flags.seed_from is not None:
+        if not flags.seed_from.is_dir():
+            raise PikeError(f"--seed-from {flags.seed_from}: not a folder of solution files")
+        cfg.search.seed_from = flags.seed_from.resolve()
+    if flags.fix_seeds:
         if cfg.search.seed_from is None:
             raise PikeError("--fix-seeds repairs the files of --seed-from SOLUTIONS: add it")
         cfg.search.fix_seeds = True
     if cfg.search.seed_from is not None and not cfg.llm.model:
         raise PikeError("--seed-from seeds an LLM search: add --llm SPEC")
-    if strategy is not None:
-        if strategy not in ("offline", "branching", "evolve"):
-            raise PikeError(f"--strategy {strategy!r}: use offline, branching or evolve")
-        if strategy == "offline" and cfg.llm.model:
+    if flags.strategy is not None:
+        if flags.strategy not in ("offline", "branching", "evolve"):
+            raise PikeError(f"--strategy {flags.strategy!r}: use offline, branching or evolve")
+        if flags.strategy == "offline" and cfg.llm.model:
             raise PikeError("--strategy offline uses no LLM: drop --llm")
-        if strategy != "offline":
+        if flags.strategy != "offline":
             if not cfg.llm.model:
-                raise PikeError(f"--strategy {strategy} needs a model: add --llm SPEC")
-            cfg.search.strategy = strategy  # type: ignore[assignment]
+                raise PikeError(f"--strategy {flags.strategy} needs a model: add --llm SPEC")
+            cfg.search.strategy = flags.strategy  # type: ignore[assignment]
     if preset == "guided":  # the profiler-grounded agents, on whichever strategy
         planner = profile_feedback = True
         preset = None
@@ -493,12 +497,13 @@ def _search_config(config: Path | None, device: str | None, *, llm: str | None,
             raise PikeError("--planner and --profile-feedback guide LLM agents: add --llm SPEC")
         cfg.search.planner = cfg.search.planner or planner
         cfg.eval.profile = cfg.eval.profile or profile_feedback
-    if plan_granularity is not None:
+    if flags.plan_granularity is not None:
         if not cfg.search.planner:
             raise PikeError("--plan-granularity shapes the planner's steps: add --planner")
-        if plan_granularity not in ("one", "several", "free"):
-            raise PikeError(f"--plan-granularity {plan_granularity!r}: use one, several or free")
-        cfg.search.plan_granularity = plan_granularity  # type: ignore[assignment]
+        if flags.plan_granularity not in ("one", "several", "free"):
+            raise PikeError(f"--plan-granularity {flags.plan_granularity!r}: use one, several "
+                            "or free")
+        cfg.search.plan_granularity = flags.plan_granularity  # type: ignore[assignment]
     if preset is not None:
         from pike.search.presets import preset as evolve_preset
 
@@ -506,14 +511,14 @@ def _search_config(config: Path | None, device: str | None, *, llm: str | None,
             raise PikeError("--preset sets up the evolve strategy, which needs --llm SPEC")
         cfg.search.strategy = "evolve"
         cfg.search.evolve = evolve_preset(preset, cfg.search.evolve)
-    if budget_queries is not None:
-        cfg.search.budget_queries = budget_queries
-    if budget_dollars is not None:
-        cfg.search.budget_dollars = budget_dollars
-    if backend is not None:
-        if backend not in ("any", "cuda", "triton"):
-            raise PikeError(f"--backend {backend!r}: use any, cuda or triton")
-        cfg.search.backend = backend  # type: ignore[assignment]
+    if flags.budget_queries is not None:
+        cfg.search.budget_queries = flags.budget_queries
+    if flags.budget_dollars is not None:
+        cfg.search.budget_dollars = flags.budget_dollars
+    if flags.backend is not None:
+        if flags.backend not in ("any", "cuda", "triton"):
+            raise PikeError(f"--backend {flags.backend!r}: use any, cuda or triton")
+        cfg.search.backend = flags.backend  # type: ignore[assignment]
     return cfg
 
 

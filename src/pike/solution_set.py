@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pike.errors import ConfigError
 from pike.evaluate.baseline import Baseline
-from pike.report.data import geomean
-from pike.store import CandidateRow, RunStore
+from pike.report.data import geomean, stored_baseline
+from pike.store import ERROR_STATE, MISSING_STATE, CandidateRow, RunStore
 from pike.task import safe_file_stems
 
 MANIFEST = "manifest.json"
@@ -149,15 +149,15 @@ def _entry(store: RunStore, task: dict, file_name: str) -> tuple[SetEntry, str |
         entry = SetEntry(
             **base, file=file_name, file_sha256=_sha256(best.source.encode()), status="ok",
             speedup_vs_eager=v.speedup,
-            compile_speedups=compile_speedups(v.speedup, _baseline(store, name)),
+            compile_speedups=compile_speedups(v.speedup, stored_baseline(store, name)),
             trials_passed=v.trials_passed, trials=v.trials, device=v.device,
             device_name=v.device_name, torch_version=v.torch_version, date=best.created_at,
             candidate_id=best.id)
         return entry, best.source
-    error = store.get_state(name, "error")
+    error = store.get_state(name, ERROR_STATE)
     if error is not None:
         return SetEntry(**base, status="error", detail=str(error)), None
-    if store.get_state(name, "missing"):
+    if store.get_state(name, MISSING_STATE):
         return SetEntry(**base, status="missing", detail="no solution file"), None
     judged = [c for c in store.candidates(name) if c.role != "reference" and c.verdict]
     if not judged:
@@ -171,14 +171,6 @@ def _status_counts(candidates: list[CandidateRow]) -> str:
     parts = [f"{n} {status}" for status, n in counts.most_common()]
     note = f" ({untimed} correct but not timed)" if untimed else ""
     return f"no correct, timed candidate among {len(candidates)}: {', '.join(parts)}{note}"
-
-
-def _baseline(store: RunStore, task: str) -> Baseline | None:
-    raw = store.get_state(task, "baseline")
-    try:
-        return None if raw is None else Baseline.model_validate(raw)
-    except ValidationError:
-        return None
 
 
 def _file_names(tasks: list[str]) -> dict[str, str]:

@@ -29,6 +29,12 @@ log = logging.getLogger(__name__)
 
 STORE_FILE = "run.sqlite"
 
+# Task-state keys that campaigns and audits write and `show`, `report` and sets read.
+BASELINE_STATE = "baseline"  # Baseline.model_dump(mode="json"): eager and compile modes
+DONE_STATE = "done"  # the task needs no more work (a campaign's resume skips it)
+ERROR_STATE = "error"  # why the task was given up (its reference failed)
+MISSING_STATE = "missing"  # an audited set had no file for the task
+
 # How long a writer waits for another process holding the write lock (a report reading a
 # live run never blocks in WAL mode, but two writers can meet).
 _BUSY_TIMEOUT_S = 30.0

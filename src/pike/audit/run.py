@@ -24,7 +24,13 @@ from pike.audit.result import AuditResult, TaskAudit, aggregate, relative, task_
 from pike.config import RunConfig
 from pike.errors import TaskError
 from pike.evaluate import Baseline, evaluate, measure_baselines
-from pike.store import RunStore
+from pike.store import (
+    BASELINE_STATE,
+    DONE_STATE,
+    ERROR_STATE,
+    MISSING_STATE,
+    RunStore,
+)
 from pike.task import Task, load_tasks
 
 log = logging.getLogger(__name__)
@@ -79,7 +85,7 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
             done = _audit_task(store, task, matching.files[task.name], base, index, cfg,
                                baselines, event)
             audits.append(done)
-            store.set_state(task.name, "done", True)  # as `pike bench` marks it (pike show)
+            store.set_state(task.name, DONE_STATE, True)  # as `pike bench` marks it (pike show)
             event("task_done", audit=done)
         run_dir = store.path.parent
     finally:
@@ -132,14 +138,14 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
         event("task_phase", phase="baseline")
         baseline = measure_baselines(task, cfg, cfg.search.baseline_modes)
         baselines[task.name] = baseline
-        store.set_state(task.name, "baseline", baseline.model_dump(mode="json"))
+        store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
         if file is None:
-            store.set_state(task.name, "missing", True)
+            store.set_state(task.name, MISSING_STATE, True)
             return base.model_copy(update={"message": "no solution file"})
         try:
             source = file.read_text()
         except (OSError, UnicodeDecodeError) as err:
-            store.set_state(task.name, "missing", True)
+            store.set_state(task.name, MISSING_STATE, True)
             return base.model_copy(update={"message": f"cannot read {file.name}: {err}"})
         candidate_id = store.add_candidate(task.name, source, parent_id=None, role=ROLE,
                                            round=0, branch=index, idea=file.name)
@@ -147,7 +153,7 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
         verdict = evaluate(task, source, cfg)
     except TaskError as err:  # the reference itself fails: nothing to judge against
         log.warning("%s: %s", task.name, err)
-        store.set_state(task.name, "error", str(err))
+        store.set_state(task.name, ERROR_STATE, str(err))
         return base.model_copy(update={"status": "error", "message": str(err)})
     store.set_verdict(candidate_id, verdict)
     done = task_audit(base, verdict, baseline)

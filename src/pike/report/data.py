@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from pike.evaluate.baseline import Baseline
 from pike.evaluate.verdict import Status
-from pike.store import CandidateRow, RunStore
+from pike.store import BASELINE_STATE, ERROR_STATE, CandidateRow, RunStore
 
 log = logging.getLogger(__name__)
 
@@ -173,11 +173,13 @@ def _load_task(store: RunStore, row: dict) -> TaskRun:
         spend[call["id"]] = Spend(index, dollars)
     return TaskRun(name=name, reference=row["source"], candidates=store.candidates(name),
                    spend=spend, queries=len(calls), dollars=dollars, uncosted_calls=uncosted,
-                   baseline=_baseline(store, name), error=_error(store, name))
+                   baseline=stored_baseline(store, name), error=_error(store, name))
 
 
-def _baseline(store: RunStore, task: str) -> Baseline | None:
-    raw = store.get_state(task, "baseline")
+def stored_baseline(store: RunStore, task: str) -> Baseline | None:
+    """The task's baseline as `pike bench` or `pike audit` kept it; None if absent or
+    unreadable (logged)."""
+    raw = store.get_state(task, BASELINE_STATE)
     if raw is None:
         return None
     try:
@@ -188,7 +190,7 @@ def _baseline(store: RunStore, task: str) -> Baseline | None:
 
 
 def _error(store: RunStore, task: str) -> str | None:
-    error = store.get_state(task, "error")  # set by `pike bench` (search/campaign.py)
+    error = store.get_state(task, ERROR_STATE)  # set by `pike bench` (search/campaign.py)
     return None if error is None else str(error)
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
-from pike.store import RunStore
+from pike.report.data import describe_strategy, stored_baseline
+from pike.store import DONE_STATE, ERROR_STATE, RunStore
 
 RECENT = 10
 
@@ -17,22 +16,18 @@ def _x(value: float | None) -> str:
     return f"{value:.2f}x" if value else "-"
 
 
-def _baseline_best(state: Any) -> str:
-    if not isinstance(state, dict):
-        return "-"
-    speedups = [m.get("speedup_vs_eager") for m in state.get("modes", [])
-                if m.get("mode", "").startswith("compile:") and m.get("speedup_vs_eager")]
+def _best_compile(store: RunStore, task: str) -> str:
+    baseline = stored_baseline(store, task)
+    speedups = [m.speedup_vs_eager for m in baseline.modes
+                if m.mode.startswith("compile:") and m.speedup_vs_eager] if baseline else []
     return _x(max(speedups)) if speedups else "-"
 
 
 def run_tables(store: RunStore) -> Group:
     """Per task: budget spent, best speedup, best compile mode, verdicts; then recent verdicts."""
-    config = store.config()
-    search = config.get("search", {})
-    llm = config.get("llm", {}).get("model") or "none (offline)"
-    tasks = Table(title=f"{escape(str(store.path.parent))}: strategy "
-                  f"{escape(str(search.get('strategy', '?')))}, LLM {escape(llm)}",
-                  title_justify="left")
+    strategy, model = describe_strategy(store.config())
+    tasks = Table(title=f"{escape(str(store.path.parent))}: strategy {escape(strategy)}, "
+                  f"LLM {escape(model or 'none')}", title_justify="left")
     tasks.add_column("task", no_wrap=True)  # names are what a user scans for
     for column in ("state", "queries", "dollars", "best", "best compile", "candidates", "ok",
                    "failed"):
@@ -46,12 +41,12 @@ def run_tables(store: RunStore) -> Group:
         ok = [r for r in judged if r.verdict.ok]
         best = store.best(name)
         queries, dollars = store.spent(name)
-        error = store.get_state(name, "error")
-        state = ("[red]error[/red]" if error else "done" if store.get_state(name, "done")
+        error = store.get_state(name, ERROR_STATE)
+        state = ("[red]error[/red]" if error else "done" if store.get_state(name, DONE_STATE)
                  else "running" if rows else "waiting")
         tasks.add_row(escape(name), state, str(queries), f"${dollars:.2f}",
                       _x(best.verdict.speedup if best and best.verdict else None),
-                      _baseline_best(store.get_state(name, "baseline")), str(len(rows)),
+                      _best_compile(store, name), str(len(rows)),
                       str(len(ok)), str(len(judged) - len(ok)))
     recent = Table(title="recent verdicts", title_justify="left")
     for column in ("id", "task", "role", "round", "status", "speedup", "message"):

@@ -31,14 +31,11 @@ from pike.search.session import (
     summary_row,
     task_result,
 )
-from pike.store import RunStore
+from pike.store import BASELINE_STATE, DONE_STATE, ERROR_STATE, RunStore
 from pike.task import Task, load_tasks
 
 log = logging.getLogger(__name__)
 
-BASELINE_KEY = "baseline"
-DONE_KEY = "done"
-ERROR_KEY = "error"
 
 
 class TaskOutcome(BaseModel):
@@ -102,27 +99,27 @@ def _one_task(store: RunStore, task: Task, cfg: RunConfig,
     def event(kind: str, **data: Any) -> None:
         on_event(kind, task=task.name, **data)
 
-    if store.get_state(task.name, DONE_KEY):
+    if store.get_state(task.name, DONE_STATE):
         event("task_done", resumed=True)
         return TaskOutcome(task=task.name, result=task_result(store, task.name),
-                           error=store.get_state(task.name, ERROR_KEY))
+                           error=store.get_state(task.name, ERROR_STATE))
     try:
-        if store.get_state(task.name, BASELINE_KEY) is None:
+        if store.get_state(task.name, BASELINE_STATE) is None:
             event("task_phase", phase="baseline")
             baseline = measure_baselines(task, cfg, cfg.search.baseline_modes)
-            store.set_state(task.name, BASELINE_KEY, baseline.model_dump(mode="json"))
+            store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
         event("task_phase", phase="search")
         result = search_task(store, task, cfg, None, event)
     except TaskError as err:  # the task's reference fails: report it, go on with the rest
         log.warning("%s: %s", task.name, err)
-        store.set_state(task.name, ERROR_KEY, str(err))
-        store.set_state(task.name, DONE_KEY, True)
+        store.set_state(task.name, ERROR_STATE, str(err))
+        store.set_state(task.name, DONE_STATE, True)
         event("task_done", error=str(err))
         return TaskOutcome(task=task.name, result=task_result(store, task.name),
                            error=str(err))
     # Other errors (no GPU, a bad seed set) are the host's or the user's: they end the
     # campaign with their message, and the task stays open for --resume.
-    store.set_state(task.name, DONE_KEY, True)
+    store.set_state(task.name, DONE_STATE, True)
     event("task_done", result=result)
     return TaskOutcome(task=task.name, result=result)
 

@@ -39,6 +39,7 @@ class OfflineSearch:
         self.on_event("round", round=0, branches=len(names))
         results = {(n,): self._try((n,), 0, i) for i, n in enumerate(names)}
         best = self._fastest(results)
+        best_speedup = self._speedup(results[best]) if best is not None else 0.0
         names = [n for n in names if self._speedup(results[(n,)]) > 0]
         round_ = 1
         while best is not None and self._room():
@@ -49,10 +50,12 @@ class OfflineSearch:
                 return
             results = {s: self._try(s, round_, i) for i, s in enumerate(tries) if self._room()}
             challenger = self._fastest(results)
-            if challenger is None or (self._speedup(results[challenger])
-                                      * _IMPROVES < self._speedup_of(best)):
+            if challenger is None:
                 return
-            best, round_ = challenger, round_ + 1
+            speedup = self._speedup(results[challenger])
+            if speedup * _IMPROVES < best_speedup:
+                return
+            best, best_speedup, round_ = challenger, speedup, round_ + 1
 
     def _room(self) -> bool:
         return (self._made < self.max_candidates
@@ -91,10 +94,3 @@ class OfflineSearch:
     def _fastest(self, results: dict[tuple[str, ...], Verdict | None]) -> tuple[str, ...] | None:
         ok = {s: self._speedup(v) for s, v in results.items() if self._speedup(v) > 0}
         return max(ok, key=lambda s: ok[s]) if ok else None
-
-    def _speedup_of(self, names: tuple[str, ...]) -> float:
-        idea = " + ".join(names)
-        for row in self.store.candidates(self.task):
-            if row.role == "offline" and row.idea == idea:
-                return self._speedup(row.verdict)
-        return 0.0
