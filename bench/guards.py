@@ -54,29 +54,46 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--backends", default=None, help="only these, e.g. 'CUDA C++'")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
     task = Task.from_file(TASK)
     rows = []
+    wanted = [b.strip() for b in args.backends.split(",")] if args.backends else None
     for backend, path in (CUDA_CANDIDATES if cuda else CPU_CANDIDATES).items():
+        if wanted and backend not in wanted:
+            continue
         source = (ROOT / path).read_text()
         on_cfg, off_cfg = EvalConfig(device=args.device), EvalConfig(device=args.device,
                                                                      guards=False)
         one(task, source, on_cfg)  # build once, warm the reference; not counted
         one(task, source, off_cfg)
         on, off, on_phases, off_phases = [], [], [], []
-        for _ in range(args.repeats):
+        for i in range(args.repeats):
+            # Which one goes first alternates, so neither always gets the warmer host.
+            if i % 2:
+                off.append(one(task, source, off_cfg, off_phases))
             on.append(one(task, source, on_cfg, on_phases))
-            off.append(one(task, source, off_cfg, off_phases))
+            if not i % 2:
+                off.append(one(task, source, off_cfg, off_phases))
         # Where the extra time goes: the child's phases (load, check, timing, ...).
         row = {"backend": backend, "candidate": path, "with_guards_s": statistics.median(on),
                "without_guards_s": statistics.median(off), "each_on": on, "each_off": off,
                "phases_on_s": _phase_medians(on_phases),
                "phases_off_s": _phase_medians(off_phases)}
         row["extra_pct"] = 100 * (row["with_guards_s"] / row["without_guards_s"] - 1)
+        # Each on/off pair ran back to back, so its ratio cancels slow drift of the host.
+        row["paired_extra_pct"] = 100 * (statistics.median(
+            a / b for a, b in zip(on, off, strict=True)) - 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
+        write(args, cuda, rows)
+    return 0
+
+
+def write(args: argparse.Namespace, cuda: bool, rows: list[dict]) -> None:
+    """Rewritten after every backend, so a run cut off keeps what it measured."""
     device_name = torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu"
     result = {"benchmark": "guards", "device": args.device, "device_name": device_name,
               "torch_version": torch.__version__, "host": platform.node(),
@@ -87,15 +104,18 @@ def main() -> int:
              f"- date: {result['date']}", f"- command: `{result['command']}`", "",
              "Median wall time of one whole evaluation (child start, load, trials, timing of "
              "candidate and reference), guards on and off, alternating.", "",
-             "| backend | with guards | without | extra |", "|---|---|---|---|"]
+             "| backend | with guards | without | extra (medians) | extra (median of pairs) |",
+             "|---|---|---|---|---|"]
     lines += [f"| {r['backend']} | {r['with_guards_s']:.2f} s | {r['without_guards_s']:.2f} s "
-              f"| {r['extra_pct']:+.1f}% |" for r in rows]
+              f"| {r['extra_pct']:+.1f}% | {r['paired_extra_pct']:+.1f}% |" for r in rows]
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"guards-{'cuda' if cuda else 'cpu'}"
+    if args.backends:
+        stem += "-" + "-".join(r["backend"].lower().replace(" ", "").replace("+", "p")
+                               for r in rows)
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":

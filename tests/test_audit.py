@@ -111,12 +111,15 @@ def test_everything_is_in_the_run_store(mixed: Any) -> None:
         assert [r.verdict.status for r in rows] == ["ok", "incorrect", "incorrect", "crashed"]
         assert rows[0].source == (MIXED / "task_1.py").read_text()
         for task in result.tasks:
+            if task.status == "missing":  # nothing to compare: no baseline timed
+                assert store.get_state(task.task, "baseline") is None
+                continue
             baseline = Baseline.model_validate(store.get_state(task.task, "baseline"))
             assert [m.mode for m in baseline.modes] == ["eager"]
         assert store.get_state("4_Negate", "missing") is True
         assert store.get_state("1_Scale", "missing") is None
         assert all(store.get_state(t.task, "done") for t in result.tasks)
-    assert ("task_phase", "4_Negate", "baseline") in events
+    assert ("task_phase", "4_Negate", "baseline") not in events
     assert ("task_phase", "4_Negate", "evaluate") not in events
     assert [e[1] for e in events if e[0] == "task_done"] == [t.task for t in result.tasks]
     # the JSON beside the store is the result; the report sees the failures as 1.0x
@@ -124,7 +127,7 @@ def test_everything_is_in_the_run_store(mixed: Any) -> None:
     run = load_run(out)
     assert [t.name for t in run.tasks if t.best() is None] == [
         "2_Softplus", "3_RowSum", "4_Negate", "10_Square"]
-    assert all(t.baseline is not None for t in run.tasks)
+    assert [t.name for t in run.tasks if t.baseline is None] == ["4_Negate"]
 
 
 def test_markdown_leads_with_the_all_task_geomean_and_spells_out_failures(mixed: Any) -> None:

@@ -134,19 +134,20 @@ def _base(task: Task, matching: Matching, solutions: Path, changed: list[str]) -
 def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit, index: int,
                 cfg: RunConfig, baselines: dict[str, Baseline],
                 event: Callable[..., None]) -> TaskAudit:
+    # A task with nothing to judge counts 1.0x whatever its baselines: skip timing them.
+    if file is None:
+        store.set_state(task.name, MISSING_STATE, True)
+        return base.model_copy(update={"message": "no solution file"})
+    try:
+        source = file.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        store.set_state(task.name, MISSING_STATE, True)
+        return base.model_copy(update={"message": f"cannot read {file.name}: {err}"})
     try:
         event("task_phase", phase="baseline")
         baseline = measure_baselines(task, cfg, cfg.search.baseline_modes)
         baselines[task.name] = baseline
         store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
-        if file is None:
-            store.set_state(task.name, MISSING_STATE, True)
-            return base.model_copy(update={"message": "no solution file"})
-        try:
-            source = file.read_text()
-        except (OSError, UnicodeDecodeError) as err:
-            store.set_state(task.name, MISSING_STATE, True)
-            return base.model_copy(update={"message": f"cannot read {file.name}: {err}"})
         candidate_id = store.add_candidate(task.name, source, parent_id=None, role=ROLE,
                                            round=0, branch=index, idea=file.name)
         event("task_phase", phase="evaluate")

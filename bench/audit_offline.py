@@ -1,0 +1,120 @@
+"""Audit a solution set pike produced: the offline strategy's best per task, and a copy of
+it with three files broken on purpose, so the audit's verdicts can be checked by eye.
+
+    python bench/audit_offline.py OFFLINE_RESULTS_JSON TASK_FOLDER [--device cuda]
+        [--modes default,reduce-overhead] [--tag level3-pike] [--work DIR] [--out DIR]
+
+The set is rebuilt from an offline benchmark's results (bench/offline.py records the best
+transformation set of each task; the offline agent renders the same source from it), so
+no candidate source has to travel between machines. The broken copy changes the first
+three files in task order: one returns a slightly wrong output, one raises in forward,
+one is wrong only on some inputs (the audit should call it seed-dependent when the first
+trial passes). Both sets go through `pike.audit.audit` with the full guards. Writes
+bench/results/audit-<tag>.json/.md and audit-<tag>-broken.json/.md (the AuditResult plus
+the command), each with device, torch version and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from common import RESULTS, device_name
+
+from pike.agents.offline import render
+from pike.audit import audit, to_markdown
+from pike.config import RunConfig
+from pike.task import load_tasks
+
+# Appended to a rendered ModelNew: each subclasses it and spoils the result one way.
+BREAKS = {
+    "wrong": ("class ModelNew(ModelNew):  # broken on purpose: output off by 5%\n"
+              "    def forward(self, *args):\n"
+              "        return super().forward(*args) * 1.05 + 0.05\n"),
+    "crash": ("class ModelNew(ModelNew):  # broken on purpose: raises\n"
+              "    def forward(self, *args):\n"
+              "        raise RuntimeError('broken on purpose')\n"),
+    "seed-dependent": (
+        "class ModelNew(ModelNew):  # broken on purpose: wrong on about half the inputs\n"
+        "    def forward(self, *args):\n"
+        "        out = super().forward(*args)\n"
+        "        x = args[0].flatten()\n"
+        "        return out + 1.0 if bool(x[0] > x.median()) else out\n"),
+}
+
+
+def build_sets(results: dict, tasks_dir: Path, work: Path) -> tuple[Path, Path, dict]:
+    """The set and its broken copy under `work`; which task got which break."""
+    tasks = {t.name: t for t in load_tasks(tasks_dir)}
+    good, broken = work / "offline-set", work / "offline-set-broken"
+    good.mkdir(parents=True, exist_ok=True)
+    broken.mkdir(parents=True, exist_ok=True)
+    rows = sorted((r for r in results["rows"] if r.get("offline_idea")),
+                  key=lambda r: tasks[r["task"]].id if r["task"] in tasks else 0)
+    breaks: dict[str, str] = {}
+    for row in rows:
+        task = tasks.get(row["task"])
+        if task is None:
+            continue
+        names = tuple(n.strip() for n in row["offline_idea"].split("+"))
+        source = render(task.source, names)
+        (good / f"{task.name}.py").write_text(source)
+        kind = list(BREAKS)[len(breaks)] if len(breaks) < len(BREAKS) else None
+        if kind:
+            breaks[task.name] = kind
+            source = source + "\n\n" + BREAKS[kind]
+        (broken / f"{task.name}.py").write_text(source)
+    return good, broken, breaks
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("offline_results", type=Path)
+    p.add_argument("folder", type=Path)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--modes", default=None,
+                   help="torch.compile modes to time as baselines (comma list, 'none' for "
+                        "eager only; default: the config's)")
+    p.add_argument("--sets", choices=("both", "good", "broken"), default="both",
+                   help="which set to audit (two processes may audit one each at once: "
+                        "the evaluator's device lock keeps their timing apart)")
+    p.add_argument("--tag", default="offline")
+    p.add_argument("--work", type=Path, default=None, help="where the sets and stores go")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args()
+    results = json.loads(args.offline_results.read_text())
+    cfg = RunConfig()
+    cfg.eval.device = args.device
+    if args.modes is not None:
+        modes = [] if args.modes == "none" else [m.strip() for m in args.modes.split(",")]
+        cfg.search.baseline_modes = ["eager", *(f"compile:{m}" for m in modes)]
+    work = args.work or Path(tempfile.mkdtemp(prefix="pike-audit-"))
+    good, broken, breaks = build_sets(results, args.folder, work)
+    print(f"sets under {work}; broken on purpose: {breaks}", flush=True)
+    command = "python " + " ".join(sys.argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    chosen = [(args.tag, good)] if args.sets != "broken" else []
+    chosen += [(f"{args.tag}-broken", broken)] if args.sets != "good" else []
+    for name, folder in chosen:
+        result = audit(folder, args.folder, cfg, out=work / f"run-{name}", command=command)
+        data = result.model_dump(mode="json")
+        data.update(benchmark="audit", command=command, device_name=device_name(args.device),
+                    offline_results=str(args.offline_results), broken_on_purpose=(
+                        breaks if folder == broken else {}))
+        (args.out / f"audit-{name}.json").write_text(json.dumps(data, indent=2))
+        header = [f"- command: `{command}`", f"- set rebuilt from {args.offline_results}"]
+        if folder == broken:
+            header.append("- broken on purpose: " + ", ".join(
+                f"{t} ({k})" for t, k in breaks.items()))
+        (args.out / f"audit-{name}.md").write_text(
+            "\n".join(header) + "\n\n" + to_markdown(result) + "\n")
+        print(to_markdown(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
