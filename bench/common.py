@@ -22,6 +22,8 @@ def folder_arguments(p: argparse.ArgumentParser, max_candidates: int,
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--max-candidates", type=int, default=max_candidates)
     p.add_argument("--max-seconds", type=float, default=max_seconds)
+    p.add_argument("--workers", type=int, default=1,
+                   help="candidates of a task evaluated at once (the evaluation pool)")
     p.add_argument("--tag", default=None)
     p.add_argument("--resume", action="store_true", help="keep finished tasks of the results")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -30,6 +32,7 @@ def folder_arguments(p: argparse.ArgumentParser, max_candidates: int,
 def run_config(args: argparse.Namespace) -> RunConfig:
     cfg = RunConfig()
     cfg.eval.device = args.device
+    cfg.eval.workers = args.workers
     cfg.search.offline.max_candidates = args.max_candidates
     cfg.search.offline.max_seconds = args.max_seconds
     return cfg

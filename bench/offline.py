@@ -1,6 +1,6 @@
 """The offline strategy over a folder of tasks, against eager and every torch.compile mode.
 
-    python bench/offline.py TASK_FOLDER [--ids 1,4,9] [--device cuda] [--jobs 3]
+    python bench/offline.py TASK_FOLDER [--ids 1,4,9] [--device cuda] [--jobs 3] [--workers 8]
         [--max-candidates 24] [--max-seconds 900] [--tag level3-pike] [--resume]
         [--baselines offline|separate]
 
@@ -11,7 +11,9 @@ baselines (`--baselines offline`, the default). `--baselines separate` times eag
 compile modes once more with `pike baseline` first (costs a second compile of each mode).
 
 Tasks run in `--jobs` processes at once: trials and compiles overlap, timing takes the
-GPU alone (pike.evaluate.device_lock). A task that cannot be loaded or run is reported with
+GPU alone (pike.evaluate.device_lock). Within a task, `--workers` candidates of a round are
+evaluated at once by the evaluation pool: their compiles (torch.compile compiles in the
+warm-up call, before the device lock) overlap. A task that cannot be loaded or run is reported with
 its error and the run goes on. Results are rewritten after every task, so a run cut off
 keeps what it finished and `--resume` skips those tasks. Writes
 bench/results/offline-<tag>.json and .md with device, torch version, date, command,
@@ -108,6 +110,7 @@ def summary(rows: list[dict], args: argparse.Namespace, runs: Path, pending: lis
         "torch_version": torch.__version__, "host": platform.node(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join(sys.argv), "runs": str(runs), "jobs": args.jobs,
+        "workers": args.workers,
         "max_candidates": args.max_candidates, "max_seconds": args.max_seconds,
         "baselines": args.baselines, "rows": rows, "not_run": pending,
         # A task with no correct candidate falls back to eager: it counts 1.0x, not nothing.
@@ -171,7 +174,8 @@ def main() -> int:
                 row = future.result()
             except Exception as err:  # the worker died: report the task, go on
                 row = {"task": task.name, "error": f"worker: {type(err).__name__}: {err}"}
-            row["settings"] = {"jobs": args.jobs, "max_candidates": args.max_candidates,
+            row["settings"] = {"jobs": args.jobs, "workers": args.workers,
+                               "max_candidates": args.max_candidates,
                                "max_seconds": args.max_seconds, "date": dt.date.today().isoformat(),
                                "device_name": device_name(args.device),
                                "torch_version": torch.__version__}
@@ -204,7 +208,8 @@ def markdown(result: dict) -> str:
              f"{_x(result['geomean_best_compile_vs_eager'])} over eager (at least), offline "
              f"over best compile {_x(result['geomean_offline_vs_best_compile'])} (at most).",
              "",
-             f"Last call: tasks at once: {result['jobs']} (timing exclusive); at most "
+             f"Last call: tasks at once: {result['jobs']}, candidates of a task at once: "
+             f"{result.get('workers', 1)} (timing exclusive); at most "
              f"{result['max_candidates']} candidates and {result['max_seconds']:.0f} s per task; "
              f"compile baselines: {result['baselines']} (each row's own settings are in the JSON)."
              , "",

@@ -310,3 +310,18 @@ def test_cli_audits_exports_a_set_and_reports(mixed: Any, tmp_path: Path,
     assert load_run(out).strategy == "audit"
     assert "audit" in (report / "index.html").read_text()
     assert pike("export", out, "1_Scale", "--set", exported).exit_code == 2
+
+
+def test_an_audit_cut_off_keeps_the_tasks_it_judged(tmp_path: Path, build_cache: Path) -> None:
+    out = tmp_path / "cut"
+
+    def stop_after_the_first(kind: str, **data: Any) -> None:
+        if kind == "task_done":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        audit(MIXED, TASKS, audit_config(build_cache), out=out, ids=[1, 4],
+              on_event=stop_after_the_first)
+    kept = AuditResult.model_validate_json((out / "audit.json").read_text())
+    assert [t.task for t in kept.tasks] == ["1_Scale"]
+    assert "partial: 1 of 2 tasks audited so far" in kept.warnings

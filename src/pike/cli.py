@@ -58,6 +58,15 @@ PlannerOpt = Annotated[bool, typer.Option(
     "implements one (see --plan-granularity)")]
 GranularityOpt = Annotated[str | None, typer.Option(
     help="what each query implements with --planner: one (step), several, free")]
+WorkersOpt = Annotated[int | None, typer.Option(
+    min=1, help="candidates evaluated at once: builds and compiles overlap, timing stays "
+    "one at a time per GPU (default 1)")]
+DevicesOpt = Annotated[str | None, typer.Option(
+    help="GPUs of this host to spread evaluations over: cuda:0,cuda:1 (one timing lane each)")]
+ClusterOpt = Annotated[str | None, typer.Option(
+    help="where evaluations run: local (default) or ray (pip install 'pike-torch\\[ray]')")]
+RayAddressOpt = Annotated[str | None, typer.Option(
+    help="the Ray cluster to join (implies --cluster ray; default RAY_ADDRESS or a local Ray)")]
 ProfileFeedbackOpt = Annotated[bool, typer.Option(
     "--profile-feedback", help="profile correct candidates and the reference; the agents "
     "see where the time goes")]
@@ -211,6 +220,10 @@ def optimize_command(
     planner: PlannerOpt = False,
     plan_granularity: GranularityOpt = None,
     profile_feedback: ProfileFeedbackOpt = False,
+    workers: WorkersOpt = None,
+    devices: DevicesOpt = None,
+    cluster: ClusterOpt = None,
+    ray_address: RayAddressOpt = None,
     strategy: StrategyOpt = None,
     preset: PresetOpt = None,
     config: ConfigOpt = None,
@@ -226,7 +239,7 @@ def optimize_command(
         raise PikeError("--resume continues a run as it was started: give no task or --replay")
     flags = SearchFlags(llm, fixer_llm, budget_queries, budget_dollars, backend, strategy,
                         preset, seed_offline, seed_from, fix_seeds, planner, plan_granularity,
-                        profile_feedback)
+                        profile_feedback, workers, devices, cluster, ray_address)
     _runs_as_recorded("--resume" if resume else "--replay" if replay else None, flags,
                       device=device, config=config)
     cfg = _search_config(config, device, flags)
@@ -257,6 +270,10 @@ def bench_command(
     planner: PlannerOpt = False,
     plan_granularity: GranularityOpt = None,
     profile_feedback: ProfileFeedbackOpt = False,
+    workers: WorkersOpt = None,
+    devices: DevicesOpt = None,
+    cluster: ClusterOpt = None,
+    ray_address: RayAddressOpt = None,
     jobs: Annotated[int, typer.Option(min=1, help="tasks at once (timing stays exclusive "
                                       "per GPU)")] = 1,
     device: DeviceOpt = None,
@@ -277,7 +294,7 @@ def bench_command(
         raise PikeError("--resume continues a campaign as it was started: give no FOLDER")
     flags = SearchFlags(llm, fixer_llm, budget_queries, budget_dollars, backend, strategy,
                         preset, seed_offline, seed_from, fix_seeds, planner, plan_granularity,
-                        profile_feedback)
+                        profile_feedback, workers, devices, cluster, ray_address)
     _runs_as_recorded("--resume" if resume else None, flags, device=device, config=config,
                       tasks=tasks)
     cfg = _search_config(config, device, flags)
@@ -445,6 +462,10 @@ class SearchFlags:
     planner: bool
     plan_granularity: str | None
     profile_feedback: bool
+    workers: int | None = None
+    devices: str | None = None
+    cluster: str | None = None
+    ray_address: str | None = None
 
 
 def _runs_as_recorded(mode: str | None, flags: SearchFlags, **options: Any) -> None:
@@ -457,6 +478,26 @@ def _runs_as_recorded(mode: str | None, flags: SearchFlags, **options: Any) -> N
     if given:
         names = ", ".join("--" + n.replace("_", "-") for n in given)
         raise PikeError(f"{mode} runs with the config the run was started with; drop {names}")
+
+
+def _pool_flags(cfg: RunConfig, flags: SearchFlags) -> None:
+    """Where and how many evaluations run at once."""
+    if flags.workers is not None:
+        cfg.eval.workers = flags.workers
+    if flags.devices is not None:
+        cfg.eval.devices = [d.strip() for d in flags.devices.split(",") if d.strip()]
+    if flags.ray_address is not None:
+        cfg.eval.ray_address = flags.ray_address
+        cfg.eval.cluster = "ray"
+    if flags.cluster is not None:
+        if flags.cluster not in ("local", "ray"):
+            raise PikeError(f"--cluster {flags.cluster!r}: use local or ray")
+        if flags.cluster == "local" and flags.ray_address is not None:
+            raise PikeError("--ray-address joins a Ray cluster: drop --cluster local")
+        cfg.eval.cluster = flags.cluster  # type: ignore[assignment]
+    if cfg.eval.cluster == "ray" and cfg.eval.devices:
+        raise PikeError("--devices picks GPUs of this host; on Ray every GPU of the cluster "
+                        "gets an actor: drop --devices")
 
 
 def _search_config(config: Path | None, device: str | None, flags: SearchFlags) -> RunConfig:
@@ -511,6 +552,7 @@ def _search_config(config: Path | None, device: str | None, flags: SearchFlags) 
             raise PikeError("--preset sets up the evolve strategy, which needs --llm SPEC")
         cfg.search.strategy = "evolve"
         cfg.search.evolve = evolve_preset(preset, cfg.search.evolve)
+    _pool_flags(cfg, flags)
     if flags.budget_queries is not None:
         cfg.search.budget_queries = flags.budget_queries
     if flags.budget_dollars is not None:

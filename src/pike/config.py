@@ -64,7 +64,25 @@ class EvalConfig(_Strict):
     profile: bool = Field(False, description="after the checks, profile correct candidates "
                           "(torch.profiler, outside the timed region) for prompts and users")
     profile_calls: int = Field(10, ge=1, description="forward calls in the profiling pass")
+    ncu: bool = Field(False, description="with profile, on CUDA: Nsight Compute metrics "
+                      "(achieved occupancy, DRAM and SM throughput) of the top kernels where "
+                      "`ncu` is installed; a one-line note where it is not")
     profile_tokens: int = Field(300, ge=50, description="how long a profile may be in a prompt")
+    workers: int = Field(1, ge=1, description="evaluations at once: their builds and "
+                         "compiles overlap, timing stays one at a time per GPU")
+    devices: list[str] = Field(default_factory=list, description="GPUs of this host to "
+                               "spread evaluations over, one timing lane each "
+                               "(e.g. [cuda:0, cuda:1]); empty = `device`")
+    cluster: Literal["local", "ray"] = Field(
+        "local", description="'ray': one evaluation actor per GPU of a Ray cluster")
+    ray_address: str | None = Field(None, description="the Ray cluster to join (None = "
+                                    "RAY_ADDRESS, or a local Ray started for the run)")
+    timing_cores: int = Field(2, ge=0, description="on a GPU host with cores to spare, CPU "
+                              "cores kept per GPU for the timed children while builds use the "
+                              "rest (host-bound timings stay clean under compile load); 0 = off")
+    warm_up: bool = Field(True, description="call a candidate once before its trials, "
+                          "without the device lock: lazy compiles (Triton, torch.compile) "
+                          "then overlap other candidates' timing instead of holding it up")
     time_candidate: bool = Field(True, description="skip timing to only check correctness")
     build_cache: Path | None = Field(
         None, description="where compiled extensions are cached; None = ~/.cache/pike/build"
@@ -83,6 +101,11 @@ class LLMConfig(_Strict):
     retry_wait_s: float = Field(2.0, ge=0, description="first backoff wait")
     temperature: float | None = Field(None, description="None = the provider's default")
     max_tokens: int | None = Field(None, ge=1, description="None = the provider's default")
+    prompt_tokens: int | None = Field(
+        12000, ge=0, description="each prompt's budget in estimated tokens (4 characters "
+        "each): parts are kept by priority (task, parent, plan step, profile, top programs, "
+        "recent errors) and the lowest trimmed or dropped to fit; the task is never cut; "
+        "None or 0 = no limit")
     pricing: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="model -> {input_per_mtok, output_per_mtok} in USD, "
         "over the packaged table")

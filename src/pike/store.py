@@ -96,10 +96,16 @@ CREATE TABLE state (
 
 Migration = Callable[[sqlite3.Connection], None]
 
+
+def _add_prompt_parts(conn: sqlite3.Connection) -> None:
+    """v1 -> v2: how each prompt was assembled under the token budget (PromptParts, JSON)."""
+    conn.execute("ALTER TABLE llm_calls ADD COLUMN prompt_parts TEXT")
+
+
 # _MIGRATIONS[v - 1] upgrades a store from schema version v to v + 1. A new store is built
 # as version 1 and migrated like an old one, so there is a single path to the current
 # schema. Append here; never edit a released migration.
-_MIGRATIONS: list[Migration] = []
+_MIGRATIONS: list[Migration] = [_add_prompt_parts]
 
 
 def _current_version() -> int:
@@ -427,6 +433,9 @@ class RunStore:
         refused: losing a call would undercount the budget.
         """
         error = getattr(call, "error", None)
+        parts = getattr(call, "prompt_parts", None)
+        if isinstance(parts, BaseModel):
+            parts = parts.model_dump(mode="json")
         row = (
             task,
             getattr(call, "role", None),
@@ -440,12 +449,13 @@ class RunStore:
             None if error is None else str(error),
             _timestamp(getattr(call, "started_at", None)),
             _now(),
+            None if parts is None else json.dumps(parts, default=str),
         )
         with self._db() as db:
             cursor = db.execute(
                 "INSERT INTO llm_calls (task, role, model, messages, reply, tokens_in,"
-                " tokens_out, latency_s, cost_usd, error, started_at, recorded_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " tokens_out, latency_s, cost_usd, error, started_at, recorded_at, prompt_parts)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 row,
             )
         return int(cursor.lastrowid)
@@ -462,6 +472,8 @@ class RunStore:
         for row in rows:
             call = dict(row)
             call["messages"] = json.loads(call["messages"])
+            if call["prompt_parts"] is not None:
+                call["prompt_parts"] = json.loads(call["prompt_parts"])
             calls.append(call)
         return calls
 

@@ -1,16 +1,26 @@
-"""The messages each role sends: brainstormer (IBA), optimizer, error fixer (EFA)."""
+"""The messages each role sends: brainstormer (IBA), optimizer, error fixer (EFA),
+evolution (mutation, crossover) and planner. Each prompt is assembled from parts under
+the token budget (agents/prompt.py) and carries the record of that assembly."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
 import jinja2
 
+from pike.agents.prompt import Assembly, Part, Prompt, fit
+from pike.config import LLMConfig
 from pike.evaluate.verdict import Verdict
 
 Messages = list[dict[str, str]]
 _REPORT_LIMIT = 4000
+
+# What a prompt keeps first when the budget is short (the system message and the task are
+# always kept): the program to improve, the plan step, the profile, the top programs, then
+# recent errors.
+PARENT, STEP, PROFILE, TOP, ERRORS = 50, 40, 30, 20, 10
 
 
 @cache
@@ -32,22 +42,32 @@ class AgentContext:
     atol: float = 1e-2
     reference_profile: str = ""  # where the reference's time goes (EvalConfig.profile)
     profile_tokens: int = 300
+    prompt_tokens: int | None = LLMConfig.model_fields["prompt_tokens"].default
 
-    def _messages(self, template: str, **values: object) -> Messages:
+    def _prompt(self, template: str | Callable[[Assembly], str], parts: list[Part],
+                values: Callable[[Assembly], dict[str, object]]) -> Prompt:
+        """The system and user messages, with `parts` (their empty ones left out) kept or
+        cut to the budget; `values` gives the template what was kept."""
         env = _templates()
         system = env.get_template("system.j2").render(device=self.device, backend=self.backend,
-                                                       atol=self.atol)
-        user = env.get_template(template).render(task_source=self.task_source, **values)
-        return [{"role": "system", "content": system.strip()},
-                {"role": "user", "content": user.strip()}]
+                                                       atol=self.atol).strip()
+        required = [Part("system", system, 0, "never"), Part("task", self.task_source, 0, "never")]
+
+        def render(kept: Assembly) -> Messages:
+            name = template if isinstance(template, str) else template(kept)
+            user = env.get_template(name).render(task_source=self.task_source, **values(kept))
+            return [{"role": "system", "content": system},
+                    {"role": "user", "content": user.strip()}]
+
+        return fit(required + [p for p in parts if p.text], self.prompt_tokens, render)
 
 
-def brainstorm_messages(ctx: AgentContext, count: int) -> Messages:
-    return ctx._messages("brainstorm.j2", count=count)
+def brainstorm_messages(ctx: AgentContext, count: int) -> Prompt:
+    return ctx._prompt("brainstorm.j2", [], lambda kept: {"count": count})
 
 
 def optimize_messages(ctx: AgentContext, parent_source: str | None,
-                      parent_verdict: Verdict | None, idea: str | None) -> Messages:
+                      parent_verdict: Verdict | None, idea: str | None) -> Prompt:
     runtime = speedup = ""
     if parent_verdict is not None and parent_verdict.runtime is not None:
         runtime = f"{parent_verdict.runtime.median_ms:.4g} ms"
@@ -57,18 +77,26 @@ def optimize_messages(ctx: AgentContext, parent_source: str | None,
         from pike.evaluate.profile import render
 
         profile = render(parent_verdict.profile, ctx.profile_tokens)
-    return ctx._messages("optimize.j2", parent_source=parent_source, idea=idea,
-                         parent_runtime=runtime, parent_speedup=speedup, profile=profile)
+    parts = [Part("parent", parent_source or "", PARENT), Part("step", idea or "", STEP, "head"),
+             Part("profile", profile, PROFILE, "head",
+                  needs="parent" if parent_source else None)]
+    return ctx._prompt("optimize.j2", parts, lambda kept: {
+        "parent_source": kept.text("parent"), "idea": kept.text("step"),
+        "parent_runtime": runtime, "parent_speedup": speedup, "profile": kept.text("profile")})
 
 
-def fix_messages(ctx: AgentContext, failing_source: str, verdict: Verdict) -> Messages:
+def fix_messages(ctx: AgentContext, failing_source: str, verdict: Verdict) -> Prompt:
     report = verdict.message or "(no message)"
     if verdict.mismatches:
         m = verdict.mismatches[0]
         report += (f"\nfirst mismatch: trial {m.trial}, output {m.output}: {m.problem}"
                    f" (expected shape {m.expected_shape}, got {m.actual_shape})")
-    return ctx._messages("fix.j2", failing_source=failing_source, status=verdict.status,
-                         report=report[-_REPORT_LIMIT:])
+    # The failing source is required: a fixer that cannot see the program cannot fix it.
+    parts = [Part("parent", failing_source, PARENT, "never"),
+             Part("errors", report[-_REPORT_LIMIT:], ERRORS, "tail")]
+    return ctx._prompt("fix.j2", parts, lambda kept: {
+        "failing_source": failing_source, "status": verdict.status,
+        "report": kept.text("errors") or "(too long for the prompt)"})
 
 
 @dataclass(frozen=True)
@@ -83,16 +111,35 @@ class ProgramView:
 
 def evolve_messages(ctx: AgentContext, parent: ProgramView | None, other: ProgramView | None,
                     top: list[ProgramView], failed: ProgramView | None,
-                    step: str | None = None) -> Messages:
+                    step: str | None = None) -> Prompt:
     """Mutation (one parent, or the reference) or crossover (two parents) for PIKE-O; with
-    the planner on, `step` is the plan's step this query implements."""
-    template = "evolve_crossover.j2" if parent and other else "evolve_mutation.j2"
-    return ctx._messages(template, parent=parent, other=other, top=top, failed=failed,
-                         step=step)
+    the planner on, `step` is the plan's step this query implements. A parent dropped for
+    the budget turns a crossover into a mutation of the one kept."""
+    parts = [Part("parent", parent.source if parent else "", PARENT),
+             Part("other", other.source if other else "", PARENT),
+             Part("step", step or "", STEP, "head"),
+             *(Part(f"top:{i}", p.source, TOP) for i, p in enumerate(top, 1)),
+             Part("errors", failed.source if failed else "", ERRORS)]
+
+    def parents(kept: Assembly) -> list[ProgramView]:
+        return [view for view, name in ((parent, "parent"), (other, "other"))
+                if view is not None and kept.text(name)]
+
+    def values(kept: Assembly) -> dict[str, object]:
+        kept_parents = parents(kept)
+        return {"parent": kept_parents[0] if kept_parents else None,
+                "other": kept_parents[1] if len(kept_parents) == 2 else None,
+                "top": [p for i, p in enumerate(top, 1) if kept.text(f"top:{i}")],
+                "failed": failed if kept.text("errors") else None,
+                "step": kept.text("step") or None}
+
+    return ctx._prompt(
+        lambda kept: "evolve_crossover.j2" if len(parents(kept)) == 2 else "evolve_mutation.j2",
+        parts, values)
 
 
 def planner_messages(ctx: AgentContext, best_source: str | None, best: Verdict | None,
-                     count: int) -> Messages:
+                     count: int) -> Prompt:
     """The planner: a ranked list of concrete steps from the current best and its profile."""
     runtime = speedup = times_floor = profile = ""
     if best is not None and best.runtime is not None:
@@ -107,9 +154,12 @@ def planner_messages(ctx: AgentContext, best_source: str | None, best: Verdict |
         profile = ctx.reference_profile
     backend_words = {"cuda": "CUDA C++", "triton": "Triton"}.get(ctx.backend,
                                                                  "CUDA C++ or Triton")
-    return ctx._messages("planner.j2", best_source=best_source, best_runtime=runtime,
-                         best_speedup=speedup, times_floor=times_floor, profile=profile,
-                         count=count, backend_words=backend_words)
+    parts = [Part("parent", best_source or "", PARENT),
+             Part("profile", profile, PROFILE, "head", needs="parent" if best_source else None)]
+    return ctx._prompt("planner.j2", parts, lambda kept: {
+        "best_source": kept.text("parent"), "best_runtime": runtime, "best_speedup": speedup,
+        "times_floor": times_floor, "profile": kept.text("profile"), "count": count,
+        "backend_words": backend_words})
 
 
 def plan_ideas(steps: list[str], branches: int, granularity: str) -> list[str]:

@@ -86,14 +86,23 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
                                baselines, event)
             audits.append(done)
             store.set_state(task.name, DONE_STATE, True)  # as `pike bench` marks it (pike show)
+            if len(audits) < len(task_list):  # a long audit cut off keeps what it judged
+                partial = [f"partial: {len(audits)} of {len(task_list)} tasks audited so far"]
+                _write(_result(solutions, tasks_dir, store.path.parent, matching, audits,
+                               baselines, cfg, warnings + partial))
             event("task_done", audit=done)
         run_dir = store.path.parent
     finally:
         store.close()
     result = _result(solutions, tasks_dir, run_dir, matching, audits, baselines, cfg, warnings)
+    _write(result)
+    return result
+
+
+def _write(result: AuditResult) -> None:
+    run_dir = Path(result.run_dir)
     (run_dir / RESULT_JSON).write_text(result.model_dump_json(indent=2) + "\n")
     (run_dir / RESULT_MARKDOWN).write_text(to_markdown(result))
-    return result
 
 
 def _task_events(on_event: Callable[..., None], task: str) -> Callable[..., None]:

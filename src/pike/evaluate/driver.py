@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pike.config import EvalConfig, TimingConfig
+from pike.evaluate.cores import start_on_build_cores
 from pike.evaluate.protocol import ChildRequest
 from pike.evaluate.sandbox import (
     ChildExit,
@@ -51,6 +52,7 @@ def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
     cache_root.mkdir(parents=True, exist_ok=True)
     request.writable = [os.path.realpath(work_dir), os.path.realpath(cache_root)]
     env = scrubbed_environment(work_dir, uuid.uuid4().hex, cache_root / build_key, cache_root)
+    device = request.device  # as this process numbers GPUs; the child sees only its own
     _only_one_gpu(request, env)
     lim = cfg.limits
     phase_limits = {"setup": lim.load_seconds, "load": lim.load_seconds,
@@ -59,8 +61,10 @@ def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
                     # advisory passes: a hang here must not hold the device for long
                     "profile": lim.check_seconds, "work": lim.check_seconds}
     child = ChildProcess(request, work_dir, env, lim, phase_limits,
-                         prefix=network_prefix(cfg.network_isolation))
-    return child.__enter__()
+                         prefix=network_prefix(cfg.network_isolation)).__enter__()
+    if child.proc is not None:
+        start_on_build_cores(child.proc.pid, device, cfg.timing_cores)
+    return child
 
 
 def _only_one_gpu(request: ChildRequest, env: dict[str, str]) -> None:
@@ -74,8 +78,24 @@ def _only_one_gpu(request: ChildRequest, env: dict[str, str]) -> None:
     request.device = "cuda:0"
 
 
+def wait_ready(child: ChildProcess, report: ChildReport) -> bool:
+    """Let a candidate child load, build and warm up (no lock needed); False (and
+    report.failure) if it failed. `run_trials` then starts its trials."""
+    ready = _pump(child, report, "ready")
+    if ready:
+        child.enter_phase("queued")  # waiting for the device: no phase limit runs
+    return ready
+
+
 def run_trials(child: ChildProcess, report: ChildReport) -> bool:
-    """Let the child load, build and run its trials; False (and report.failure) if it failed."""
+    """Let the child run its trials (a candidate child: after `wait_ready`, which it is told
+    to go on from here); False (and report.failure) if it failed."""
+    if child.request.role == "candidate":
+        child.send("go")
+    return _pump(child, report, "checked")
+
+
+def _pump(child: ChildProcess, report: ChildReport, until: str) -> bool:
     while True:
         event = child.receive()
         if not isinstance(event, dict):
@@ -87,7 +107,9 @@ def run_trials(child: ChildProcess, report: ChildReport) -> bool:
         elif kind == "failure":
             report.failure = _failure(event)
             return False
-        elif kind == "checked":
+        elif kind == "ready" and until == "ready":
+            return True
+        elif kind == "checked" and until == "checked":
             report.flags = {str(k): str(v) for k, v in (event.get("flags") or {}).items()}
             return True
         elif kind == "done":

@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import torch
 from pike.config import EvalConfig, RunConfig
 from pike.errors import EvaluatorError, TaskError
 from pike.evaluate import check
+from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import hold
 from pike.evaluate.driver import (
     ChildReport,
@@ -36,8 +37,10 @@ from pike.evaluate.driver import (
     start_child,
     time_interleaved,
     unaccounted_wall_time,
+    wait_ready,
 )
 from pike.evaluate.explain import explain_guards
+from pike.evaluate.ncu import attach_kernel_metrics
 from pike.evaluate.profile import ProfileSummary
 from pike.evaluate.protocol import ChildRequest
 from pike.evaluate.runner import EXTRA_TRIALS
@@ -83,26 +86,30 @@ class ReferenceRun:
     _work: Work | None = None
     _work_asked: bool = False
     users: int = 0  # evaluations using it now; the cache evicts only unused ones
+    # Evaluations of one task in a pool share this child: one request at a time.
+    talking: threading.RLock = field(default_factory=threading.RLock)
 
     def loop_cost(self) -> LoopCost:
-        if self._loop_cost is None:
-            assert self.child is not None
-            self._loop_cost = calibrate(self.child)
-            self.child.enter_phase("idle")
-        return self._loop_cost
+        with self.talking:
+            if self._loop_cost is None:
+                assert self.child is not None
+                self._loop_cost = calibrate(self.child)
+                self.child.enter_phase("idle")
+            return self._loop_cost
 
     def work(self) -> Work | None:
         """The task's FLOPs and minimum bytes, counted once in the reference's child."""
-        if not self._work_asked and self.child is not None:
-            self._work_asked = True
-            reply = request(self.child, "work", "work", "work")
-            self.child.enter_phase("idle")
-            if isinstance(reply, dict) and reply.get("work"):
-                self._work = Work.model_validate(reply["work"])
-            else:
-                why = reply.message if isinstance(reply, Verdict) else reply.get("error")
-                log.info("no work count for the floor: %s", why)
-        return self._work
+        with self.talking:
+            if not self._work_asked and self.child is not None:
+                self._work_asked = True
+                reply = request(self.child, "work", "work", "work")
+                self.child.enter_phase("idle")
+                if isinstance(reply, dict) and reply.get("work"):
+                    self._work = Work.model_validate(reply["work"])
+                else:
+                    why = reply.message if isinstance(reply, Verdict) else reply.get("error")
+                    log.info("no work count for the floor: %s", why)
+            return self._work
 
     def usable(self) -> bool:
         return self.child is None or self.child.alive()
@@ -198,6 +205,10 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
     return ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp)
 
 
+def _pid(child: ChildProcess | None) -> int | None:
+    return child.proc.pid if child is not None and child.proc is not None else None
+
+
 def _make_read_only(folder: Path) -> None:
     """Later candidates read these inputs: no candidate may change them."""
     for path in folder.iterdir():
@@ -217,9 +228,10 @@ def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
     """Time the reference's modes (eager, torch.compile ...) alternating with each other."""
     assert reference.child is not None
     timers = [Timer(reference.child, mode) for mode in modes]
-    with hold(device, exclusive=True):
+    with (hold(device, exclusive=True), reference.talking,
+          timing_cores([_pid(reference.child)], device, cfg.timing_cores)):
         time_interleaved(timers, cfg.timing)
-    reference.child.enter_phase("idle")
+        reference.child.enter_phase("idle")
     broken = next((t.failure for t in timers if t.failure), None)
     if broken is not None:
         reference.close()
@@ -259,7 +271,7 @@ def profile_reference(task: Task, config: EvalConfig | RunConfig | None = None
     reference = run_reference(task, cfg, device, keep_child=True)
     try:
         assert reference.child is not None
-        with hold(device, exclusive=False):
+        with hold(device, exclusive=False), reference.talking:
             return request_profile(reference.child, "eager", cfg.profile_calls)
     finally:
         release_reference(reference)
@@ -308,6 +320,7 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
         inputs_dir=str(reference.inputs_dir), outputs_dir=str(outputs_dir), device=device,
         trials=cfg.trials, seed=cfg.seed, model_mode=cfg.model_mode, timing=cfg.timing,
         task_sha256=task.sha256, task_size=task.path.stat().st_size, guards=cfg.guards,
+        warm_up=cfg.warm_up,
     )
     report = ChildReport()
     timers: list[Timer] = []
@@ -317,16 +330,20 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
     build_key = task.sha256[:8] + "-" + _sha(source)[:16]
     child = start_child(request, work_dir, cfg, build_key)
     try:
+        # Builds and lazy compiles take no lock, so they overlap other candidates' timing.
+        ready = wait_ready(child, report)
         with hold(device, exclusive=False):
-            trials_ran = run_trials(child, report)
+            trials_ran = ready and run_trials(child, report)
         if trials_ran:
             correctness = _compare_trials(reference.expected[:cfg.trials + cfg.guards],
                                           outputs_dir, cfg)
             if correctness.ok and cfg.time_candidate and reference.child is not None:
                 timers = [Timer(reference.child, "eager"), Timer(child, "candidate")]
-                with hold(device, exclusive=True):
+                with (hold(device, exclusive=True), reference.talking,
+                      timing_cores([_pid(reference.child), _pid(child)], device,
+                                   cfg.timing_cores)):
                     time_interleaved(timers, cfg.timing)
-                reference.child.enter_phase("idle")
+                    reference.child.enter_phase("idle")
                 forged = (cfg.guards and timers[1].failure is None
                           and unaccounted_wall_time(reference.loop_cost(), timers[1],
                                                     timers[0]))
@@ -339,6 +356,8 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
                     and (final is None or final.ok)):
                 with hold(device, exclusive=False):
                     profile = request_profile(child, "candidate", cfg.profile_calls)
+                    attach_kernel_metrics(profile, task.path, candidate_path, device, cfg,
+                                          build_key)
     finally:
         finish(child, report)
     if timers and timers[0].failure is not None:

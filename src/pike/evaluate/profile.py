@@ -27,6 +27,17 @@ class OpTime(BaseModel):
     count_per_call: float
 
 
+class KernelMetrics(BaseModel):
+    """Nsight Compute's hardware counters for one kernel (evaluate/ncu.py), as a share of the
+    GPU's peak, averaged over its profiled launches; None where ncu gave no number."""
+
+    name: str
+    launches: int = Field(description="profiled launches averaged")
+    achieved_occupancy_pct: float | None = Field(None, description="warps active vs. possible")
+    dram_throughput_pct: float | None = None
+    sm_throughput_pct: float | None = None
+
+
 class ProfileSummary(BaseModel):
     calls: int = Field(description="forward calls profiled")
     device: str
@@ -37,6 +48,9 @@ class ProfileSummary(BaseModel):
     top_kernels: list[OpTime] = Field(default_factory=list, description="by device time")
     peak_memory_mb: float | None = Field(None, description="peak allocated on the device")
     ncu: str = Field("", description="what Nsight Compute gave, or why nothing")
+    kernel_metrics: list[KernelMetrics] = Field(
+        default_factory=list, description="Nsight Compute's metrics of the top kernels "
+        "(EvalConfig.ncu)")
 
 
 def _device_time(evt: Any) -> float:
@@ -93,7 +107,19 @@ def _ncu_note(on_cuda: bool) -> str:
         return "no GPU: Nsight Compute does not apply"
     if shutil.which("ncu") is None:
         return "Nsight Compute (ncu) is not installed: no per-kernel hardware metrics"
-    return "ncu is installed; per-kernel metrics are not collected by this version"
+    return "Nsight Compute (ncu) is installed: eval.ncu adds per-kernel metrics"
+
+
+def _metric_lines(metrics: list[KernelMetrics]) -> list[str]:
+    if not metrics:
+        return []
+
+    def pct(value: float | None) -> str:
+        return "?" if value is None else f"{value:.0f}%"
+
+    return ["Nsight Compute, % of peak (achieved occupancy, DRAM and SM throughput):"] + [
+        f"- {m.name[:80]}: occupancy {pct(m.achieved_occupancy_pct)}, "
+        f"DRAM {pct(m.dram_throughput_pct)}, SM {pct(m.sm_throughput_pct)}" for m in metrics]
 
 
 def render(summary: ProfileSummary, max_tokens: int = 300) -> str:
@@ -109,6 +135,7 @@ def render(summary: ProfileSummary, max_tokens: int = 300) -> str:
         lines.append("top kernels by GPU time:")
         lines += [f"- {k.name}: {k.ms_per_call:.3f} ms ({k.share:.0%}), "
                   f"{k.count_per_call:.0f}x per call" for k in summary.top_kernels]
+        lines += _metric_lines(summary.kernel_metrics)
     lines.append("top ops by host time:")
     lines += [f"- {o.name}: {o.ms_per_call:.3f} ms ({o.share:.0%}), "
               f"{o.count_per_call:.0f}x per call" for o in summary.top_ops]

@@ -32,6 +32,8 @@ class ChildRequest(BaseModel):
     writable: list[str] = Field(default_factory=list,
                                 description="the only folders candidate code may write to")
     guards: bool = True
+    warm_up: bool = Field(False, description="candidate: one call before 'ready', where lazy "
+                          "compilers (Triton, torch.compile) do their work")
     task_sha256: str = ""
     task_size: int = -1
 

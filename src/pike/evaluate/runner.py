@@ -255,6 +255,20 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
         model = _build_model(req, module, init_inputs, device, "compile_error")
     _reject_violations(guards, "init")
     _reject_reference_code(req, model)
+    if req.warm_up:  # the first call of the checks, on the first trial's inputs
+        chan.send("phase", phase="check")
+        inputs = _to_device(_load(Path(req.inputs_dir) / "inputs_0.pt", weights_only=True),
+                            device)
+        with _armed(guards):
+            _run_guarded_call(req, model, inputs, device)
+        _reject_violations(guards, "check")
+        del inputs
+    # Loading, building and the warm-up ran without the device lock: compiles of several
+    # candidates overlap. The trials wait for the parent, which holds the lock by then.
+    chan.send("ready")
+    go = chan.receive()
+    if not go or go.get("event") != "go":
+        return
     chan.send("phase", phase="check")
     first_inputs: list[Any] = []
     for trial in range(req.trials + req.guards):  # the configured trials and the shifted one

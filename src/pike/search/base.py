@@ -7,7 +7,7 @@ finds the calls and verdicts it already has, and only does what is missing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pike.agents import (
@@ -21,13 +21,16 @@ from pike.agents import (
 from pike.evaluate.verdict import Verdict
 from pike.search.querier import Querier, RecordedCall
 
+# Judges a batch of sources: (index, verdict) pairs as they finish (an evaluation pool).
+Judge = Callable[[Sequence[str]], Iterator[tuple[int, Verdict]]]
+
 NO_CODE = ("the reply had no ```python block defining ModelNew; answer with one complete "
            "module in a single fenced block")
 
 
 class LLMSearch:
     def __init__(self, store: Any, task_name: str, querier: Querier, ctx: AgentContext,
-                 judge: Callable[[str], Verdict], concurrency: int, max_fix_attempts: int,
+                 judge: Judge, concurrency: int, max_fix_attempts: int,
                  on_event: Callable[..., None] = lambda kind, **data: None) -> None:
         self.store, self.task = store, task_name
         self.querier, self.ctx = querier, ctx
@@ -43,36 +46,49 @@ class LLMSearch:
             return []
         return self.querier.ask_many(asks, self.concurrency)
 
-    def candidate(self, call: RecordedCall, parent_id: int | None, role: str, round_: int,
-                  branch: int, idea: str) -> int:
-        """The candidate made from this call's reply (created once), judged."""
+    def candidates(self, made: Sequence[tuple[RecordedCall, int | None, str, int, int, str]]
+                   ) -> list[int]:
+        """The candidates made from these calls' replies (each created once), given as
+        (call, parent id, role, round, branch, idea), judged together: a pool builds and
+        compiles them at once."""
+        ids = [self._row(*m) for m in made]
+        self._judge_rows([(cid, call.error) for cid, (call, *_) in zip(ids, made, strict=True)])
+        return ids
+
+    def _row(self, call: RecordedCall, parent_id: int | None, role: str, round_: int,
+             branch: int, idea: str) -> int:
         for row in self.store.candidates(self.task):
             if row.llm_call_id == call.id:
-                break
-        else:
-            source = extract_module(call.reply) if not call.error else None
-            cid = self.store.add_candidate(self.task, source or "", parent_id=parent_id,
-                                           role=role, round=round_, branch=branch, idea=idea,
-                                           llm_call_id=call.id)
-            row = self.store.candidate(cid)
-        if row.verdict is None:
-            self._judge(row.id, row.source, call.error)
-        return row.id
+                return int(row.id)
+        source = extract_module(call.reply) if not call.error else None
+        return self.store.add_candidate(self.task, source or "", parent_id=parent_id,
+                                        role=role, round=round_, branch=branch, idea=idea,
+                                        llm_call_id=call.id)
 
-    def _judge(self, cid: int, source: str, call_error: str | None) -> None:
-        if call_error:
-            verdict = Verdict(status="compile_error", phase="load",
-                              message=f"the LLM call failed: {call_error}")
-        elif not source.strip():
-            verdict = Verdict(status="compile_error", phase="load", message=NO_CODE)
-        else:
-            verdict = self.judge(source)
+    def _judge_rows(self, rows: Sequence[tuple[int, str | None]]) -> None:
+        """Verdicts for the rows that have none; each is stored as soon as it is ready."""
+        todo = []
+        for cid, call_error in rows:
+            row = self.store.candidate(cid)
+            if row.verdict is not None:
+                continue
+            if call_error:
+                self._record(cid, Verdict(status="compile_error", phase="load",
+                                          message=f"the LLM call failed: {call_error}"))
+            elif not row.source.strip():
+                self._record(cid, Verdict(status="compile_error", phase="load",
+                                          message=NO_CODE))
+            else:
+                todo.append(row)
+        for i, verdict in self.judge([r.source for r in todo]):
+            self._record(todo[i].id, verdict)
+
+    def _record(self, cid: int, verdict: Verdict) -> None:
         self.store.set_verdict(cid, verdict)
         self.on_event("verdict", candidate=cid, verdict=verdict)
 
     def judge_pending(self) -> None:
-        for row in self.store.pending(self.task):
-            self._judge(row.id, row.source, None)
+        self._judge_rows([(row.id, None) for row in self.store.pending(self.task)])
 
     def ok(self, cid: int) -> bool:
         verdict = self.store.candidate(cid).verdict
@@ -110,10 +126,12 @@ class LLMSearch:
                 asks.append((f"fix:{round_}:{slot}:{attempt}",
                              fix_messages(self.ctx, row.source, row.verdict)))
             calls = self.ask_parallel(asks)
+            made, slots = [], []
             for (slot, cid), call in zip(failing.items(), calls, strict=True):
-                if call is None:
-                    continue
-                parent = self.store.candidate(cid)
-                latest[slot] = self.candidate(call, cid, "fix", round_, parent.branch, "")
-                if self.ok(latest[slot]):
+                if call is not None:
+                    made.append((call, cid, "fix", round_, self.store.candidate(cid).branch, ""))
+                    slots.append(slot)
+            for slot, fixed in zip(slots, self.candidates(made), strict=True):
+                latest[slot] = fixed
+                if self.ok(fixed):
                     self.on_event("rescued", branch=slot, attempt=attempt)

@@ -20,7 +20,7 @@ from typing import Any
 from pike.agents import AgentContext, brainstorm_messages, extract_ideas, optimize_messages
 from pike.config import BranchingConfig
 from pike.evaluate.verdict import Verdict
-from pike.search.base import LLMSearch
+from pike.search.base import Judge, LLMSearch
 from pike.search.querier import Querier
 
 
@@ -40,7 +40,7 @@ class Branch:
 
 class BranchingSearch(LLMSearch):
     def __init__(self, store: Any, task_name: str, querier: Querier, ctx: AgentContext,
-                 cfg: BranchingConfig, judge: Callable[[str], Verdict], concurrency: int,
+                 cfg: BranchingConfig, judge: Judge, concurrency: int,
                  on_event: Callable[..., None] = lambda kind, **data: None,
                  first_seeds: list[Seed] | None = None) -> None:
         super().__init__(store, task_name, querier, ctx, judge, concurrency,
@@ -63,12 +63,10 @@ class BranchingSearch(LLMSearch):
                                          optimize_messages(self.ctx, b.seed.source,
                                                            b.seed.verdict, b.idea))
                                         for b in branches])
-            latest: dict[int, int] = {}
-            for branch, call in zip(branches, calls, strict=True):
-                if call is not None:
-                    latest[branch.index] = self.candidate(call, branch.seed.candidate_id,
-                                                           "optimize", round_, branch.index,
-                                                           branch.idea or "")
+            made = [(call, branch.seed.candidate_id, "optimize", round_, branch.index,
+                     branch.idea or "")
+                    for branch, call in zip(branches, calls, strict=True) if call is not None]
+            latest = {m[4]: cid for m, cid in zip(made, self.candidates(made), strict=True)}
             self.fix_chains(round_, latest)
             if not latest:
                 return  # no call of this round could be made: the budget is spent

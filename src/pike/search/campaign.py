@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import measure_baselines
 from pike.evaluate.judge import keep_references
+from pike.evaluate.pool import Pool, make_pool
 from pike.search.session import (
     OptimizeResult,
     search_task,
@@ -79,22 +81,25 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
              on_event: Callable[..., None]) -> list[TaskOutcome]:
     outcomes: dict[str, TaskOutcome] = {}
     keep_references(jobs + 1)
-    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pike-bench")
-    try:
-        futures = {pool.submit(_one_task, store, t, cfg, on_event): t for t in tasks}
-        for future in as_completed(futures):
-            outcome = future.result()
-            outcomes[outcome.task] = outcome
-    except BaseException:
-        # Ctrl-C or a host-level error: queued tasks must not start (they would spend
-        # budget); what ran is in the store for --resume.
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
+    # One evaluation pool for all tasks: `eval.workers` bounds the evaluations at once.
+    with closing(make_pool(cfg.eval)) as evaluations:
+        pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pike-bench")
+        try:
+            futures = {pool.submit(_one_task, store, t, cfg, evaluations, on_event): t
+                       for t in tasks}
+            for future in as_completed(futures):
+                outcome = future.result()
+                outcomes[outcome.task] = outcome
+        except BaseException:
+            # Ctrl-C or a host-level error: queued tasks must not start (they would spend
+            # budget); what ran is in the store for --resume.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
     return [outcomes[t.name] for t in tasks]
 
 
-def _one_task(store: RunStore, task: Task, cfg: RunConfig,
+def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
               on_event: Callable[..., None]) -> TaskOutcome:
     def event(kind: str, **data: Any) -> None:
         on_event(kind, task=task.name, **data)
@@ -109,7 +114,7 @@ def _one_task(store: RunStore, task: Task, cfg: RunConfig,
             baseline = measure_baselines(task, cfg, cfg.search.baseline_modes)
             store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
         event("task_phase", phase="search")
-        result = search_task(store, task, cfg, None, event)
+        result = search_task(store, task, cfg, None, event, evaluations)
     except TaskError as err:  # the task's reference fails: report it, go on with the rest
         log.warning("%s: %s", task.name, err)
         store.set_state(task.name, ERROR_STATE, str(err))

@@ -76,11 +76,13 @@ class EvolveSearch(LLMSearch):
                 asks.append((f"evolve:{generation}:{slot}", messages))
                 plans.append((island, parent, "crossover" if other else "mutation"))
             calls = self.ask_parallel(asks)
-            latest = {}
+            made, slots = [], []
             for slot, ((island, parent, kind), call) in enumerate(zip(plans, calls, strict=True)):
                 if call is not None:
-                    latest[slot] = self.candidate(call, parent.id if parent else None, "evolve",
-                                                  generation, island, kind)
+                    made.append((call, parent.id if parent else None, "evolve", generation,
+                                 island, kind))
+                    slots.append(slot)
+            latest = dict(zip(slots, self.candidates(made), strict=True))
             self.fix_chains(generation, latest)
             if not latest:
                 return  # nothing of this generation could be asked: the budget is spent

@@ -16,17 +16,19 @@ from typing import Any
 
 from pike.agents.offline import applicable, compatible, render
 from pike.evaluate.verdict import Verdict
+from pike.search.base import Judge
 
 _IMPROVES = 0.98  # a new set must be 2% faster than the best to count as better
 
 
 class OfflineSearch:
     def __init__(self, store: Any, task_name: str, task_source: str, device: str,
-                 judge: Callable[[str], Verdict], max_candidates: int, max_seconds: float,
+                 judge: Judge, max_candidates: int, max_seconds: float, batch: int = 1,
                  on_event: Callable[..., None] = lambda kind, **data: None) -> None:
         self.store, self.task, self.task_source = store, task_name, task_source
         self.device, self.judge = device, judge
         self.max_candidates, self.max_seconds = max_candidates, max_seconds
+        self.batch = max(1, batch)  # judged at once (the pool's width); budget checked between
         self.on_event = on_event
         self._started = time.monotonic()
         # a resumed search has the budget that is left, not a new one
@@ -37,7 +39,7 @@ class OfflineSearch:
     def run(self) -> None:
         names = applicable(self.task_source, self.device)
         self.on_event("round", round=0, branches=len(names))
-        results = {(n,): self._try((n,), 0, i) for i, n in enumerate(names)}
+        results = self._try([(n,) for n in names], 0)
         best = self._fastest(results)
         best_speedup = self._speedup(results[best]) if best is not None else 0.0
         names = [n for n in names if self._speedup(results[(n,)]) > 0]
@@ -48,7 +50,7 @@ class OfflineSearch:
                      if n not in best and compatible((*best, n))]
             if not tries:
                 return
-            results = {s: self._try(s, round_, i) for i, s in enumerate(tries) if self._room()}
+            results = {s: v for s, v in self._try(tries, round_).items() if v is not None}
             challenger = self._fastest(results)
             if challenger is None:
                 return
@@ -61,27 +63,35 @@ class OfflineSearch:
         return (self._made < self.max_candidates
                 and time.monotonic() - self._started < self.max_seconds)
 
-    def _try(self, names: tuple[str, ...], round_: int, branch: int) -> Verdict | None:
-        idea = " + ".join(names)
-        for row in self.store.candidates(self.task):
-            if row.role == "offline" and row.idea == idea:
-                if row.verdict is None:  # killed mid-evaluation: judge it now
-                    self._judge(row.id, row.source)
-                return self.store.candidate(row.id).verdict
-        if not self._room():
-            return None
-        source = render(self.task_source, names)
-        cid = self.store.add_candidate(self.task, source, parent_id=None, role="offline",
-                                       round=round_, branch=branch, idea=idea)
-        self._made += 1
-        return self._judge(cid, source)
+    def _try(self, sets: list[tuple[str, ...]], round_: int
+             ) -> dict[tuple[str, ...], Verdict | None]:
+        """Verdicts of these transformation sets (None: no budget left for it), judged
+        `batch` at a time; sets judged before (a resumed search) are not judged again."""
+        results: dict[tuple[str, ...], Verdict | None] = dict.fromkeys(sets)
+        known = {r.idea: r for r in self.store.candidates(self.task) if r.role == "offline"}
+        for start in range(0, len(sets), self.batch):
+            cids: dict[tuple[str, ...], int] = {}
+            for branch, names in enumerate(sets[start:start + self.batch], start):
+                idea = " + ".join(names)
+                if idea in known:
+                    cids[names] = known[idea].id
+                elif self._room():
+                    cids[names] = self.store.add_candidate(
+                        self.task, render(self.task_source, names), parent_id=None,
+                        role="offline", round=round_, branch=branch, idea=idea)
+                    self._made += 1
+            rows = [self.store.candidate(cid) for cid in cids.values()]
+            todo = [r for r in rows if r.verdict is None]  # new, or killed mid-evaluation
+            for i, verdict in self.judge([r.source for r in todo]):
+                self._record(todo[i].id, verdict)
+            for names, cid in cids.items():
+                results[names] = self.store.candidate(cid).verdict
+        return results
 
-    def _judge(self, cid: int, source: str) -> Verdict:
-        verdict = self.judge(source)
+    def _record(self, cid: int, verdict: Verdict) -> None:
         self.store.set_verdict(cid, verdict)
         self.store.set_state(self.task, "offline_seconds", time.monotonic() - self._started)
         self.on_event("verdict", candidate=cid, verdict=verdict)
-        return verdict
 
     @staticmethod
     def _speedup(verdict: Verdict | None) -> float:

@@ -13,6 +13,8 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+from pike.llm.call import PromptParts
+
 log = logging.getLogger(__name__)
 
 Messages = list[dict[str, str]]
@@ -44,6 +46,8 @@ class RecordedCall:
         self.cost_usd: float = float(row.get("cost_usd") or 0.0)
         self.error: str | None = row.get("error")
         self.started_at: str = row.get("started_at") or ""
+        parts = row.get("prompt_parts")
+        self.prompt_parts = PromptParts.model_validate(parts) if parts else None
 
 
 class ReplayExhausted(Exception):
@@ -107,5 +111,8 @@ class Querier:
             if old is None:
                 raise ReplayExhausted(key)
             old.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-            return old
-        return self.clients[role].complete(messages, role=key)
+            return old  # with the messages, and the parts, that the recorded run sent
+        call = self.clients[role].complete(messages, role=key)
+        # A prompt built by agents/prompt.py says how it was assembled; keep that with it.
+        call.prompt_parts = getattr(messages, "parts", None)
+        return call

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 from collections import Counter
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,8 @@ from pike.agents import AgentContext
 from pike.agents.roles import describe_device
 from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
-from pike.evaluate import evaluate
 from pike.evaluate.judge import resolve_device
+from pike.evaluate.pool import Pool, make_pool
 from pike.evaluate.verdict import Verdict
 from pike.llm import LLMClient, Pricing, resolve_spec
 from pike.search.branching import BranchingSearch, Seed
@@ -79,12 +80,16 @@ def optimize(task: Task | None, config: RunConfig | None = None, *, out: Path | 
 
 def search_task(store: RunStore, task: Task, cfg: RunConfig,
                 recorded: dict[str, RecordedCall] | None,
-                on_event: Callable[..., None]) -> OptimizeResult:
-    """Run (or continue) the configured strategy on one task of the store."""
+                on_event: Callable[..., None], pool: Pool | None = None) -> OptimizeResult:
+    """Run (or continue) the configured strategy on one task of the store; its candidates
+    are judged by `pool` (one the config asks for when None)."""
+    if pool is None:
+        with closing(make_pool(cfg.eval)) as own:
+            return search_task(store, task, cfg, recorded, on_event, own)
     device = resolve_device(cfg.eval.device)
     seeds: list[Seed] = []
     if not cfg.llm.model or cfg.search.seed_offline:  # replays too: it needs no LLM
-        _offline(store, task, cfg, device, on_event)
+        _offline(store, task, cfg, device, pool, on_event)
         if not cfg.llm.model:
             return task_result(store, task.name, False)
         best = _best_offline(store, task.name)
@@ -92,7 +97,7 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
             seeds.append(Seed(best.id, best.source, best.verdict))
     failing_seeds: list[int] = []
     if cfg.search.seed_from is not None:
-        from_set, failing_seeds = _seed_from_set(store, task, cfg, on_event)
+        from_set, failing_seeds = _seed_from_set(store, task, cfg, pool, on_event)
         seeds += from_set
         if not cfg.search.fix_seeds:
             failing_seeds = []
@@ -100,7 +105,8 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
     ctx = AgentContext(task_source=task.source, backend=cfg.search.backend,
                        device=describe_device(device), atol=cfg.eval.atol,
                        reference_profile=_reference_profile(store, task, cfg),
-                       profile_tokens=cfg.eval.profile_tokens)
+                       profile_tokens=cfg.eval.profile_tokens,
+                       prompt_tokens=cfg.llm.prompt_tokens)
     ledger = Ledger(store, task.name, cfg.search.budget_queries, cfg.search.budget_dollars)
     model_of = {"brainstorm": cfg.llm.model, "optimize": cfg.llm.model, "evolve": cfg.llm.model,
                 "plan": cfg.llm.model, "fix": cfg.llm.fixer or cfg.llm.model}
@@ -118,7 +124,7 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
 
     querier = Querier(store, task.name, ledger, clients, estimate, replay_from=recorded)
     common: dict[str, Any] = {
-        "judge": lambda source: evaluate(task, source, cfg.eval),
+        "judge": lambda sources: pool.judge_many(task, sources),
         "concurrency": cfg.llm.max_concurrency,
         "on_event": lambda kind, **data: on_event(kind, ledger=ledger, **data)}
     search: BranchingSearch | EvolveSearch
@@ -145,12 +151,13 @@ def _best_offline(store: RunStore, task: str) -> Any:
     return max(ok, key=lambda r: (r.verdict.speedup or 0.0, -r.id), default=None)
 
 
-def _offline(store: RunStore, task: Task, cfg: RunConfig, device: str,
+def _offline(store: RunStore, task: Task, cfg: RunConfig, device: str, pool: Pool,
              on_event: Callable[..., None]) -> None:
     OfflineSearch(store, task.name, task.source, device,
-                  judge=lambda source: evaluate(task, source, cfg.eval),
+                  judge=lambda sources: pool.judge_many(task, sources),
                   max_candidates=cfg.search.offline.max_candidates,
-                  max_seconds=cfg.search.offline.max_seconds, on_event=on_event).run()
+                  max_seconds=cfg.search.offline.max_seconds, batch=pool.width,
+                  on_event=on_event).run()
 
 
 def _reference_profile(store: RunStore, task: Task, cfg: RunConfig) -> str:
@@ -168,7 +175,7 @@ def _reference_profile(store: RunStore, task: Task, cfg: RunConfig) -> str:
     return render(ProfileSummary.model_validate(kept), cfg.eval.profile_tokens) if kept else ""
 
 
-def _seed_from_set(store: RunStore, task: Task, cfg: RunConfig,
+def _seed_from_set(store: RunStore, task: Task, cfg: RunConfig, pool: Pool,
                    on_event: Callable[..., None]) -> tuple[list[Seed], list[int]]:
     """Judge the set's file for this task once (role 'seed', its file name as the idea):
     correct, it seeds round 0 (and PIKE-O's library); failing, it may go to the fixer."""
@@ -186,7 +193,7 @@ def _seed_from_set(store: RunStore, task: Task, cfg: RunConfig,
                                   round=-1, branch=0, idea=idea)
         row = store.candidate(cid)
     if row.verdict is None:
-        store.set_verdict(row.id, evaluate(task, row.source, cfg.eval))
+        store.set_verdict(row.id, pool.judge(task, row.source))
         row = store.candidate(row.id)
         on_event("verdict", candidate=row.id, verdict=row.verdict)
     assert row.verdict is not None

@@ -1,0 +1,219 @@
+"""Nsight Compute metrics of a module's top kernels (EvalConfig.ncu): achieved occupancy,
+DRAM and SM throughput, where `ncu` is installed; one logged line where it is not.
+
+ncu replays every profiled kernel several times to read the GPU's counters, so it cannot
+run inside the judged child: it starts the module afresh in a process of its own
+(pike.evaluate.ncu_target) with the child's protections (scrubbed environment, network
+namespace, wall-clock limit, the whole process tree killed at the end) and writes a
+report, which a second, trusted ncu run prints as CSV. Like the profile, the metrics only
+inform prompts and users: any failure here is a note on the summary, never a verdict.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import psutil
+
+from pike.config import EvalConfig
+from pike.evaluate.ncu_target import NVTX_RANGE
+from pike.evaluate.profile import KernelMetrics, ProfileSummary
+from pike.evaluate.sandbox import _marked_processes, network_prefix, scrubbed_environment
+
+log = logging.getLogger(__name__)
+
+MISSING = "ncu not found: kernel metrics skipped"
+# ncu's metric -> our field
+METRICS = {
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved_occupancy_pct",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_throughput_pct",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_throughput_pct",
+}
+_MAX_LAUNCHES = 40  # kernels profiled at most; each costs a replay per counter pass
+_CALLS = 2  # forward calls inside the profiled range
+_IMPORT_SECONDS = 60.0
+
+
+class NcuUnavailable(Exception):
+    """Why there are no metrics: one line for the log and the summary's note."""
+
+
+def kernel_metrics(task_path: Path, module_path: Path, kernel_names: list[str], device: str,
+                   cfg: EvalConfig, build_key: str = "ncu") -> list[KernelMetrics] | None:
+    """The metrics of the kernels named (the profile's top kernels; none: any kernel) that
+    `module_path` launches on `device`, or None (logged) when ncu is missing or failed."""
+    try:
+        return measure(task_path, module_path, kernel_names, device, cfg, build_key)
+    except NcuUnavailable as why:
+        if str(why) != MISSING:  # that one was said once already
+            log.warning("%s", why)
+        return None
+
+
+def attach_kernel_metrics(summary: ProfileSummary | None, task_path: Path, module_path: Path,
+                          device: str, cfg: EvalConfig, build_key: str = "ncu") -> None:
+    """With cfg.ncu on a CUDA device, put the metrics of the summary's top kernels on it,
+    or in its `ncu` note why there are none. Never raises: the evaluation goes on."""
+    if summary is None or not cfg.ncu or not device.startswith("cuda"):
+        return
+    names = [k.name for k in summary.top_kernels]
+    try:
+        summary.kernel_metrics = measure(task_path, module_path, names, device, cfg, build_key)
+        summary.ncu = f"Nsight Compute: {len(summary.kernel_metrics)} kernels measured"
+    except NcuUnavailable as why:
+        summary.ncu = str(why)
+    except Exception as err:  # advisory: nothing here may end an evaluation
+        log.warning("Nsight Compute pass failed: %s", err)
+        summary.ncu = f"Nsight Compute pass failed: {type(err).__name__}: {err}"[:300]
+
+
+def measure(task_path: Path, module_path: Path, kernel_names: list[str], device: str,
+            cfg: EvalConfig, build_key: str = "ncu") -> list[KernelMetrics]:
+    """Run ncu on the module and read its report; NcuUnavailable says why not."""
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        _say_missing()
+        raise NcuUnavailable(MISSING)
+    if not device.startswith("cuda"):
+        raise NcuUnavailable("no GPU: Nsight Compute does not apply")
+    work = Path(tempfile.mkdtemp(prefix="pike-ncu-"))
+    try:
+        report = work / "kernels.ncu-rep"
+        target = [sys.executable, "-m", "pike.evaluate.ncu_target", str(task_path),
+                  str(module_path), "--device", device, "--calls", str(_CALLS),
+                  "--seed", str(cfg.seed), *(["--eval"] if cfg.model_mode == "eval" else [])]
+        command = [*network_prefix(cfg.network_isolation),
+                   *ncu_command(ncu, target, kernel_names, report)]
+        limit = cfg.limits.load_seconds + cfg.limits.check_seconds
+        _run_isolated(command, work, cfg, build_key, limit)
+        if not report.is_file():
+            raise NcuUnavailable(f"ncu wrote no report: {_error_line(work / 'ncu.log')}")
+        printed = subprocess.run([ncu, "--import", str(report), "--csv", "--page", "details"],
+                                 capture_output=True, text=True, timeout=_IMPORT_SECONDS)
+        if printed.returncode != 0:
+            raise NcuUnavailable(f"ncu could not read its report: {printed.stderr.strip()[:200]}")
+        found = parse_csv(printed.stdout)
+        if not found:  # e.g. no permission to read the counters: ncu says so in its log
+            raise NcuUnavailable(f"ncu measured no kernel: {_error_line(work / 'ncu.log')}")
+        return found
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def ncu_command(ncu: str, target: list[str], kernel_names: list[str], report: Path) -> list[str]:
+    """ncu's command line: our three metrics, only inside the target's NVTX range, only the
+    kernels named (matched by their function names), at most _MAX_LAUNCHES launches."""
+    command = [ncu, "--metrics", ",".join(METRICS), "--nvtx", "--nvtx-include",
+               f"{NVTX_RANGE}/", "--launch-count", str(_MAX_LAUNCHES),
+               "--export", str(report), "--force-overwrite"]
+    functions = sorted({f for f in map(function_name, kernel_names) if f})
+    if functions:
+        command += ["--kernel-name", "regex:" + "|".join(functions)]
+    return command + target
+
+
+def function_name(kernel: str) -> str:
+    """The bare function name of a kernel as torch.profiler names it, which ncu matches
+    against its own: 'void at::native::(anonymous namespace)::foo_kernel<4, float>(int)'
+    -> 'foo_kernel'. Only word characters, so it is safe in ncu's regex."""
+    head = re.split(r"[<(]", kernel.replace("(anonymous namespace)", ""), maxsplit=1)[0]
+    words = head.split()
+    last = words[-1].split("::")[-1] if words else ""
+    return last if re.fullmatch(r"\w+", last) else ""
+
+
+def parse_csv(text: str) -> list[KernelMetrics]:
+    """Per-kernel means from ncu's `--csv --page details` output: one row per launch (ID)
+    and metric. Lines before the header (ncu's ==PROF== notes) are skipped."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        return []
+    launches: dict[str, tuple[str, dict[str, float]]] = {}
+    for row in csv.DictReader(lines[start:]):
+        field = METRICS.get(row.get("Metric Name") or "")
+        if field is None:
+            continue
+        name, values = launches.setdefault(row["ID"], (row.get("Kernel Name") or "?", {}))
+        value = _number(row.get("Metric Value") or "")
+        if value is not None:
+            values[field] = value
+    by_kernel: dict[str, list[dict[str, float]]] = {}
+    for name, values in launches.values():
+        by_kernel.setdefault(name, []).append(values)
+    return [KernelMetrics(name=name, launches=len(runs), **{
+                field: _mean([r[field] for r in runs if field in r]) for field in METRICS.values()})
+            for name, runs in by_kernel.items()]
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))  # ncu groups thousands: "1,024.50"
+    except ValueError:
+        return None  # "n/a" where a counter is not available
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _run_isolated(command: list[str], work: Path, cfg: EvalConfig, build_key: str,
+                  limit_s: float) -> None:
+    """Run the untrusted target under ncu as the judged child runs: no secrets in its
+    environment, its own home and temp dir, the shared build cache, a wall-clock limit, and
+    nothing left running afterwards."""
+    cache_root = cfg.build_cache or Path.home() / ".cache" / "pike" / "build"
+    cache_root.mkdir(parents=True, exist_ok=True)
+    env = scrubbed_environment(work, uuid.uuid4().hex, cache_root / build_key, cache_root)
+    with open(work / "ncu.log", "wb") as out:
+        proc = subprocess.Popen(command, cwd=work, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            raise NcuUnavailable(f"ncu ran past its limit of {limit_s:.0f} s") from None
+        finally:
+            _kill_tree(proc, env)
+
+
+def _kill_tree(proc: subprocess.Popen[bytes], env: dict[str, str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    escaped = _marked_processes(env)  # those that left the process group
+    for p in escaped:
+        try:
+            p.kill()
+        except psutil.Error:  # gone already
+            pass
+    psutil.wait_procs(escaped, timeout=5)  # a kill is delivered, not done, when sent
+    proc.wait()
+
+
+def _error_line(log_path: Path) -> str:
+    """The line of ncu's output that says what went wrong (==ERROR==, else the last)."""
+    try:
+        lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines()
+                 if line.strip()]
+    except OSError:
+        return "no output"
+    errors = [line for line in lines if "==ERROR==" in line]
+    return ((errors or lines or ["no output"])[-1])[:200]
+
+
+@functools.cache
+def _say_missing() -> None:
+    # Once per process: a search judges hundreds of candidates, the log needs it once.
+    log.warning(MISSING)

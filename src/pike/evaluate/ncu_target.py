@@ -1,0 +1,68 @@
+"""What Nsight Compute runs: build a module's model and call it, so `ncu` profiles its kernels.
+
+    python -m pike.evaluate.ncu_target TASK MODULE [--device cuda:0] [--calls 2] [--seed 42]
+
+TASK gives get_init_inputs and get_inputs; MODULE (the task itself for the reference)
+gives ModelNew, or else Model. Weights and inputs are seeded as the evaluator seeds them.
+A first call, outside the profiled range, does the lazy work (extension builds, Triton
+autotuning, allocator growth); only the calls after it run inside the NVTX range that
+evaluate/ncu.py tells ncu to profile. The evaluator started this process in a scrubbed
+environment; it never reads anything back from it but ncu's report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from types import ModuleType
+
+NVTX_RANGE = "pike"
+
+
+def _import_file(path: str, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pike.evaluate.ncu_target")
+    parser.add_argument("task")
+    parser.add_argument("module")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--calls", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--eval", action="store_true", help="call .eval() on the model")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    # Two modules, as in the evaluator: a candidate never sees the reference's namespace.
+    task = _import_file(args.task, "pike_ncu_task")
+    module = task if args.module == args.task else _import_file(args.module, "pike_ncu_module")
+    cls = getattr(module, "ModelNew", None) or module.Model
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    model = cls(*task.get_init_inputs()).to(device)
+    if args.eval:
+        model = model.eval()
+    torch.manual_seed(args.seed + 1)  # the first trial's inputs
+    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
+    with torch.no_grad():
+        model(*inputs)
+        torch.cuda.synchronize(device)
+        torch.cuda.nvtx.range_push(NVTX_RANGE)
+        for _ in range(args.calls):
+            model(*inputs)
+        torch.cuda.synchronize(device)
+        torch.cuda.nvtx.range_pop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Evaluation pools: many candidates at once, timing still one at a time per GPU.
+
+A search hands a batch of candidates to a pool and gets each verdict as it is ready. The
+local pool runs `evaluate` in worker threads, each evaluation in its own child process as
+always: child start-up, imports, extension builds and the warm-up call (where Triton and
+torch.compile compile) overlap, while the device lock (device_lock.py) keeps each timed
+window alone on its GPU. With several GPUs every GPU is a timing lane and a candidate
+goes to the least busy one. The Ray pool (ray_pool.py) does the same across machines.
+
+A worker that dies mid-evaluation (an error of the evaluator or the host, not of the
+candidate, whose failures are verdicts) gets its candidate once more, on another worker
+where there is one; a second loss gives a `crashed` verdict. Each candidate yields exactly
+one verdict, so the caller writes it to the store once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from typing import Protocol
+
+from pike.config import EvalConfig
+from pike.errors import ConfigError, PikeError
+from pike.evaluate.judge import evaluate, keep_references, resolve_device
+from pike.evaluate.verdict import Verdict
+from pike.task import Task
+
+log = logging.getLogger(__name__)
+
+
+class Pool(Protocol):
+    """What searches need from an evaluator: one verdict, or many as they finish."""
+
+    width: int  # how many evaluations it runs at once
+
+    def judge(self, task: Task, source: str) -> Verdict: ...
+
+    def judge_many(self, task: Task, sources: Sequence[str]) -> Iterator[tuple[int, Verdict]]:
+        """(index into sources, verdict) pairs in the order the verdicts finish."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def requeue_once(attempt: Callable[[int], Verdict],
+                 lost: Callable[[BaseException], bool]) -> Verdict:
+    """`attempt(0)`, and where its worker was lost (`lost(error)`), `attempt(1)` (the
+    caller places it elsewhere); a second loss is the candidate's `crashed` verdict."""
+    try:
+        return attempt(0)
+    except Exception as first:
+        if not lost(first):
+            raise
+        log.warning("evaluation worker lost (%s); the candidate is queued once more",
+                    _one_line(first))
+        try:
+            return attempt(1)
+        except Exception as second:
+            if not lost(second):
+                raise
+            return Verdict(status="crashed", message=(
+                f"the evaluation was lost twice: {_one_line(first)}; then {_one_line(second)}"))
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _evaluator_failure(err: BaseException) -> bool:
+    # PikeError covers the task's own failures (TaskError: the reference is broken) and
+    # config errors: deterministic, so running them again cannot help.
+    return not isinstance(err, PikeError)
+
+
+class LocalPool:
+    """Evaluations in `workers` threads on this host, over `devices` (GPUs or 'cpu')."""
+
+    def __init__(self, cfg: EvalConfig, workers: int | None = None,
+                 devices: Sequence[str] | None = None,
+                 evaluator: Callable[[Task, str, EvalConfig], Verdict] = evaluate) -> None:
+        self.cfg = cfg
+        self.workers = self.width = max(1, workers if workers is not None else cfg.workers)
+        names = list(devices if devices is not None else cfg.devices) or [cfg.device]
+        self.devices = [resolve_device(d) for d in names]
+        self._busy = dict.fromkeys(self.devices, 0)
+        self._lock = threading.Lock()
+        self._evaluate = evaluator
+        self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="pike-eval")
+        keep_references(self.workers + 1)  # a live reference child per task in flight
+
+    def judge(self, task: Task, source: str) -> Verdict:
+        return self._run(task, source)
+
+    def judge_many(self, task: Task, sources: Sequence[str]) -> Iterator[tuple[int, Verdict]]:
+        if self.workers == 1 or len(sources) <= 1:  # no threads: tracebacks stay simple
+            for i, source in enumerate(sources):
+                yield i, self._run(task, source)
+            return
+        futures: dict[Future[Verdict], int] = {
+            self._executor.submit(self._run, task, s): i for i, s in enumerate(sources)}
+        try:
+            for future in as_completed(futures):
+                yield futures[future], future.result()
+        finally:  # the caller stopped early (an error, Ctrl-C): drop what has not started
+            for future in futures:
+                future.cancel()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> LocalPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, task: Task, source: str) -> Verdict:
+        used: list[str] = []
+
+        def attempt(n: int) -> Verdict:
+            device = self._take(avoid=used)
+            used.append(device)
+            try:
+                return self._evaluate(task, source, self.cfg.model_copy(update={"device": device}))
+            finally:
+                self._give(device)
+
+        return requeue_once(attempt, _evaluator_failure)
+
+    def _take(self, avoid: Sequence[str]) -> str:
+        """The least busy device, preferring one this candidate has not been lost on."""
+        with self._lock:
+            device = min(self.devices, key=lambda d: (d in avoid, self._busy[d]))
+            self._busy[device] += 1
+            return device
+
+    def _give(self, device: str) -> None:
+        with self._lock:
+            self._busy[device] -= 1
+
+
+def make_pool(cfg: EvalConfig) -> Pool:
+    """The pool the config asks for: local threads, or Ray actors (`cluster: ray`)."""
+    if cfg.cluster == "local":
+        return LocalPool(cfg)
+    try:
+        from pike.evaluate.ray_pool import RayPool
+    except ImportError as err:
+        raise ConfigError("the Ray backend needs Ray: pip install 'pike-torch[ray]' "
+                          f"({err})") from None
+    return RayPool(cfg)

@@ -1,0 +1,219 @@
+"""Nsight Compute metrics of the top kernels (EvalConfig.ncu): ncu's CSV read back, a clean
+one-line skip where ncu is missing, the metrics on the profile and in its rendering, and
+no failure of any kind reaching the evaluation."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from pike.config import EvalConfig, LimitsConfig
+from pike.evaluate import ncu
+from pike.evaluate.profile import KernelMetrics, OpTime, ProfileSummary, profile_calls, render
+from tests.conftest import CANDIDATES, EXAMPLES
+
+MLP = EXAMPLES / "tasks" / "1_GeluMLP.py"
+FUSED = CANDIDATES / "fused.py"
+
+# ncu's `--csv --page details` layout: one row per launch (ID) and metric, after ncu's own
+# ==PROF== lines. Launch 0 and 2 are one kernel, launch 1 another; one counter is n/a.
+HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+          '"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
+          '"Metric Value"')
+SAMPLE = "\n".join([
+    "==PROF== Connected to process 5151 (/usr/bin/python3.12)",
+    '==PROF== Profiling "gemm_tile" - 0: 0%....50%....100% - 4 passes',
+    HEADER,
+    *(f'"{launch}","5151","python3.12","127.0.0.1","{kernel}","1","7","(128, 1, 1)",'
+      f'"(512, 1, 1)","0","9.0","Command line profiler metrics","{metric}","{unit}","{value}"'
+      for launch, kernel, metric, unit, value in [
+          (0, "void gemm_tile<float>(const float *, float *, int)",
+           "sm__warps_active.avg.pct_of_peak_sustained_active", "%", "40.00"),
+          (0, "void gemm_tile<float>(const float *, float *, int)",
+           "dram__throughput.avg.pct_of_peak_sustained_elapsed", "%", "70.00"),
+          (0, "void gemm_tile<float>(const float *, float *, int)",
+           "sm__throughput.avg.pct_of_peak_sustained_elapsed", "%", "20.00"),
+          (0, "void gemm_tile<float>(const float *, float *, int)",
+           "gpu__time_duration.sum", "nsecond", "1,204.00"),  # not one of ours
+          (1, "gelu_fused", "sm__warps_active.avg.pct_of_peak_sustained_active", "%", "88.50"),
+          (1, "gelu_fused", "dram__throughput.avg.pct_of_peak_sustained_elapsed", "%", "n/a"),
+          (1, "gelu_fused", "sm__throughput.avg.pct_of_peak_sustained_elapsed", "%", "1,001.5"),
+          (2, "void gemm_tile<float>(const float *, float *, int)",
+           "sm__warps_active.avg.pct_of_peak_sustained_active", "%", "50.00"),
+          (2, "void gemm_tile<float>(const float *, float *, int)",
+           "dram__throughput.avg.pct_of_peak_sustained_elapsed", "%", "80.00"),
+          (2, "void gemm_tile<float>(const float *, float *, int)",
+           "sm__throughput.avg.pct_of_peak_sustained_elapsed", "%", "30.00"),
+      ]),
+]) + "\n"
+
+
+def test_the_csv_gives_each_kernels_mean_over_its_launches() -> None:
+    gemm, gelu = ncu.parse_csv(SAMPLE)
+    assert gemm.name.startswith("void gemm_tile<float>") and gemm.launches == 2
+    assert (gemm.achieved_occupancy_pct, gemm.dram_throughput_pct,
+            gemm.sm_throughput_pct) == (45.0, 75.0, 25.0)
+    assert gelu.launches == 1 and gelu.achieved_occupancy_pct == 88.5
+    assert gelu.dram_throughput_pct is None  # n/a stays unknown, not 0
+    assert gelu.sm_throughput_pct == 1001.5  # thousands separators are read
+    assert ncu.parse_csv("==PROF== Disconnected from process 5151\n") == []
+
+
+def test_the_command_asks_for_our_metrics_on_the_top_kernels_only() -> None:
+    report = Path("/tmp/r.ncu-rep")
+    names = ["void at::native::(anonymous namespace)::vectorized_elementwise_kernel<4, "
+             "at::native::GeluCUDAKernelImpl", "ampere_sgemm_128x64_tn", "Memcpy HtoD (Pageable"]
+    command = ncu.ncu_command("/usr/bin/ncu", ["python", "-m", "x"], names, report)
+    assert command[0] == "/usr/bin/ncu" and command[-3:] == ["python", "-m", "x"]
+    assert command[command.index("--metrics") + 1].split(",") == list(ncu.METRICS)
+    assert command[command.index("--nvtx-include") + 1] == "pike/"
+    assert int(command[command.index("--launch-count") + 1]) > 0
+    assert command[command.index("--kernel-name") + 1] == \
+        "regex:HtoD|ampere_sgemm_128x64_tn|vectorized_elementwise_kernel"
+    assert "--kernel-name" not in ncu.ncu_command("ncu", ["t"], [], report)
+
+
+@pytest.mark.parametrize(("profiler", "function"), [
+    ("void foo::bar_kernel<float, 4>(float*, int)", "bar_kernel"),
+    ("triton_poi_fused_add_mul_0", "triton_poi_fused_add_mul_0"),
+    ("void (anonymous namespace)::softmax_warp<float>(float*)", "softmax_warp"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128", "Kernel2"),
+    ("", ""),
+])
+def test_kernel_function_names_for_ncus_filter(profiler: str, function: str) -> None:
+    assert ncu.function_name(profiler) == function
+
+
+def _summary() -> ProfileSummary:
+    return ProfileSummary(calls=3, device="cuda:0", host_ms_per_call=0.2,
+                          device_ms_per_call=1.0, kernel_launches_per_call=2,
+                          top_kernels=[OpTime(name="void gemm_tile<float>(const float *)",
+                                              ms_per_call=0.8, share=0.8, count_per_call=1)])
+
+
+def test_without_ncu_the_skip_is_one_line_and_nothing_fails(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(ncu.shutil, "which", lambda name: None)
+    ncu._say_missing.cache_clear()
+    cfg = EvalConfig(ncu=True)
+    with caplog.at_level(logging.INFO):
+        assert ncu.kernel_metrics(MLP, FUSED, [], "cuda:0", cfg) is None
+        assert ncu.kernel_metrics(MLP, FUSED, [], "cuda:0", cfg) is None
+        summary = _summary()
+        ncu.attach_kernel_metrics(summary, MLP, FUSED, "cuda:0", cfg)
+    assert [r.getMessage() for r in caplog.records] == ["ncu not found: kernel metrics skipped"]
+    assert summary.ncu == ncu.MISSING and summary.kernel_metrics == []
+
+
+def _fake_ncu(folder: Path, body: str) -> None:
+    """An `ncu` on PATH: a Python script whose `body` sees `argv`."""
+    folder.mkdir()
+    script = folder / "ncu"
+    script.write_text(f"#!{sys.executable}\nimport sys, time\nargv = sys.argv[1:]\n"
+                      + textwrap.dedent(body))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.fixture
+def fake_ncu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    return tmp_path / "bin"
+
+
+def test_metrics_land_on_the_profile_and_in_its_rendering(fake_ncu: Path, tmp_path: Path,
+                                                          build_cache: Path) -> None:
+    sample = tmp_path / "sample.csv"
+    sample.write_text(SAMPLE)
+    asked = tmp_path / "asked.txt"
+    _fake_ncu(fake_ncu, f"""
+        if "--import" in argv:
+            print(open({str(sample)!r}).read())
+        else:
+            open({str(asked)!r}, "w").write(" ".join(argv))
+            open(argv[argv.index("--export") + 1], "w").write("report")
+    """)
+    summary = _summary()
+    cfg = EvalConfig(ncu=True, build_cache=build_cache)
+    ncu.attach_kernel_metrics(summary, MLP, FUSED, "cuda:0", cfg, build_key="k")
+    assert [m.launches for m in summary.kernel_metrics] == [2, 1]
+    assert summary.ncu == "Nsight Compute: 2 kernels measured"
+    target = asked.read_text()
+    assert f"-m pike.evaluate.ncu_target {MLP} {FUSED} --device cuda:0" in target
+    assert "regex:gemm_tile" in target
+    text = render(summary, max_tokens=300)
+    assert "Nsight Compute, % of peak" in text
+    assert "occupancy 45%, DRAM 75%, SM 25%" in text and "DRAM ?" in text
+    on_cpu, off = _summary(), _summary()
+    ncu.attach_kernel_metrics(on_cpu, MLP, FUSED, "cpu", cfg)  # no GPU: no pass
+    ncu.attach_kernel_metrics(off, MLP, FUSED, "cuda:0", EvalConfig(ncu=False))  # not asked
+    for plain in (on_cpu, off):
+        assert plain.kernel_metrics == [] and plain.ncu == "" and "Nsight" not in render(plain)
+
+
+def test_an_ncu_error_becomes_the_note_not_a_failure(fake_ncu: Path,
+                                                     build_cache: Path) -> None:
+    _fake_ncu(fake_ncu, """
+        print("==PROF== Connected to process 1")
+        print("==ERROR== ERR_NVGPUCTRPERM - no permission to access GPU performance counters")
+        sys.exit(1)
+    """)
+    summary = _summary()
+    ncu.attach_kernel_metrics(summary, MLP, FUSED, "cuda:0",
+                              EvalConfig(ncu=True, build_cache=build_cache))
+    assert summary.kernel_metrics == []
+    assert summary.ncu.startswith("ncu wrote no report: ==ERROR== ERR_NVGPUCTRPERM")
+
+
+def test_a_hanging_ncu_is_stopped_at_its_limit_with_nothing_left(fake_ncu: Path,
+                                                                  tmp_path: Path,
+                                                                  build_cache: Path) -> None:
+    pid_file = tmp_path / "pid"
+    _fake_ncu(fake_ncu, f"""
+        import os, subprocess
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                 start_new_session=True)  # tries to escape the group
+        open({str(pid_file)!r}, "w").write(str(child.pid))
+        time.sleep(60)
+    """)
+    cfg = EvalConfig(ncu=True, build_cache=build_cache,
+                     limits=LimitsConfig(load_seconds=4.0, check_seconds=1.0))
+    assert ncu.kernel_metrics(MLP, FUSED, [], "cuda:0", cfg) is None
+    escaped = int(pid_file.read_text())
+    assert not psutil.pid_exists(escaped) or psutil.Process(escaped).status() == "zombie"
+
+
+@pytest.mark.gpu
+def test_ncu_measures_the_top_kernels_of_a_candidate(build_cache: Path) -> None:
+    if ncu.shutil.which("ncu") is None:
+        pytest.skip("ncu is not installed")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fused_for_ncu", FUSED)
+    task_spec = importlib.util.spec_from_file_location("mlp_for_ncu", MLP)
+    assert spec and spec.loader and task_spec and task_spec.loader
+    module, task = (importlib.util.module_from_spec(spec),
+                    importlib.util.module_from_spec(task_spec))
+    spec.loader.exec_module(module)
+    task_spec.loader.exec_module(task)
+    model = module.ModelNew(*task.get_init_inputs()).cuda()
+    inputs = [x.cuda() for x in task.get_inputs()]
+    with torch.no_grad():
+        summary = profile_calls(lambda: model(*inputs), torch.device("cuda"), 3)
+    assert summary.top_kernels
+    cfg = EvalConfig(device="cuda", ncu=True, build_cache=build_cache)
+    ncu.attach_kernel_metrics(summary, MLP, FUSED, "cuda:0", cfg, build_key="ncu-gpu-test")
+    assert summary.kernel_metrics, summary.ncu
+    for metrics in summary.kernel_metrics:
+        assert isinstance(metrics, KernelMetrics) and metrics.launches >= 1
+        assert metrics.achieved_occupancy_pct is not None
+        assert 0 < metrics.achieved_occupancy_pct <= 100
+        assert metrics.dram_throughput_pct is not None and metrics.sm_throughput_pct is not None
+    assert "Nsight Compute, % of peak" in render(summary, max_tokens=1000)

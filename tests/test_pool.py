@@ -1,0 +1,265 @@
+"""The evaluation pool: batches judged at once, builds before the device lock, a lost worker's
+candidate queued once more, one verdict per candidate into the store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pike.config import EvalConfig
+from pike.errors import TaskError
+from pike.evaluate import judge as judge_module
+from pike.evaluate import pool as pool_module
+from pike.evaluate.pool import LocalPool, requeue_once
+from pike.evaluate.verdict import Verdict
+from pike.search.offline import OfflineSearch
+from pike.store import RunStore
+from pike.task import Task
+from tests.conftest import CANDIDATES
+from tests.fake_openai import FakeOpenAI
+from tests.test_optimize import MLP, Scripted, pike, spec
+
+GOOD = (CANDIDATES / "fused.py").read_text()
+WRONG = (CANDIDATES / "wrong_values.py").read_text()
+RAISES = (CANDIDATES / "forward_raises.py").read_text()
+
+
+def ok(speedup: float = 1.5) -> Verdict:
+    return Verdict(status="ok", trials=2, trials_passed=2, speedup=speedup)
+
+
+# ---- requeue_once -------------------------------------------------------------------------
+
+
+def test_a_lost_worker_gets_one_more_try_then_a_crashed_verdict() -> None:
+    tries: list[int] = []
+
+    def lost_once(n: int) -> Verdict:
+        tries.append(n)
+        if n == 0:
+            raise OSError("worker process vanished")
+        return ok()
+
+    assert requeue_once(lost_once, lambda err: True).status == "ok" and tries == [0, 1]
+
+    def always_lost(n: int) -> Verdict:
+        raise ConnectionError(f"node {n} died")
+
+    verdict = requeue_once(always_lost, lambda err: True)
+    assert verdict.status == "crashed"
+    assert "lost twice" in verdict.message and "node 0 died" in verdict.message
+    assert "node 1 died" in verdict.message
+
+
+def test_errors_that_are_not_lost_workers_propagate() -> None:
+    def broken_task(n: int) -> Verdict:
+        raise TaskError("the reference fails")
+
+    with pytest.raises(TaskError):
+        requeue_once(broken_task, lambda err: not isinstance(err, TaskError))
+
+
+# ---- LocalPool with a stand-in evaluator ------------------------------------------------
+
+
+def test_the_pool_runs_a_batch_at_once_and_yields_each_candidate_once(mlp_task: Task) -> None:
+    together = threading.Barrier(3, timeout=20)  # breaks unless three run at the same time
+
+    def evaluator(task: Task, source: str, cfg: EvalConfig) -> Verdict:
+        together.wait()
+        return ok(float(source))
+
+    with LocalPool(EvalConfig(device="cpu"), workers=3, evaluator=evaluator) as pool:
+        got = list(pool.judge_many(mlp_task, ["1", "2", "3"]))
+    assert sorted(i for i, _ in got) == [0, 1, 2]
+    assert {i: v.speedup for i, v in got} == {0: 1.0, 1: 2.0, 2: 3.0}
+
+
+def test_a_lost_evaluation_is_retried_on_another_device(mlp_task: Task,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool_module, "resolve_device", lambda d: d)  # no GPU here
+    seen: list[str] = []
+
+    def evaluator(task: Task, source: str, cfg: EvalConfig) -> Verdict:
+        seen.append(str(cfg.device))
+        if len(seen) == 1:
+            raise OSError("the evaluation's host process died")
+        return ok()
+
+    pool = LocalPool(EvalConfig(device="cpu"), workers=1, devices=["cuda:0", "cuda:1"],
+                     evaluator=evaluator)
+    assert pool.judge(mlp_task, GOOD).ok
+    assert seen[0] != seen[1]  # the second try went to the other lane
+    assert pool._busy == {"cuda:0": 0, "cuda:1": 0}
+
+
+def test_the_least_busy_gpu_gets_the_next_candidate(mlp_task: Task,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool_module, "resolve_device", lambda d: d)
+    together = threading.Barrier(4, timeout=20)
+    lanes: list[str] = []
+
+    def evaluator(task: Task, source: str, cfg: EvalConfig) -> Verdict:
+        lanes.append(str(cfg.device))
+        together.wait()
+        return ok()
+
+    with LocalPool(EvalConfig(device="cpu"), workers=4, devices=["cuda:0", "cuda:1"],
+                   evaluator=evaluator) as pool:
+        assert len(list(pool.judge_many(mlp_task, ["a", "b", "c", "d"]))) == 4
+    assert Counter(lanes) == {"cuda:0": 2, "cuda:1": 2}
+
+
+def test_the_offline_search_judges_each_round_as_one_batch(mlp_task: Task,
+                                                           tmp_path: Path) -> None:
+    together = threading.Barrier(2, timeout=20)
+    calls: list[str] = []
+
+    def evaluator(task: Task, source: str, cfg: EvalConfig) -> Verdict:
+        calls.append(source)
+        if len(calls) <= 2:  # round 1 on CPU: inference_mode and compile:default, at once
+            together.wait()
+        return ok(2.0 if "inference_mode" in source else 1.2)
+
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    store.add_task(mlp_task.name, str(mlp_task.path), mlp_task.sha256, mlp_task.source)
+    with LocalPool(EvalConfig(device="cpu"), workers=2, evaluator=evaluator) as pool:
+        OfflineSearch(store, mlp_task.name, mlp_task.source, "cpu",
+                      judge=lambda sources: pool.judge_many(mlp_task, sources),
+                      max_candidates=4, max_seconds=120, batch=2).run()
+    rows = store.candidates(mlp_task.name)
+    assert [r.idea for r in rows] == ["inference_mode", "compile:default",
+                                      "compile:default + inference_mode"]
+    assert all(r.verdict is not None and r.verdict.ok for r in rows)
+
+
+# ---- the real evaluator -------------------------------------------------------------------
+
+
+def test_the_candidate_builds_before_it_takes_the_device(mlp_task: Task, fast_config: EvalConfig,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading, building and the warm-up call run without the lock; trials and timing with."""
+    order: list[str] = []
+    real_hold, real_ready = judge_module.hold, judge_module.wait_ready
+
+    @contextmanager
+    def hold(device: str, *, exclusive: bool) -> Iterator[None]:
+        order.append("exclusive" if exclusive else "shared")
+        with real_hold(device, exclusive=exclusive):
+            yield
+
+    def wait_ready(child: Any, report: Any) -> bool:
+        ready = real_ready(child, report)
+        order.append(f"ready:{child.phase}")
+        return ready
+
+    monkeypatch.setattr(judge_module, "hold", hold)
+    monkeypatch.setattr(judge_module, "wait_ready", wait_ready)
+    judge_module.close_references()
+    verdict = judge_module.evaluate(mlp_task, GOOD, fast_config)
+    assert verdict.ok, verdict.message
+    # the reference's trials (shared), then the candidate: ready before any lock it takes
+    assert order[:4] == ["shared", "ready:queued", "shared", "exclusive"], order
+    assert "queued" in verdict.phase_seconds
+
+
+def test_a_candidate_that_fails_in_its_warm_up_call_gets_the_checks_verdict(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    verdict = judge_module.evaluate(mlp_task, RAISES, fast_config)
+    assert (verdict.status, verdict.phase) == ("runtime_error", "check")
+    cold = judge_module.evaluate(mlp_task, RAISES, fast_config.model_copy(
+        update={"warm_up": False}))
+    assert (cold.status, cold.phase) == (verdict.status, verdict.phase)
+
+
+# ---- end to end: pike optimize with a pool ------------------------------------------------
+
+
+def pool_config(run_config: Path, **pool: Any) -> Path:
+    data = yaml.safe_load(run_config.read_text())
+    data["eval"].update(pool)
+    data["search"]["branching"].update(branches=3, max_fix_attempts=0)
+    run_config.write_text(yaml.safe_dump(data))
+    return run_config
+
+
+def check_pool_end_to_end(fake_llm: FakeOpenAI, config: Path, out: Path,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search whose rounds go through the pool: the right verdict for each candidate,
+    each written to the store exactly once. Shared with the Ray backend's test."""
+    writes: Counter[int] = Counter()
+    real = RunStore.set_verdict
+
+    def counted(self: RunStore, candidate_id: int, verdict: Verdict) -> None:
+        writes[candidate_id] += 1
+        real(self, candidate_id, verdict)
+
+    monkeypatch.setattr(RunStore, "set_verdict", counted)
+    fake_llm.handler = Scripted(optimize=[GOOD, WRONG, RAISES])
+    result = pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-queries", "7",
+                  "--config", config, "--out", out)
+    assert result.exit_code == 0, result.output
+    rows = RunStore.open(out).candidates("1_GeluMLP")
+    assert len(rows) == 6 and all(r.verdict is not None for r in rows)
+    assert set(writes) == {r.id for r in rows} and set(writes.values()) == {1}
+    by_source = {r.source.strip(): r.verdict.status for r in rows}  # type: ignore[union-attr]
+    assert by_source[GOOD.strip()] == "ok"
+    assert by_source[WRONG.strip()] == "incorrect"
+    assert by_source[RAISES.strip()] == "runtime_error"
+    assert (out / "best.py").read_text().strip() == GOOD.strip()
+
+
+def test_optimize_with_a_local_pool_end_to_end(fake_llm: FakeOpenAI, run_config: Path,
+                                               tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    check_pool_end_to_end(fake_llm, pool_config(run_config, workers=3), tmp_path / "run",
+                          monkeypatch)
+
+
+# ---- timing cores -------------------------------------------------------------------------
+
+
+def test_each_gpu_gets_its_own_timing_cores_and_builds_get_the_rest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import cores
+
+    monkeypatch.setattr(cores, "_host_cores", lambda: tuple(range(8)))
+    lanes, build = cores.split(2, gpus=2)  # type: ignore[misc]
+    assert lanes == [{0, 1}, {2, 3}] and build == {4, 5, 6, 7}
+    assert cores.split(4, gpus=2) is None  # no cores left for builds
+    assert cores.split(0, gpus=2) is None and cores.split(2, gpus=0) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
+def test_a_timed_child_moves_onto_the_timing_cores_and_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import cores
+
+    host = tuple(sorted(os.sched_getaffinity(0)))
+    if len(host) < 2:
+        pytest.skip("needs two cores")
+    monkeypatch.setattr(cores, "_host_cores", lambda: host[:2])
+    monkeypatch.setattr(cores, "_gpus", lambda: 1)
+    monkeypatch.setattr(cores, "_MIN_BUILD_CORES", 1)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        cores.start_on_build_cores(child.pid, "cuda:0", 1)
+        assert os.sched_getaffinity(child.pid) == {host[1]}
+        with cores.timing_cores([child.pid, None], "cuda:0", 1):
+            assert os.sched_getaffinity(child.pid) == {host[0]}
+        assert os.sched_getaffinity(child.pid) == {host[1]}
+        cores.start_on_build_cores(child.pid, "cpu", 1)  # CPU evaluations: nothing moves
+        assert os.sched_getaffinity(child.pid) == {host[1]}
+    finally:
+        child.kill()
+        child.wait()
