@@ -2,7 +2,8 @@
 it with three files broken on purpose, so the audit's verdicts can be checked by eye.
 
     python bench/audit_offline.py OFFLINE_RESULTS_JSON TASK_FOLDER [--device cuda]
-        [--modes default,reduce-overhead] [--tag level3-pike] [--work DIR] [--out DIR]
+        [--modes default,reduce-overhead] [--workers 4] [--tag level3-pike] [--work DIR]
+        [--out DIR]
 
 The set is rebuilt from an offline benchmark's results (bench/offline.py records the best
 transformation set of each task; the offline agent renders the same source from it), so
@@ -82,6 +83,7 @@ def main() -> int:
     p.add_argument("--sets", choices=("both", "good", "broken"), default="both",
                    help="which set to audit (two processes may audit one each at once: "
                         "the evaluator's device lock keeps their timing apart)")
+    p.add_argument("--workers", type=int, default=1, help="tasks audited at once")
     p.add_argument("--tag", default="offline")
     p.add_argument("--work", type=Path, default=None, help="where the sets and stores go")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -89,6 +91,7 @@ def main() -> int:
     results = json.loads(args.offline_results.read_text())
     cfg = RunConfig()
     cfg.eval.device = args.device
+    cfg.eval.workers = args.workers
     if args.modes is not None:
         modes = [] if args.modes == "none" else [m.strip() for m in args.modes.split(",")]
         cfg.search.baseline_modes = ["eager", *(f"compile:{m}" for m in modes)]

@@ -325,3 +325,14 @@ def test_an_audit_cut_off_keeps_the_tasks_it_judged(tmp_path: Path, build_cache:
     kept = AuditResult.model_validate_json((out / "audit.json").read_text())
     assert [t.task for t in kept.tasks] == ["1_Scale"]
     assert "partial: 1 of 2 tasks audited so far" in kept.warnings
+
+
+def test_tasks_audited_at_once_get_the_same_verdicts_in_task_order(
+        mixed: Any, tmp_path: Path, build_cache: Path) -> None:
+    serial, _, _ = mixed
+    cfg = audit_config(build_cache)
+    cfg.eval.workers = 3
+    together = audit(MIXED, TASKS, cfg, out=tmp_path / "parallel")
+    assert [(t.task, t.status, t.phase) for t in together.tasks] == [
+        (t.task, t.status, t.phase) for t in serial.tasks]
+    assert together.aggregates.correct == serial.aggregates.correct

@@ -393,6 +393,8 @@ def audit_command(
     tasks_folder: Annotated[Path, typer.Argument(metavar="TASKS", help="folder of task files")],
     tasks: Annotated[str | None, typer.Option(help="only these task ids: 1,4,9")] = None,
     device: DeviceOpt = None,
+    workers: Annotated[int | None, typer.Option(
+        min=1, help="tasks audited at once (timing stays one at a time per GPU)")] = None,
     out: Annotated[Path | None, typer.Option(help="run dir (default RUNS/audit-<set>-<time>)")]
     = None,
     allow_changed_tasks: Annotated[bool, typer.Option(
@@ -408,6 +410,8 @@ def audit_command(
     from pike.search.session import stamp
 
     cfg = _config(config, device)
+    if workers is not None:
+        cfg.eval.workers = workers
     ids = _ids(tasks)
     names = [t.name for t in load_tasks(tasks_folder, ids)]
     run_dir = out or cfg.runs_dir / f"audit-{solutions.resolve().name}-{stamp()}"

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from pike.audit.result import AuditResult, TaskAudit, aggregate, relative, task_
 from pike.config import RunConfig
 from pike.errors import TaskError
 from pike.evaluate import Baseline, evaluate, measure_baselines
+from pike.evaluate.judge import keep_references
 from pike.store import (
     BASELINE_STATE,
     DONE_STATE,
@@ -75,28 +78,53 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
                      for name in matching.unmatched(solutions)]
     store = RunStore.create(out, cfg.model_dump(mode="json"), command)
     baselines: dict[str, Baseline] = {}
-    audits: list[TaskAudit] = []
+    finished: dict[int, TaskAudit] = {}
+    finishing = threading.Lock()
+
+    def one(index: int, task: Task) -> None:
+        event = _task_events(on_event, task.name)
+        base = _base(task, matching, solutions, changed)
+        done = _audit_task(store, task, matching.files[task.name], base, index, cfg,
+                           baselines, event)
+        with finishing:
+            finished[index] = done
+            store.set_state(task.name, DONE_STATE, True)  # as `pike bench` marks it
+            if len(finished) < len(task_list):  # a long audit cut off keeps what it judged
+                partial = [f"partial: {len(finished)} of {len(task_list)} tasks audited so far"]
+                _write(_result(solutions, tasks_dir, store.path.parent, matching,
+                               [finished[i] for i in sorted(finished)], baselines, cfg,
+                               warnings + partial))
+            event("task_done", audit=done)
+
     try:
         for task in task_list:
             store.add_task(task.name, str(task.path), task.sha256, task.source)
-        for index, task in enumerate(task_list):
-            event = _task_events(on_event, task.name)
-            base = _base(task, matching, solutions, changed)
-            done = _audit_task(store, task, matching.files[task.name], base, index, cfg,
-                               baselines, event)
-            audits.append(done)
-            store.set_state(task.name, DONE_STATE, True)  # as `pike bench` marks it (pike show)
-            if len(audits) < len(task_list):  # a long audit cut off keeps what it judged
-                partial = [f"partial: {len(audits)} of {len(task_list)} tasks audited so far"]
-                _write(_result(solutions, tasks_dir, store.path.parent, matching, audits,
-                               baselines, cfg, warnings + partial))
-            event("task_done", audit=done)
+        _each_task(one, task_list, cfg.eval.workers)
         run_dir = store.path.parent
     finally:
         store.close()
+    audits = [finished[i] for i in range(len(task_list))]
     result = _result(solutions, tasks_dir, run_dir, matching, audits, baselines, cfg, warnings)
     _write(result)
     return result
+
+
+def _each_task(one: Callable[[int, Task], None], tasks: list[Task], workers: int) -> None:
+    """`one` for every task; with several workers, tasks at once (their baselines and
+    files still take the GPU alone to be timed: the device lock)."""
+    if workers <= 1:
+        for index, task in enumerate(tasks):
+            one(index, task)
+        return
+    keep_references(workers + 1)
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pike-audit")
+    try:
+        for future in as_completed([pool.submit(one, i, t) for i, t in enumerate(tasks)]):
+            future.result()
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C: queued tasks do not start
+        raise
+    pool.shutdown()
 
 
 def _write(result: AuditResult) -> None:

@@ -54,17 +54,18 @@ def requeue_once(attempt: Callable[[int], Verdict],
         if not lost(first):
             raise
         log.warning("evaluation worker lost (%s); the candidate is queued once more",
-                    _one_line(first))
+                    one_line(first))
         try:
             return attempt(1)
         except Exception as second:
             if not lost(second):
                 raise
             return Verdict(status="crashed", message=(
-                f"the evaluation was lost twice: {_one_line(first)}; then {_one_line(second)}"))
+                f"the evaluation was lost twice: {one_line(first)}; then {one_line(second)}"))
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
+    """An error as one short line, for verdicts and logs."""
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
 
