@@ -2,12 +2,16 @@
 torch.compile mode and (with --offline) the offline strategy's best as multiples of it.
 
     python bench/floor.py TASK_FOLDER [--ids 1,4,9] [--device cuda] [--offline]
+        [--modes none] [--offline-results bench/results/offline-level3-pike.json]
         [--max-candidates 16] [--max-seconds 300] [--tag level3-pike] [--resume]
 
 Per task: `measure_baselines` (eager and each compile mode, timed in one window; the
 FLOPs and bytes counted in the reference's child), the eager profile's top three kernels
 (`profile_reference`), and with --offline the offline strategy's best verdict. Results are
 rewritten after every task (a run cut off keeps what it finished; --resume skips those).
+`--modes none --offline-results FILE` skips compiling here: the compile modes and the
+offline best come from an offline benchmark's speedups over eager (ratios measured in
+their own windows), applied to this run's eager time, in columns marked as such.
 Writes bench/results/floor-<tag>.json and .md with device, torch version, date, command.
 """
 
@@ -34,6 +38,23 @@ from pike.search import optimize
 from pike.task import Task, load_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+MERGED = " (offline bench)"  # a column taken from bench/offline.py's results
+
+
+def merge_offline(row: dict, earlier: dict | None) -> None:
+    """Multiples of the floor for the compile modes and the offline best from an offline
+    benchmark's row of the same task: its speedups (each a ratio to eager in its own
+    window) applied to this run's eager time."""
+    eager_ms, floor_ms = row.get("modes_ms", {}).get("eager"), row.get("floor_ms")
+    if not earlier or not eager_ms or not floor_ms:
+        return
+    speedups = {mode: v.get("speedup") for mode, v in (earlier.get("compile") or {}).items()}
+    speedups["offline"] = earlier.get("offline_speedup")
+    for mode, speedup in speedups.items():
+        if speedup:
+            row["modes_x_floor"][mode + MERGED] = eager_ms / speedup / floor_ms
 
 
 def one_task(task: Task, cfg: RunConfig, offline: bool, runs: Path) -> dict:
@@ -126,8 +147,18 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     folder_arguments(p, max_candidates=16, max_seconds=300)
     p.add_argument("--offline", action="store_true", help="also run the offline strategy")
+    p.add_argument("--modes", default=None, help="torch.compile modes to time (comma list, "
+                   "'none' for eager only; default: every mode)")
+    p.add_argument("--offline-results", type=Path, default=None,
+                   help="bench/offline.py's JSON: add its compile and offline speedups as "
+                        f"columns marked '{MERGED.strip()}' instead of compiling here")
     args = p.parse_args()
     cfg = run_config(args)
+    if args.modes is not None:
+        modes = [] if args.modes == "none" else [m.strip() for m in args.modes.split(",")]
+        cfg.search.baseline_modes = ["eager", *(f"compile:{m}" for m in modes)]
+    earlier = ({r["task"]: r for r in json.loads(args.offline_results.read_text())["rows"]}
+               if args.offline_results else {})
     tasks = load_tasks(args.folder, task_ids(args))
     tag = args.tag or args.folder.name
     json_path, md_path = args.out / f"floor-{tag}.json", args.out / f"floor-{tag}.md"
@@ -141,6 +172,7 @@ def main() -> int:
             continue
         print(f"{task.name} ...", flush=True)
         rows.append(one_task(task, cfg, args.offline, runs))
+        merge_offline(rows[-1], earlier.get(task.name))
         print(json.dumps(rows[-1]), flush=True)
         done = {r["task"] for r in rows}
         result = summary(rows, args, [t.name for t in tasks if t.name not in done])
