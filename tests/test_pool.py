@@ -263,3 +263,26 @@ def test_a_timed_child_moves_onto_the_timing_cores_and_back(
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_resumed_run_may_take_a_new_pool_but_keeps_its_search_options(
+        fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_llm.handler = Scripted(optimize=[GOOD])
+    out = tmp_path / "run"
+    first = pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-queries", "2",
+                 "--config", run_config, "--out", out)
+    assert first.exit_code == 0, first.output
+    widths: list[int] = []
+    real = LocalPool.__init__
+
+    def seen(self: LocalPool, cfg: EvalConfig, *args: Any, **kwargs: Any) -> None:
+        real(self, cfg, *args, **kwargs)
+        widths.append(self.width)
+
+    monkeypatch.setattr(LocalPool, "__init__", seen)
+    again = pike("optimize", "--resume", out, "--workers", "2")
+    assert again.exit_code == 0, again.output
+    assert widths == [2]
+    refused = pike("optimize", "--resume", out, "--workers", "2", "--budget-queries", "9")
+    assert refused.exit_code != 0 and "drop --budget-queries" in refused.output

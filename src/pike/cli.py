@@ -20,6 +20,7 @@ from rich.table import Table
 from pike.config import RunConfig
 from pike.errors import ConfigError, PikeError, TaskError
 from pike.evaluate import BASELINE_MODES, Baseline, Verdict, evaluate, measure_baselines
+from pike.evaluate.pool import PLACEMENT
 from pike.task import Task, load_task, load_tasks
 
 app = typer.Typer(help="pike: make PyTorch inference faster, judged by a strict evaluator.",
@@ -248,7 +249,8 @@ def optimize_command(
         raise PikeError("give a TASK to optimize (or --resume RUN_DIR / --replay RUN_DIR)")
     with SearchProgress(err_console, the_task.name if the_task else "run") as progress:
         result = optimize(the_task, cfg, out=out, resume=resume, replay=replay,
-                          command="pike " + " ".join(sys.argv[1:]), on_event=progress)
+                          command="pike " + " ".join(sys.argv[1:]),
+                          placement=_placement(cfg, flags), on_event=progress)
     _print_result(result)
 
 
@@ -303,7 +305,8 @@ def bench_command(
     try:
         with BenchProgress(err_console, names) as progress:
             result = bench(folder, cfg, ids=ids, out=out, resume=resume, jobs=jobs,
-                           command="pike " + " ".join(sys.argv[1:]), on_event=progress)
+                           command="pike " + " ".join(sys.argv[1:]),
+                           placement=_placement(cfg, flags), on_event=progress)
     except KeyboardInterrupt:
         err_console.print("interrupted: everything judged so far is in the run store; "
                           "continue with [bold]pike bench --resume RUN_DIR[/bold]")
@@ -478,10 +481,19 @@ def _runs_as_recorded(mode: str | None, flags: SearchFlags, **options: Any) -> N
     if mode is None:
         return
     given = [name for name, value in {**asdict(flags), **options}.items()
-             if value not in (None, False)]
+             if value not in (None, False) and name not in PLACEMENT]
     if given:
         names = ", ".join("--" + n.replace("_", "-") for n in given)
         raise PikeError(f"{mode} runs with the config the run was started with; drop {names}")
+
+
+def _placement(cfg: RunConfig, flags: SearchFlags) -> dict[str, Any] | None:
+    """The pool options given on this command line, for a resumed or replayed run (which
+    otherwise runs with its recorded config)."""
+    given = {name for name in PLACEMENT if getattr(flags, name) is not None}
+    if "ray_address" in given:
+        given.add("cluster")  # joining a cluster means the Ray backend
+    return {name: getattr(cfg.eval, name) for name in sorted(given)} or None
 
 
 def _pool_flags(cfg: RunConfig, flags: SearchFlags) -> None:

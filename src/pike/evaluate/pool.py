@@ -29,6 +29,10 @@ from pike.task import Task
 
 log = logging.getLogger(__name__)
 
+# The EvalConfig fields that say where evaluations run, not how they are judged: a resumed
+# or replayed run may take new ones (another machine) without changing its verdicts.
+PLACEMENT = ("workers", "devices", "cluster", "ray_address")
+
 
 class Pool(Protocol):
     """What searches need from an evaluator: one verdict, or many as they finish."""

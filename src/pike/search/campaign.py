@@ -53,9 +53,10 @@ class CampaignResult(BaseModel):
 
 def bench(folder: Path | None, config: RunConfig | None = None, *,
           ids: list[int] | None = None, out: Path | None = None, resume: Path | None = None,
-          jobs: int = 1, command: str = "",
+          jobs: int = 1, command: str = "", placement: dict[str, Any] | None = None,
           on_event: Callable[..., None] = lambda kind, **data: None) -> CampaignResult:
-    """Run the configured strategy over the tasks of `folder` (or continue `resume`)."""
+    """Run the configured strategy over the tasks of `folder` (or continue `resume`, with
+    `placement` fields of pool.PLACEMENT over its recorded config)."""
     if resume is not None:
         store = RunStore.open(resume)
         cfg = RunConfig.model_validate(store.config())
@@ -69,6 +70,8 @@ def bench(folder: Path | None, config: RunConfig | None = None, *,
         store = RunStore.create(run_dir, cfg.model_dump(mode="json"), command)
         for task in tasks:
             store.add_task(task.name, str(task.path), task.sha256, task.source)
+    if placement:
+        cfg.eval = cfg.eval.model_copy(update=placement)
     try:
         outcomes = _run_all(store, tasks, cfg, max(1, jobs), on_event)
         _write_outputs(store, outcomes)

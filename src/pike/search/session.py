@@ -44,11 +44,14 @@ class OptimizeResult(BaseModel):
 
 def optimize(task: Task | None, config: RunConfig | None = None, *, out: Path | None = None,
              resume: Path | None = None, replay: Path | None = None, command: str = "",
+             placement: dict[str, Any] | None = None,
              on_event: Callable[..., None] = lambda kind, **data: None) -> OptimizeResult:
     """Search for a faster ModelNew for `task`; every step is recorded under the run dir.
 
     resume: continue the run in that dir (its own config and task) where it stopped.
     replay: run again with the replies recorded in that dir, without any LLM.
+    placement: where evaluations run (pool.PLACEMENT fields) for a resumed or replayed run,
+    over its recorded config.
     """
     if resume is not None:
         store = RunStore.open(resume)
@@ -70,6 +73,8 @@ def optimize(task: Task | None, config: RunConfig | None = None, *, out: Path | 
         run_dir = out or cfg.runs_dir / f"{task.name}-{stamp()}"
         store = RunStore.create(run_dir, cfg.model_dump(mode="json"), command)
         store.add_task(task.name, str(task.path), task.sha256, task.source)
+    if placement:
+        cfg.eval = cfg.eval.model_copy(update=placement)
     try:
         result = search_task(store, task, cfg, recorded, on_event)
         write_outputs(store, result)
