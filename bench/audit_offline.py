@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import RESULTS, device_name
+from common import RESULTS, apply_modes, device_name, modes_argument
 
 from pike.agents.offline import render
 from pike.audit import audit, to_markdown
@@ -77,9 +77,7 @@ def main() -> int:
     p.add_argument("offline_results", type=Path)
     p.add_argument("folder", type=Path)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--modes", default=None,
-                   help="torch.compile modes to time as baselines (comma list, 'none' for "
-                        "eager only; default: the config's)")
+    modes_argument(p)
     p.add_argument("--sets", choices=("both", "good", "broken"), default="both",
                    help="which set to audit (two processes may audit one each at once: "
                         "the evaluator's device lock keeps their timing apart)")
@@ -92,9 +90,7 @@ def main() -> int:
     cfg = RunConfig()
     cfg.eval.device = args.device
     cfg.eval.workers = args.workers
-    if args.modes is not None:
-        modes = [] if args.modes == "none" else [m.strip() for m in args.modes.split(",")]
-        cfg.search.baseline_modes = ["eager", *(f"compile:{m}" for m in modes)]
+    apply_modes(args, cfg)
     work = args.work or Path(tempfile.mkdtemp(prefix="pike-audit-"))
     good, broken, breaks = build_sets(results, args.folder, work)
     print(f"sets under {work}; broken on purpose: {breaks}", flush=True)

@@ -38,6 +38,19 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     return cfg
 
 
+def modes_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--modes", default=None,
+                   help="torch.compile modes to time as baselines (comma list, 'none' for "
+                        "eager only; default: every mode)")
+
+
+def apply_modes(args: argparse.Namespace, cfg: RunConfig) -> None:
+    """--modes as the config's baselines: eager, then each compile mode named."""
+    if args.modes is not None:
+        modes = [] if args.modes == "none" else [m.strip() for m in args.modes.split(",")]
+        cfg.search.baseline_modes = ["eager", *(f"compile:{m}" for m in modes)]
+
+
 def task_ids(args: argparse.Namespace) -> list[int] | None:
     return [int(i) for i in args.ids.split(",")] if args.ids else None
 

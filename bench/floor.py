@@ -27,7 +27,15 @@ import time
 from pathlib import Path
 
 import torch
-from common import device_name, folder_arguments, geomean, run_config, task_ids
+from common import (
+    apply_modes,
+    device_name,
+    folder_arguments,
+    geomean,
+    modes_argument,
+    run_config,
+    task_ids,
+)
 
 from pike.config import RunConfig
 from pike.errors import PikeError
@@ -147,16 +155,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     folder_arguments(p, max_candidates=16, max_seconds=300)
     p.add_argument("--offline", action="store_true", help="also run the offline strategy")
-    p.add_argument("--modes", default=None, help="torch.compile modes to time (comma list, "
-                   "'none' for eager only; default: every mode)")
+    modes_argument(p)
     p.add_argument("--offline-results", type=Path, default=None,
                    help="bench/offline.py's JSON: add its compile and offline speedups as "
                         f"columns marked '{MERGED.strip()}' instead of compiling here")
     args = p.parse_args()
     cfg = run_config(args)
-    if args.modes is not None:
-        modes = [] if args.modes == "none" else [m.strip() for m in args.modes.split(",")]
-        cfg.search.baseline_modes = ["eager", *(f"compile:{m}" for m in modes)]
+    apply_modes(args, cfg)
     earlier = ({r["task"]: r for r in json.loads(args.offline_results.read_text())["rows"]}
                if args.offline_results else {})
     tasks = load_tasks(args.folder, task_ids(args))
