@@ -15,7 +15,6 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from pike.store import (
     RunStore,
 )
 from pike.task import Task, load_tasks
+from pike.threads import run_each
 
 log = logging.getLogger(__name__)
 
@@ -117,14 +117,8 @@ def _each_task(one: Callable[[int, Task], None], tasks: list[Task], workers: int
             one(index, task)
         return
     keep_references(workers + 1)
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pike-audit")
-    try:
-        for future in as_completed([pool.submit(one, i, t) for i, t in enumerate(tasks)]):
-            future.result()
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C: queued tasks do not start
-        raise
-    pool.shutdown()
+    for _ in run_each(lambda item: one(*item), list(enumerate(tasks)), workers, "pike-audit"):
+        pass
 
 
 def _write(result: AuditResult) -> None:

@@ -37,7 +37,10 @@ PLACEMENT = ("workers", "devices", "cluster", "ray_address")
 class Pool(Protocol):
     """What searches need from an evaluator: one verdict, or many as they finish."""
 
-    width: int  # how many evaluations it runs at once
+    @property
+    def width(self) -> int:
+        """How many evaluations it runs at once."""
+        ...
 
     def judge(self, task: Task, source: str) -> Verdict: ...
 
@@ -87,7 +90,7 @@ class LocalPool:
                  devices: Sequence[str] | None = None,
                  evaluator: Callable[[Task, str, EvalConfig], Verdict] = evaluate) -> None:
         self.cfg = cfg
-        self.workers = self.width = max(1, workers if workers is not None else cfg.workers)
+        self.workers = max(1, workers if workers is not None else cfg.workers)
         names = list(devices if devices is not None else cfg.devices) or [cfg.device]
         self.devices = [resolve_device(d) for d in names]
         self._busy = dict.fromkeys(self.devices, 0)
@@ -95,6 +98,10 @@ class LocalPool:
         self._evaluate = evaluator
         self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="pike-eval")
         keep_references(self.workers + 1)  # a live reference child per task in flight
+
+    @property
+    def width(self) -> int:
+        return self.workers
 
     def judge(self, task: Task, source: str) -> Verdict:
         return self._run(task, source)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from pike.search.session import (
 )
 from pike.store import BASELINE_STATE, DONE_STATE, ERROR_STATE, RunStore
 from pike.task import Task, load_tasks
+from pike.threads import run_each
 
 log = logging.getLogger(__name__)
 
@@ -86,19 +86,11 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
     keep_references(jobs + 1)
     # One evaluation pool for all tasks: `eval.workers` bounds the evaluations at once.
     with closing(make_pool(cfg.eval)) as evaluations:
-        pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pike-bench")
-        try:
-            futures = {pool.submit(_one_task, store, t, cfg, evaluations, on_event): t
-                       for t in tasks}
-            for future in as_completed(futures):
-                outcome = future.result()
-                outcomes[outcome.task] = outcome
-        except BaseException:
-            # Ctrl-C or a host-level error: queued tasks must not start (they would spend
-            # budget); what ran is in the store for --resume.
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown()
+        # Ctrl-C or a host-level error: queued tasks do not start; what ran is in the store
+        # for --resume.
+        for outcome in run_each(lambda t: _one_task(store, t, cfg, evaluations, on_event),
+                                tasks, jobs, "pike-bench"):
+            outcomes[outcome.task] = outcome
     return [outcomes[t.name] for t in tasks]
 
 
