@@ -9,8 +9,10 @@ The set is rebuilt from an offline benchmark's results (bench/offline.py records
 transformation set of each task; the offline agent renders the same source from it), so
 no candidate source has to travel between machines. The broken copy changes the first
 three files in task order: one returns a slightly wrong output, one raises in forward,
-one is wrong only on some inputs (the audit should call it seed-dependent when the first
-trial passes). Both sets go through `pike.audit.audit` with the full guards. Writes
+one is wrong only on some inputs. That last one is keyed on an element of the first input
+chosen from the evaluator's own trial inputs (at most the median on the first trial, above
+it on a later one), so the audit must call it seed-dependent: the first trial passes and
+a later one fails. Both sets go through `pike.audit.audit` with the full guards. Writes
 bench/results/audit-<tag>.json/.md and audit-<tag>-broken.json/.md (the AuditResult plus
 the command), each with device, torch version and date.
 """
@@ -28,8 +30,9 @@ from common import RESULTS, apply_modes, device_name, modes_argument
 
 from pike.agents.offline import render
 from pike.audit import audit, to_markdown
-from pike.config import RunConfig
-from pike.task import load_tasks
+from pike.config import EvalConfig, RunConfig
+from pike.evaluate.runner import import_file, trial_seed
+from pike.task import Task, load_tasks
 
 # Appended to a rendered ModelNew: each subclasses it and spoils the result one way.
 BREAKS = {
@@ -40,15 +43,36 @@ BREAKS = {
               "    def forward(self, *args):\n"
               "        raise RuntimeError('broken on purpose')\n"),
     "seed-dependent": (
-        "class ModelNew(ModelNew):  # broken on purpose: wrong on about half the inputs\n"
+        "class ModelNew(ModelNew):  # broken on purpose: wrong on some inputs, not the first\n"
         "    def forward(self, *args):\n"
         "        out = super().forward(*args)\n"
         "        x = args[0].flatten()\n"
-        "        return out + 1.0 if bool(x[0] > x.median()) else out\n"),
+        "        return out + 1.0 if bool(x[{index}] > x.median()) else out\n"),
 }
 
 
-def build_sets(results: dict, tasks_dir: Path, work: Path) -> tuple[Path, Path, dict]:
+def seed_dependent_index(task: Task, seed: int, trials: int, scan: int = 4096) -> int | None:
+    """An element of the first input that is at most the median on the first trial and
+    above it on a later one; None when the first input is not a float tensor or no such
+    element is among the first `scan` (the task file is trusted: it is the reference)."""
+    module = import_file(str(task.path), f"pike_audit_bench_{task.name}")
+    above = []
+    for trial in range(trials):
+        torch.manual_seed(trial_seed(seed, trial))
+        x = module.get_inputs()[0]
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return None
+        flat = x.detach().flatten()
+        above.append(flat[:scan] > flat.median())
+    later = torch.stack(above[1:]).any(dim=0) if len(above) > 1 else None
+    if later is None:
+        return None
+    hits = torch.nonzero(~above[0] & later)
+    return int(hits[0]) if len(hits) else None
+
+
+def build_sets(results: dict, tasks_dir: Path, work: Path,
+               cfg: EvalConfig) -> tuple[Path, Path, dict]:
     """The set and its broken copy under `work`; which task got which break."""
     tasks = {t.name: t for t in load_tasks(tasks_dir)}
     good, broken = work / "offline-set", work / "offline-set-broken"
@@ -65,9 +89,15 @@ def build_sets(results: dict, tasks_dir: Path, work: Path) -> tuple[Path, Path, 
         source = render(task.source, names)
         (good / f"{task.name}.py").write_text(source)
         kind = list(BREAKS)[len(breaks)] if len(breaks) < len(BREAKS) else None
+        spoiler = BREAKS.get(kind or "", "")
+        if kind == "seed-dependent":
+            index = seed_dependent_index(task, cfg.seed, cfg.trials)
+            # without such an element this task stays intact and the next one is tried
+            kind, spoiler = (kind, spoiler.replace("{index}", str(index))) if index is not None \
+                else (None, "")
         if kind:
             breaks[task.name] = kind
-            source = source + "\n\n" + BREAKS[kind]
+            source = source + "\n\n" + spoiler
         (broken / f"{task.name}.py").write_text(source)
     return good, broken, breaks
 
@@ -92,7 +122,7 @@ def main() -> int:
     cfg.eval.workers = args.workers
     apply_modes(args, cfg)
     work = args.work or Path(tempfile.mkdtemp(prefix="pike-audit-"))
-    good, broken, breaks = build_sets(results, args.folder, work)
+    good, broken, breaks = build_sets(results, args.folder, work, cfg.eval)
     print(f"sets under {work}; broken on purpose: {breaks}", flush=True)
     command = "python " + " ".join(sys.argv)
     args.out.mkdir(parents=True, exist_ok=True)

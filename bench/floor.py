@@ -3,12 +3,14 @@ torch.compile mode and (with --offline) the offline strategy's best as multiples
 
     python bench/floor.py TASK_FOLDER [--ids 1,4,9] [--device cuda] [--offline]
         [--modes none] [--offline-results bench/results/offline-level3-pike.json]
-        [--max-candidates 16] [--max-seconds 300] [--tag level3-pike] [--resume]
+        [--max-candidates 16] [--max-seconds 300] [--jobs 4] [--tag level3-pike] [--resume]
 
 Per task: `measure_baselines` (eager and each compile mode, timed in one window; the
 FLOPs and bytes counted in the reference's child), the eager profile's top three kernels
 (`profile_reference`), and with --offline the offline strategy's best verdict. Results are
 rewritten after every task (a run cut off keeps what it finished; --resume skips those).
+`--jobs` tasks run at once in threads: children start, count and profile side by side,
+while timing stays exclusive per device (the evaluator's device lock).
 `--modes none --offline-results FILE` skips compiling here: the compile modes and the
 offline best come from an offline benchmark's speedups over eager (ratios measured in
 their own windows), applied to this run's eager time, in columns marked as such.
@@ -44,6 +46,7 @@ from pike.evaluate.judge import profile_reference
 from pike.floor import describe
 from pike.search import optimize
 from pike.task import Task, load_tasks
+from pike.threads import run_each
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,7 +87,6 @@ def one_task(task: Task, cfg: RunConfig, offline: bool, runs: Path) -> dict:
     eager_ms = row["modes_ms"].get("eager")
     row["describe"] = describe(fl, eager_ms) if fl else f"no floor: {base.no_floor}"
     try:
-        cfg.eval.profile_calls = 5
         profile = profile_reference(task, cfg.eval)
     except PikeError as err:
         profile = None
@@ -109,17 +111,42 @@ def one_task(task: Task, cfg: RunConfig, offline: bool, runs: Path) -> dict:
     return row
 
 
-def summary(rows: list[dict], args: argparse.Namespace, pending: list[str]) -> dict:
+def summary(rows: list[dict], args: argparse.Namespace, pending: list[str],
+            earlier_calls: list[str]) -> dict:
     modes = sorted({m for r in rows for m in r.get("modes_x_floor", {})})
+    per_mode = {m: [r for r in rows if m in r.get("modes_x_floor", {})] for m in modes}
     return {
         "benchmark": "floor", "device": args.device, "device_name": device_name(args.device),
         "torch_version": torch.__version__, "host": platform.node(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv), "rows": rows, "not_run": pending,
+        "command": "python " + " ".join(sys.argv), "earlier_calls": earlier_calls,
+        "rows": rows, "not_run": pending,
         # the distance to the floor per mode, over the tasks that have a floor
-        "geomean_x_floor": {m: geomean([r["modes_x_floor"][m] for r in rows
-                                        if m in r.get("modes_x_floor", {})]) for m in modes},
+        "geomean_x_floor": {m: geomean([r["modes_x_floor"][m] for r in per_mode[m]])
+                            for m in modes},
+        "tasks_x_floor": {m: len(per_mode[m]) for m in modes},
+        # Modes cover different tasks (a merged column only where the offline bench ran):
+        # eager over each mode's own tasks is the fair comparison.
+        "geomean_eager_x_floor_same_tasks": {
+            m: geomean([r["modes_x_floor"]["eager"] for r in per_mode[m]
+                        if "eager" in r["modes_x_floor"]]) for m in modes if m != "eager"},
     }
+
+
+def _geomeans(result: dict) -> str:
+    counts = result.get("tasks_x_floor", {})
+    same = result.get("geomean_eager_x_floor_same_tasks", {})
+    parts = []
+    for mode, g in result["geomean_x_floor"].items():
+        if not g:
+            continue
+        text = f"{mode} {g:.3g}x"
+        if mode in counts:
+            text += f" over {counts[mode]} tasks"
+        if same.get(mode):
+            text += f" (eager {same[mode]:.3g}x on those)"
+        parts.append(text)
+    return "; ".join(parts)
 
 
 def markdown(result: dict) -> str:
@@ -127,11 +154,11 @@ def markdown(result: dict) -> str:
     lines = [f"# Distance to the floor ({result['device_name']})", "",
              f"- device: {result['device']}, torch {result['torch_version']}, "
              f"host {result['host']}", f"- date: {result['date']}",
-             f"- command: `{result['command']}`", "",
+             f"- command: `{result['command']}`",
+             *[f"- earlier call: `{c}`" for c in result.get("earlier_calls", [])], "",
              "Runtime as a multiple of the floor (max of FLOPs at the task dtype's peak and "
              "minimum bytes at the memory bandwidth; pike.floor). Geomean over tasks with a "
-             "floor: " + (", ".join(f"{m} {g:.3g}x" for m, g in result["geomean_x_floor"].items()
-                                    if g) or "none (no floor on this device)") + ".", "",
+             "floor: " + (_geomeans(result) or "none (no floor on this device)") + ".", "",
              "| " + " | ".join(["task", "GFLOP", "MB", "floor", "bound", *modes,
                                 "eager top kernels"]) + " |", "|---" * (6 + len(modes)) + "|"]
     for r in result["rows"]:
@@ -155,6 +182,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     folder_arguments(p, max_candidates=16, max_seconds=300)
     p.add_argument("--offline", action="store_true", help="also run the offline strategy")
+    p.add_argument("--jobs", type=int, default=1, help="tasks at once (timing stays exclusive)")
     modes_argument(p)
     p.add_argument("--offline-results", type=Path, default=None,
                    help="bench/offline.py's JSON: add its compile and offline speedups as "
@@ -162,25 +190,37 @@ def main() -> int:
     args = p.parse_args()
     cfg = run_config(args)
     apply_modes(args, cfg)
+    cfg.eval.profile_calls = 5
     earlier = ({r["task"]: r for r in json.loads(args.offline_results.read_text())["rows"]}
                if args.offline_results else {})
     tasks = load_tasks(args.folder, task_ids(args))
     tag = args.tag or args.folder.name
     json_path, md_path = args.out / f"floor-{tag}.json", args.out / f"floor-{tag}.md"
     rows: list[dict] = []
+    earlier_calls: list[str] = []
     if args.resume and json_path.exists():
-        rows = [r for r in json.loads(json_path.read_text())["rows"] if "error" not in r]
+        before = json.loads(json_path.read_text())
+        rows = [r for r in before["rows"] if "error" not in r]
+        earlier_calls = [*before.get("earlier_calls", []),
+                         *([before["command"]] if before.get("command") else [])]
     runs = Path(tempfile.mkdtemp(prefix="pike-floor-bench-"))
     args.out.mkdir(parents=True, exist_ok=True)
-    for task in tasks:
-        if any(r["task"] == task.name for r in rows):
-            continue
+    order = {t.name: i for i, t in enumerate(tasks)}
+    todo = [t for t in tasks if not any(r["task"] == t.name for r in rows)]
+
+    def measured(task: Task) -> dict:
         print(f"{task.name} ...", flush=True)
-        rows.append(one_task(task, cfg, args.offline, runs))
-        merge_offline(rows[-1], earlier.get(task.name))
-        print(json.dumps(rows[-1]), flush=True)
+        row = one_task(task, cfg, args.offline, runs)
+        merge_offline(row, earlier.get(task.name))
+        return row
+
+    for row in run_each(measured, todo, args.jobs, "floor-task"):
+        rows.append(row)
+        rows.sort(key=lambda r: order.get(r["task"], len(order)))
+        print(json.dumps(row), flush=True)
         done = {r["task"] for r in rows}
-        result = summary(rows, args, [t.name for t in tasks if t.name not in done])
+        result = summary(rows, args, [t.name for t in tasks if t.name not in done],
+                         earlier_calls)
         json_path.write_text(json.dumps(result, indent=2))
         md_path.write_text(markdown(result))
     print(md_path.read_text() if md_path.exists() else "no task ran")

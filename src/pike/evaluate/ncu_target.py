@@ -13,21 +13,9 @@ environment; it never reads anything back from it but ncu's report.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
-from types import ModuleType
 
 NVTX_RANGE = "pike"
-
-
-def _import_file(path: str, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,16 +30,18 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from pike.evaluate.runner import import_file, trial_seed
+
     # Two modules, as in the evaluator: a candidate never sees the reference's namespace.
-    task = _import_file(args.task, "pike_ncu_task")
-    module = task if args.module == args.task else _import_file(args.module, "pike_ncu_module")
+    task = import_file(args.task, "pike_ncu_task")
+    module = task if args.module == args.task else import_file(args.module, "pike_ncu_module")
     cls = getattr(module, "ModelNew", None) or module.Model
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
     model = cls(*task.get_init_inputs()).to(device)
     if args.eval:
         model = model.eval()
-    torch.manual_seed(args.seed + 1)  # the first trial's inputs
+    torch.manual_seed(trial_seed(args.seed, 0))
     inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
     with torch.no_grad():
         model(*inputs)

@@ -39,13 +39,20 @@ class Failure(Exception):
         self.status, self.phase, self.message = status, phase, message
 
 
-def _import_file(path: str, name: str) -> Any:
+def import_file(path: str, name: str) -> Any:
+    """The module at `path`, registered as `name` (pickling and dataclasses need it there)."""
     spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def trial_seed(seed: int, trial: int) -> int:
+    """The seed trial `trial` draws its inputs with (the weights take `seed` itself)."""
+    return seed + 1 + trial
 
 
 def _guarded(status: str, phase: str, path: str, fn: Callable[[], Any]) -> Any:
@@ -91,7 +98,7 @@ def _build_model(req: ChildRequest, module: Any, init_inputs: list[Any], device:
 
 def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> None:
     module = _guarded("task_error", "load", req.module_path,
-                      lambda: _import_file(req.module_path, "pike_reference"))
+                      lambda: import_file(req.module_path, "pike_reference"))
     for name in ("get_inputs", "get_init_inputs"):
         if not callable(getattr(module, name, None)):
             raise Failure("task_error", "load", f"`{name}` is not a function")
@@ -102,7 +109,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     _save(list(init_inputs), inputs_dir / "init_inputs.pt")
     trial_inputs = []
     for trial in range(req.trials + EXTRA_TRIALS):
-        _manual_seed(req.seed + 1 + trial)
+        _manual_seed(trial_seed(req.seed, trial))
         inputs = _guarded("task_error", "load", req.module_path, module.get_inputs)
         if not isinstance(inputs, (list, tuple)):
             raise Failure("task_error", "load", "get_inputs() must return a list or tuple")
@@ -247,7 +254,7 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
                    guards: Guards) -> None:
     with _armed(guards):
         module = _guarded("compile_error", "load", req.module_path,
-                          lambda: _import_file(req.module_path, "pike_candidate"))
+                          lambda: import_file(req.module_path, "pike_candidate"))
     _reject_violations(guards, "load")
     init_inputs = _load(Path(req.inputs_dir) / "init_inputs.pt", weights_only=True)
     chan.send("phase", phase="init")
