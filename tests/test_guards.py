@@ -40,6 +40,23 @@ def test_rewriting_the_timers_samples_is_caught_by_the_parents_clock(
     assert "do not account for the wall time" in verdict.message
 
 
+def test_a_burst_of_load_on_the_candidates_blocks_alone_is_timed_again(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a busy 2-core host a burst can stretch the candidate's blocks and not the
+    # reference's: the first window looks forged, the second does not.
+    from pike.evaluate import judge
+    real, calls = judge.unaccounted_wall_time, []
+
+    def burst_once(*args: object) -> str | None:
+        calls.append(args)
+        return "stretched by a burst" if len(calls) == 1 else real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(judge, "unaccounted_wall_time", burst_once)
+    verdict = evaluate(mlp_task, candidate("fused"), fast_config)
+    assert len(calls) == 2
+    assert verdict.ok and verdict.runtime is not None, verdict.message
+
+
 def test_writing_outside_its_folders_is_refused(mlp_task: Task, fast_config: EvalConfig,
                                                 tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
