@@ -1,7 +1,8 @@
 """The offline strategy over a folder of tasks, against eager and every torch.compile mode.
 
     python bench/offline.py TASK_FOLDER [--ids 1,4,9] [--device cuda] [--jobs 3] [--workers 8]
-        [--max-candidates 24] [--max-seconds 900] [--tag level3-pike] [--resume]
+        [--max-candidates 24] [--max-seconds 900] [--start-before 120] [--tag level3-pike]
+        [--resume]
         [--baselines offline|separate]
 
 For each task the offline strategy (`pike optimize` without an LLM) runs with every
@@ -13,7 +14,11 @@ compile modes once more with `pike baseline` first (costs a second compile of ea
 Tasks run in `--jobs` processes at once: trials and compiles overlap, timing takes the
 GPU alone (pike.evaluate.device_lock). Within a task, `--workers` candidates of a round are
 evaluated at once by the evaluation pool: their compiles (torch.compile compiles in the
-warm-up call, before the device lock) overlap. A task that cannot be loaded or run is reported with
+warm-up call, before the device lock) overlap. The first round's batches go in the order
+the offline agent ranks transformations on CUDA (graphs, then the three compile modes), and
+a batch always finishes, so `--workers 4` or more guarantees every compile baseline is
+judged even when the task's time budget runs out. `--start-before S` starts no task after
+S seconds, so a call with a wall-clock limit ends with whole tasks. A task that cannot be loaded or run is reported with
 its error and the run goes on. Results are rewritten after every task, so a run cut off
 keeps what it finished and `--resume` skips those tasks. Writes
 bench/results/offline-<tag>.json and .md with device, torch version, date, command,
@@ -136,6 +141,9 @@ def main() -> int:
     folder_arguments(p, max_candidates=24, max_seconds=900)
     p.add_argument("--jobs", type=int, default=1, help="tasks at once (timing stays exclusive)")
     p.add_argument("--baselines", choices=["offline", "separate"], default="offline")
+    p.add_argument("--start-before", type=float, default=None, metavar="SECONDS",
+                   help="start no task after this many seconds of the run (for calls with a "
+                        "wall-clock limit; --resume runs the rest)")
     args = p.parse_args()
     cfg = run_config(args)
     tasks = load_tasks(args.folder, task_ids(args))
@@ -165,23 +173,40 @@ def main() -> int:
         md_path.write_text(markdown(result))
 
     context = multiprocessing.get_context("spawn")
+    started = time.monotonic()
+    queue = list(todo)
+
+    def may_start() -> bool:
+        # A call with a wall-clock limit ends with whole tasks: none starts that could not
+        # finish in it; those left are `not_run`, for a later --resume.
+        return bool(queue) and (args.start_before is None
+                                or time.monotonic() - started < args.start_before)
+
     with cf.ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=context) as pool:
-        futures = {pool.submit(_run_one, str(t.path), cfg.model_dump_json(), str(runs),
-                               args.baselines): t for t in todo}
-        for future in cf.as_completed(futures):
-            task = futures[future]
-            try:
-                row = future.result()
-            except Exception as err:  # the worker died: report the task, go on
-                row = {"task": task.name, "error": f"worker: {type(err).__name__}: {err}"}
-            row["settings"] = {"jobs": args.jobs, "workers": args.workers,
-                               "max_candidates": args.max_candidates,
-                               "max_seconds": args.max_seconds, "date": dt.date.today().isoformat(),
-                               "device_name": device_name(args.device),
-                               "torch_version": torch.__version__}
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "trace"}), flush=True)
-            save()
+        futures: dict[cf.Future, Task] = {}
+        while may_start() or futures:
+            while may_start() and len(futures) < max(1, args.jobs):
+                task = queue.pop(0)
+                futures[pool.submit(_run_one, str(task.path), cfg.model_dump_json(),
+                                    str(runs), args.baselines)] = task
+            if not futures:
+                break
+            finished, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
+            for future in finished:
+                task = futures.pop(future)
+                try:
+                    row = future.result()
+                except Exception as err:  # the worker died: report the task, go on
+                    row = {"task": task.name, "error": f"worker: {type(err).__name__}: {err}"}
+                row["settings"] = {"jobs": args.jobs, "workers": args.workers,
+                                   "max_candidates": args.max_candidates,
+                                   "max_seconds": args.max_seconds,
+                                   "date": dt.date.today().isoformat(),
+                                   "device_name": device_name(args.device),
+                                   "torch_version": torch.__version__}
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "trace"}), flush=True)
+                save()
     save()
     print(md_path.read_text())
     return 0
