@@ -3,7 +3,7 @@
     python bench/offline.py TASK_FOLDER [--ids 1,4,9] [--device cuda] [--jobs 3] [--workers 8]
         [--max-candidates 24] [--max-seconds 900] [--start-before 120] [--tag level3-pike]
         [--resume]
-        [--baselines offline|separate]
+        [--baselines offline|separate] [--fill-compile --resume]
 
 For each task the offline strategy (`pike optimize` without an LLM) runs with every
 candidate judged by the evaluator. Its first round judges each transformation alone, the
@@ -18,7 +18,12 @@ warm-up call, before the device lock) overlap. The first round's batches go in t
 the offline agent ranks transformations on CUDA (graphs, then the three compile modes), and
 a batch always finishes, so `--workers 4` or more guarantees every compile baseline is
 judged even when the task's time budget runs out. `--start-before S` starts no task after
-S seconds, so a call with a wall-clock limit ends with whole tasks. A task that cannot be loaded or run is reported with
+S seconds, so a call with a wall-clock limit ends with whole tasks.
+`--fill-compile --resume` judges again the compile baselines of finished tasks that have no
+verdict of their own: modes never judged, and modes that timed out or ran out of memory
+while other jobs compiled beside them (the pool's default limits); each alone per task,
+with the limits of --fill-limit, the compile in its warm-up beside other tasks' compiles
+while timing stays exclusive. A mode found incorrect keeps that verdict. A task that cannot be loaded or run is reported with
 its error and the run goes on. Results are rewritten after every task, so a run cut off
 keeps what it finished and `--resume` skips those tasks. Writes
 bench/results/offline-<tag>.json and .md with device, torch version, date, command,
@@ -35,19 +40,24 @@ import multiprocessing
 import platform
 import sys
 import tempfile
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from common import device_name, folder_arguments, geomean, run_config, task_ids
 
+from pike.agents.offline import render
 from pike.config import COMPILE_MODES, RunConfig
 from pike.errors import PikeError
 from pike.evaluate import BASELINE_MODES, measure_baselines
+from pike.evaluate.pool import LocalPool
 from pike.search import optimize
 from pike.store import RunStore
 from pike.task import Task, load_tasks
+from pike.threads import run_each
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,6 +111,49 @@ def one_task(task: Task, cfg: RunConfig, runs: Path, baselines: str) -> dict:
     return row
 
 
+def _rejudge(entry: dict | None) -> bool:
+    """A compile mode without a verdict of its own: never judged, cut by a limit, or out of
+    memory beside other jobs. A wrong result is a verdict and stands."""
+    if entry is None:
+        return True
+    if entry.get("speedup"):
+        return False
+    error = entry.get("error") or ""
+    out_of_memory = "out of memory" in error or "OutOfMemor" in error
+    if entry.get("filled"):  # judged by --fill-compile already: its timeout is a verdict
+        return out_of_memory
+    return error.startswith(("timeout", "not judged", "crashed")) or out_of_memory
+
+
+def fill_compile(task: Task, row: dict, cfg: RunConfig, limit_s: float) -> dict:
+    """Judge the row's compile modes that have no verdict of their own, at once, alone per
+    task (workers = modes), with `limit_s` for loading and for the checks."""
+    modes = [f"compile:{m}" for m in COMPILE_MODES
+             if _rejudge(row.get("compile", {}).get(f"compile:{m}"))]
+    if not modes:
+        return row
+    eval_cfg = cfg.eval.model_copy(deep=True)
+    eval_cfg.limits.load_seconds = eval_cfg.limits.check_seconds = limit_s
+    started = time.monotonic()
+    pool = LocalPool(eval_cfg, workers=len(modes))
+    try:
+        sources = [render(task.source, (mode,)) for mode in modes]
+        for i, verdict in pool.judge_many(task, sources):
+            row.setdefault("compile", {})[modes[i]] = {
+                "speedup": verdict.speedup if verdict.ok else None,
+                "error": None if verdict.ok else f"{verdict.status}: {verdict.message[:200]}",
+                "filled": {"limit_s": limit_s, "date": dt.date.today().isoformat()}}
+    finally:
+        pool.close()
+    compiled = [m["speedup"] for m in row["compile"].values() if m.get("speedup")]
+    row["best_compile_speedup"] = max(compiled) if compiled else None
+    row.pop("offline_vs_best_compile", None)
+    if row.get("offline_speedup") and row["best_compile_speedup"]:
+        row["offline_vs_best_compile"] = row["offline_speedup"] / row["best_compile_speedup"]
+    row["fill_seconds"] = round(time.monotonic() - started, 1)
+    return row
+
+
 def _run_one(path: str, cfg_json: str, runs: str, baselines: str) -> dict:
     # In its own process: a task that crashes the interpreter ends only its own worker.
     cfg = RunConfig.model_validate_json(cfg_json)
@@ -118,6 +171,7 @@ def summary(rows: list[dict], args: argparse.Namespace, runs: Path, pending: lis
         "workers": args.workers,
         "max_candidates": args.max_candidates, "max_seconds": args.max_seconds,
         "baselines": args.baselines, "rows": rows, "not_run": pending,
+        "fill_compile": bool(getattr(args, "fill_compile", False)),
         # A task with no correct candidate falls back to eager: it counts 1.0x, not nothing.
         "geomean_offline_vs_eager": geomean([r.get("offline_speedup") or 1.0 for r in ran]),
         "geomean_best_compile_vs_eager": geomean([r.get("best_compile_speedup") or 1.0
@@ -141,6 +195,11 @@ def main() -> int:
     folder_arguments(p, max_candidates=24, max_seconds=900)
     p.add_argument("--jobs", type=int, default=1, help="tasks at once (timing stays exclusive)")
     p.add_argument("--baselines", choices=["offline", "separate"], default="offline")
+    p.add_argument("--fill-compile", action="store_true",
+                   help="with --resume: judge again the compile modes of finished tasks that "
+                        "have no verdict of their own (see above); runs no offline search")
+    p.add_argument("--fill-limit", type=float, default=540.0, metavar="SECONDS",
+                   help="with --fill-compile: the load and check limits of each compile mode")
     p.add_argument("--start-before", type=float, default=None, metavar="SECONDS",
                    help="start no task after this many seconds of the run (for calls with a "
                         "wall-clock limit; --resume runs the rest)")
@@ -171,6 +230,11 @@ def main() -> int:
         result["earlier_calls"] = earlier
         json_path.write_text(json.dumps(result, indent=2))
         md_path.write_text(markdown(result))
+
+    if args.fill_compile:
+        if not args.resume:
+            raise SystemExit("--fill-compile completes an earlier run's results: add --resume")
+        return _fill(args, tasks, rows, cfg, save, md_path)
 
     context = multiprocessing.get_context("spawn")
     started = time.monotonic()
@@ -212,6 +276,49 @@ def main() -> int:
     return 0
 
 
+def _fill(args: argparse.Namespace, tasks: list[Task], rows: list[dict], cfg: RunConfig,
+          save: Callable[[], None], md_path: Path) -> int:
+    by_name = {t.name: t for t in tasks}
+    todo = [r for r in rows if r["task"] in by_name
+            and any(_rejudge(r.get("compile", {}).get(f"compile:{m}")) for m in COMPILE_MODES)]
+    # the longest first (most modes, slowest eager), so a call cut by its limit ends early
+    todo.sort(key=lambda r: (-sum(_rejudge(r.get("compile", {}).get(f"compile:{m}"))
+                                  for m in COMPILE_MODES), -(r.get("eager_ms") or 1e9)))
+    started = time.monotonic()
+    lock = threading.Lock()
+
+    def one(row: dict) -> str:
+        if args.start_before is not None and time.monotonic() - started > args.start_before:
+            return f"{row['task']}: not started (--start-before)"
+        try:
+            fill_compile(by_name[row["task"]], row, cfg, args.fill_limit)
+        except Exception as err:  # the reference failed (out of memory beside other jobs...)
+            row["fill_error"] = f"{type(err).__name__}: {err}"[:300]
+        with lock:
+            save()
+        return json.dumps({"task": row["task"], "compile": row.get("compile")})
+
+    print(f"filling compile baselines of {len(todo)} tasks", flush=True)
+    for line in run_each(one, todo, args.jobs, "fill-compile"):
+        print(line, flush=True)
+    save()
+    print(md_path.read_text())
+    return 0
+
+
+def _mode_cell(entry: dict | None) -> str:
+    """A compile mode's speedup, or why it has none; * where --fill-compile judged it."""
+    if entry is None:
+        return "not judged"
+    mark = "*" if entry.get("filled") else ""
+    if entry.get("speedup"):
+        return _x(entry["speedup"]) + mark
+    error = entry.get("error") or "failed"
+    why = ("out of memory" if "out of memory" in error or "OutOfMemor" in error
+           else error.split(":", 1)[0])
+    return why + mark
+
+
 def _x(value: float | None) -> str:
     return f"{value:.2f}x" if value else "-"
 
@@ -233,6 +340,8 @@ def markdown(result: dict) -> str:
              f"{_x(result['geomean_best_compile_vs_eager'])} over eager (at least), offline "
              f"over best compile {_x(result['geomean_offline_vs_best_compile'])} (at most).",
              "",
+             ("Last call: `--fill-compile` (compile baselines judged again, no offline search); "
+              if result.get("fill_compile") else "") +
              f"Last call: tasks at once: {result['jobs']}, candidates of a task at once: "
              f"{result.get('workers', 1)} (timing exclusive); at most "
              f"{result['max_candidates']} candidates and {result['max_seconds']:.0f} s per task; "
@@ -246,13 +355,18 @@ def markdown(result: dict) -> str:
                          + " |" * (4 + len(COMPILE_MODES)))
             continue
         eager = f"{r['eager_ms']:.4g} ms" if r.get("eager_ms") else "-"
-        modes = " | ".join(_x(r["compile"].get(f"compile:{m}", {}).get("speedup"))
-                           for m in COMPILE_MODES)
+        modes = " | ".join(_mode_cell(r["compile"].get(f"compile:{m}")) for m in COMPILE_MODES)
         lines.append(f"| {r['task']} | {eager} | {modes} | {_x(r.get('offline_speedup'))} "
                      f"| {_x(r.get('offline_vs_best_compile'))} "
                      f"| {r.get('offline_idea') or '-'} | {r.get('seconds', '-')} |")
     if result["not_run"]:
         lines += ["", f"Not run: {', '.join(result['not_run'])}."]
+    limits = sorted({e["filled"]["limit_s"] for r in result["rows"]
+                     for e in (r.get("compile") or {}).values() if e.get("filled")})
+    if limits:
+        lines += ["", "\\* judged again by `--fill-compile`: alone per task (the task's modes "
+                  "side by side, timing exclusive), with load and check limits of "
+                  f"{', '.join(f'{x:.0f}' for x in limits)} s instead of 300 s."]
     return "\n".join(lines) + "\n"
 
 

@@ -1,9 +1,10 @@
 """Evaluation throughput: one at a time against the pool, on a mixed batch of candidates.
 
     python bench/throughput.py [--device cuda] [--candidates 40] [--workers 1,4,8]
-        [--fixed 6] [--tag h100] [--resume] [--out bench/results]
+        [--fixed 6] [--task FILE] [--tag h100] [--resume] [--out bench/results]
 
-The batch (for examples/tasks/1_GeluMLP.py) mixes CUDA C++ (load_inline), Triton and plain
+The batch (for examples/tasks/1_GeluMLP.py on CPU; on CUDA the same model at a GPU-bound
+size, `--size large`, see LARGE) mixes CUDA C++ (load_inline), Triton and plain
 PyTorch candidates with failing ones (wrong values, a raising forward, a C++ compile
 error); every file carries a marker unique to this run, so each extension really builds
 (the build cache is keyed by source). A fixed correct candidate is spread through the
@@ -43,6 +44,11 @@ from pike.task import Task
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK = ROOT / "examples" / "tasks" / "1_GeluMLP.py"
+# At the example's size a call takes about 0.05 ms on an H100, set by kernel launches, and
+# the fixed candidate's median varied by a third between evaluations even one at a time
+# (bench/results/throughput-h100-launch-bound.md), which hides whatever the pool adds. At
+# this size a call is GPU-bound (about 1.5 ms).
+LARGE = "batch, dim, hidden = 4096, 1024, 4096"
 CANDIDATES = ROOT / "tests" / "candidates"
 FIXED = "fused"
 
@@ -86,6 +92,11 @@ def summarize(mode: dict, serial: dict | None) -> dict:
            "statuses": dict(sorted({s: sum(r["status"] == s for r in done)
                                     for s in {r["status"] for r in done}}.items())),
            "fixed_medians_ms": fixed, "fixed_cv": cv(fixed)}
+    if serial is not None and not serial["complete"] and serial["evaluations_per_hour"] \
+            and mode["workers"] > 1 and out["evaluations_per_hour"]:
+        # serial was cut: compare rates, over the serial candidates judged (the batch's start)
+        out["rate_over_partial_serial"] = round(
+            out["evaluations_per_hour"] / serial["evaluations_per_hour"], 2)
     if serial is not None and serial["complete"]:
         same = [a["status"] == b["status"] for a, b in zip(serial["rows"], rows, strict=True)
                 if a is not None and b is not None]
@@ -105,16 +116,19 @@ def write(args: argparse.Namespace, data: dict) -> None:
     lines = [f"# Evaluation throughput ({data['device_name']})", "",
              f"- device: {data['device']}, torch {data['torch_version']}, host {data['host']}, "
              f"{data['cpus']} CPU cores", f"- date: {data['date']}",
-             f"- command: `{data['command']}`",
+             f"- command: `{data['command']}`", f"- task: {data.get('task', '-')}",
              f"- batch: {data['candidates']} candidates ({data['mix']}), the fixed candidate "
              f"{data['fixed']} times among them", "",
              "| workers | candidates | wall | evaluations/hour | over serial | same verdicts "
              "as serial | fixed candidate CV | verdicts |", "|---|---|---|---|---|---|---|---|"]
     for s in data["summary"]:
         fixed_cv = f"{100 * s['fixed_cv']:.2f}%" if s["fixed_cv"] is not None else "-"
+        over = (f"{s['speedup_over_serial']}x" if s.get("speedup_over_serial")
+                else f"{s['rate_over_partial_serial']}x by rate (serial cut)"
+                if s.get("rate_over_partial_serial") else "-")
         lines.append(f"| {s['workers']} | {s['candidates']}{'' if s['complete'] else ' (cut)'}"
                      f" | {s['wall_s']} s | {s['evaluations_per_hour']} "
-                     f"| {s.get('speedup_over_serial', '-')}x "
+                     f"| {over} "
                      f"| {s.get('same_verdicts_as_serial', '-')} | {fixed_cv} "
                      f"| {', '.join(f'{k} {v}' for k, v in s['statuses'].items())} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
@@ -151,12 +165,25 @@ def run_mode(task: Task, batch: list[tuple[str, str]], workers: int, cfg: EvalCo
         pool.close()
 
 
+def bench_task(large: bool, folder: Path) -> Task:
+    """1_GeluMLP at the example's size, or at LARGE's (a copy with that line changed)."""
+    if not large:
+        return Task.from_file(TASK)
+    source = TASK.read_text()
+    sizes = next(line for line in source.splitlines() if line.startswith("batch, dim, hidden"))
+    path = folder / "1_GeluMLP.py"
+    path.write_text(source.replace(sizes, LARGE))
+    return Task.from_file(path)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--candidates", type=int, default=40)
     p.add_argument("--fixed", type=int, default=6)
     p.add_argument("--workers", default="1,8", help="modes: 1 is serial, more is the pool")
+    p.add_argument("--size", choices=["example", "large"], default=None,
+                   help="the size of 1_GeluMLP the batch is for (default: large on CUDA)")
     p.add_argument("--tag", default=None)
     p.add_argument("--resume", action="store_true", help="keep what the results file has")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -175,12 +202,14 @@ def main() -> int:
                 "device_name": device_name(args.device), "torch_version": torch.__version__,
                 "host": platform.node(), "cpus": len(os.sched_getaffinity(0)),
                 "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "command": command, "candidates": args.candidates, "fixed": args.fixed,
+                "command": command, "task": f"{TASK.relative_to(ROOT)} at size "
+                f"{args.size or ('large' if cuda else 'example')}",
+                "candidates": args.candidates, "fixed": args.fixed,
                 "mix": ", ".join(f"{k} {kinds.count(k)}" for k in sorted(set(kinds))),
                 "marker": f"{time.time():.0f}", "modes": []}
     batch = sources(batch_kinds(data["candidates"], cuda), data["fixed"], data["marker"])
     cfg = EvalConfig(device=args.device)
-    task = Task.from_file(TASK)
+    task = bench_task(data.get("task", "").endswith("large"), Path(tempfile.mkdtemp()))
     for workers in [int(w) for w in args.workers.split(",")]:
         mode = next((m for m in data["modes"] if m["workers"] == workers), None)
         if mode is not None and workers > 1 and mode.get("wall_s"):

@@ -29,6 +29,9 @@ from pike.evaluate.timing import time_block
 _save = torch.save
 _load = torch.load
 _manual_seed = torch.manual_seed
+_globals_in = torch.serialization.get_unsafe_globals_in_checkpoint
+_safe_globals = torch.serialization.safe_globals
+REFERENCE_MODULE = "pike_reference"
 
 
 class Failure(Exception):
@@ -48,6 +51,32 @@ def import_file(path: str, name: str) -> Any:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_init_inputs(path: Path, candidate: Any) -> list[Any]:
+    """The task's init inputs in a candidate's child, which never imports the task.
+
+    Objects of the task's own classes (Level 5's settings dataclasses, say) come back as
+    the candidate's classes of the same name, as a candidate written from the task file
+    defines them; a candidate without one gets a verdict that names what it lacks.
+    """
+    names = [n for n in _globals_in(str(path)) if n.startswith(REFERENCE_MODULE + ".")]
+    allowed, missing = [], []
+    for name in names:
+        found: Any = candidate
+        for part in name.split(".")[1:]:
+            found = getattr(found, part, None)
+        if isinstance(found, type):
+            allowed.append((found, name))
+        else:
+            missing.append(name)
+    if missing:
+        shown = ", ".join(n.split(".", 1)[1] for n in missing)
+        raise Failure("runtime_error", "init", f"the task's get_init_inputs() returns objects "
+                      f"of its own class {shown}: the candidate must define {shown} too, as "
+                      "the task file does")
+    with _safe_globals(allowed):
+        return _load(path, weights_only=True)
 
 
 def trial_seed(seed: int, trial: int) -> int:
@@ -98,7 +127,7 @@ def _build_model(req: ChildRequest, module: Any, init_inputs: list[Any], device:
 
 def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> None:
     module = _guarded("task_error", "load", req.module_path,
-                      lambda: import_file(req.module_path, "pike_reference"))
+                      lambda: import_file(req.module_path, REFERENCE_MODULE))
     for name in ("get_inputs", "get_init_inputs"):
         if not callable(getattr(module, name, None)):
             raise Failure("task_error", "load", f"`{name}` is not a function")
@@ -256,7 +285,7 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
         module = _guarded("compile_error", "load", req.module_path,
                           lambda: import_file(req.module_path, "pike_candidate"))
     _reject_violations(guards, "load")
-    init_inputs = _load(Path(req.inputs_dir) / "init_inputs.pt", weights_only=True)
+    init_inputs = load_init_inputs(Path(req.inputs_dir) / "init_inputs.pt", module)
     chan.send("phase", phase="init")
     with _armed(guards):
         model = _build_model(req, module, init_inputs, device, "compile_error")
