@@ -205,6 +205,17 @@ def test_best_is_the_fastest_correct_candidate_other_than_the_reference(
     assert store.best("u") is None
 
 
+def test_best_ranks_by_the_speedup_measured_beside_the_reference(store: RunStore) -> None:
+    # A timed while the host ran slow (its reference too): a longer runtime, a larger ratio.
+    a = store.add_candidate("t", "a", parent_id=None, role="offline", round=0, branch=0)
+    store.set_verdict(a, ok(1.0).model_copy(update={"speedup": 2.0}))
+    b = store.add_candidate("t", "b", parent_id=None, role="offline", round=0, branch=1)
+    store.set_verdict(b, ok(0.9).model_copy(update={"speedup": 1.5}))
+    unrated = store.add_candidate("t", "c", parent_id=None, role="offline", round=0, branch=2)
+    store.set_verdict(unrated, ok(0.1).model_copy(update={"speedup": None}))
+    assert store.best("t").id == a
+
+
 def test_state_round_trips_per_task(store: RunStore) -> None:
     assert store.get_state("t", "round") is None
     assert store.get_state("t", "round", default=0) == 0

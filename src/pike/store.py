@@ -404,10 +404,15 @@ class RunStore:
         return self._candidates("task = ? AND verdict IS NULL", (task,))
 
     def best(self, task: str) -> CandidateRow | None:
-        """The fastest correct candidate of a task; the reference itself does not count."""
+        """The fastest correct candidate of a task; the reference itself does not count.
+
+        Fastest by speedup: each is a ratio to the reference timed in the same window, so it
+        compares evaluations made minutes apart on a drifting host (and what the searches
+        rank by); the runtime only breaks ties or stands in where no speedup was measured.
+        """
         rows = self._candidates(
             "task = ? AND status = 'ok' AND role != 'reference' AND runtime_ms IS NOT NULL"
-            " ORDER BY runtime_ms, id LIMIT 1",
+            " ORDER BY speedup IS NULL, speedup DESC, runtime_ms, id LIMIT 1",
             (task,),
             order=False,
         )
