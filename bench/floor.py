@@ -4,6 +4,7 @@ torch.compile mode and (with --offline) the offline strategy's best as multiples
     python bench/floor.py TASK_FOLDER [--ids 1,4,9] [--device cuda] [--offline]
         [--modes none] [--offline-results bench/results/offline-level3-pike.json]
         [--max-candidates 16] [--max-seconds 300] [--jobs 4] [--tag level3-pike] [--resume]
+    python bench/floor.py TASK_FOLDER --remerge --offline-results FILE [--tag level3-pike]
 
 Per task: `measure_baselines` (eager and each compile mode, timed in one window; the
 FLOPs and bytes counted in the reference's child), the eager profile's top three kernels
@@ -15,6 +16,9 @@ while timing stays exclusive per device (the evaluator's device lock).
 offline best come from an offline benchmark's speedups over eager (ratios measured in
 their own windows), applied to this run's eager time, in columns marked as such.
 Writes bench/results/floor-<tag>.json and .md with device, torch version, date, command.
+`--remerge --offline-results FILE` measures nothing and needs no GPU: it drops the merged
+columns of the existing floor-<tag>.json and merges them again from FILE (a later offline
+benchmark), keeping the measurement's rows, device, date and command.
 """
 
 from __future__ import annotations
@@ -61,7 +65,10 @@ def merge_offline(row: dict, earlier: dict | None) -> None:
     eager_ms, floor_ms = row.get("modes_ms", {}).get("eager"), row.get("floor_ms")
     if not earlier or not eager_ms or not floor_ms:
         return
-    speedups = {mode: v.get("speedup") for mode, v in (earlier.get("compile") or {}).items()}
+    # a compile entry may carry more than its speedup (an error, "filled": {...}); one
+    # without a speedup (failed, timed out, never judged) adds no column
+    speedups = {mode: v.get("speedup") for mode, v in (earlier.get("compile") or {}).items()
+                if isinstance(v, dict)}
     speedups["offline"] = earlier.get("offline_speedup")
     for mode, speedup in speedups.items():
         if speedup:
@@ -111,15 +118,37 @@ def one_task(task: Task, cfg: RunConfig, offline: bool, runs: Path) -> dict:
     return row
 
 
-def summary(rows: list[dict], args: argparse.Namespace, pending: list[str],
+def offline_rows(path: Path | None) -> dict[str, dict]:
+    """bench/offline.py's rows by task name (none without a file)."""
+    return {r["task"]: r for r in json.loads(path.read_text())["rows"]} if path else {}
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def this_command() -> str:
+    return "python " + " ".join(sys.argv)
+
+
+MEASURED = ("device", "device_name", "torch_version", "host", "date", "command")
+
+
+def measured_here(device: str) -> dict:
+    """The fields of MEASURED for a measurement made by this call on `device`."""
+    return {"device": device, "device_name": device_name(device),
+            "torch_version": torch.__version__, "host": platform.node(), "date": now(),
+            "command": this_command()}
+
+
+def summary(rows: list[dict], measured: dict, pending: list[str],
             earlier_calls: list[str]) -> dict:
+    """The results file: `measured` (where, when and by what command the rows were
+    measured), the rows and each mode's geomean distance to the floor."""
     modes = sorted({m for r in rows for m in r.get("modes_x_floor", {})})
     per_mode = {m: [r for r in rows if m in r.get("modes_x_floor", {})] for m in modes}
     return {
-        "benchmark": "floor", "device": args.device, "device_name": device_name(args.device),
-        "torch_version": torch.__version__, "host": platform.node(),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv), "earlier_calls": earlier_calls,
+        "benchmark": "floor", **measured, "earlier_calls": earlier_calls,
         "rows": rows, "not_run": pending,
         # the distance to the floor per mode, over the tasks that have a floor
         "geomean_x_floor": {m: geomean([r["modes_x_floor"][m] for r in per_mode[m]])
@@ -131,6 +160,44 @@ def summary(rows: list[dict], args: argparse.Namespace, pending: list[str],
             m: geomean([r["modes_x_floor"]["eager"] for r in per_mode[m]
                         if "eager" in r["modes_x_floor"]]) for m in modes if m != "eager"},
     }
+
+
+def remerged_row(row: dict, earlier: dict | None) -> dict:
+    """The row without its merged columns, merged again from `earlier` (an offline
+    benchmark's row of the task); a failed row stays as it was."""
+    if "error" in row:
+        return row
+    kept = {m: x for m, x in row.get("modes_x_floor", {}).items() if not m.endswith(MERGED)}
+    row = {**row, "modes_x_floor": kept}
+    merge_offline(row, earlier)
+    return row
+
+
+def remerge(before: dict, offline_results: Path, command: str) -> dict:
+    """A floor results file whose merged columns come from `offline_results` instead:
+    the measurement (rows, device, date, command) stays; nothing is measured again."""
+    earlier = offline_rows(offline_results)
+    rows = [remerged_row(r, earlier.get(r["task"])) for r in before["rows"]]
+    result = summary(rows, {k: before.get(k) for k in MEASURED}, before.get("not_run", []),
+                     before.get("earlier_calls", []))
+    result["remerged"] = {"command": command, "date": now(),
+                          "offline_results": str(offline_results)}
+    # anything else the measured file said (a note on how it came about) stays with it
+    return {**{k: v for k, v in before.items() if k not in result}, **result}
+
+
+def write_results(result: dict, json_path: Path, md_path: Path) -> None:
+    json_path.write_text(json.dumps(result, indent=2))
+    md_path.write_text(markdown(result))
+
+
+def _remerged_line(result: dict) -> list[str]:
+    again = result.get("remerged")
+    if not again:
+        return []
+    return [f"- merged columns (\"{MERGED.strip()}\") re-merged from "
+            f"{again['offline_results']} on {again['date']} by `{again['command']}` "
+            "(no new measurement)"]
 
 
 def _geomeans(result: dict) -> str:
@@ -155,7 +222,8 @@ def markdown(result: dict) -> str:
              f"- device: {result['device']}, torch {result['torch_version']}, "
              f"host {result['host']}", f"- date: {result['date']}",
              f"- command: `{result['command']}`",
-             *[f"- earlier call: `{c}`" for c in result.get("earlier_calls", [])], "",
+             *[f"- earlier call: `{c}`" for c in result.get("earlier_calls", [])],
+             *_remerged_line(result), "",
              "Runtime as a multiple of the floor (max of FLOPs at the task dtype's peak and "
              "minimum bytes at the memory bandwidth; pike.floor). Geomean over tasks with a "
              "floor: " + (_geomeans(result) or "none (no floor on this device)") + ".", "",
@@ -187,15 +255,25 @@ def main() -> int:
     p.add_argument("--offline-results", type=Path, default=None,
                    help="bench/offline.py's JSON: add its compile and offline speedups as "
                         f"columns marked '{MERGED.strip()}' instead of compiling here")
+    p.add_argument("--remerge", action="store_true",
+                   help="measure nothing: merge the existing floor-<tag>.json's columns "
+                        "again from --offline-results (no GPU needed)")
     args = p.parse_args()
+    tag = args.tag or args.folder.name
+    json_path, md_path = args.out / f"floor-{tag}.json", args.out / f"floor-{tag}.md"
+    if args.remerge:
+        if not args.offline_results:
+            p.error("--remerge needs --offline-results")
+        result = remerge(json.loads(json_path.read_text()), args.offline_results,
+                         this_command())
+        write_results(result, json_path, md_path)
+        print(md_path.read_text())
+        return 0
     cfg = run_config(args)
     apply_modes(args, cfg)
     cfg.eval.profile_calls = 5
-    earlier = ({r["task"]: r for r in json.loads(args.offline_results.read_text())["rows"]}
-               if args.offline_results else {})
+    earlier = offline_rows(args.offline_results)
     tasks = load_tasks(args.folder, task_ids(args))
-    tag = args.tag or args.folder.name
-    json_path, md_path = args.out / f"floor-{tag}.json", args.out / f"floor-{tag}.md"
     rows: list[dict] = []
     earlier_calls: list[str] = []
     if args.resume and json_path.exists():
@@ -219,10 +297,9 @@ def main() -> int:
         rows.sort(key=lambda r: order.get(r["task"], len(order)))
         print(json.dumps(row), flush=True)
         done = {r["task"] for r in rows}
-        result = summary(rows, args, [t.name for t in tasks if t.name not in done],
-                         earlier_calls)
-        json_path.write_text(json.dumps(result, indent=2))
-        md_path.write_text(markdown(result))
+        result = summary(rows, measured_here(args.device),
+                         [t.name for t in tasks if t.name not in done], earlier_calls)
+        write_results(result, json_path, md_path)
     print(md_path.read_text() if md_path.exists() else "no task ran")
     return 0
 

@@ -1,0 +1,81 @@
+"""bench/floor.py --remerge: the merged columns of a floor results file come again from a
+later offline benchmark's results, on the stored measurement, with no GPU and no task."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+MERGED = " (offline bench)"
+MEASURED = {"device": "cuda", "device_name": "Fake H100", "torch_version": "9.9.9",
+            "host": "gpu-host", "date": "2026-01-02T03:04:05+00:00",
+            "command": "python bench/floor.py tasks --modes none --tag t"}
+
+
+@pytest.fixture(scope="module")
+def bench_floor() -> ModuleType:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(BENCH))  # the bench scripts import their `common` module
+        return importlib.import_module("floor")
+
+
+def floor_row(task: str, eager_ms: float, floor_ms: float) -> dict:
+    return {"task": task, "floor_ms": floor_ms, "bound": "memory", "flops": 1e6,
+            "bytes_min": 1e6, "modes_ms": {"eager": eager_ms},
+            "modes_x_floor": {"eager": eager_ms / floor_ms,
+                              "compile:default" + MERGED: 123.0, "offline" + MERGED: 45.0}}
+
+
+def write_inputs(tmp_path: Path) -> Path:
+    """A floor file measured with an older offline file, and a newer offline file."""
+    rows = [floor_row("1_A", 0.2, 0.01), floor_row("2_B", 0.5, 0.1),
+            {"task": "3_C", "error": "baseline: boom"}]
+    (tmp_path / "floor-t.json").write_text(json.dumps(
+        {"benchmark": "floor", **MEASURED, "earlier_calls": ["python first call"],
+         "rows": rows, "not_run": [], "note": "recovered from a log"}))
+    offline = {"rows": [
+        {"task": "1_A", "offline_speedup": 4.0, "compile": {
+            "compile:default": {"speedup": 2.0, "error": None},
+            "compile:reduce-overhead": {"speedup": 5.0, "error": None,
+                                        "filled": {"limit_s": 300.0, "date": "2026-11-24"}},
+            "compile:max-autotune-no-cudagraphs": {"speedup": None, "error": "timeout",
+                                                   "filled": {"limit_s": 300.0}}}},
+        {"task": "2_B", "offline_speedup": None, "compile": {}},
+        {"task": "3_C", "offline_speedup": 3.0, "compile": {}}]}
+    (tmp_path / "offline.json").write_text(json.dumps(offline))
+    return tmp_path / "offline.json"
+
+
+def test_remerge_replaces_the_merged_columns_only(bench_floor: ModuleType, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    offline = write_inputs(tmp_path)
+    command = ["bench/floor.py", str(tmp_path / "no-tasks-here"), "--remerge",
+               "--offline-results", str(offline), "--tag", "t", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", command)
+    assert bench_floor.main() == 0
+    result = json.loads((tmp_path / "floor-t.json").read_text())
+    rows = {r["task"]: r for r in result["rows"]}
+    assert rows["1_A"]["modes_x_floor"] == pytest.approx({
+        "eager": 20.0, "compile:default" + MERGED: 0.2 / 2.0 / 0.01,
+        "compile:reduce-overhead" + MERGED: 0.2 / 5.0 / 0.01,
+        "offline" + MERGED: 0.2 / 4.0 / 0.01})
+    assert rows["2_B"]["modes_x_floor"] == {"eager": 5.0}  # its old merged columns are gone
+    assert rows["3_C"] == {"task": "3_C", "error": "baseline: boom"}
+    assert {k: result[k] for k in MEASURED} == MEASURED
+    assert result["earlier_calls"] == ["python first call"]
+    assert result["note"] == "recovered from a log"
+    assert result["remerged"]["offline_results"] == str(offline)
+    assert result["tasks_x_floor"] == {"eager": 2, "compile:default" + MERGED: 1,
+                                       "compile:reduce-overhead" + MERGED: 1,
+                                       "offline" + MERGED: 1}
+    assert result["geomean_x_floor"]["eager"] == pytest.approx(10.0)
+    md = (tmp_path / "floor-t.md").read_text()
+    assert "Fake H100" in md and MEASURED["date"] in md
+    assert f"re-merged from {offline}" in md and "(no new measurement)" in md
+    assert "123x" not in md and "45x" not in md
