@@ -26,7 +26,7 @@ CPU_SAFE = [n for n in ALL if not n.startswith(("compile:", "autocast_"))]
 
 def build(task: Task, names: tuple[str, ...]) -> tuple[Any, Any]:
     """The reference and the transformed module, built with the same weights."""
-    ns: dict[str, Any] = {}
+    ns: dict[str, Any] = {"__name__": "pike_offline_test"}  # fx names rewritten calls by it
     exec(compile(render(task.source, names), "offline.py", "exec"), ns)
     init = ns["get_init_inputs"]()
     torch.manual_seed(0)
@@ -63,6 +63,86 @@ def test_autocast_returns_the_inputs_dtype_within_loose_tolerance() -> None:
     torch.testing.assert_close(out, reference(x), atol=0.1, rtol=0.1)
 
 
+ATTENTION = Task.from_file(EXAMPLES / "tasks" / "3_CausalAttention.py")
+# minGPT's form: the causal mask a registered buffer sliced to the length, dropout p=0
+BUFFER_MASKED = """
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self, embed, heads, drop):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(embed, 3 * embed)
+        self.drop = nn.Dropout(drop)
+        self.register_buffer("bias", MASK(torch.ones(64, 64)).view(1, 1, 64, 64))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        k = k.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        v = v.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, FILL)
+        att = self.drop(ACTIVATION(att, dim=-1))
+        return (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+
+
+def get_inputs():
+    return [torch.randn(2, 48, 32)]
+
+
+def get_init_inputs():
+    return [32, 4, DROP]
+"""
+
+
+def _attention_task(tmp_path: Path, mask: str = "torch.tril", fill: str = 'float("-inf")',
+                    activation: str = "F.softmax", drop: str = "0.0") -> Task:
+    path = tmp_path / "1_BufferMasked.py"
+    path.write_text(BUFFER_MASKED.replace("MASK", mask).replace("FILL", fill)
+                    .replace("ACTIVATION", activation).replace("DROP", drop))
+    return Task.from_file(path)
+
+
+def test_sdpa_rewrites_causal_attention_exactly_and_survives_new_lengths(
+        tmp_path: Path) -> None:
+    for task, embed in ((ATTENTION, 256), (_attention_task(tmp_path), 32)):
+        reference, candidate = build(task, ("sdpa",))
+        assert candidate.attentions_rewritten == 1, task.name
+        assert "_attention(" in candidate.inner.code and "softmax" not in candidate.inner.code
+        for length in (48, 17, 48):  # the mask follows the length; nothing stale is reused
+            x = torch.randn(2, length, embed)
+            torch.testing.assert_close(candidate(x), reference(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("change", [
+    {"activation": "(lambda a, dim: torch.relu(a))"},  # not a softmax
+    {"fill": "-1e9"},                         # a large negative number is not -inf
+    {"mask": "torch.triu"},                   # not causal
+    {"drop": "0.1"},                          # a random dropout of the weights
+])
+def test_sdpa_leaves_attention_that_does_not_match_exactly_as_written(
+        tmp_path: Path, change: dict[str, str]) -> None:
+    reference, candidate = build(_attention_task(tmp_path, **change), ("sdpa",))
+    assert candidate.attentions_rewritten == 0
+    assert candidate.inner.__class__.__name__ == "Model"
+    if "drop" not in change:
+        x = torch.randn(2, 20, 32)
+        torch.testing.assert_close(candidate(x), reference(x))
+
+
+def test_sdpa_candidate_passes_the_evaluator(fast_config: EvalConfig) -> None:
+    verdict = evaluate(ATTENTION, render(ATTENTION.source, ("sdpa", "inference_mode")),
+                       fast_config)
+    assert verdict.status == "ok", verdict.message
+
+
 @pytest.mark.slow
 def test_compile_transformation_is_correct_under_the_evaluator(fast_config: EvalConfig) -> None:
     verdict = evaluate(MLP, render(MLP.source, ("compile:default", "inference_mode")),
@@ -82,6 +162,8 @@ def test_which_transformations_apply_and_compose() -> None:
     assert "cuda_graph" not in applicable(MLP.source, "cpu")
     assert "channels_last" not in applicable(MLP.source, "cuda:0")
     assert "channels_last" in applicable(CONV.source, "cpu")
+    assert "sdpa" in applicable(ATTENTION.source, "cuda:0")
+    assert "sdpa" not in applicable(MLP.source, "cuda:0")
     assert compatible(("cuda_graph", "inference_mode", "compile:default"))
     assert not compatible(("cuda_graph", "compile:reduce-overhead"))
     assert not compatible(("compile:default", "compile:max-autotune-no-cudagraphs"))

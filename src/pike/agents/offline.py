@@ -11,15 +11,18 @@ import re
 from pike.agents.roles import _templates
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
-ALL = ("inference_mode", "cuda_graph", "channels_last", "cudnn_benchmark", "tf32",
+ALL = ("sdpa", "inference_mode", "cuda_graph", "channels_last", "cudnn_benchmark", "tf32",
        "autocast_bf16", "autocast_fp16", *(f"compile:{m}" for m in COMPILE_MODES))
 _CUDA_ONLY = {"cuda_graph", "cudnn_benchmark", "tf32", "autocast_bf16", "autocast_fp16",
               "compile:max-autotune-no-cudagraphs", "compile:reduce-overhead"}
 _CONV = re.compile(r"\bConv[123]d\b|\bconv[123]d\b")
+# attention written out: a softmax and a matrix product (the rewrite itself checks exactly)
+_SOFTMAX = re.compile(r"\bsoftmax\b")
+_MATMUL = re.compile(r"@|\bmatmul\b")
 # On a GPU a search cut short by its budget should already have judged what pays most
 # (measured on level3-pike: graphs on host-bound models, compile on kernel-bound ones),
 # and the compile modes are also the baselines a user compares against.
-_CUDA_ORDER = ("cuda_graph", "compile:default", "compile:max-autotune-no-cudagraphs",
+_CUDA_ORDER = ("cuda_graph", "sdpa", "compile:default", "compile:max-autotune-no-cudagraphs",
                "compile:reduce-overhead", "tf32", "channels_last", "autocast_bf16",
                "cudnn_benchmark", "inference_mode", "autocast_fp16")
 
@@ -34,6 +37,8 @@ def applicable(task_source: str, device: str) -> list[str]:
         if name in _CUDA_ONLY and not on_cuda:
             continue
         if name in ("channels_last", "cudnn_benchmark") and not conv:
+            continue
+        if name == "sdpa" and not (_SOFTMAX.search(task_source) and _MATMUL.search(task_source)):
             continue
         names.append(name)
     return names
