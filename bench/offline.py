@@ -162,7 +162,9 @@ def _run_one(path: str, cfg_json: str, runs: str, baselines: str) -> dict:
 
 def summary(rows: list[dict], args: argparse.Namespace, runs: Path, pending: list[str]) -> dict:
     ran = [r for r in rows if "error" not in r]
-    complete = [r for r in ran if len(r.get("compile", {})) == len(COMPILE_MODES)]
+    # every mode with a verdict of its own (a timeout beside other jobs is none)
+    complete = [r for r in ran if not any(_rejudge(r.get("compile", {}).get(f"compile:{m}"))
+                                          for m in COMPILE_MODES)]
     return {
         "benchmark": "offline", "device": args.device, "device_name": device_name(args.device),
         "torch_version": torch.__version__, "host": platform.node(),
@@ -210,6 +212,7 @@ def main() -> int:
     json_path, md_path = args.out / f"offline-{tag}.json", args.out / f"offline-{tag}.md"
     rows: list[dict] = []
     earlier: list[str] = []
+    notes: list[str] = []  # what a reader must know, written by hand into the JSON; kept
     if args.resume and json_path.exists():
         before = json.loads(json_path.read_text())
         if before.get("device_name") != device_name(args.device):
@@ -217,6 +220,7 @@ def main() -> int:
                              "results of two devices do not mix; use another --tag")
         rows = [r for r in before["rows"] if "error" not in r]
         earlier = [*before.get("earlier_calls", []), before["command"]]
+        notes = before.get("notes", [])
     done = {r["task"] for r in rows}
     todo = [t for t in tasks if t.name not in done]
     runs = Path(tempfile.mkdtemp(prefix="pike-offline-bench-"))
@@ -228,6 +232,7 @@ def main() -> int:
         pending = [t.name for t in tasks if t.name not in {r["task"] for r in rows}]
         result = summary(rows, args, runs, pending)
         result["earlier_calls"] = earlier
+        result["notes"] = notes
         json_path.write_text(json.dumps(result, indent=2))
         md_path.write_text(markdown(result))
 
@@ -330,8 +335,11 @@ def markdown(result: dict) -> str:
              f"- command: `{result['command']}`",
              *[f"- earlier call: `{c}`" for c in result.get("earlier_calls", [])], "",
              f"Headline, over the {result.get('tasks_compile_complete', 0)} tasks where every "
-             "torch.compile mode was judged: offline over the best compile mode "
+             "torch.compile mode has a verdict of its own (a speedup, a wrong result, or no "
+             "compile within the limit when judged alone): offline over the best compile mode "
              f"{_x(result.get('geomean_offline_vs_best_compile_complete'))}.", "",
+             *[f"- Note: {n}" for n in result.get("notes", [])],
+             *([""] if result.get("notes") else []),
              f"Over all {result['tasks_counted']} tasks that ran (a task with no correct "
              f"candidate counts 1.0x): offline {_x(result['geomean_offline_vs_eager'])} over "
              "eager. Where the search's budget ran out before every compile mode was judged, "
@@ -340,13 +348,14 @@ def markdown(result: dict) -> str:
              f"{_x(result['geomean_best_compile_vs_eager'])} over eager (at least), offline "
              f"over best compile {_x(result['geomean_offline_vs_best_compile'])} (at most).",
              "",
-             ("Last call: `--fill-compile` (compile baselines judged again, no offline search); "
-              if result.get("fill_compile") else "") +
-             f"Last call: tasks at once: {result['jobs']}, candidates of a task at once: "
+             ("Last call: `--fill-compile` (compile baselines judged again, no offline "
+              f"search), tasks at once: {result['jobs']}."
+              if result.get("fill_compile") else
+              f"Last call: tasks at once: {result['jobs']}, candidates of a task at once: "
              f"{result.get('workers', 1)} (timing exclusive); at most "
              f"{result['max_candidates']} candidates and {result['max_seconds']:.0f} s per task; "
-             f"compile baselines: {result['baselines']} (each row's own settings are in the JSON)."
-             , "",
+             f"compile baselines: {result['baselines']} (each row's own settings are in the "
+              "JSON)."), "",
              "| task | eager | " + " | ".join(COMPILE_MODES) + " | offline | offline / best "
              "compile | offline best | s |", "|---" * (6 + len(COMPILE_MODES)) + "|"]
     for r in result["rows"]:

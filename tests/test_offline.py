@@ -208,3 +208,13 @@ def test_cuda_graph_recaptures_when_the_input_shape_changes() -> None:
     for batch in (4, 8, 4):
         x = torch.randn(batch, *_input_shape(MLP)[1:], device="cuda")
         torch.testing.assert_close(candidate(x), reference(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_sdpa_with_cuda_graph_matches_the_reference_on_cuda() -> None:
+    reference, candidate = build(ATTENTION, ("sdpa", "cuda_graph"))
+    reference, candidate = reference.cuda(), candidate.cuda()
+    assert candidate.attentions_rewritten == 1
+    for length in (128, 64, 128):
+        x = torch.randn(2, length, 256, device="cuda")
+        torch.testing.assert_close(candidate(x), reference(x), atol=1e-3, rtol=1e-3)

@@ -1,0 +1,73 @@
+"""bench/offline.py --fill-compile and bench/retime_offline.py, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "tasks"
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _results(path: Path, compile_modes: dict) -> None:
+    row = {"task": "1_GeluMLP", "compile": compile_modes, "best_compile_speedup": None,
+           "eager_ms": 0.1, "offline_idea": "inference_mode", "offline_speedup": 1.1,
+           "offline_ms": 0.09, "verdicts": {"ok": 1}, "seconds": 1.0}
+    path.write_text(json.dumps({
+        "benchmark": "offline", "device": "cpu", "device_name": "", "torch_version": "x",
+        "host": "h", "date": "d", "command": "python bench/offline.py examples/tasks",
+        "runs": "/tmp", "jobs": 1, "workers": 1, "max_candidates": 1, "max_seconds": 1.0,
+        "baselines": "offline", "rows": [row], "not_run": [],
+        "notes": ["kept across calls"]}))
+
+
+@pytest.mark.slow
+def test_fill_compile_judges_modes_without_a_verdict_and_keeps_wrong_ones(
+        tmp_path: Path) -> None:
+    results = tmp_path / "offline-t.json"
+    _results(results, {
+        "compile:default": {"speedup": None,
+                            "error": "timeout: no progress for 300 s in phase 'check'"},
+        "compile:max-autotune-no-cudagraphs": {"speedup": None, "error": "incorrect: 1 of 5"}})
+    data = json.loads(results.read_text())
+    data["device_name"] = platform.processor() or "cpu"  # what bench/common.py names a CPU
+    results.write_text(json.dumps(data))
+    done = _bench("bench/offline.py", str(EXAMPLES), "--ids", "1", "--device", "cpu",
+                  "--resume", "--fill-compile", "--fill-limit", "120", "--tag", "t",
+                  "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    after = json.loads(results.read_text())
+    modes = after["rows"][0]["compile"]
+    assert modes["compile:default"]["filled"]["limit_s"] == 120
+    assert modes["compile:reduce-overhead"]["filled"]  # never judged before
+    assert modes["compile:max-autotune-no-cudagraphs"] == {"speedup": None,
+                                                            "error": "incorrect: 1 of 5"}
+    assert after["notes"] == ["kept across calls"]
+    assert "judged again by `--fill-compile`" in (tmp_path / "offline-t.md").read_text()
+
+
+def test_fill_compile_needs_resume(tmp_path: Path) -> None:
+    done = _bench("bench/offline.py", str(EXAMPLES), "--device", "cpu", "--fill-compile",
+                  "--out", str(tmp_path))
+    assert done.returncode != 0 and "--resume" in done.stderr
+
+
+def test_retime_judges_the_best_again_beside_the_benchs_figure(tmp_path: Path) -> None:
+    results = tmp_path / "offline.json"
+    _results(results, {})
+    done = _bench("bench/retime_offline.py", str(results), str(EXAMPLES), "--ids", "1",
+                  "--device", "cpu", "--tag", "t", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = json.loads((tmp_path / "retime-t.json").read_text())["rows"][0]
+    assert row["status"] == "ok" and row["speedup_alone"] > 0
+    assert row["speedup_in_bench"] == 1.1 and row["idea"] == "inference_mode"
