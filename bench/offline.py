@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import copy
 import datetime as dt
 import json
 import multiprocessing
@@ -295,11 +296,14 @@ def _fill(args: argparse.Namespace, tasks: list[Task], rows: list[dict], cfg: Ru
     def one(row: dict) -> str:
         if args.start_before is not None and time.monotonic() - started > args.start_before:
             return f"{row['task']}: not started (--start-before)"
+        filled = copy.deepcopy(row)  # another thread's save() may be writing `row` out
         try:
-            fill_compile(by_name[row["task"]], row, cfg, args.fill_limit)
+            fill_compile(by_name[row["task"]], filled, cfg, args.fill_limit)
         except Exception as err:  # the reference failed (out of memory beside other jobs...)
-            row["fill_error"] = f"{type(err).__name__}: {err}"[:300]
+            filled["fill_error"] = f"{type(err).__name__}: {err}"[:300]
         with lock:
+            row.clear()
+            row.update(filled)
             save()
         return json.dumps({"task": row["task"], "compile": row.get("compile")})
 

@@ -37,7 +37,12 @@ def main() -> int:
     p.add_argument("--tag", default=None)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
-    rows_before = {r["task"]: r for r in json.loads(args.offline_results.read_text())["rows"]}
+    before = json.loads(args.offline_results.read_text())
+    if before.get("device_name") and before["device_name"] != device_name(args.device):
+        raise SystemExit(f"{args.offline_results} was measured on {before['device_name']}, "
+                         f"not {device_name(args.device)}: ratios of two devices do not "
+                         "compare")
+    rows_before = {r["task"]: r for r in before["rows"]}
     result = {"benchmark": "retime_offline", "device": args.device,
               "device_name": device_name(args.device), "torch_version": torch.__version__,
               "host": platform.node(),

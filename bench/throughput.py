@@ -1,7 +1,7 @@
 """Evaluation throughput: one at a time against the pool, on a mixed batch of candidates.
 
     python bench/throughput.py [--device cuda] [--candidates 40] [--workers 1,4,8]
-        [--fixed 6] [--task FILE] [--tag h100] [--resume] [--out bench/results]
+        [--fixed 6] [--size example|large] [--tag h100] [--resume] [--out bench/results]
 
 The batch (for examples/tasks/1_GeluMLP.py on CPU; on CUDA the same model at a GPU-bound
 size, `--size large`, see LARGE) mixes CUDA C++ (load_inline), Triton and plain

@@ -65,3 +65,18 @@ def test_a_candidate_without_the_class_gets_a_verdict_naming_it(
     verdict = evaluate(_task(tmp_path), WITHOUT_SETTINGS, fast_config)
     assert verdict.status == "runtime_error"
     assert "Settings" in verdict.message and "define" in verdict.message
+
+
+def test_init_inputs_the_candidate_cannot_load_get_a_verdict_not_a_crash(
+        tmp_path: Path, fast_config: EvalConfig) -> None:
+    # pickled as getattr(Outer, "Inner"): the loader allows no getattr
+    path = tmp_path / "1_NestedSettings.py"
+    path.write_text(TASK.replace("@dataclass\nclass Settings:", "class Outer:\n    @dataclass\n"
+                                 "    class Settings:").replace(
+        "    dim: int = 16\n    hidden: int = 32",
+        "        dim: int = 16\n        hidden: int = 32").replace(
+        "Settings()", "Outer.Settings()"))
+    task = Task.from_file(path)
+    verdict = evaluate(task, render(task.source, ("inference_mode",)), fast_config)
+    assert verdict.status == "runtime_error", verdict.message
+    assert "could not be loaded" in verdict.message

@@ -137,6 +137,56 @@ def test_sdpa_leaves_attention_that_does_not_match_exactly_as_written(
         torch.testing.assert_close(candidate(x), reference(x))
 
 
+FILL_LINE = "att = att.masked_fill(self.bias[:, :, :T, :T] == 0, FILL)"
+SCORE_LINE = "att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))"
+
+
+@pytest.mark.parametrize("old, new", [
+    # changed in place after the scaling: the scaled scores have two users
+    (FILL_LINE, "att.masked_fill_(self.bias[:, :, :T, :T] == 0, FILL)"),
+    # floor division is not a scale
+    (SCORE_LINE, "att = torch.div(q @ k.transpose(-2, -1), 4, rounding_mode='floor')"),
+    # an optional argument: a trace would keep one branch of `is None`
+    ("def forward(self, x):", "def forward(self, x, extra=None):"),
+    # Python that reads the mode: a trace would keep the mode it saw
+    ("att = self.drop(ACTIVATION(att, dim=-1))",
+     "att = F.softmax(att, dim=-1) if self.training else self.drop(F.softmax(att, dim=-1))"),
+])
+def test_sdpa_leaves_forwards_a_trace_cannot_stand_for(tmp_path: Path, old: str,
+                                                       new: str) -> None:
+    task = _attention_task(tmp_path)
+    old, new = (line.replace("FILL", 'float("-inf")').replace("ACTIVATION", "F.softmax")
+                for line in (old, new))
+    assert old in task.source
+    task.path.write_text(task.source.replace(old, new))
+    reference, candidate = build(Task.from_file(task.path), ("sdpa",))
+    assert candidate.attentions_rewritten == 0
+    x = torch.randn(2, 20, 32)
+    torch.testing.assert_close(candidate(x), reference(x))
+
+
+def test_sdpa_trace_leaves_the_module_as_it_was(tmp_path: Path) -> None:
+    # a forward that caches on its first call would otherwise keep a traced value
+    task = _attention_task(tmp_path)
+    task.path.write_text(task.source.replace(
+        "B, T, C = x.size()",
+        "B, T, C = x.size()\n        if getattr(self, 'seen', None) is None:\n"
+        "            self.seen = torch.zeros(1)"))
+    reference, candidate = build(Task.from_file(task.path), ("sdpa",))
+    assert candidate.attentions_rewritten == 1
+    x = torch.randn(2, 20, 32)
+    torch.testing.assert_close(candidate(x), reference(x), atol=1e-5, rtol=1e-5)
+
+
+def test_fused_attention_keeps_the_written_mask_where_scores_are_not_square() -> None:
+    ns: dict[str, Any] = {"__name__": "pike_offline_test"}
+    exec(compile(render(ATTENTION.source, ("sdpa",)), "offline.py", "exec"), ns)
+    q, k, v = torch.randn(2, 4, 1, 8), torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8)
+    masked = torch.ones(1, 1).tril() == 0  # a (T, T) mask for T = 1 masks nothing
+    expected = torch.softmax((q @ k.transpose(-2, -1)) * 0.5, dim=-1) @ v
+    torch.testing.assert_close(ns["_attention"](q, k, v, 0.5, masked), expected)
+
+
 def test_sdpa_candidate_passes_the_evaluator(fast_config: EvalConfig) -> None:
     verdict = evaluate(ATTENTION, render(ATTENTION.source, ("sdpa", "inference_mode")),
                        fast_config)

@@ -11,6 +11,7 @@ import faulthandler
 import hashlib
 import importlib.util
 import os
+import pickle
 import platform
 import sys
 from collections.abc import Callable
@@ -75,8 +76,13 @@ def load_init_inputs(path: Path, candidate: Any) -> list[Any]:
         raise Failure("runtime_error", "init", f"the task's get_init_inputs() returns objects "
                       f"of its own class {shown}: the candidate must define {shown} too, as "
                       "the task file does")
-    with _safe_globals(allowed):
-        return _load(path, weights_only=True)
+    try:
+        with _safe_globals(allowed):
+            return _load(path, weights_only=True)
+    except pickle.UnpicklingError as err:  # a nested class, or another module's object
+        raise Failure("runtime_error", "init", "the task's init inputs could not be loaded "
+                      f"in the candidate's process: {str(err).splitlines()[-1][:300]}"
+                      ) from None
 
 
 def trial_seed(seed: int, trial: int) -> int:
