@@ -3,7 +3,7 @@
     python bench/offline.py TASK_FOLDER [--ids 1,4,9] [--device cuda] [--jobs 3] [--workers 8]
         [--max-candidates 24] [--max-seconds 900] [--start-before 120] [--tag level3-pike]
         [--resume]
-        [--baselines offline|separate] [--fill-compile --resume]
+        [--baselines offline|separate] [--fill-compile --resume] [--redo 43,44 --resume]
 
 For each task the offline strategy (`pike optimize` without an LLM) runs with every
 candidate judged by the evaluator. Its first round judges each transformation alone, the
@@ -112,6 +112,11 @@ def one_task(task: Task, cfg: RunConfig, runs: Path, baselines: str) -> dict:
     return row
 
 
+def _task_id(name: str) -> int | None:
+    head = name.split("_", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
 def _rejudge(entry: dict | None) -> bool:
     """A compile mode without a verdict of its own: never judged, cut by a limit, or out of
     memory beside other jobs. A wrong result is a verdict and stands."""
@@ -198,6 +203,9 @@ def main() -> int:
     folder_arguments(p, max_candidates=24, max_seconds=900)
     p.add_argument("--jobs", type=int, default=1, help="tasks at once (timing stays exclusive)")
     p.add_argument("--baselines", choices=["offline", "separate"], default="offline")
+    p.add_argument("--redo", default=None, metavar="IDS",
+                   help="with --resume: run these task ids again (e.g. after a new "
+                        "transformation), replacing their rows")
     p.add_argument("--fill-compile", action="store_true",
                    help="with --resume: judge again the compile modes of finished tasks that "
                         "have no verdict of their own (see above); runs no offline search")
@@ -219,7 +227,8 @@ def main() -> int:
         if before.get("device_name") != device_name(args.device):
             raise SystemExit(f"{json_path} was measured on {before.get('device_name')}: "
                              "results of two devices do not mix; use another --tag")
-        rows = [r for r in before["rows"] if "error" not in r]
+        redo = {int(i) for i in args.redo.split(",")} if args.redo else set()
+        rows = [r for r in before["rows"] if "error" not in r and _task_id(r["task"]) not in redo]
         earlier = [*before.get("earlier_calls", []), before["command"]]
         notes = before.get("notes", [])
     done = {r["task"] for r in rows}

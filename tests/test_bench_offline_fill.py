@@ -71,3 +71,21 @@ def test_retime_judges_the_best_again_beside_the_benchs_figure(tmp_path: Path) -
     row = json.loads((tmp_path / "retime-t.json").read_text())["rows"][0]
     assert row["status"] == "ok" and row["speedup_alone"] > 0
     assert row["speedup_in_bench"] == 1.1 and row["idea"] == "inference_mode"
+
+
+@pytest.mark.slow
+def test_redo_runs_named_tasks_again_and_keeps_the_rest(tmp_path: Path) -> None:
+    results = tmp_path / "offline-t.json"
+    _results(results, {})
+    data = json.loads(results.read_text())
+    data["device_name"] = platform.processor() or "cpu"
+    data["rows"].append({**data["rows"][0], "task": "2_ConvBlock", "offline_idea": "kept"})
+    data["rows"][0]["offline_idea"] = "stale"
+    results.write_text(json.dumps(data))
+    done = _bench("bench/offline.py", str(EXAMPLES), "--ids", "1,2", "--device", "cpu",
+                  "--resume", "--redo", "1", "--max-candidates", "2", "--max-seconds", "60",
+                  "--tag", "t", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["task"]: r for r in json.loads(results.read_text())["rows"]}
+    assert rows["1_GeluMLP"]["offline_idea"] != "stale" and "settings" in rows["1_GeluMLP"]
+    assert rows["2_ConvBlock"]["offline_idea"] == "kept"
