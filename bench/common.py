@@ -24,6 +24,8 @@ def folder_arguments(p: argparse.ArgumentParser, max_candidates: int,
     p.add_argument("--max-seconds", type=float, default=max_seconds)
     p.add_argument("--workers", type=int, default=1,
                    help="candidates of a task evaluated at once (the evaluation pool)")
+    p.add_argument("--compile-threads", type=int, default=1,
+                   help="torch.compile's workers in each evaluation child (eval.compile_threads)")
     p.add_argument("--tag", default=None)
     p.add_argument("--resume", action="store_true", help="keep finished tasks of the results")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -33,6 +35,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     cfg = RunConfig()
     cfg.eval.device = args.device
     cfg.eval.workers = args.workers
+    cfg.eval.compile_threads = args.compile_threads
     cfg.search.offline.max_candidates = args.max_candidates
     cfg.search.offline.max_seconds = args.max_seconds
     return cfg

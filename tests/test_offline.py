@@ -224,6 +224,15 @@ def test_which_transformations_apply_and_compose() -> None:
 
 
 @pytest.mark.slow
+def test_a_candidate_compiles_with_several_compile_threads(fast_config: EvalConfig) -> None:
+    # inductor's worker pool must neither break the sandbox nor be counted as left behind
+    fast_config.compile_threads = 2
+    fast_config.limits.check_seconds = 120  # the compile runs in the first call
+    verdict = evaluate(MLP, render(MLP.source, ("compile:default",)), fast_config)
+    assert verdict.status == "ok", verdict.message
+
+
+@pytest.mark.slow
 def test_optimize_without_an_llm_runs_the_offline_strategy(tmp_path: Path,
                                                            build_cache: Path) -> None:
     config = tmp_path / "pike.yaml"

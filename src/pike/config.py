@@ -80,6 +80,10 @@ class EvalConfig(_Strict):
     timing_cores: int = Field(2, ge=0, description="on a GPU host with cores to spare, CPU "
                               "cores kept per GPU for the timed children while builds use the "
                               "rest (host-bound timings stay clean under compile load); 0 = off")
+    compile_threads: int = Field(1, ge=1, description="torch.compile's compile workers in "
+                                 "each evaluation child; more compile large models faster "
+                                 "(at 1, large CNNs took over 300 s in a compile mode), and "
+                                 "the child shuts them down before it ends")
     warm_up: bool = Field(True, description="call a candidate once before its trials, "
                           "without the device lock: lazy compiles (Triton, torch.compile) "
                           "then overlap other candidates' timing instead of holding it up")

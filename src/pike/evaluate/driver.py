@@ -51,7 +51,8 @@ def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
     cache_root = cfg.build_cache or Path.home() / ".cache" / "pike" / "build"
     cache_root.mkdir(parents=True, exist_ok=True)
     request.writable = [os.path.realpath(work_dir), os.path.realpath(cache_root)]
-    env = scrubbed_environment(work_dir, uuid.uuid4().hex, cache_root / build_key, cache_root)
+    env = scrubbed_environment(work_dir, uuid.uuid4().hex, cache_root / build_key, cache_root,
+                               cfg.compile_threads)
     device = request.device  # as this process numbers GPUs; the child sees only its own
     _only_one_gpu(request, env)
     lim = cfg.limits

@@ -454,9 +454,24 @@ def main(argv: list[str]) -> int:
         chan.send("failure", status=failure.status, phase=failure.phase, message=failure.message)
     else:
         chan.send("done")
+    _stop_compile_workers()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: candidate atexit hooks and threads are not ours
+
+
+def _stop_compile_workers() -> None:
+    """Inductor's pool of compile workers (eval.compile_threads > 1): the child skips the
+    interpreter's teardown, which would otherwise stop it; a worker still running after
+    the child would count as a process left behind."""
+    if os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "1") == "1":
+        return
+    if "torch._inductor.async_compile" not in sys.modules:
+        return  # nothing compiled
+    try:
+        sys.modules["torch._inductor.async_compile"].shutdown_compile_workers()
+    except Exception:  # a candidate may have broken it; the parent still kills what is left
+        pass
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ _POLL_SECONDS = 0.05
 
 
 def scrubbed_environment(work_dir: Path, marker: str, build_dir: Path,
-                         cache_root: Path) -> dict[str, str]:
+                         cache_root: Path, compile_threads: int = 1) -> dict[str, str]:
     """The parent's environment without secrets, with HOME and TMPDIR inside `work_dir`."""
     env = {k: v for k, v in os.environ.items()
            if not any(part in k.upper() for part in SECRET_NAME_PARTS)}
@@ -49,8 +49,8 @@ def scrubbed_environment(work_dir: Path, marker: str, build_dir: Path,
         TORCH_EXTENSIONS_DIR=str(build_dir),
         TRITON_CACHE_DIR=str(cache_root / "triton"),
         TORCHINDUCTOR_CACHE_DIR=str(cache_root / "inductor"),
-        # compile in-process: a pool of compile workers would outlive the candidate
-        TORCHINDUCTOR_COMPILE_THREADS="1",
+        # 1: compile in-process; more: a pool of workers the child shuts down as it ends
+        TORCHINDUCTOR_COMPILE_THREADS=str(compile_threads),
         PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
         **{MARKER_VARIABLE: marker},
     )
