@@ -178,6 +178,18 @@ def test_sdpa_trace_leaves_the_module_as_it_was(tmp_path: Path) -> None:
     torch.testing.assert_close(candidate(x), reference(x), atol=1e-5, rtol=1e-5)
 
 
+def test_sdpa_keeps_in_place_statements_elsewhere_in_the_forward(tmp_path: Path) -> None:
+    # fx counts in-place methods as pure: a general dead-code pass would drop this one
+    task = _attention_task(tmp_path)
+    task.path.write_text(task.source.replace(
+        "q, k, v = self.qkv(x).split(C, dim=2)",
+        "qkv = self.qkv(x)\n        qkv.mul_(1.5)\n        q, k, v = qkv.split(C, dim=2)"))
+    reference, candidate = build(Task.from_file(task.path), ("sdpa",))
+    assert candidate.attentions_rewritten == 1 and "mul_" in candidate.inner.code
+    x = torch.randn(2, 20, 32)
+    torch.testing.assert_close(candidate(x), reference(x), atol=1e-5, rtol=1e-5)
+
+
 def test_fused_attention_keeps_the_written_mask_where_scores_are_not_square() -> None:
     ns: dict[str, Any] = {"__name__": "pike_offline_test"}
     exec(compile(render(ATTENTION.source, ("sdpa",)), "offline.py", "exec"), ns)
