@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import math
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -63,6 +65,16 @@ def device_name(device: str) -> str:
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
     return platform.processor() or "cpu"
+
+
+def now() -> str:
+    """The time a result is written, in UTC, to the second."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def this_command() -> str:
+    """The command line that wrote a result, as results files quote it."""
+    return "python " + " ".join(sys.argv)
 
 
 def geomean(values: list[float | None]) -> float | None:

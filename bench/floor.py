@@ -24,7 +24,6 @@ benchmark), keeping the measurement's rows, device, date and command.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import platform
 import sys
@@ -39,8 +38,10 @@ from common import (
     folder_arguments,
     geomean,
     modes_argument,
+    now,
     run_config,
     task_ids,
+    this_command,
 )
 
 from pike.config import RunConfig
@@ -121,14 +122,6 @@ def one_task(task: Task, cfg: RunConfig, offline: bool, runs: Path) -> dict:
 def offline_rows(path: Path | None) -> dict[str, dict]:
     """bench/offline.py's rows by task name (none without a file)."""
     return {r["task"]: r for r in json.loads(path.read_text())["rows"]} if path else {}
-
-
-def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def this_command() -> str:
-    return "python " + " ".join(sys.argv)
 
 
 MEASURED = ("device", "device_name", "torch_version", "host", "date", "command")

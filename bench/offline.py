@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import device_name, folder_arguments, geomean, run_config, task_ids
+from common import device_name, folder_arguments, geomean, now, run_config, task_ids, this_command
 
 from pike.agents.offline import render
 from pike.config import COMPILE_MODES, RunConfig
@@ -97,8 +97,6 @@ def one_task(task: Task, cfg: RunConfig, runs: Path, baselines: str) -> dict:
                           if r.verdict and r.verdict.reference), None)
     finally:
         store.close()
-    compiled = [m["speedup"] for m in row["compile"].values() if m["speedup"]]
-    row["best_compile_speedup"] = max(compiled) if compiled else None
     row["eager_ms"] = reference.median_ms if reference else None
     v = result.best_verdict
     row.update(offline_idea=None, offline_speedup=None, offline_ms=None,
@@ -106,15 +104,27 @@ def one_task(task: Task, cfg: RunConfig, runs: Path, baselines: str) -> dict:
     if v is not None and v.ok:
         row.update(offline_speedup=v.speedup, offline_ms=v.runtime.median_ms if v.runtime else None,
                    offline_idea=best.idea if best else None)
-    if row["offline_speedup"] and row["best_compile_speedup"]:
-        row["offline_vs_best_compile"] = row["offline_speedup"] / row["best_compile_speedup"]
+    compare_with_compile(row)
     row["seconds"] = round(time.monotonic() - started, 1)
     return row
+
+
+def compare_with_compile(row: dict) -> None:
+    """The row's best compile speedup and the offline best over it, from its modes."""
+    compiled = [m["speedup"] for m in row.get("compile", {}).values() if m.get("speedup")]
+    row["best_compile_speedup"] = max(compiled) if compiled else None
+    row.pop("offline_vs_best_compile", None)
+    if row.get("offline_speedup") and row["best_compile_speedup"]:
+        row["offline_vs_best_compile"] = row["offline_speedup"] / row["best_compile_speedup"]
 
 
 def _task_id(name: str) -> int | None:
     head = name.split("_", 1)[0]
     return int(head) if head.isdigit() else None
+
+
+def _out_of_memory(error: str) -> bool:
+    return "out of memory" in error or "OutOfMemor" in error
 
 
 def _rejudge(entry: dict | None) -> bool:
@@ -125,17 +135,22 @@ def _rejudge(entry: dict | None) -> bool:
     if entry.get("speedup"):
         return False
     error = entry.get("error") or ""
-    out_of_memory = "out of memory" in error or "OutOfMemor" in error
+    out_of_memory = _out_of_memory(error)
     if entry.get("filled"):  # judged by --fill-compile already: its timeout is a verdict
         return out_of_memory
     return error.startswith(("timeout", "not judged", "crashed")) or out_of_memory
 
 
+def missing_modes(row: dict) -> list[str]:
+    """The row's compile modes without a verdict of their own."""
+    return [f"compile:{m}" for m in COMPILE_MODES
+            if _rejudge(row.get("compile", {}).get(f"compile:{m}"))]
+
+
 def fill_compile(task: Task, row: dict, cfg: RunConfig, limit_s: float) -> dict:
     """Judge the row's compile modes that have no verdict of their own, at once, alone per
     task (workers = modes), with `limit_s` for loading and for the checks."""
-    modes = [f"compile:{m}" for m in COMPILE_MODES
-             if _rejudge(row.get("compile", {}).get(f"compile:{m}"))]
+    modes = missing_modes(row)
     if not modes:
         return row
     eval_cfg = cfg.eval.model_copy(deep=True)
@@ -151,11 +166,7 @@ def fill_compile(task: Task, row: dict, cfg: RunConfig, limit_s: float) -> dict:
                 "filled": {"limit_s": limit_s, "date": dt.date.today().isoformat()}}
     finally:
         pool.close()
-    compiled = [m["speedup"] for m in row["compile"].values() if m.get("speedup")]
-    row["best_compile_speedup"] = max(compiled) if compiled else None
-    row.pop("offline_vs_best_compile", None)
-    if row.get("offline_speedup") and row["best_compile_speedup"]:
-        row["offline_vs_best_compile"] = row["offline_speedup"] / row["best_compile_speedup"]
+    compare_with_compile(row)
     row["fill_seconds"] = round(time.monotonic() - started, 1)
     return row
 
@@ -169,13 +180,11 @@ def _run_one(path: str, cfg_json: str, runs: str, baselines: str) -> dict:
 def summary(rows: list[dict], args: argparse.Namespace, runs: Path, pending: list[str]) -> dict:
     ran = [r for r in rows if "error" not in r]
     # every mode with a verdict of its own (a timeout beside other jobs is none)
-    complete = [r for r in ran if not any(_rejudge(r.get("compile", {}).get(f"compile:{m}"))
-                                          for m in COMPILE_MODES)]
+    complete = [r for r in ran if not missing_modes(r)]
     return {
         "benchmark": "offline", "device": args.device, "device_name": device_name(args.device),
         "torch_version": torch.__version__, "host": platform.node(),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv), "runs": str(runs), "jobs": args.jobs,
+        "date": now(), "command": this_command(), "runs": str(runs), "jobs": args.jobs,
         "workers": args.workers,
         "max_candidates": args.max_candidates, "max_seconds": args.max_seconds,
         "baselines": args.baselines, "rows": rows, "not_run": pending,
@@ -294,11 +303,9 @@ def main() -> int:
 def _fill(args: argparse.Namespace, tasks: list[Task], rows: list[dict], cfg: RunConfig,
           save: Callable[[], None], md_path: Path) -> int:
     by_name = {t.name: t for t in tasks}
-    todo = [r for r in rows if r["task"] in by_name
-            and any(_rejudge(r.get("compile", {}).get(f"compile:{m}")) for m in COMPILE_MODES)]
+    todo = [r for r in rows if r["task"] in by_name and missing_modes(r)]
     # the longest first (most modes, slowest eager), so a call cut by its limit ends early
-    todo.sort(key=lambda r: (-sum(_rejudge(r.get("compile", {}).get(f"compile:{m}"))
-                                  for m in COMPILE_MODES), -(r.get("eager_ms") or 1e9)))
+    todo.sort(key=lambda r: (-len(missing_modes(r)), -(r.get("eager_ms") or 1e9)))
     started = time.monotonic()
     lock = threading.Lock()
 
@@ -332,8 +339,7 @@ def _mode_cell(entry: dict | None) -> str:
     if entry.get("speedup"):
         return _x(entry["speedup"]) + mark
     error = entry.get("error") or "failed"
-    why = ("out of memory" if "out of memory" in error or "OutOfMemor" in error
-           else error.split(":", 1)[0])
+    why = "out of memory" if _out_of_memory(error) else error.split(":", 1)[0]
     return why + mark
 
 

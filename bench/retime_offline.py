@@ -13,14 +13,13 @@ version, date, command), rewritten after every task.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import platform
 import sys
 from pathlib import Path
 
 import torch
-from common import RESULTS, device_name, task_ids
+from common import RESULTS, device_name, now, task_ids, this_command
 
 from pike.agents.offline import render
 from pike.config import EvalConfig
@@ -45,9 +44,7 @@ def main() -> int:
     rows_before = {r["task"]: r for r in before["rows"]}
     result = {"benchmark": "retime_offline", "device": args.device,
               "device_name": device_name(args.device), "torch_version": torch.__version__,
-              "host": platform.node(),
-              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "command": "python " + " ".join(sys.argv), "rows": []}
+              "host": platform.node(), "date": now(), "command": this_command(), "rows": []}
     stem = args.out / f"retime-{args.tag or args.folder.name}"
     args.out.mkdir(parents=True, exist_ok=True)
     for task in load_tasks(args.folder, task_ids(args)):

@@ -24,7 +24,6 @@ date and command.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import platform
@@ -36,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import RESULTS, device_name
+from common import RESULTS, device_name, now, this_command
 
 from pike.config import EvalConfig
 from pike.evaluate.pool import LocalPool
@@ -191,7 +190,7 @@ def main() -> int:
     cuda = args.device.startswith("cuda")
     args.tag = args.tag or ("cuda" if cuda else "cpu")
     path = args.out / f"throughput-{args.tag}.json"
-    command = "python " + " ".join(sys.argv)
+    command = this_command()
     if args.resume and path.exists():
         data = json.loads(path.read_text())
         data.setdefault("earlier_commands", []).append(data["command"])
@@ -201,7 +200,7 @@ def main() -> int:
         data = {"benchmark": "throughput", "device": args.device,
                 "device_name": device_name(args.device), "torch_version": torch.__version__,
                 "host": platform.node(), "cpus": len(os.sched_getaffinity(0)),
-                "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "date": now(),
                 "command": command, "task": f"{TASK.relative_to(ROOT)} at size "
                 f"{args.size or ('large' if cuda else 'example')}",
                 "candidates": args.candidates, "fixed": args.fixed,
