@@ -84,13 +84,16 @@ def summarize(mode: dict, serial: dict | None) -> dict:
     rows = mode["rows"]
     done = [r for r in rows if r is not None]
     fixed = [r["median_ms"] for r in done if r["kind"] == "fixed" and r["median_ms"]]
+    # its speedups: each a ratio to the reference timed in the same window
+    fixed_speedups = [r["speedup"] for r in done if r["kind"] == "fixed" and r["speedup"]]
     wall = mode["wall_s"] if mode["workers"] > 1 else sum(r["seconds"] for r in done)
     out = {"workers": mode["workers"], "candidates": len(done), "complete": len(done) == len(rows),
            "wall_s": round(wall, 1),
            "evaluations_per_hour": round(len(done) / wall * 3600, 1) if wall else None,
            "statuses": dict(sorted({s: sum(r["status"] == s for r in done)
                                     for s in {r["status"] for r in done}}.items())),
-           "fixed_medians_ms": fixed, "fixed_cv": cv(fixed)}
+           "fixed_medians_ms": fixed, "fixed_cv": cv(fixed),
+           "fixed_speedup_cv": cv(fixed_speedups)}
     if serial is not None and not serial["complete"] and serial["evaluations_per_hour"] \
             and mode["workers"] > 1 and out["evaluations_per_hour"]:
         # serial was cut: compare rates, over the serial candidates judged (the batch's start)
@@ -119,16 +122,18 @@ def write(args: argparse.Namespace, data: dict) -> None:
              f"- batch: {data['candidates']} candidates ({data['mix']}), the fixed candidate "
              f"{data['fixed']} times among them", "",
              "| workers | candidates | wall | evaluations/hour | over serial | same verdicts "
-             "as serial | fixed candidate CV | verdicts |", "|---|---|---|---|---|---|---|---|"]
+             "as serial | fixed candidate CV | its speedup's CV | verdicts |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s in data["summary"]:
-        fixed_cv = f"{100 * s['fixed_cv']:.2f}%" if s["fixed_cv"] is not None else "-"
+        fixed_cv, speedup_cv = (f"{100 * s[k]:.2f}%" if s.get(k) is not None else "-"
+                                for k in ("fixed_cv", "fixed_speedup_cv"))
         over = (f"{s['speedup_over_serial']}x" if s.get("speedup_over_serial")
                 else f"{s['rate_over_partial_serial']}x by rate (serial cut)"
                 if s.get("rate_over_partial_serial") else "-")
         lines.append(f"| {s['workers']} | {s['candidates']}{'' if s['complete'] else ' (cut)'}"
                      f" | {s['wall_s']} s | {s['evaluations_per_hour']} "
                      f"| {over} "
-                     f"| {s.get('same_verdicts_as_serial', '-')} | {fixed_cv} "
+                     f"| {s.get('same_verdicts_as_serial', '-')} | {fixed_cv} | {speedup_cv} "
                      f"| {', '.join(f'{k} {v}' for k, v in s['statuses'].items())} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[-len(data["summary"]) - 2:]), flush=True)
