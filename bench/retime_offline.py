@@ -3,8 +3,8 @@
     python bench/retime_offline.py OFFLINE_RESULTS TASK_FOLDER --ids 15,27 [--tag level3-pike]
 
 bench/offline.py runs tasks and candidates side by side (timing exclusive, compiles and
-trials not), and its eager times moved by up to 4.5x against a quieter run of the same
-tasks (bench/results/floor-level3-pike.md). This re-renders each chosen task's best
+trials not), and its eager times differed markedly from a quieter run of the same tasks
+(bench/results/floor-level3-pike.md). This re-renders each chosen task's best
 transformation set and judges it alone with the evaluator's default protocol, so the two
 speedups can be compared. Writes bench/results/retime-<tag>.json and .md (device, torch
 version, date, command), rewritten after every task.
