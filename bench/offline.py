@@ -127,9 +127,10 @@ def _out_of_memory(error: str) -> bool:
     return "out of memory" in error or "OutOfMemor" in error
 
 
-def _rejudge(entry: dict | None) -> bool:
+def _rejudge(entry: dict | None, compile_threads: int | None = None) -> bool:
     """A compile mode without a verdict of its own: never judged, cut by a limit, or out of
-    memory beside other jobs. A wrong result is a verdict and stands."""
+    memory beside other jobs. A wrong result is a verdict and stands. With `compile_threads`,
+    a timeout that --fill-compile judged with fewer compile threads is judged again."""
     if entry is None:
         return True
     if entry.get("speedup"):
@@ -137,20 +138,25 @@ def _rejudge(entry: dict | None) -> bool:
     error = entry.get("error") or ""
     out_of_memory = _out_of_memory(error)
     if entry.get("filled"):  # judged by --fill-compile already: its timeout is a verdict
-        return out_of_memory
+        fewer = (compile_threads is not None and error.startswith("timeout")
+                 and entry["filled"].get("compile_threads", 1) < compile_threads)
+        return out_of_memory or fewer
     return error.startswith(("timeout", "not judged", "crashed")) or out_of_memory
 
 
-def missing_modes(row: dict) -> list[str]:
-    """The row's compile modes without a verdict of their own."""
+def missing_modes(row: dict, compile_threads: int | None = None) -> list[str]:
+    """The row's compile modes without a verdict of their own (see _rejudge)."""
     return [f"compile:{m}" for m in COMPILE_MODES
-            if _rejudge(row.get("compile", {}).get(f"compile:{m}"))]
+            if _rejudge(row.get("compile", {}).get(f"compile:{m}"), compile_threads)]
 
 
-def fill_compile(task: Task, row: dict, cfg: RunConfig, limit_s: float) -> dict:
-    """Judge the row's compile modes that have no verdict of their own, at once, alone per
-    task (workers = modes), with `limit_s` for loading and for the checks."""
-    modes = missing_modes(row)
+def fill_compile(task: Task, row: dict, cfg: RunConfig, limit_s: float,
+                 refill_timeouts: bool = False, only: list[str] | None = None) -> dict:
+    """Judge the row's compile modes that have no verdict of their own (of `only`, where
+    given), at once, alone per task (workers = modes), with `limit_s` for loading and for
+    the checks."""
+    modes = [m for m in missing_modes(row, cfg.eval.compile_threads if refill_timeouts else None)
+             if only is None or m in only]
     if not modes:
         return row
     eval_cfg = cfg.eval.model_copy(deep=True)
@@ -163,7 +169,8 @@ def fill_compile(task: Task, row: dict, cfg: RunConfig, limit_s: float) -> dict:
             row.setdefault("compile", {})[modes[i]] = {
                 "speedup": verdict.speedup if verdict.ok else None,
                 "error": None if verdict.ok else f"{verdict.status}: {verdict.message[:200]}",
-                "filled": {"limit_s": limit_s, "date": dt.date.today().isoformat()}}
+                "filled": {"limit_s": limit_s, "date": dt.date.today().isoformat(),
+                           "compile_threads": cfg.eval.compile_threads}}
     finally:
         pool.close()
     compare_with_compile(row)
@@ -220,6 +227,12 @@ def main() -> int:
                         "have no verdict of their own (see above); runs no offline search")
     p.add_argument("--fill-limit", type=float, default=540.0, metavar="SECONDS",
                    help="with --fill-compile: the load and check limits of each compile mode")
+    p.add_argument("--refill-timeouts", action="store_true",
+                   help="with --fill-compile: judge again the timeouts it judged with fewer "
+                        "--compile-threads than this call's")
+    p.add_argument("--fill-modes", default=None, metavar="MODES",
+                   help="with --fill-compile: only these modes, comma-separated (e.g. "
+                        "default,reduce-overhead); the others stay as they are")
     p.add_argument("--start-before", type=float, default=None, metavar="SECONDS",
                    help="start no task after this many seconds of the run (for calls with a "
                         "wall-clock limit; --resume runs the rest)")
@@ -303,9 +316,19 @@ def main() -> int:
 def _fill(args: argparse.Namespace, tasks: list[Task], rows: list[dict], cfg: RunConfig,
           save: Callable[[], None], md_path: Path) -> int:
     by_name = {t.name: t for t in tasks}
-    todo = [r for r in rows if r["task"] in by_name and missing_modes(r)]
+    threads = cfg.eval.compile_threads if args.refill_timeouts else None
+    only = [f"compile:{m}" for m in args.fill_modes.split(",")] if args.fill_modes else None
+    unknown = set(only or []) - {f"compile:{m}" for m in COMPILE_MODES}
+    if unknown:
+        raise SystemExit(f"--fill-modes: unknown {', '.join(sorted(unknown))}; "
+                         f"known: {', '.join(COMPILE_MODES)}")
+
+    def wanted(row: dict) -> list[str]:
+        return [m for m in missing_modes(row, threads) if only is None or m in only]
+
+    todo = [r for r in rows if r["task"] in by_name and wanted(r)]
     # the longest first (most modes, slowest eager), so a call cut by its limit ends early
-    todo.sort(key=lambda r: (-len(missing_modes(r)), -(r.get("eager_ms") or 1e9)))
+    todo.sort(key=lambda r: (-len(wanted(r)), -(r.get("eager_ms") or 1e9)))
     started = time.monotonic()
     lock = threading.Lock()
 
@@ -314,7 +337,8 @@ def _fill(args: argparse.Namespace, tasks: list[Task], rows: list[dict], cfg: Ru
             return f"{row['task']}: not started (--start-before)"
         filled = copy.deepcopy(row)  # another thread's save() may be writing `row` out
         try:
-            fill_compile(by_name[row["task"]], filled, cfg, args.fill_limit)
+            fill_compile(by_name[row["task"]], filled, cfg, args.fill_limit,
+                         args.refill_timeouts, only)
         except Exception as err:  # the reference failed (out of memory beside other jobs...)
             filled["fill_error"] = f"{type(err).__name__}: {err}"[:300]
         with lock:
@@ -389,12 +413,16 @@ def markdown(result: dict) -> str:
                      f"| {r.get('offline_idea') or '-'} | {r.get('seconds', '-')} |")
     if result["not_run"]:
         lines += ["", f"Not run: {', '.join(result['not_run'])}."]
-    limits = sorted({e["filled"]["limit_s"] for r in result["rows"]
-                     for e in (r.get("compile") or {}).values() if e.get("filled")})
-    if limits:
+    filled = [e["filled"] for r in result["rows"]
+              for e in (r.get("compile") or {}).values() if e.get("filled")]
+    if filled:
+        limits = sorted({f["limit_s"] for f in filled})
+        threads = sorted({f.get("compile_threads", 1) for f in filled})
         lines += ["", "\\* judged again by `--fill-compile`: alone per task (the task's modes "
                   "side by side, timing exclusive), with load and check limits of "
-                  f"{', '.join(f'{x:.0f}' for x in limits)} s instead of 300 s."]
+                  f"{', '.join(f'{x:.0f}' for x in limits)} s instead of 300 s, and "
+                  f"{' or '.join(map(str, threads))} torch.compile worker threads per "
+                  "evaluation."]
     return "\n".join(lines) + "\n"
 
 

@@ -89,3 +89,20 @@ def test_redo_runs_named_tasks_again_and_keeps_the_rest(tmp_path: Path) -> None:
     rows = {r["task"]: r for r in json.loads(results.read_text())["rows"]}
     assert rows["1_GeluMLP"]["offline_idea"] != "stale" and "settings" in rows["1_GeluMLP"]
     assert rows["2_ConvBlock"]["offline_idea"] == "kept"
+
+
+def test_refill_judges_again_only_timeouts_filled_with_fewer_compile_threads() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from offline import missing_modes
+
+    timeout = "timeout: no progress for 300 s in phase 'load'"
+    row = {"compile": {
+        "compile:default": {"speedup": None, "error": timeout, "filled": {"limit_s": 300}},
+        "compile:max-autotune-no-cudagraphs": {
+            "speedup": None, "error": timeout, "filled": {"limit_s": 420, "compile_threads": 4}},
+        "compile:reduce-overhead": {"speedup": None, "error": "incorrect: 3 of 5",
+                                    "filled": {"limit_s": 300}}}}
+    assert missing_modes(row) == []  # a filled timeout is a verdict
+    assert missing_modes(row, compile_threads=4) == ["compile:default"]
+    assert missing_modes(row, compile_threads=8) == ["compile:default",
+                                                     "compile:max-autotune-no-cudagraphs"]
