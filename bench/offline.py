@@ -118,6 +118,22 @@ def compare_with_compile(row: dict) -> None:
         row["offline_vs_best_compile"] = row["offline_speedup"] / row["best_compile_speedup"]
 
 
+def keep_filled(row: dict, before: dict | None) -> dict:
+    """`row` (a task run again by --redo) with the compile modes that --fill-compile judged
+    alone in `before` wherever the new search has no speedup of its own for them: a
+    baseline judged alone stays a baseline, and counting it keeps the comparison with
+    compile from getting easier by a redo."""
+    if before is None or "error" in row:
+        return row
+    modes = row.setdefault("compile", {})
+    for mode, entry in (before.get("compile") or {}).items():
+        if entry.get("filled") and entry.get("speedup") and not (modes.get(mode) or {}).get(
+                "speedup"):
+            modes[mode] = {**entry, "kept_from_before_redo": True}
+    compare_with_compile(row)
+    return row
+
+
 def _task_id(name: str) -> int | None:
     head = name.split("_", 1)[0]
     return int(head) if head.isdigit() else None
@@ -141,7 +157,10 @@ def _rejudge(entry: dict | None, compile_threads: int | None = None) -> bool:
         fewer = (compile_threads is not None and error.startswith("timeout")
                  and entry["filled"].get("compile_threads", 1) < compile_threads)
         return out_of_memory or fewer
-    return error.startswith(("timeout", "not judged", "crashed")) or out_of_memory
+    # "left processes running" on a compile mode was inductor's workers still exiting (fixed
+    # in the evaluator since), not the mode's doing
+    return (error.startswith(("timeout", "not judged", "crashed",
+                              "rejected: left processes running")) or out_of_memory)
 
 
 def missing_modes(row: dict, compile_threads: int | None = None) -> list[str]:
@@ -184,18 +203,12 @@ def _run_one(path: str, cfg_json: str, runs: str, baselines: str) -> dict:
     return one_task(Task.from_file(Path(path)), cfg, Path(runs), baselines)
 
 
-def summary(rows: list[dict], args: argparse.Namespace, runs: Path, pending: list[str]) -> dict:
+def figures(rows: list[dict]) -> dict:
+    """The summary's geomeans and task counts, from the rows alone."""
     ran = [r for r in rows if "error" not in r]
     # every mode with a verdict of its own (a timeout beside other jobs is none)
     complete = [r for r in ran if not missing_modes(r)]
     return {
-        "benchmark": "offline", "device": args.device, "device_name": device_name(args.device),
-        "torch_version": torch.__version__, "host": platform.node(),
-        "date": now(), "command": this_command(), "runs": str(runs), "jobs": args.jobs,
-        "workers": args.workers,
-        "max_candidates": args.max_candidates, "max_seconds": args.max_seconds,
-        "baselines": args.baselines, "rows": rows, "not_run": pending,
-        "fill_compile": bool(getattr(args, "fill_compile", False)),
         # A task with no correct candidate falls back to eager: it counts 1.0x, not nothing.
         "geomean_offline_vs_eager": geomean([r.get("offline_speedup") or 1.0 for r in ran]),
         "geomean_best_compile_vs_eager": geomean([r.get("best_compile_speedup") or 1.0
@@ -211,6 +224,19 @@ def summary(rows: list[dict], args: argparse.Namespace, runs: Path, pending: lis
              for r in complete]),
         "tasks_compile_complete": len(complete),
         "tasks_failed": [r["task"] for r in rows if "error" in r],
+    }
+
+
+def summary(rows: list[dict], args: argparse.Namespace, runs: Path, pending: list[str]) -> dict:
+    return {
+        "benchmark": "offline", "device": args.device, "device_name": device_name(args.device),
+        "torch_version": torch.__version__, "host": platform.node(),
+        "date": now(), "command": this_command(), "runs": str(runs), "jobs": args.jobs,
+        "workers": args.workers,
+        "max_candidates": args.max_candidates, "max_seconds": args.max_seconds,
+        "baselines": args.baselines, "rows": rows, "not_run": pending,
+        "fill_compile": bool(getattr(args, "fill_compile", False)),
+        **figures(rows),
     }
 
 
@@ -242,6 +268,7 @@ def main() -> int:
     tag = args.tag or args.folder.name
     json_path, md_path = args.out / f"offline-{tag}.json", args.out / f"offline-{tag}.md"
     rows: list[dict] = []
+    redone: dict[str, dict] = {}  # the rows --redo replaces, by task
     earlier: list[str] = []
     notes: list[str] = []  # what a reader must know, written by hand into the JSON; kept
     if args.resume and json_path.exists():
@@ -251,6 +278,7 @@ def main() -> int:
                              "results of two devices do not mix; use another --tag")
         redo = {int(i) for i in args.redo.split(",")} if args.redo else set()
         rows = [r for r in before["rows"] if "error" not in r and _task_id(r["task"]) not in redo]
+        redone = {r["task"]: r for r in before["rows"] if _task_id(r["task"]) in redo}
         earlier = [*before.get("earlier_calls", []), before["command"]]
         notes = before.get("notes", [])
     done = {r["task"] for r in rows}
@@ -299,6 +327,7 @@ def main() -> int:
                     row = future.result()
                 except Exception as err:  # the worker died: report the task, go on
                     row = {"task": task.name, "error": f"worker: {type(err).__name__}: {err}"}
+                keep_filled(row, redone.get(row["task"]))
                 row["settings"] = {"jobs": args.jobs, "workers": args.workers,
                                    "max_candidates": args.max_candidates,
                                    "max_seconds": args.max_seconds,
@@ -367,6 +396,20 @@ def _mode_cell(entry: dict | None) -> str:
     return why + mark
 
 
+def _over_all(result: dict) -> str:
+    head = (f"Over all {result['tasks_counted']} tasks that ran (a task with no correct "
+            f"candidate counts 1.0x): offline {_x(result['geomean_offline_vs_eager'])} over "
+            "eager")
+    compile_x = _x(result["geomean_best_compile_vs_eager"])
+    offline_x = _x(result["geomean_offline_vs_best_compile"])
+    if result.get("tasks_compile_complete") == result["tasks_counted"]:
+        return f"{head}, best compile mode {compile_x} over eager, offline {offline_x} over it."
+    return (f"{head}. Where the search's budget ran out before every compile mode was judged, "
+            "the best compile figure is a lower bound (a mode not judged counts 1.0x), so "
+            f"these two are bounds, not measurements: best compile {compile_x} over eager (at "
+            f"least), offline over best compile {offline_x} (at most).")
+
+
 def _x(value: float | None) -> str:
     return f"{value:.2f}x" if value else "-"
 
@@ -383,13 +426,7 @@ def markdown(result: dict) -> str:
              f"{_x(result.get('geomean_offline_vs_best_compile_complete'))}.", "",
              *[f"- Note: {n}" for n in result.get("notes", [])],
              *([""] if result.get("notes") else []),
-             f"Over all {result['tasks_counted']} tasks that ran (a task with no correct "
-             f"candidate counts 1.0x): offline {_x(result['geomean_offline_vs_eager'])} over "
-             "eager. Where the search's budget ran out before every compile mode was judged, "
-             "the best compile figure is a lower bound (a mode not judged counts 1.0x), so "
-             f"these two are bounds, not measurements: best compile "
-             f"{_x(result['geomean_best_compile_vs_eager'])} over eager (at least), offline "
-             f"over best compile {_x(result['geomean_offline_vs_best_compile'])} (at most).",
+             _over_all(result),
              "",
              ("Last call: `--fill-compile` (compile baselines judged again, no offline "
               f"search), tasks at once: {result['jobs']}."

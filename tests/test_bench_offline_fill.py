@@ -106,3 +106,38 @@ def test_refill_judges_again_only_timeouts_filled_with_fewer_compile_threads() -
     assert missing_modes(row, compile_threads=4) == ["compile:default"]
     assert missing_modes(row, compile_threads=8) == ["compile:default",
                                                      "compile:max-autotune-no-cudagraphs"]
+
+
+def test_redo_keeps_compile_modes_judged_alone_where_the_new_search_has_no_speedup() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from offline import keep_filled
+
+    filled = {"limit_s": 400, "compile_threads": 4}
+    before = {"task": "t", "compile": {
+        "compile:default": {"speedup": 3.0, "error": None, "filled": filled},
+        "compile:reduce-overhead": {"speedup": 6.6, "error": None, "filled": filled},
+        "compile:max-autotune-no-cudagraphs": {"speedup": 1.5, "error": None}}}
+    row = {"task": "t", "offline_speedup": 2.75, "compile": {
+        "compile:default": {"speedup": 2.75, "error": None},
+        "compile:reduce-overhead": {"speedup": None, "error": "rejected: left processes"},
+        "compile:max-autotune-no-cudagraphs": {"speedup": None, "error": "timeout: 300 s"}}}
+    keep_filled(row, before)
+    assert row["compile"]["compile:default"]["speedup"] == 2.75  # the new search's own
+    assert row["compile"]["compile:reduce-overhead"]["speedup"] == 6.6  # judged alone
+    assert row["compile"]["compile:reduce-overhead"]["kept_from_before_redo"]
+    assert row["compile"]["compile:max-autotune-no-cudagraphs"]["speedup"] is None  # not filled
+    assert row["best_compile_speedup"] == 6.6
+    assert row["offline_vs_best_compile"] == 2.75 / 6.6
+
+
+def test_a_mode_rejected_for_exiting_compile_workers_is_judged_again() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from offline import missing_modes
+
+    row = {"compile": {
+        "compile:default": {"speedup": None, "error": "rejected: left processes running "
+                                                      "after it finished: python3 (pid 1)"},
+        "compile:max-autotune-no-cudagraphs": {"speedup": None,
+                                               "error": "rejected: opened a socket"},
+        "compile:reduce-overhead": {"speedup": 2.0, "error": None}}}
+    assert missing_modes(row) == ["compile:default"]

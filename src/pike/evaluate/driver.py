@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pike.config import EvalConfig, TimingConfig
 from pike.evaluate.cores import start_on_build_cores
-from pike.evaluate.protocol import ChildRequest
+from pike.evaluate.protocol import DESCENDANTS_GRACE_S, ChildRequest
 from pike.evaluate.sandbox import (
     ChildExit,
     ChildProcess,
@@ -131,7 +131,7 @@ def finish(child: ChildProcess, report: ChildReport | None = None) -> None:
         return
     child.send("stop")
     child.enter_phase("cleanup")
-    child.wait_exit(timeout=5.0)
+    child.wait_exit(timeout=DESCENDANTS_GRACE_S + 4.0)
     if report is not None:
         report.leftovers = child.leftover_processes()
     child.__exit__(None, None, None)

@@ -61,3 +61,8 @@ class Channel:
             self._pending += chunk
         line, self._pending = self._pending.split(b"\n", 1)
         return json.loads(line)
+
+
+# How long a child waits for the processes it started to end before it exits; the parent
+# waits longer than this for the child (driver.finish) before it looks for leftovers.
+DESCENDANTS_GRACE_S = 8.0

@@ -24,7 +24,7 @@ from pike.evaluate import check
 from pike.evaluate.diagnostics import describe_exception
 from pike.evaluate.guards import Guards
 from pike.evaluate.profile import profile_calls
-from pike.evaluate.protocol import Channel, ChildRequest
+from pike.evaluate.protocol import DESCENDANTS_GRACE_S, Channel, ChildRequest
 from pike.evaluate.timing import time_block
 
 _save = torch.save
@@ -455,9 +455,23 @@ def main(argv: list[str]) -> int:
     else:
         chan.send("done")
     _stop_compile_workers()
+    _wait_for_descendants(DESCENDANTS_GRACE_S)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: candidate atexit hooks and threads are not ours
+
+
+def _wait_for_descendants(grace_s: float) -> None:
+    """Give the processes this child started (inductor's compile workers and their own
+    pool, which stop asynchronously after shutdown) a moment to end, so a worker that is
+    still exiting is not taken for a process left behind. Nothing is killed here: what
+    outlives the grace is the parent's to report and kill."""
+    try:
+        import psutil
+
+        psutil.wait_procs(psutil.Process().children(recursive=True), timeout=grace_s)
+    except Exception:  # best effort: the parent still checks and cleans up
+        pass
 
 
 def _stop_compile_workers() -> None:
