@@ -5,6 +5,7 @@ torch.compile mode and (with --offline) the offline strategy's best as multiples
         [--modes none] [--offline-results bench/results/offline-level3-pike.json]
         [--max-candidates 16] [--max-seconds 300] [--jobs 4] [--tag level3-pike] [--resume]
     python bench/floor.py TASK_FOLDER --remerge --offline-results FILE [--tag level3-pike]
+    python bench/floor.py TASK_FOLDER --recount [--tag level3-pike]
 
 Per task: `measure_baselines` (eager and each compile mode, timed in one window; the
 FLOPs and bytes counted in the reference's child), the eager profile's top three kernels
@@ -19,12 +20,16 @@ Writes bench/results/floor-<tag>.json and .md with device, torch version, date, 
 `--remerge --offline-results FILE` measures nothing and needs no GPU: it drops the merged
 columns of the existing floor-<tag>.json and merges them again from FILE (a later offline
 benchmark), keeping the measurement's rows, device, date and command.
+`--recount` measures nothing either: it counts each task's FLOPs and bytes again here (on
+the meta device, else the CPU) with the current pike.floor, and scales every multiple of
+the floor by old floor / new floor (the measured times stay as they were).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import sys
 import tempfile
@@ -48,7 +53,7 @@ from pike.config import RunConfig
 from pike.errors import PikeError
 from pike.evaluate import measure_baselines
 from pike.evaluate.judge import profile_reference
-from pike.floor import describe
+from pike.floor import count_work, describe, floor
 from pike.search import optimize
 from pike.task import Task, load_tasks
 from pike.threads import run_each
@@ -179,18 +184,70 @@ def remerge(before: dict, offline_results: Path, command: str) -> dict:
     return {**{k: v for k, v in before.items() if k not in result}, **result}
 
 
+def recounted_row(row: dict, task: Task, device_name: str) -> dict:
+    """The row with FLOPs, bytes and floor counted again by this pike.floor, its measured
+    times kept and their multiples of the floor rescaled; a failed row stays as it was."""
+    if "error" in row or not row.get("floor_ms"):
+        return row
+    try:
+        try:
+            work = count_work(task, "meta")
+        except PikeError:  # the task reads tensor values: count with real arithmetic
+            work = count_work(task, "cpu")
+    except PikeError as err:  # e.g. a task that needs CUDA, recounted on a CPU machine
+        return {**row, "recount_error": str(err)[:300]}
+    fl = floor(work, device_name)
+    if fl is None or fl.ms <= 0:
+        return {**row, "recount_error": f"no floor for {device_name}"}
+    # Only the bytes may change: other FLOPs or another compute floor mean the task built
+    # something else here than on the device (code that branches on the device, say).
+    same_compute = row.get("bound") != "compute" or math.isclose(fl.compute_ms, row["floor_ms"],
+                                                                 rel_tol=1e-3)
+    if work.flops != row.get("flops") or not same_compute:
+        return {**row, "recount_error": f"counted here: {work.flops} FLOPs at "
+                f"{fl.compute_ms:.4g} ms, on the device: {row.get('flops')} FLOPs"
+                f"{' at ' + format(row['floor_ms'], '.4g') + ' ms' if row.get('bound') == 'compute' else ''}"
+                "; count again on the device"}
+    scale = row["floor_ms"] / fl.ms
+    eager_ms = row.get("modes_ms", {}).get("eager")
+    return {**row, "flops": work.flops, "bytes_min": work.bytes_min, "floor_ms": fl.ms,
+            "bound": fl.bound, "lowp_floor_ms": fl.lowp_ms, "work_notes": work.notes,
+            "modes_x_floor": {m: x * scale for m, x in row.get("modes_x_floor", {}).items()},
+            "describe": describe(fl, eager_ms)}
+
+
+def recount(before: dict, tasks: dict[str, Task], command: str) -> dict:
+    """A floor results file with every row's work counted again (see recounted_row)."""
+    rows = [recounted_row(r, tasks[r["task"]], before["device_name"]) if r["task"] in tasks
+            else r for r in before["rows"]]
+    result = summary(rows, {k: before.get(k) for k in MEASURED}, before.get("not_run", []),
+                     before.get("earlier_calls", []))
+    result["recounted"] = {"command": command, "date": now(),
+                           "not_recounted": [r["task"] for r in rows if "recount_error" in r]}
+    return {**{k: v for k, v in before.items() if k not in result}, **result}
+
+
 def write_results(result: dict, json_path: Path, md_path: Path) -> None:
     json_path.write_text(json.dumps(result, indent=2))
     md_path.write_text(markdown(result))
 
 
 def _remerged_line(result: dict) -> list[str]:
+    lines = []
     again = result.get("remerged")
-    if not again:
-        return []
-    return [f"- merged columns (\"{MERGED.strip()}\") re-merged from "
-            f"{again['offline_results']} on {again['date']} by `{again['command']}` "
-            "(no new measurement)"]
+    if again:
+        lines.append(f"- merged columns (\"{MERGED.strip()}\") re-merged from "
+                     f"{again['offline_results']} on {again['date']} by `{again['command']}` "
+                     "(no new measurement)")
+    counted = result.get("recounted")
+    if counted:
+        lines.append(f"- FLOPs, bytes and floors counted again on {counted['date']} by "
+                     f"`{counted['command']}` (pike.floor counting only what the forward "
+                     "reads; measured times unchanged, multiples of the floor rescaled)")
+        if counted.get("not_recounted"):
+            lines.append("- not counted again (their floors may count bytes the forward "
+                         f"never reads): {', '.join(counted['not_recounted'])}")
+    return lines
 
 
 def _geomeans(result: dict) -> str:
@@ -248,12 +305,21 @@ def main() -> int:
     p.add_argument("--offline-results", type=Path, default=None,
                    help="bench/offline.py's JSON: add its compile and offline speedups as "
                         f"columns marked '{MERGED.strip()}' instead of compiling here")
+    p.add_argument("--recount", action="store_true",
+                   help="measure nothing: count FLOPs and bytes again here and rescale the "
+                        "existing floor-<tag>.json's multiples of the floor (no GPU needed)")
     p.add_argument("--remerge", action="store_true",
                    help="measure nothing: merge the existing floor-<tag>.json's columns "
                         "again from --offline-results (no GPU needed)")
     args = p.parse_args()
     tag = args.tag or args.folder.name
     json_path, md_path = args.out / f"floor-{tag}.json", args.out / f"floor-{tag}.md"
+    if args.recount:
+        by_name = {t.name: t for t in load_tasks(args.folder, task_ids(args))}
+        result = recount(json.loads(json_path.read_text()), by_name, this_command())
+        write_results(result, json_path, md_path)
+        print(md_path.read_text())
+        return 0
     if args.remerge:
         if not args.offline_results:
             p.error("--remerge needs --offline-results")

@@ -79,3 +79,64 @@ def test_remerge_replaces_the_merged_columns_only(bench_floor: ModuleType, tmp_p
     assert "Fake H100" in md and MEASURED["date"] in md
     assert f"re-merged from {offline}" in md and "(no new measurement)" in md
     assert "123x" not in md and "45x" not in md
+
+
+CACHE_TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.randn(4096, 256))
+
+    def forward(self, q):
+        return q @ self.cache[:{rows}].t()
+
+
+def get_inputs():
+    return [torch.randn(1, 256)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_recount_counts_bytes_again_and_rescales_the_multiples(
+        bench_floor: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.floor import count_work, floor
+    from pike.task import Task
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "1_Decode.py").write_text(CACHE_TASK.format(rows=64))
+    (tasks / "2_Other.py").write_text(CACHE_TASK.format(rows=128))
+    device = "NVIDIA H100 80GB HBM3"
+    now = floor(count_work(Task.from_file(tasks / "1_Decode.py")), device)
+    assert now is not None and now.bound == "memory"
+    old_ms = 4096 * 256 * 4 / 3.35e12 * 1e3  # the whole cache at the H100's bandwidth
+    old = {"task": "1_Decode", "flops": 2 * 64 * 256, "bytes_min": 4096 * 256 * 4,
+           "floor_ms": old_ms, "bound": "memory", "modes_ms": {"eager": 0.01},
+           "modes_x_floor": {"eager": 0.01 / old_ms, "offline" + MERGED: 0.005 / old_ms}}
+    other = {**old, "task": "2_Other", "flops": 999}  # counted from another program
+    (tmp_path / "floor-t.json").write_text(json.dumps(
+        {"benchmark": "floor", **MEASURED, "device_name": device, "earlier_calls": [],
+         "rows": [old, other], "not_run": []}))
+    monkeypatch.setattr(sys, "argv", ["bench/floor.py", str(tasks), "--recount", "--tag", "t",
+                                      "--out", str(tmp_path)])
+    assert bench_floor.main() == 0
+    result = json.loads((tmp_path / "floor-t.json").read_text())
+    rows = {r["task"]: r for r in result["rows"]}
+    decode = rows["1_Decode"]
+    assert decode["bytes_min"] == (256 + 64 * 256 + 64) * 4  # q, the slice read, the output
+    assert decode["floor_ms"] == pytest.approx(now.ms)
+    assert decode["modes_x_floor"] == pytest.approx(
+        {"eager": 0.01 / now.ms, "offline" + MERGED: 0.005 / now.ms})
+    assert decode["modes_ms"] == {"eager": 0.01}  # the measurement stays
+    assert "count again on the device" in rows["2_Other"]["recount_error"]
+    assert rows["2_Other"]["floor_ms"] == old_ms
+    assert result["recounted"]["not_recounted"] == ["2_Other"]
+    assert result["date"] == MEASURED["date"]
+    assert "not counted again" in (tmp_path / "floor-t.md").read_text()

@@ -134,14 +134,38 @@ def test_bytes_min_is_inputs_params_buffers_outputs_each_once(tmp_path: Path) ->
             return []
     """)
     work = count_work(task)
-    inputs = 2 * 4 * 4 + 5 * 8     # fp32 x, int64 idx
+    inputs = 2 * 4 * 4             # fp32 x; idx is never read, so it need not move
     params = (3 * 4 + 3) * 4       # weight and bias, fp32
     buffers = 3 * 4
     outputs = 2 * 3 * 4            # the returned x is the input, not counted again
     assert (work.bytes_inputs, work.bytes_params, work.bytes_buffers, work.bytes_outputs) == (
         inputs, params, buffers, outputs)
-    assert work.bytes_min == inputs + params + buffers + outputs == 168
+    assert work.bytes_min == inputs + params + buffers + outputs == 128
     assert work.dtype == "fp32"
+
+
+def test_bytes_min_counts_only_the_slice_of_a_cache_the_forward_reads(tmp_path: Path) -> None:
+    # a decode step: the cache holds 64 positions, the forward reads the first 8 of them;
+    # counting all of it put eager below the floor on level5's MLA decode task (H100)
+    task = make_task(tmp_path, """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("cache", torch.randn(64, 16))
+                self.unused = nn.Linear(100, 100)
+            def forward(self, q):
+                return q @ self.cache[:8].t()
+        def get_inputs():
+            return [torch.randn(1, 16)]
+        def get_init_inputs():
+            return []
+    """)
+    for device in ("cpu", "meta"):
+        work = count_work(task, device)
+        assert work.bytes_buffers == 8 * 16 * 4
+        assert work.bytes_params == 0  # the unused layer moves nothing
+        assert work.bytes_min == 16 * 4 + 8 * 16 * 4 + 8 * 4
+        assert any("only what it reads is counted" in n for n in work.notes)
 
 
 def test_dtype_class_is_the_dominant_floating_dtype(tmp_path: Path) -> None:

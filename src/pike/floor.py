@@ -106,7 +106,8 @@ class Work(BaseModel):
     flops: int = Field(ge=0, description="FLOPs counted by torch's FlopCounterMode")
     flops_by_op: dict[str, int] = Field(default_factory=dict,
                                         description=f"top {TOP_OPS} ops by FLOPs, then 'other'")
-    bytes_min: int = Field(ge=0, description="inputs + parameters + buffers + outputs")
+    bytes_min: int = Field(ge=0, description="what the forward reads of inputs, parameters "
+                           "and buffers, plus its outputs")
     bytes_inputs: int = 0
     bytes_params: int = 0
     bytes_buffers: int = 0
@@ -212,8 +213,11 @@ def count_work(task: Task, device: str = "cpu", seed: int = 42) -> Work:
     "cuda", or "meta" (no arithmetic, fast for big tasks, but fails on tasks that read
     tensor values, such as `.item()`; then use "cpu").
 
-    bytes_min counts each distinct tensor once (an output that is an input is not counted
-    twice). Intermediates are not counted: a fused kernel may keep them on chip.
+    bytes_min counts of each input, parameter and buffer only what an op of the forward
+    reads or writes (its largest single view: a KV cache of which one slice is read counts
+    that slice; an unused weight counts nothing), so it stays a lower bound; outputs count
+    in full, once (an output that is an input is not counted twice). Intermediates are not
+    counted: a fused kernel may keep them on chip.
     Raises TaskError when the task's code fails.
     """
     module = _load_module(task)
@@ -221,7 +225,9 @@ def count_work(task: Task, device: str = "cpu", seed: int = 42) -> Work:
     fork = [torch.cuda.current_device()] if target.type == "cuda" else []
     with torch.random.fork_rng(devices=fork):
         model, inputs = _build(task, module, target, seed)
-        recorder = _OpRecorder()
+        leaves = {"params": list(model.parameters()), "buffers": list(model.buffers()),
+                  "inputs": _tensors(inputs)}
+        recorder = _OpRecorder({_storage_key(t) for ts in leaves.values() for t in ts})
         counter = FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS)
         try:
             with torch.no_grad(), recorder, counter:
@@ -230,13 +236,9 @@ def count_work(task: Task, device: str = "cpu", seed: int = 42) -> Work:
             raise TaskError(_failure(task, "forward", err, target)) from None
     by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
     known = {str(op) for op in counter.flop_registry}
-    seen: set[tuple[Any, ...]] = set()
-    sizes = {
-        "params": _tensor_bytes(model.parameters(), seen),
-        "buffers": _tensor_bytes(model.buffers(), seen),
-        "inputs": _tensor_bytes(_tensors(inputs), seen),
-        "outputs": _tensor_bytes(_tensors(output), seen),
-    }
+    sizes = _read_bytes(leaves, recorder.touched)
+    sizes["outputs"] = sum(t.numel() * t.element_size() for t in _distinct(_tensors(output))
+                           if _storage_key(t) not in recorder.leaves)
     return Work(
         flops=int(counter.get_total_flops()),
         flops_by_op=_top(by_op),
@@ -245,7 +247,7 @@ def count_work(task: Task, device: str = "cpu", seed: int = 42) -> Work:
         bytes_buffers=sizes["buffers"], bytes_outputs=sizes["outputs"],
         dtype=_dtype_class([*model.parameters(), *_tensors(inputs)], _tensors(output)),
         counted_on=str(target),
-        notes=_work_notes(recorder, known, sizes),
+        notes=[*_work_notes(recorder, known, sizes), *_unread_note(leaves, sizes)],
     )
 
 
@@ -292,11 +294,13 @@ def _failure(task: Task, phase: str, err: BaseException,
 class _OpRecorder(TorchDispatchMode):
     """Records which aten ops ran, and whether any attention was causal."""
 
-    def __init__(self) -> None:
+    def __init__(self, leaves: set[int] | None = None) -> None:
         super().__init__()
         self.ops: dict[str, int] = {}
         self.views: set[str] = set()
         self.causal = False
+        self.leaves = leaves or set()  # storages of inputs, parameters and buffers
+        self.touched: dict[int, int] = {}  # leaf storage -> largest view an op used, bytes
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
@@ -311,6 +315,11 @@ class _OpRecorder(TorchDispatchMode):
                 self.causal |= bool(args[i] if i < len(args) else kwargs.get("is_causal", False))
         if getattr(func, "is_view", False):
             self.views.add(name)
+        else:  # a view moves nothing; the op that uses it does
+            for t in _tensors((args, kwargs)):
+                key = _storage_key(t)
+                if key in self.leaves:
+                    self.touched[key] = max(self.touched.get(key, 0), _view_bytes(t))
         return func(*args, **kwargs)
 
 
@@ -318,15 +327,59 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
-def _tensor_bytes(tensors: Iterable[torch.Tensor], seen: set[tuple[Any, ...]]) -> int:
-    total = 0
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata  # the same for every view of one storage
+
+
+def _view_bytes(t: torch.Tensor) -> int:
+    """The bytes a view spans without repeats (a broadcast dimension, stride 0, adds none),
+    at most its storage's size."""
+    elements = math.prod(n for n, st in zip(t.shape, t.stride(), strict=True) if st != 0)
+    if t.numel() == 0:
+        elements = 0
+    return min(elements * t.element_size(), t.untyped_storage().nbytes())
+
+
+def _distinct(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    seen: set[tuple[Any, ...]] = set()
+    out = []
     for t in tensors:
-        key = (t.untyped_storage()._cdata, t.storage_offset(), tuple(t.shape),
-               tuple(t.stride()), t.dtype)
+        key = (_storage_key(t), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
         if key not in seen:
             seen.add(key)
-            total += t.numel() * t.element_size()
-    return total
+            out.append(t)
+    return out
+
+
+def _read_bytes(leaves: dict[str, list[torch.Tensor]], touched: dict[int, int]) -> dict[str, int]:
+    """Per kind, the bytes the forward's ops used of each storage, each storage once (a
+    parameter that is also passed as an input counts under the first kind listed)."""
+    sizes: dict[str, int] = {}
+    counted: set[int] = set()
+    for kind, tensors in leaves.items():
+        sizes[kind] = 0
+        for t in tensors:
+            key = _storage_key(t)
+            if key not in counted:
+                counted.add(key)
+                sizes[kind] += touched.get(key, 0)
+    return sizes
+
+
+def _unread_note(leaves: dict[str, list[torch.Tensor]], sizes: dict[str, int]) -> list[str]:
+    held = sum(t.untyped_storage().nbytes() for t in _distinct_storages(
+        [t for ts in leaves.values() for t in ts]))
+    read = sizes["params"] + sizes["buffers"] + sizes["inputs"]
+    if held <= read * 1.01:
+        return []
+    return [f"the forward reads {read / 1e6:.4g} MB of the {held / 1e6:.4g} MB its inputs, "
+            "parameters and buffers hold (slices of caches, unused weights); only what it "
+            "reads is counted"]
+
+
+def _distinct_storages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    by_key = {_storage_key(t): t for t in tensors}
+    return list(by_key.values())
 
 
 def _dtype_class(primary: list[torch.Tensor], fallback: list[torch.Tensor]) -> DtypeClass:
