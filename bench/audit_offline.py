@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import RESULTS, apply_modes, device_name, modes_argument
+from common import RESULTS, apply_modes, device_name, modes_argument, run_script
 
 from pike.agents.offline import render
 from pike.audit import audit, to_markdown
@@ -146,4 +146,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

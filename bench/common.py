@@ -7,6 +7,7 @@ import datetime as dt
 import math
 import platform
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -80,3 +81,30 @@ def this_command() -> str:
 def geomean(values: list[float | None]) -> float | None:
     kept = [v for v in values if v and v > 0 and math.isfinite(v)]
     return math.exp(sum(map(math.log, kept)) / len(kept)) if kept else None
+
+
+def run_script(main: Callable[[], int | None]) -> None:
+    """Run a benchmark's main; an interrupt (Ctrl-C, `timeout -s INT`) ends it with one line
+    instead of a traceback: each script saves its results as it goes, and --resume (where
+    the script has it) goes on from there."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        stop_children()
+        print("interrupted: what finished is saved in the results files; --resume (where "
+              "the script has it) runs the rest", file=sys.stderr, flush=True)
+        code = 130
+    sys.exit(code or 0)
+
+
+def stop_children() -> None:
+    """Kill every process this one started (worker pools, evaluation children): on an
+    interrupt a pool would otherwise wait for its running tasks before the script ends."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(child.cmdline()):  # it ends by itself
+                child.kill()
+        except psutil.Error:
+            pass

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import run_script
 
 from pike.config import EvalConfig
 from pike.evaluate import evaluate
@@ -209,4 +210,4 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -31,7 +31,6 @@ import argparse
 import json
 import math
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ from common import (
     modes_argument,
     now,
     run_config,
+    run_script,
     task_ids,
     this_command,
 )
@@ -364,4 +364,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import run_script
 
 from pike.config import EvalConfig
 from pike.evaluate import evaluate
@@ -119,4 +120,4 @@ def write(args: argparse.Namespace, cuda: bool, rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -39,7 +39,6 @@ import datetime as dt
 import json
 import multiprocessing
 import platform
-import sys
 import tempfile
 import threading
 import time
@@ -48,7 +47,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import device_name, folder_arguments, geomean, now, run_config, task_ids, this_command
+from common import (
+    device_name,
+    folder_arguments,
+    geomean,
+    now,
+    run_config,
+    run_script,
+    stop_children,
+    task_ids,
+    this_command,
+)
 
 from pike.agents.offline import render
 from pike.config import COMPILE_MODES, RunConfig
@@ -312,34 +321,45 @@ def main() -> int:
                                 or time.monotonic() - started < args.start_before)
 
     with cf.ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=context) as pool:
-        futures: dict[cf.Future, Task] = {}
-        while may_start() or futures:
-            while may_start() and len(futures) < max(1, args.jobs):
-                task = queue.pop(0)
-                futures[pool.submit(_run_one, str(task.path), cfg.model_dump_json(),
-                                    str(runs), args.baselines)] = task
-            if not futures:
-                break
-            finished, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
-            for future in finished:
-                task = futures.pop(future)
-                try:
-                    row = future.result()
-                except Exception as err:  # the worker died: report the task, go on
-                    row = {"task": task.name, "error": f"worker: {type(err).__name__}: {err}"}
-                keep_filled(row, redone.get(row["task"]))
-                row["settings"] = {"jobs": args.jobs, "workers": args.workers,
-                                   "max_candidates": args.max_candidates,
-                                   "max_seconds": args.max_seconds,
-                                   "date": dt.date.today().isoformat(),
-                                   "device_name": device_name(args.device),
-                                   "torch_version": torch.__version__}
-                rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "trace"}), flush=True)
-                save()
+        try:
+            _run_queue(pool, queue, may_start, args, cfg, runs, rows, redone, save)
+        except KeyboardInterrupt:
+            stop_children()  # before the pool's exit waits for its running tasks
+            raise
     save()
     print(md_path.read_text())
     return 0
+
+
+def _run_queue(pool: cf.ProcessPoolExecutor, queue: list[Task], may_start: Callable[[], bool],
+               args: argparse.Namespace, cfg: RunConfig, runs: Path, rows: list[dict],
+               redone: dict[str, dict], save: Callable[[], None]) -> None:
+    """Run the queued tasks, `args.jobs` at once, saving the results after each."""
+    futures: dict[cf.Future, Task] = {}
+    while may_start() or futures:
+        while may_start() and len(futures) < max(1, args.jobs):
+            task = queue.pop(0)
+            futures[pool.submit(_run_one, str(task.path), cfg.model_dump_json(),
+                                str(runs), args.baselines)] = task
+        if not futures:
+            break
+        finished, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
+        for future in finished:
+            task = futures.pop(future)
+            try:
+                row = future.result()
+            except Exception as err:  # the worker died: report the task, go on
+                row = {"task": task.name, "error": f"worker: {type(err).__name__}: {err}"}
+            keep_filled(row, redone.get(row["task"]))
+            row["settings"] = {"jobs": args.jobs, "workers": args.workers,
+                               "max_candidates": args.max_candidates,
+                               "max_seconds": args.max_seconds,
+                               "date": dt.date.today().isoformat(),
+                               "device_name": device_name(args.device),
+                               "torch_version": torch.__version__}
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "trace"}), flush=True)
+            save()
 
 
 def _fill(args: argparse.Namespace, tasks: list[Task], rows: list[dict], cfg: RunConfig,
@@ -464,4 +484,4 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

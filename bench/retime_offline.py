@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 from pathlib import Path
 
 import torch
-from common import RESULTS, device_name, now, task_ids, this_command
+from common import RESULTS, device_name, now, run_script, task_ids, this_command
 
 from pike.agents.offline import render
 from pike.config import EvalConfig
@@ -85,4 +84,4 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

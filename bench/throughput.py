@@ -28,14 +28,13 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import RESULTS, device_name, now, this_command
+from common import RESULTS, device_name, now, run_script, this_command
 
 from pike.config import EvalConfig
 from pike.evaluate.pool import LocalPool
@@ -230,4 +229,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

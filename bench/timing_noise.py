@@ -22,6 +22,7 @@ import sys
 import time
 
 import torch
+from common import run_script
 
 
 def _current_cpu() -> int:
@@ -101,4 +102,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -141,3 +141,18 @@ def test_a_mode_rejected_for_exiting_compile_workers_is_judged_again() -> None:
                                                "error": "rejected: opened a socket"},
         "compile:reduce-overhead": {"speedup": 2.0, "error": None}}}
     assert missing_modes(row) == ["compile:default"]
+
+
+def test_an_interrupted_benchmark_ends_with_one_line_not_a_traceback(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from common import run_script
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as ended:
+        run_script(interrupted)
+    assert ended.value.code == 130
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted:") and "--resume" in err and "Traceback" not in err
