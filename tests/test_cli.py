@@ -296,3 +296,22 @@ def test_eval_explain_lists_the_guards(config: Path) -> None:
     assert result.exit_code == 0, result.output
     for guard in ("audit hook", "other distribution", "after timing", "backend flags"):
         assert guard in result.output
+
+
+def test_a_best_slower_than_eager_is_reported_as_such(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: Path) -> None:
+    from pike.cli import _print_result
+    from pike.evaluate.verdict import TimingStats, Verdict
+    from pike.search.session import OptimizeResult
+
+    def stats(ms: float) -> TimingStats:
+        return TimingStats.from_samples([ms] * 5)
+
+    slower = Verdict(status="ok", runtime=stats(2.0), reference=stats(1.0), speedup=0.5)
+    faster = Verdict(status="ok", runtime=stats(0.5), reference=stats(1.0), speedup=2.0)
+    for verdict, advised in ((slower, True), (faster, False)):
+        _print_result(OptimizeResult(run_dir=tmp_path, task="t", best_source="x",
+                                     best_verdict=verdict, queries=0, dollars=0.0,
+                                     verdicts={"ok": 1}))
+        out = capsys.readouterr().out
+        assert ("advice" in out) == advised and ("keep your own" in out) == advised

@@ -265,6 +265,9 @@ def test_optimize_without_an_llm_runs_the_offline_strategy(tmp_path: Path,
     assert best is not None and (out / "best.py").read_text() == best.source
     summary = json.loads((out / "summary.json").read_text())
     assert summary["queries"] == 0 and summary["speedup"] == best.verdict.speedup
+    assert summary["faster_than_eager"] == (best.verdict.speedup >= 1.0)
+    # on this CPU the best may be slower than eager: the user is then told to keep theirs
+    assert ("advice" in result.output) == (best.verdict.speedup < 1.0)
     store.close()
     # resuming a finished offline run judges nothing again
     again = runner.invoke(app, ["optimize", "--resume", str(out)])

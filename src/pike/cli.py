@@ -587,9 +587,14 @@ def _print_result(result: Any) -> None:
     table.add_column()
     table.add_row("run dir", escape(str(result.run_dir)))
     if v is not None and v.runtime is not None:
-        table.add_row("best", f"[green]{v.speedup or 0:.2f}x[/green] over eager "
+        slower = v.speedup is not None and v.speedup < 1.0
+        table.add_row("best", f"[{'yellow' if slower else 'green'}]{v.speedup or 0:.2f}x"
+                      f"[/{'yellow' if slower else 'green'}] over eager "
                       f"({_ms(v.runtime.median_ms)} vs {_ms(v.reference.median_ms if v.reference else None)})")
         table.add_row("solution", escape(str(result.run_dir / "best.py")))
+        if slower:
+            table.add_row("advice", "[yellow]no candidate beat eager: keep your own module[/yellow] "
+                          "(best.py is the fastest correct candidate, kept for inspection)")
     else:
         table.add_row("best", "[red]no correct candidate[/red]")
     table.add_row("spent", f"{result.queries} queries, ${result.dollars:.2f}")

@@ -237,6 +237,8 @@ def summary_row(store: RunStore, result: OptimizeResult) -> dict[str, Any]:
     v = result.best_verdict
     return {"task": result.task, "best_candidate": best.id if best else None,
             "speedup": v.speedup if v else None,
+            # a correct best that is slower than eager is no reason to replace the module
+            "faster_than_eager": bool(v and v.speedup and v.speedup >= 1.0),
             "runtime_ms": v.runtime.median_ms if v and v.runtime else None,
             "queries": result.queries, "dollars": result.dollars, "verdicts": result.verdicts}
 
