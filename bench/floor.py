@@ -189,12 +189,13 @@ def recounted_row(row: dict, task: Task, device_name: str) -> dict:
     times kept and their multiples of the floor rescaled; a failed row stays as it was."""
     if "error" in row or not row.get("floor_ms"):
         return row
+    row = {k: v for k, v in row.items() if k != "recount_error"}  # from an earlier recount
     try:
         try:
             work = count_work(task, "meta")
         except PikeError:  # the task reads tensor values: count with real arithmetic
             work = count_work(task, "cpu")
-    except PikeError as err:  # e.g. a task that needs CUDA, recounted on a CPU machine
+    except Exception as err:  # e.g. a task that needs CUDA, recounted on a CPU machine
         return {**row, "recount_error": str(err)[:300]}
     fl = floor(work, device_name)
     if fl is None or fl.ms <= 0:

@@ -165,7 +165,8 @@ def _rejudge(entry: dict | None, compile_threads: int | None = None) -> bool:
     if entry.get("filled"):  # judged by --fill-compile already: its timeout is a verdict
         fewer = (compile_threads is not None and error.startswith("timeout")
                  and entry["filled"].get("compile_threads", 1) < compile_threads)
-        return out_of_memory or fewer
+        leftover_bug = error.startswith("rejected: left processes running")
+        return out_of_memory or fewer or leftover_bug
     # "left processes running" on a compile mode was inductor's workers still exiting (fixed
     # in the evaluator since), not the mode's doing
     return (error.startswith(("timeout", "not judged", "crashed",

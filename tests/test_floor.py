@@ -344,3 +344,17 @@ def test_cuda_verdicts_carry_their_multiple_of_the_floor(mlp_task: Task,
     verdict = evaluate(mlp_task, candidate("fused"), fast_config)
     assert verdict.ok and verdict.floor_ms is not None
     assert verdict.times_floor is not None and verdict.times_floor >= 1.0
+
+
+def test_a_forward_with_sparse_intermediates_is_counted(tmp_path: Path) -> None:
+    task = make_task(tmp_path, """
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.sparse.mm(x.to_sparse(), x.t())
+        def get_inputs():
+            return [torch.randn(8, 8)]
+        def get_init_inputs():
+            return []
+    """)
+    work = count_work(task)
+    assert work.bytes_inputs == 8 * 8 * 4 and work.bytes_outputs == 8 * 8 * 4

@@ -318,7 +318,7 @@ class _OpRecorder(TorchDispatchMode):
         else:  # a view moves nothing; the op that uses it does
             for t in _tensors((args, kwargs)):
                 key = _storage_key(t)
-                if key in self.leaves:
+                if key is not None and key in self.leaves:
                     self.touched[key] = max(self.touched.get(key, 0), _view_bytes(t))
         return func(*args, **kwargs)
 
@@ -327,8 +327,11 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
-def _storage_key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata  # the same for every view of one storage
+def _storage_key(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage()._cdata  # the same for every view of one storage
+    except (NotImplementedError, RuntimeError):  # sparse and other storage-less layouts
+        return None
 
 
 def _view_bytes(t: torch.Tensor) -> int:
