@@ -161,16 +161,14 @@ def _rejudge(entry: dict | None, compile_threads: int | None = None) -> bool:
     if entry.get("speedup"):
         return False
     error = entry.get("error") or ""
-    out_of_memory = _out_of_memory(error)
+    # Out of memory beside other jobs, or "left processes running" (inductor's workers still
+    # exiting, fixed in the evaluator since): not the mode's doing, filled or not.
+    if _out_of_memory(error) or error.startswith("rejected: left processes running"):
+        return True
     if entry.get("filled"):  # judged by --fill-compile already: its timeout is a verdict
-        fewer = (compile_threads is not None and error.startswith("timeout")
-                 and entry["filled"].get("compile_threads", 1) < compile_threads)
-        leftover_bug = error.startswith("rejected: left processes running")
-        return out_of_memory or fewer or leftover_bug
-    # "left processes running" on a compile mode was inductor's workers still exiting (fixed
-    # in the evaluator since), not the mode's doing
-    return (error.startswith(("timeout", "not judged", "crashed",
-                              "rejected: left processes running")) or out_of_memory)
+        return (compile_threads is not None and error.startswith("timeout")
+                and entry["filled"].get("compile_threads", 1) < compile_threads)
+    return error.startswith(("timeout", "not judged", "crashed"))
 
 
 def missing_modes(row: dict, compile_threads: int | None = None) -> list[str]:
