@@ -177,6 +177,11 @@ def missing_modes(row: dict, compile_threads: int | None = None) -> list[str]:
             if _rejudge(row.get("compile", {}).get(f"compile:{m}"), compile_threads)]
 
 
+# Set on an interrupt of --fill-compile: fills still running then end with "crashed"
+# verdicts from children the interrupt killed, which are not the modes' verdicts.
+STOPPING = threading.Event()
+
+
 def fill_compile(task: Task, row: dict, cfg: RunConfig, limit_s: float,
                  refill_timeouts: bool = False, only: list[str] | None = None) -> dict:
     """Judge the row's compile modes that have no verdict of their own (of `only`, where
@@ -296,9 +301,13 @@ def main() -> int:
 
     def save() -> None:
         order = {t.name: i for i, t in enumerate(tasks)}
-        rows.sort(key=lambda r: order.get(r["task"], len(order)))
-        pending = [t.name for t in tasks if t.name not in {r["task"] for r in rows}]
-        result = summary(rows, args, runs, pending)
+        # A task named by --redo keeps its old row until its new one is in, so a call cut
+        # off before the task ran again loses nothing.
+        stale = [r for t, r in redone.items() if t not in {r["task"] for r in rows}]
+        shown = sorted([*rows, *stale], key=lambda r: order.get(r["task"], len(order)))
+        pending = [t.name for t in tasks if t.name not in {r["task"] for r in shown}]
+        result = summary(shown, args, runs, pending)
+        result["redo_pending"] = [r["task"] for r in stale]
         result["earlier_calls"] = earlier
         result["notes"] = notes
         json_path.write_text(json.dumps(result, indent=2))
@@ -389,6 +398,8 @@ def _fill(args: argparse.Namespace, tasks: list[Task], rows: list[dict], cfg: Ru
                          args.refill_timeouts, only)
         except Exception as err:  # the reference failed (out of memory beside other jobs...)
             filled["fill_error"] = f"{type(err).__name__}: {err}"[:300]
+        if STOPPING.is_set():  # its children were killed by the interrupt: no verdict
+            return f"{row['task']}: interrupted, nothing saved"
         with lock:
             row.clear()
             row.update(filled)
@@ -396,8 +407,13 @@ def _fill(args: argparse.Namespace, tasks: list[Task], rows: list[dict], cfg: Ru
         return json.dumps({"task": row["task"], "compile": row.get("compile")})
 
     print(f"filling compile baselines of {len(todo)} tasks", flush=True)
-    for line in run_each(one, todo, args.jobs, "fill-compile"):
-        print(line, flush=True)
+    STOPPING.clear()
+    try:
+        for line in run_each(one, todo, args.jobs, "fill-compile"):
+            print(line, flush=True)
+    except KeyboardInterrupt:
+        STOPPING.set()  # before run_script kills the children the fills are waiting on
+        raise
     save()
     print(md_path.read_text())
     return 0
@@ -469,6 +485,9 @@ def markdown(result: dict) -> str:
                      f"| {r.get('offline_idea') or '-'} | {r.get('seconds', '-')} |")
     if result["not_run"]:
         lines += ["", f"Not run: {', '.join(result['not_run'])}."]
+    if result.get("redo_pending"):
+        lines += ["", f"Named by --redo but not run again yet (their rows are from an earlier "
+                  f"call): {', '.join(result['redo_pending'])}."]
     filled = [e["filled"] for r in result["rows"]
               for e in (r.get("compile") or {}).values() if e.get("filled")]
     if filled:

@@ -117,7 +117,9 @@ def write(args: argparse.Namespace, data: dict) -> None:
     lines = [f"# Evaluation throughput ({data['device_name']})", "",
              f"- device: {data['device']}, torch {data['torch_version']}, host {data['host']}, "
              f"{data['cpus']} CPU cores", f"- date: {data['date']}",
-             f"- command: `{data['command']}`", f"- task: {data.get('task', '-')}",
+             f"- command: `{data['command']}`",
+             *(f"- earlier call: `{c}`" for c in data.get("earlier_commands", [])),
+             f"- task: {data.get('task', '-')}",
              f"- batch: {data['candidates']} candidates ({data['mix']}), the fixed candidate "
              f"{data['fixed']} times among them", "",
              "| workers | candidates | wall | evaluations/hour | over serial | same verdicts "
@@ -134,8 +136,10 @@ def write(args: argparse.Namespace, data: dict) -> None:
                      f"| {over} "
                      f"| {s.get('same_verdicts_as_serial', '-')} | {fixed_cv} | {speedup_cv} "
                      f"| {', '.join(f'{k} {v}' for k, v in s['statuses'].items())} |")
+    # what a reader must know, written by hand into the JSON; kept across --resume
+    lines += ["", *(f"- Note: {n}" for n in data.get("notes", []))] if data.get("notes") else []
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[-len(data["summary"]) - 2:]), flush=True)
+    print("\n".join(lines), flush=True)
 
 
 def row(kind: str, verdict: object, seconds: float) -> dict:

@@ -91,6 +91,24 @@ def test_redo_runs_named_tasks_again_and_keeps_the_rest(tmp_path: Path) -> None:
     assert rows["2_ConvBlock"]["offline_idea"] == "kept"
 
 
+def test_a_redo_cut_off_before_the_task_ran_keeps_its_old_row(tmp_path: Path) -> None:
+    results = tmp_path / "offline-t.json"
+    _results(results, {})
+    data = json.loads(results.read_text())
+    data["device_name"] = platform.processor() or "cpu"
+    results.write_text(json.dumps(data))
+    # --start-before 0: the call ends before any task starts, as a call cut off early does
+    done = _bench("bench/offline.py", str(EXAMPLES), "--ids", "1", "--device", "cpu",
+                  "--resume", "--redo", "1", "--start-before", "0", "--tag", "t",
+                  "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    after = json.loads(results.read_text())
+    assert [r["task"] for r in after["rows"]] == ["1_GeluMLP"]
+    assert after["rows"][0]["offline_idea"] == "inference_mode"
+    assert after["redo_pending"] == ["1_GeluMLP"] and after["not_run"] == []
+    assert "not run again yet" in (tmp_path / "offline-t.md").read_text()
+
+
 def test_refill_judges_again_only_timeouts_filled_with_fewer_compile_threads() -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     from offline import missing_modes
@@ -141,6 +159,35 @@ def test_a_mode_rejected_for_exiting_compile_workers_is_judged_again() -> None:
                                                "error": "rejected: opened a socket"},
         "compile:reduce-overhead": {"speedup": 2.0, "error": None}}}
     assert missing_modes(row) == ["compile:default"]
+
+
+def test_fills_cut_by_an_interrupt_are_not_saved(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import offline
+
+    from pike.config import RunConfig
+    from pike.task import Task
+
+    def killed_by_the_interrupt(task: Task, row: dict, *args: object) -> dict:
+        # what a fill sees when Ctrl-C kills its children: a crashed verdict per mode
+        row["compile"] = {"compile:default": {"speedup": None, "error": "crashed: killed"}}
+        offline.STOPPING.set()
+        return row
+
+    monkeypatch.setattr(offline, "fill_compile", killed_by_the_interrupt)
+    row = {"task": "1_GeluMLP", "compile": {}, "eager_ms": 1.0}
+    saved: list[dict] = []
+    md = tmp_path / "offline.md"
+    md.write_text("")
+    args = argparse.Namespace(refill_timeouts=False, fill_modes=None, start_before=None,
+                              fill_limit=60.0, jobs=1)
+    offline._fill(args, [Task.from_file(EXAMPLES / "1_GeluMLP.py")], [row], RunConfig(),
+                  lambda: saved.append(json.loads(json.dumps(row))), md)
+    assert row == {"task": "1_GeluMLP", "compile": {}, "eager_ms": 1.0}
+    assert all(r["compile"] == {} and "fill_error" not in r for r in saved)
 
 
 def test_an_interrupted_benchmark_ends_with_one_line_not_a_traceback(

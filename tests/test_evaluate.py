@@ -11,6 +11,7 @@ import pytest
 from pike.config import EvalConfig
 from pike.evaluate import evaluate, judge
 from pike.evaluate.judge import close_references
+from pike.evaluate.protocol import DESCENDANTS_GRACE_S
 from pike.task import Task
 from tests.conftest import candidate
 
@@ -42,6 +43,19 @@ def test_failure_classes(mlp_task: Task, fast_config: EvalConfig, name: str, sta
     assert words in verdict.message
     assert len(verdict.message) <= 4500
     assert verdict.speedup is None and verdict.runtime is None
+
+
+def test_a_stuck_candidate_is_killed_at_once_after_its_timeout(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    """A child past its phase limit cannot answer "stop": waiting the grace period for it
+    (as the evaluator once did) only held up the next evaluation."""
+    evaluate(mlp_task, candidate("fused"), fast_config)  # the task's reference is ready
+    started = time.monotonic()
+    verdict = evaluate(mlp_task, candidate("infinite_loop"), fast_config)
+    elapsed = time.monotonic() - started
+    assert verdict.status == "timeout"
+    in_phases = sum(s for phase, s in verdict.phase_seconds.items() if phase != "total")
+    assert elapsed - in_phases < DESCENDANTS_GRACE_S / 2
 
 
 def test_correct_faster_candidate_is_ok_and_timed(mlp_task: Task, fast_config: EvalConfig) -> None:

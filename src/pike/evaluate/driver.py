@@ -126,14 +126,20 @@ def _failure(event: dict) -> Verdict:
 
 
 def finish(child: ChildProcess, report: ChildReport | None = None) -> None:
-    """Tell the child to stop, note processes it left behind, and kill what remains."""
+    """Tell the child to stop, note processes it left behind, and kill what remains.
+
+    A child that overran a phase limit or its memory is killed at once: it would not
+    answer "stop", and waiting for it only held up the next evaluation. Its verdict is
+    already a failure, so what it left running is killed with it, not reported.
+    """
     if child.proc is None:
         return
-    child.send("stop")
-    child.enter_phase("cleanup")
-    child.wait_exit(timeout=DESCENDANTS_GRACE_S + 4.0)
-    if report is not None:
-        report.leftovers = child.leftover_processes()
+    child.enter_phase("cleanup")  # which also books the time of the phase that ended
+    if not child.unresponsive:
+        child.send("stop")
+        child.wait_exit(timeout=DESCENDANTS_GRACE_S + 4.0)
+        if report is not None:
+            report.leftovers = child.leftover_processes()
     child.__exit__(None, None, None)
     child.proc = None
 

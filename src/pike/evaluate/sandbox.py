@@ -143,6 +143,9 @@ class ChildProcess:
         self._chan: Channel | None = None
         self._from_child = -1
         self._buffer = b""
+        # Set once the child overran a phase limit or its memory: it is stuck or runaway,
+        # so it will not answer "stop" and is killed at once (driver.finish).
+        self.unresponsive = False
 
     def __enter__(self) -> ChildProcess:
         request_path = self.work_dir / "request.json"
@@ -198,9 +201,11 @@ class ChildProcess:
                     continue
                 return ChildExit(self.proc.returncode, self.output_tail())
             if time.monotonic() >= deadline:
+                self.unresponsive = True
                 return PhaseTimeout(self.phase, limit)
             used = self._tree_rss()
             if used > self.memory_limit:
+                self.unresponsive = True
                 return MemoryExceeded(used, self.memory_limit)
         line, self._buffer = self._buffer.split(b"\n", 1)
         try:
