@@ -248,6 +248,7 @@ def _remerged_line(result: dict) -> list[str]:
         if counted.get("not_recounted"):
             lines.append("- not counted again (their floors may count bytes the forward "
                          f"never reads): {', '.join(counted['not_recounted'])}")
+        lines += [f"- {n}" for n in counted.get("notes", [])]  # written by hand
     return lines
 
 

@@ -140,3 +140,5 @@ def test_recount_counts_bytes_again_and_rescales_the_multiples(
     assert result["recounted"]["not_recounted"] == ["2_Other"]
     assert result["date"] == MEASURED["date"]
     assert "not counted again" in (tmp_path / "floor-t.md").read_text()
+    result["recounted"]["notes"] = ["2_Other was counted on the GPU"]  # added by hand
+    assert "- 2_Other was counted on the GPU" in bench_floor.markdown(result)

@@ -168,6 +168,36 @@ def test_bytes_min_counts_only_the_slice_of_a_cache_the_forward_reads(tmp_path: 
         assert any("only what it reads is counted" in n for n in work.notes)
 
 
+def test_bytes_min_is_the_union_of_the_views_read(tmp_path: Path) -> None:
+    # rows read in chunks, columns read in chunks, one slice read twice, a table looked up
+    # by two indices, and a template that only lends its shape
+    task = make_task(tmp_path, """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("rows", torch.randn(8, 16))
+                self.register_buffer("cols", torch.randn(16, 8))
+                self.register_buffer("twice", torch.randn(64, 16))
+                self.table = nn.Embedding(1000, 16)
+                self.register_buffer("template", torch.randn(128, 128))
+            def forward(self, q, ids):
+                out = sum(q @ c.t() for c in self.rows.chunk(4, dim=0)).sum()
+                out = out + sum(c.sum() for c in self.cols.chunk(4, dim=1))
+                out = out + (q @ self.twice[:8].t()).sum() + (q @ self.twice[:8].t()).sum()
+                out = out + self.table(ids).sum()
+                return out + torch.zeros_like(self.template).sum()
+        def get_inputs():
+            return [torch.randn(1, 16), torch.tensor([3, 7])]
+        def get_init_inputs():
+            return []
+    """)
+    for device in ("cpu", "meta"):
+        work = count_work(task, device)
+        rows, cols, twice = 8 * 16 * 4, 16 * 8 * 4, 8 * 16 * 4
+        assert work.bytes_buffers == rows + cols + twice  # the template's data is never read
+        assert work.bytes_params == 2 * 16 * 4  # the two rows looked up, not the table
+
+
 def test_dtype_class_is_the_dominant_floating_dtype(tmp_path: Path) -> None:
     task = make_task(tmp_path, """
         class Model(nn.Module):

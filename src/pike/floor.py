@@ -213,11 +213,13 @@ def count_work(task: Task, device: str = "cpu", seed: int = 42) -> Work:
     "cuda", or "meta" (no arithmetic, fast for big tasks, but fails on tasks that read
     tensor values, such as `.item()`; then use "cpu").
 
-    bytes_min counts of each input, parameter and buffer only what an op of the forward
-    reads or writes (its largest single view: a KV cache of which one slice is read counts
-    that slice; an unused weight counts nothing), so it stays a lower bound; outputs count
-    in full, once (an output that is an input is not counted twice). Intermediates are not
-    counted: a fused kernel may keep them on chip.
+    bytes_min counts of each input, parameter and buffer only what the forward's ops read
+    or write of it (the union of the byte ranges their views cover: a KV cache of which
+    one slice is read counts that slice, its chunks read one by one count in full; an
+    unused weight counts nothing; an embedding counts the rows it gathers; `zeros_like(x)`
+    reads nothing of x), so it stays a lower bound; outputs count in full, once (an output
+    that is an input is not counted twice). Intermediates are not counted: a fused kernel
+    may keep them on chip.
     Raises TaskError when the task's code fails.
     """
     module = _load_module(task)
@@ -236,7 +238,8 @@ def count_work(task: Task, device: str = "cpu", seed: int = 42) -> Work:
             raise TaskError(_failure(task, "forward", err, target)) from None
     by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
     known = {str(op) for op in counter.flop_registry}
-    sizes = _read_bytes(leaves, recorder.touched)
+    storages = _leaf_storages(leaves)
+    sizes = _read_bytes(storages, recorder.reads)
     sizes["outputs"] = sum(t.numel() * t.element_size() for t in _distinct(_tensors(output))
                            if _storage_key(t) not in recorder.leaves)
     return Work(
@@ -247,7 +250,7 @@ def count_work(task: Task, device: str = "cpu", seed: int = 42) -> Work:
         bytes_buffers=sizes["buffers"], bytes_outputs=sizes["outputs"],
         dtype=_dtype_class([*model.parameters(), *_tensors(inputs)], _tensors(output)),
         counted_on=str(target),
-        notes=[*_work_notes(recorder, known, sizes), *_unread_note(leaves, sizes)],
+        notes=[*_work_notes(recorder, known, sizes), *_unread_note(storages, sizes)],
     )
 
 
@@ -300,7 +303,7 @@ class _OpRecorder(TorchDispatchMode):
         self.views: set[str] = set()
         self.causal = False
         self.leaves = leaves or set()  # storages of inputs, parameters and buffers
-        self.touched: dict[int, int] = {}  # leaf storage -> largest view an op used, bytes
+        self.reads: dict[int, _StorageReads] = {}  # leaf storage -> what ops used of it
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
@@ -313,14 +316,97 @@ class _OpRecorder(TorchDispatchMode):
         for i, arg in enumerate(schema.arguments if schema is not None else ()):
             if arg.name == "is_causal":
                 self.causal |= bool(args[i] if i < len(args) else kwargs.get("is_causal", False))
+        out = func(*args, **kwargs)
         if getattr(func, "is_view", False):
-            self.views.add(name)
-        else:  # a view moves nothing; the op that uses it does
+            self.views.add(name)  # a view moves nothing; the op that uses it does
+        elif name not in _METADATA_ONLY:
+            # An index op reads of its table at most what it gathers (an embedding reads
+            # the rows it looks up), however large the table is.
+            cap = _nbytes(_tensors(out)) if name in _INDEX_OPS else None
             for t in _tensors((args, kwargs)):
                 key = _storage_key(t)
                 if key is not None and key in self.leaves:
-                    self.touched[key] = max(self.touched.get(key, 0), _view_bytes(t))
-        return func(*args, **kwargs)
+                    self.reads.setdefault(key, _StorageReads(t.untyped_storage().nbytes())
+                                          ).add(t, cap)
+        return out
+
+
+# Ops that take a tensor only for its shape, dtype and device: they read none of its data.
+_METADATA_ONLY = frozenset(f"aten.{op}" for op in (
+    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
+    "randint_like", "new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided"))
+# Ops that gather part of a table by indices: what they read is at most what they return.
+_INDEX_OPS = frozenset(f"aten.{op}" for op in (
+    "embedding", "index_select", "gather", "index", "take", "take_along_dim"))
+_MAX_RUNS = 1 << 16  # contiguous runs of one view listed exactly; more are summed instead
+
+
+class _StorageReads:
+    """The bytes of one storage the forward's ops used: the union of the byte ranges of
+    every view read (two chunks of one tensor count twice as much as one, one slice read
+    twice counts once), as exact runs where a view splits into few contiguous runs, else
+    the largest such view alone; never more than the storage holds."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.runs: list[tuple[int, int]] = []  # [start, end) in bytes
+        self.largest_scattered = 0  # a view of too many runs to list: its distinct bytes
+
+    def add(self, t: torch.Tensor, cap: int | None = None) -> None:
+        distinct = _view_bytes(t)
+        if cap is not None and cap < distinct:  # an index op gathered part of it
+            self.largest_scattered = max(self.largest_scattered, cap)
+            return
+        runs = _contiguous_runs(t)
+        if runs is None:
+            self.largest_scattered = max(self.largest_scattered, distinct)
+            return
+        self.runs.extend(runs)
+        if len(self.runs) > 4 * _MAX_RUNS:
+            self.runs = _merged(self.runs)
+
+    def total(self) -> int:
+        covered = sum(end - start for start, end in _merged(self.runs))
+        return min(max(covered, self.largest_scattered), self.capacity)
+
+
+def _contiguous_runs(t: torch.Tensor) -> list[tuple[int, int]] | None:
+    """The byte ranges a view covers, one per contiguous run, or None where it has more
+    than _MAX_RUNS runs (a column of a large matrix) or strides pike cannot order."""
+    size = t.element_size()
+    dims = sorted(((n, st) for n, st in zip(t.shape, t.stride(), strict=True)
+                   if n > 1 and st != 0), key=lambda d: d[1])
+    if t.numel() == 0:
+        return []
+    if any(st < 0 for _, st in dims):
+        return None
+    run, inner = 1, 0  # elements per contiguous run, and how many of the dims it spans
+    for n, st in dims:
+        if st != run:
+            break
+        run *= n
+        inner += 1
+    outer = dims[inner:]
+    if math.prod(n for n, _ in outer) > _MAX_RUNS:
+        return None
+    starts = [t.storage_offset()]
+    for n, st in outer:
+        starts = [s + i * st for s in starts for i in range(n)]
+    return [(s * size, (s + run) * size) for s in starts]
+
+
+def _merged(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(runs):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -354,35 +440,36 @@ def _distinct(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-def _read_bytes(leaves: dict[str, list[torch.Tensor]], touched: dict[int, int]) -> dict[str, int]:
-    """Per kind, the bytes the forward's ops used of each storage, each storage once (a
-    parameter that is also passed as an input counts under the first kind listed)."""
-    sizes: dict[str, int] = {}
-    counted: set[int] = set()
+def _leaf_storages(leaves: dict[str, list[torch.Tensor]]) -> dict[str, dict[int, int]]:
+    """Per kind, each storage of its tensors once (key -> bytes it holds); a parameter
+    also passed as an input counts under the first kind listed."""
+    seen: set[int | None] = {None}  # storage-less layouts (sparse) hold nothing countable
+    out: dict[str, dict[int, int]] = {}
     for kind, tensors in leaves.items():
-        sizes[kind] = 0
+        out[kind] = {}
         for t in tensors:
             key = _storage_key(t)
-            if key not in counted:
-                counted.add(key)
-                sizes[kind] += touched.get(key, 0)
-    return sizes
+            if key not in seen:
+                seen.add(key)
+                out[kind][key] = t.untyped_storage().nbytes()
+    return out
 
 
-def _unread_note(leaves: dict[str, list[torch.Tensor]], sizes: dict[str, int]) -> list[str]:
-    held = sum(t.untyped_storage().nbytes() for t in _distinct_storages(
-        [t for ts in leaves.values() for t in ts]))
+def _read_bytes(storages: dict[str, dict[int, int]],
+                reads: dict[int, _StorageReads]) -> dict[str, int]:
+    """Per kind, the bytes the forward's ops used of its storages."""
+    return {kind: sum(reads[key].total() for key in held if key in reads)
+            for kind, held in storages.items()}
+
+
+def _unread_note(storages: dict[str, dict[int, int]], sizes: dict[str, int]) -> list[str]:
+    held = sum(n for by_key in storages.values() for n in by_key.values())
     read = sizes["params"] + sizes["buffers"] + sizes["inputs"]
     if held <= read * 1.01:
         return []
     return [f"the forward reads {read / 1e6:.4g} MB of the {held / 1e6:.4g} MB its inputs, "
             "parameters and buffers hold (slices of caches, unused weights); only what it "
             "reads is counted"]
-
-
-def _distinct_storages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    by_key = {_storage_key(t): t for t in tensors}
-    return list(by_key.values())
 
 
 def _dtype_class(primary: list[torch.Tensor], fallback: list[torch.Tensor]) -> DtypeClass:
