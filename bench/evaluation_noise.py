@@ -59,6 +59,8 @@ def write(out: Path, tag: str, data: dict) -> None:
                             if r["median_ms"])
         lines.append(f"| {w} | {s['evaluations']} | {s['ok']} | {pct(s['candidate_cv'])} | "
                      f"{pct(s['reference_cv'])} | {pct(s['speedup_cv'])} | {medians} |")
+    # what a reader must know, written by hand into the JSON
+    lines += ["", *(f"- Note: {n}" for n in data.get("notes", []))] if data.get("notes") else []
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

@@ -25,7 +25,9 @@ while other jobs compiled beside them (the pool's default limits); each alone pe
 with the limits of --fill-limit, the compile in its warm-up beside other tasks' compiles
 while timing stays exclusive. A mode found incorrect keeps that verdict. A task that cannot be loaded or run is reported with
 its error and the run goes on. Results are rewritten after every task, so a run cut off
-keeps what it finished and `--resume` skips those tasks. Writes
+keeps what it finished and `--resume` skips those tasks. `--redo IDS --resume` runs those
+tasks again: each keeps its old row until its new one is in (a failed redo keeps it, with
+`redo_error`), and a later `--resume` goes on with those not yet run again. Writes
 bench/results/offline-<tag>.json and .md with device, torch version, date, command,
 per-task rows and geomeans.
 """
@@ -260,7 +262,8 @@ def main() -> int:
     p.add_argument("--baselines", choices=["offline", "separate"], default="offline")
     p.add_argument("--redo", default=None, metavar="IDS",
                    help="with --resume: run these task ids again (e.g. after a new "
-                        "transformation), replacing their rows")
+                        "transformation), replacing their rows; each keeps its old row "
+                        "until it ran again, and a later --resume goes on with those left")
     p.add_argument("--fill-compile", action="store_true",
                    help="with --resume: judge again the compile modes of finished tasks that "
                         "have no verdict of their own (see above); runs no offline search")
@@ -289,7 +292,9 @@ def main() -> int:
         if before.get("device_name") != device_name(args.device):
             raise SystemExit(f"{json_path} was measured on {before.get('device_name')}: "
                              "results of two devices do not mix; use another --tag")
+        # what an earlier --redo call left undone goes on, with or without --redo now
         redo = {int(i) for i in args.redo.split(",")} if args.redo else set()
+        redo |= {_task_id(t) for t in before.get("redo_pending", [])}
         rows = [r for r in before["rows"] if "error" not in r and _task_id(r["task"]) not in redo]
         redone = {r["task"]: r for r in before["rows"] if _task_id(r["task"]) in redo}
         earlier = [*before.get("earlier_calls", []), before["command"]]
@@ -303,7 +308,8 @@ def main() -> int:
         order = {t.name: i for i, t in enumerate(tasks)}
         # A task named by --redo keeps its old row until its new one is in, so a call cut
         # off before the task ran again loses nothing.
-        stale = [r for t, r in redone.items() if t not in {r["task"] for r in rows}]
+        ran = {r["task"] for r in rows}
+        stale = [old for task, old in redone.items() if task not in ran]
         shown = sorted([*rows, *stale], key=lambda r: order.get(r["task"], len(order)))
         pending = [t.name for t in tasks if t.name not in {r["task"] for r in shown}]
         result = summary(shown, args, runs, pending)
@@ -358,13 +364,18 @@ def _run_queue(pool: cf.ProcessPoolExecutor, queue: list[Task], may_start: Calla
                 row = future.result()
             except Exception as err:  # the worker died: report the task, go on
                 row = {"task": task.name, "error": f"worker: {type(err).__name__}: {err}"}
-            keep_filled(row, redone.get(row["task"]))
-            row["settings"] = {"jobs": args.jobs, "workers": args.workers,
-                               "max_candidates": args.max_candidates,
-                               "max_seconds": args.max_seconds,
-                               "date": dt.date.today().isoformat(),
-                               "device_name": device_name(args.device),
-                               "torch_version": torch.__version__}
+            old = redone.get(row["task"])
+            if "error" in row and old is not None and "error" not in old:
+                # a redo that failed (a dead worker, say) does not wipe out a good row
+                row = {**old, "redo_error": row["error"]}
+            else:
+                keep_filled(row, old)
+                row["settings"] = {"jobs": args.jobs, "workers": args.workers,
+                                   "max_candidates": args.max_candidates,
+                                   "max_seconds": args.max_seconds,
+                                   "date": dt.date.today().isoformat(),
+                                   "device_name": device_name(args.device),
+                                   "torch_version": torch.__version__}
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "trace"}), flush=True)
             save()

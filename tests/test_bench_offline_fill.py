@@ -107,6 +107,30 @@ def test_a_redo_cut_off_before_the_task_ran_keeps_its_old_row(tmp_path: Path) ->
     assert after["rows"][0]["offline_idea"] == "inference_mode"
     assert after["redo_pending"] == ["1_GeluMLP"] and after["not_run"] == []
     assert "not run again yet" in (tmp_path / "offline-t.md").read_text()
+    # a later --resume goes on with the redo, named again or not
+    again = _bench("bench/offline.py", str(EXAMPLES), "--ids", "1", "--device", "cpu",
+                   "--resume", "--start-before", "0", "--tag", "t", "--out", str(tmp_path))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(results.read_text())["redo_pending"] == ["1_GeluMLP"]
+
+
+def test_a_redo_that_fails_keeps_the_good_row(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    source = (EXAMPLES / "1_GeluMLP.py").read_text()
+    (tasks / "1_GeluMLP.py").write_text(source.replace(
+        "def get_inputs():", "def get_inputs():\n    raise RuntimeError('broken since')", 1))
+    results = tmp_path / "offline-t.json"
+    _results(results, {})
+    data = json.loads(results.read_text())
+    data["device_name"] = platform.processor() or "cpu"
+    results.write_text(json.dumps(data))
+    done = _bench("bench/offline.py", str(tasks), "--device", "cpu", "--resume", "--redo", "1",
+                  "--max-candidates", "1", "--tag", "t", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = json.loads(results.read_text())["rows"][0]
+    assert row["offline_speedup"] == 1.1 and "error" not in row
+    assert "broken since" in row["redo_error"]
 
 
 def test_refill_judges_again_only_timeouts_filled_with_fewer_compile_threads() -> None:

@@ -198,6 +198,23 @@ def test_bytes_min_is_the_union_of_the_views_read(tmp_path: Path) -> None:
         assert work.bytes_params == 2 * 16 * 4  # the two rows looked up, not the table
 
 
+def test_an_index_op_caps_its_table_not_its_indices(tmp_path: Path) -> None:
+    task = make_task(tmp_path, """
+        class Model(nn.Module):
+            def forward(self, x, idx, y):
+                y.unsqueeze_(0)  # changes y's shape only: reads none of it
+                return torch.gather(x, 1, idx)
+        def get_inputs():
+            return [torch.randn(64, 64).half(), torch.zeros(64, 4, dtype=torch.long),
+                    torch.randn(1000)]
+        def get_init_inputs():
+            return []
+    """)
+    work = count_work(task, "meta")
+    gathered = 64 * 4 * 2  # fp16 values read of the table, at most what comes back
+    assert work.bytes_inputs == gathered + 64 * 4 * 8  # and every int64 index
+
+
 def test_dtype_class_is_the_dominant_floating_dtype(tmp_path: Path) -> None:
     task = make_task(tmp_path, """
         class Model(nn.Module):

@@ -322,22 +322,27 @@ class _OpRecorder(TorchDispatchMode):
         elif name not in _METADATA_ONLY:
             # An index op reads of its table at most what it gathers (an embedding reads
             # the rows it looks up), however large the table is.
-            cap = _nbytes(_tensors(out)) if name in _INDEX_OPS else None
+            table = args[0] if name in _INDEX_OPS and args else None
+            cap = _nbytes(_tensors(out)) if table is not None else None
             for t in _tensors((args, kwargs)):
                 key = _storage_key(t)
                 if key is not None and key in self.leaves:
                     self.reads.setdefault(key, _StorageReads(t.untyped_storage().nbytes())
-                                          ).add(t, cap)
+                                          ).add(t, cap if t is table else None)
         return out
 
 
-# Ops that take a tensor only for its shape, dtype and device: they read none of its data.
+# Ops that take a tensor only for its shape, dtype and device, or change only its
+# metadata in place: they read none of its data.
 _METADATA_ONLY = frozenset(f"aten.{op}" for op in (
     "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
-    "randint_like", "new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided"))
-# Ops that gather part of a table by indices: what they read is at most what they return.
+    "randint_like", "new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided",
+    "unsqueeze_", "squeeze_", "t_", "transpose_", "swapdims_", "swapaxes_", "as_strided_",
+    "resize_", "resize_as_", "set_", "detach_"))
+# Ops that gather part of their first argument (a table) by indices: what they read of the
+# table is at most what they return (lookups of one row repeated count each time).
 _INDEX_OPS = frozenset(f"aten.{op}" for op in (
-    "embedding", "index_select", "gather", "index", "take", "take_along_dim"))
+    "embedding", "index_select", "gather", "index", "take"))
 _MAX_RUNS = 1 << 16  # contiguous runs of one view listed exactly; more are summed instead
 
 
@@ -351,6 +356,7 @@ class _StorageReads:
         self.capacity = capacity
         self.runs: list[tuple[int, int]] = []  # [start, end) in bytes
         self.largest_scattered = 0  # a view of too many runs to list: its distinct bytes
+        self._merge_at = 4 * _MAX_RUNS  # doubled after each merge: merging stays n log n
 
     def add(self, t: torch.Tensor, cap: int | None = None) -> None:
         distinct = _view_bytes(t)
@@ -362,8 +368,9 @@ class _StorageReads:
             self.largest_scattered = max(self.largest_scattered, distinct)
             return
         self.runs.extend(runs)
-        if len(self.runs) > 4 * _MAX_RUNS:
+        if len(self.runs) > self._merge_at:
             self.runs = _merged(self.runs)
+            self._merge_at = max(self._merge_at, 2 * len(self.runs))
 
     def total(self) -> int:
         covered = sum(end - start for start, end in _merged(self.runs))

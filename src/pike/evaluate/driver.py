@@ -92,6 +92,9 @@ def run_trials(child: ChildProcess, report: ChildReport) -> bool:
     """Let the child run its trials (a candidate child: after `wait_ready`, which it is told
     to go on from here); False (and report.failure) if it failed."""
     if child.request.role == "candidate":
+        # The wait for the device ("queued") has no limit; the trials' own starts now, or a
+        # long wait would count against them.
+        child.enter_phase("check")
         child.send("go")
     return _pump(child, report, "checked")
 
@@ -128,18 +131,22 @@ def _failure(event: dict) -> Verdict:
 def finish(child: ChildProcess, report: ChildReport | None = None) -> None:
     """Tell the child to stop, note processes it left behind, and kill what remains.
 
-    A child that overran a phase limit or its memory is killed at once: it would not
-    answer "stop", and waiting for it only held up the next evaluation. Its verdict is
-    already a failure, so what it left running is killed with it, not reported.
+    A child that overran a phase limit or its memory is killed at once with its process
+    group: it would not answer "stop", and waiting for it only held up the next
+    evaluation. What it started outside its group still counts as left behind (an
+    advisory pass such as profiling may have overrun while the verdict stays ok).
     """
     if child.proc is None:
         return
     child.enter_phase("cleanup")  # which also books the time of the phase that ended
-    if not child.unresponsive:
+    if child.unresponsive:
+        escaped = child.kill_group()
+    else:
         child.send("stop")
         child.wait_exit(timeout=DESCENDANTS_GRACE_S + 4.0)
-        if report is not None:
-            report.leftovers = child.leftover_processes()
+        escaped = child.leftover_processes()
+    if report is not None:
+        report.leftovers = escaped
     child.__exit__(None, None, None)
     child.proc = None
 

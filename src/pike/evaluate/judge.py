@@ -112,7 +112,8 @@ class ReferenceRun:
             return self._work
 
     def usable(self) -> bool:
-        return self.child is None or self.child.alive()
+        # A child that overran a request's limit (work count, profile) may still be stuck.
+        return self.child is None or (self.child.alive() and not self.child.unresponsive)
 
     def close(self) -> None:
         if self.child is not None:
@@ -144,7 +145,8 @@ def close_references() -> None:
 def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
                   cache: bool = True) -> ReferenceRun:
     """Run (or reuse) the task's reference: trial inputs, expected outputs, a live child."""
-    protocol = cfg.model_dump_json(include={"trials", "seed", "model_mode", "limits"})
+    # timing too: the child times the reference with the settings it was started with
+    protocol = cfg.model_dump_json(include={"trials", "seed", "model_mode", "limits", "timing"})
     key = "|".join([task.sha256, device, protocol, str(keep_child)])
     if not cache:
         return _start_reference(task, cfg, device, keep_child)

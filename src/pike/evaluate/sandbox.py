@@ -262,6 +262,26 @@ class ChildProcess:
             return ""
         return data.decode(errors="replace").strip()
 
+    def kill_group(self) -> list[str]:
+        """Kill the child's process group at once; the processes it started outside the
+        group (a new session) that still run, as `leftover_processes` names them."""
+        if self.proc is None:
+            return []
+        group = self.proc.pid
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.wait_exit()
+        escaped = []
+        for p in _marked_processes(self.env):
+            try:
+                if os.getpgid(p.pid) != group:  # the group's own are dying or zombies
+                    escaped.append(f"{p.name()} (pid {p.pid})")
+            except (OSError, psutil.Error):
+                pass
+        return escaped
+
     def kill(self) -> None:
         if self.proc is None:
             return

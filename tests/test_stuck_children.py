@@ -1,0 +1,78 @@
+"""Children that overran a limit: killed at once, what escaped their group still named,
+and a wait for the device that never counts against the trials."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+from pike.evaluate.driver import ChildReport, finish, run_trials
+from pike.evaluate.sandbox import MARKER_VARIABLE, ChildProcess
+
+
+def _bare_child(script: str, tmp_path: Path, phase: str = "check") -> ChildProcess:
+    """A ChildProcess around `python -c script`, in its own session as the evaluator starts
+    children, with the evaluator's channel pipes but none of its start-up."""
+    child = ChildProcess.__new__(ChildProcess)
+    from_child, child_writes = os.pipe()
+    child.env = {**os.environ, MARKER_VARIABLE: uuid.uuid4().hex}
+    child.proc = subprocess.Popen([sys.executable, "-c", script.replace("FD", str(child_writes))],
+                                  env=child.env, pass_fds=(child_writes,),
+                                  start_new_session=True)
+    os.close(child_writes)
+    child._from_child, child._buffer, child._chan = from_child, b"", None
+    child.phase_limits = {"load": 1.0, "check": 1.0}
+    child.phase, child.phase_started, child.phase_seconds = phase, time.monotonic(), {}
+    child.memory_limit = 1 << 40
+    child.unresponsive = False
+    child.log_path = tmp_path / "child.log"
+    child.send = lambda event, **fields: None  # type: ignore[method-assign]
+    return child
+
+
+def test_a_stuck_child_is_killed_with_its_group_and_what_escaped_is_named(
+        tmp_path: Path) -> None:
+    child = _bare_child(
+        "import subprocess, time\n"
+        "subprocess.Popen(['sleep', '300'])\n"                           # in its group
+        "subprocess.Popen(['sleep', '301'], start_new_session=True)\n"   # escaped
+        "time.sleep(300)\n", tmp_path)
+    time.sleep(1.0)  # both sleeps started
+    child.unresponsive = True  # as after a phase limit or a memory overrun
+    report = ChildReport()
+    started = time.monotonic()
+    finish(child, report)
+    assert time.monotonic() - started < 5  # no wait for a "stop" it cannot answer
+    assert len(report.leftovers) == 1 and report.leftovers[0].startswith("sleep")
+    marker = child.env[MARKER_VARIABLE]
+    alive = [p for p in psutil.process_iter() if _marked(p, marker)]
+    assert alive == []  # and everything was killed
+
+
+def _marked(p: psutil.Process, marker: str) -> bool:
+    try:
+        return p.environ().get(MARKER_VARIABLE) == marker and p.status() != "zombie"
+    except psutil.Error:
+        return False
+
+
+def test_a_long_wait_for_the_device_does_not_time_out_the_trials(tmp_path: Path) -> None:
+    child = _bare_child(
+        "import os, time\n"
+        "time.sleep(0.3)\n"
+        "os.write(FD, b'{\"event\": \"checked\", \"flags\": {}}\\n')\n"
+        "time.sleep(5)\n", tmp_path, phase="queued")
+    child.request = type("Request", (), {"role": "candidate"})()
+    child.phase_started -= 10  # it waited 10 s for the device; its phases allow 1 s
+    report = ChildReport()
+    try:
+        assert run_trials(child, report), report.failure
+    finally:
+        child.proc.kill()
+        child.proc.wait()
