@@ -179,8 +179,8 @@ def missing_modes(row: dict, compile_threads: int | None = None) -> list[str]:
             if _rejudge(row.get("compile", {}).get(f"compile:{m}"), compile_threads)]
 
 
-# Set on an interrupt of --fill-compile: fills still running then end with "crashed"
-# verdicts from children the interrupt killed, which are not the modes' verdicts.
+# Set on an interrupt of --fill-compile, before its children are killed: verdicts that
+# arrive after it ("crashed", from the killed children) are not the modes' verdicts.
 STOPPING = threading.Event()
 
 
@@ -200,6 +200,8 @@ def fill_compile(task: Task, row: dict, cfg: RunConfig, limit_s: float,
     try:
         sources = [render(task.source, (mode,)) for mode in modes]
         for i, verdict in pool.judge_many(task, sources):
+            if STOPPING.is_set():  # from here on, verdicts of children the interrupt killed
+                break
             row.setdefault("compile", {})[modes[i]] = {
                 "speedup": verdict.speedup if verdict.ok else None,
                 "error": None if verdict.ok else f"{verdict.status}: {verdict.message[:200]}",
@@ -409,8 +411,10 @@ def _fill(args: argparse.Namespace, tasks: list[Task], rows: list[dict], cfg: Ru
                          args.refill_timeouts, only)
         except Exception as err:  # the reference failed (out of memory beside other jobs...)
             filled["fill_error"] = f"{type(err).__name__}: {err}"[:300]
-        if STOPPING.is_set():  # its children were killed by the interrupt: no verdict
-            return f"{row['task']}: interrupted, nothing saved"
+        if STOPPING.is_set():
+            # The interrupt killed its children: keep the modes judged before it, not the
+            # failure it caused.
+            filled.pop("fill_error", None)
         with lock:
             row.clear()
             row.update(filled)

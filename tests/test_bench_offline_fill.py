@@ -185,23 +185,33 @@ def test_a_mode_rejected_for_exiting_compile_workers_is_judged_again() -> None:
     assert missing_modes(row) == ["compile:default"]
 
 
-def test_fills_cut_by_an_interrupt_are_not_saved(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fill_cut_by_an_interrupt_keeps_only_the_modes_judged_before_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
     sys.path.insert(0, str(ROOT / "bench"))
     import offline
 
     from pike.config import RunConfig
+    from pike.evaluate.verdict import Verdict
     from pike.task import Task
 
-    def killed_by_the_interrupt(task: Task, row: dict, *args: object) -> dict:
-        # what a fill sees when Ctrl-C kills its children: a crashed verdict per mode
-        row["compile"] = {"compile:default": {"speedup": None, "error": "crashed: killed"}}
-        offline.STOPPING.set()
-        return row
+    class InterruptedPool:
+        """The first mode is judged; then Ctrl-C kills the children of the others."""
 
-    monkeypatch.setattr(offline, "fill_compile", killed_by_the_interrupt)
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def judge_many(self, task: Task, sources: list[str]):
+            yield 0, Verdict(status="ok", speedup=1.5)
+            offline.STOPPING.set()
+            yield 1, Verdict(status="crashed", message="killed by signal SIGKILL")
+            raise RuntimeError("the reference child was killed too")
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(offline, "LocalPool", InterruptedPool)
     row = {"task": "1_GeluMLP", "compile": {}, "eager_ms": 1.0}
     saved: list[dict] = []
     md = tmp_path / "offline.md"
@@ -210,8 +220,10 @@ def test_fills_cut_by_an_interrupt_are_not_saved(tmp_path: Path,
                               fill_limit=60.0, jobs=1)
     offline._fill(args, [Task.from_file(EXAMPLES / "1_GeluMLP.py")], [row], RunConfig(),
                   lambda: saved.append(json.loads(json.dumps(row))), md)
-    assert row == {"task": "1_GeluMLP", "compile": {}, "eager_ms": 1.0}
-    assert all(r["compile"] == {} and "fill_error" not in r for r in saved)
+    judged = [m for m, e in row["compile"].items()]
+    assert len(judged) == 1 and row["compile"][judged[0]]["speedup"] == 1.5
+    assert "fill_error" not in row
+    assert saved and saved[-1] == row
 
 
 def test_an_interrupted_benchmark_ends_with_one_line_not_a_traceback(
