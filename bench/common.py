@@ -78,6 +78,13 @@ def this_command() -> str:
     return "python " + " ".join(sys.argv)
 
 
+def notes_section(data: dict) -> list[str]:
+    """A results file's hand-written notes (its JSON's "notes", kept across --resume) as
+    the closing lines of its markdown: a blank line, then one bullet each."""
+    notes = data.get("notes") or []
+    return ["", *(f"- Note: {n}" for n in notes)] if notes else []
+
+
 def geomean(values: list[float | None]) -> float | None:
     kept = [v for v in values if v and v > 0 and math.isfinite(v)]
     return math.exp(sum(map(math.log, kept)) / len(kept)) if kept else None

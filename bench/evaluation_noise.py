@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import RESULTS, device_name, now, run_script, this_command
+from common import RESULTS, device_name, notes_section, now, run_script, this_command
 from throughput import CANDIDATES, FIXED, bench_task, cv
 
 from pike.config import EvalConfig
@@ -59,8 +59,7 @@ def write(out: Path, tag: str, data: dict) -> None:
                             if r["median_ms"])
         lines.append(f"| {w} | {s['evaluations']} | {s['ok']} | {pct(s['candidate_cv'])} | "
                      f"{pct(s['reference_cv'])} | {pct(s['speedup_cv'])} | {medians} |")
-    # what a reader must know, written by hand into the JSON
-    lines += ["", *(f"- Note: {n}" for n in data.get("notes", []))] if data.get("notes") else []
+    lines += notes_section(data)
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import RESULTS, device_name, now, run_script, this_command
+from common import RESULTS, device_name, notes_section, now, run_script, this_command
 
 from pike.config import EvalConfig
 from pike.evaluate.pool import LocalPool
@@ -136,8 +136,7 @@ def write(args: argparse.Namespace, data: dict) -> None:
                      f"| {over} "
                      f"| {s.get('same_verdicts_as_serial', '-')} | {fixed_cv} | {speedup_cv} "
                      f"| {', '.join(f'{k} {v}' for k, v in s['statuses'].items())} |")
-    # what a reader must know, written by hand into the JSON; kept across --resume
-    lines += ["", *(f"- Note: {n}" for n in data.get("notes", []))] if data.get("notes") else []
+    lines += notes_section(data)
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 

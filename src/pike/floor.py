@@ -240,8 +240,8 @@ def count_work(task: Task, device: str = "cpu", seed: int = 42) -> Work:
     known = {str(op) for op in counter.flop_registry}
     storages = _leaf_storages(leaves)
     sizes = _read_bytes(storages, recorder.reads)
-    sizes["outputs"] = sum(t.numel() * t.element_size() for t in _distinct(_tensors(output))
-                           if _storage_key(t) not in recorder.leaves)
+    sizes["outputs"] = _nbytes([t for t in _distinct(_tensors(output))
+                                if _storage_key(t) not in recorder.leaves])
     return Work(
         flops=int(counter.get_total_flops()),
         flops_by_op=_top(by_op),

@@ -249,11 +249,12 @@ class ChildProcess:
         except subprocess.TimeoutExpired:
             return None
 
-    def leftover_processes(self) -> list[str]:
-        """Processes started by the child that are still running (the child itself excluded)."""
+    def leftover_processes(self, outside_group: bool = False) -> list[str]:
+        """Processes started by the child that are still running (the child itself
+        excluded); with `outside_group`, only those that left its process group."""
         own = self.proc.pid if self.proc else -1
         return [f"{p.info['name']} (pid {p.pid})" for p in _marked_processes(self.env)
-                if p.pid != own]
+                if p.pid != own and not (outside_group and _group_of(p) in (own, None))]
 
     def output_tail(self, limit: int = 2000) -> str:
         try:
@@ -267,34 +268,34 @@ class ChildProcess:
         group (a new session) that still run, as `leftover_processes` names them."""
         if self.proc is None:
             return []
-        group = self.proc.pid
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        self._kill_own_group()
         self.wait_exit()
-        escaped = []
-        for p in _marked_processes(self.env):
-            try:
-                if os.getpgid(p.pid) != group:  # the group's own are dying or zombies
-                    escaped.append(f"{p.name()} (pid {p.pid})")
-            except (OSError, psutil.Error):
-                pass
-        return escaped
+        return self.leftover_processes(outside_group=True)  # the group's own are zombies
 
     def kill(self) -> None:
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        self._kill_own_group()
         for p in _marked_processes(self.env):
             try:
                 p.kill()
             except psutil.Error:
                 pass
         self.wait_exit()
+
+    def _kill_own_group(self) -> None:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _group_of(p: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(p.pid)
+    except OSError:  # gone already
+        return None
 
 
 def _marked_processes(env: dict[str, str]) -> list[psutil.Process]:
