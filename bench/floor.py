@@ -53,7 +53,7 @@ from pike.config import RunConfig
 from pike.errors import PikeError
 from pike.evaluate import measure_baselines
 from pike.evaluate.judge import profile_reference
-from pike.floor import count_work, describe, floor
+from pike.floor import count_work_cheaply, describe, floor
 from pike.search import optimize
 from pike.task import Task, load_tasks
 from pike.threads import run_each
@@ -191,10 +191,8 @@ def recounted_row(row: dict, task: Task, device_name: str) -> dict:
         return row
     row = {k: v for k, v in row.items() if k != "recount_error"}  # from an earlier recount
     try:
-        try:
-            work = count_work(task, "meta")
-        except PikeError:  # the task reads tensor values: count with real arithmetic
-            work = count_work(task, "cpu")
+        # real arithmetic on the GPU where there is one: some dtypes have no CPU kernels
+        work = count_work_cheaply(task, "cuda" if torch.cuda.is_available() else "cpu")
     except Exception as err:  # e.g. a task that needs CUDA, recounted on a CPU machine
         return {**row, "recount_error": str(err)[:300]}
     fl = floor(work, device_name)
@@ -337,9 +335,11 @@ def main() -> int:
     tasks = load_tasks(args.folder, task_ids(args))
     rows: list[dict] = []
     earlier_calls: list[str] = []
+    not_run_before: list[str] = []  # tasks an earlier call left out, outside this --ids
     if args.resume and json_path.exists():
         before = json.loads(json_path.read_text())
         rows = [r for r in before["rows"] if "error" not in r]
+        not_run_before = before.get("not_run", [])
         earlier_calls = [*before.get("earlier_calls", []),
                          *([before["command"]] if before.get("command") else [])]
     runs = Path(tempfile.mkdtemp(prefix="pike-floor-bench-"))
@@ -358,8 +358,9 @@ def main() -> int:
         rows.sort(key=lambda r: order.get(r["task"], len(order)))
         print(json.dumps(row), flush=True)
         done = {r["task"] for r in rows}
+        not_run = dict.fromkeys([*not_run_before, *(t.name for t in tasks)])
         result = summary(rows, measured_here(args.device),
-                         [t.name for t in tasks if t.name not in done], earlier_calls)
+                         [name for name in not_run if name not in done], earlier_calls)
         write_results(result, json_path, md_path)
     print(md_path.read_text() if md_path.exists() else "no task ran")
     return 0

@@ -142,3 +142,45 @@ def test_recount_counts_bytes_again_and_rescales_the_multiples(
     assert "not counted again" in (tmp_path / "floor-t.md").read_text()
     result["recounted"]["notes"] = ["2_Other was counted on the GPU"]  # added by hand
     assert "- 2_Other was counted on the GPU" in bench_floor.markdown(result)
+
+
+@pytest.mark.parametrize("has_cuda, expected", [(True, "cuda"), (False, "cpu")])
+def test_recount_of_a_task_that_reads_values_counts_on_the_gpu_where_there_is_one(
+        bench_floor: ModuleType, monkeypatch: pytest.MonkeyPatch, has_cuda: bool,
+        expected: str) -> None:
+    from pike.errors import TaskError
+    from pike.floor import Work
+
+    tried: list[str] = []
+
+    def count_work(task: object, device: str, seed: int) -> Work:
+        tried.append(device)
+        if device == "meta":
+            raise TaskError("reads tensor values")
+        raise RuntimeError(f"counted on {device}")  # stops here: only the order matters
+
+    monkeypatch.setattr("pike.floor.count_work", count_work)
+    monkeypatch.setattr(bench_floor.torch.cuda, "is_available", lambda: has_cuda)
+    row = {"task": "1_A", "floor_ms": 0.1, "bound": "memory", "flops": 1}
+    out = bench_floor.recounted_row(row, object(), "NVIDIA H100 80GB HBM3")
+    assert tried == ["meta", expected]
+    assert out["recount_error"] == f"counted on {expected}" and out["floor_ms"] == 0.1
+
+
+def test_a_resumed_call_on_some_ids_keeps_the_others_not_run(
+        bench_floor: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("1_A", "2_B", "3_C"):
+        (tasks / f"{name}.py").write_text(CACHE_TASK.format(rows=64))
+    (tmp_path / "floor-t.json").write_text(json.dumps(
+        {"benchmark": "floor", **MEASURED, "earlier_calls": [],
+         "rows": [floor_row("1_A", 0.2, 0.01)], "not_run": ["2_B", "3_C"]}))
+    monkeypatch.setattr(bench_floor, "one_task",
+                        lambda task, *rest: floor_row(task.name, 0.5, 0.1))
+    monkeypatch.setattr(sys, "argv", ["bench/floor.py", str(tasks), "--ids", "2", "--resume",
+                                      "--modes", "none", "--tag", "t", "--out", str(tmp_path)])
+    assert bench_floor.main() == 0
+    result = json.loads((tmp_path / "floor-t.json").read_text())
+    assert sorted(r["task"] for r in result["rows"]) == ["1_A", "2_B"]
+    assert result["not_run"] == ["3_C"]

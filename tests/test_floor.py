@@ -235,6 +235,42 @@ def test_dtype_class_is_the_dominant_floating_dtype(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- devices
 
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_a_task_setting_torch_defaults_leaves_them_to_the_next_count(
+        tmp_path: Path, device: str) -> None:
+    sets_bf16 = make_task(tmp_path, """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                torch.set_default_dtype(torch.bfloat16)  # as level5's 4_llama2 does
+                torch.set_default_device("DEVICE")  # as level5's __main__ blocks do
+                self.fc = nn.Linear(8, 8)
+            def forward(self, x):
+                return self.fc(x.to(self.fc.weight.dtype))
+        def get_inputs():
+            return [torch.randn(4, 8)]
+        def get_init_inputs():
+            return []
+    """.replace("DEVICE", device), name="1_SetsDefaults")
+    plain = make_task(tmp_path, """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(8, 8)
+            def forward(self, x):
+                return self.fc(x)
+        def get_inputs():
+            return [torch.randn(4, 8)]
+        def get_init_inputs():
+            return []
+    """, name="2_Plain")
+    assert count_work(sets_bf16, device).dtype == "bf16"
+    assert torch.get_default_dtype() == torch.float32
+    assert torch.get_default_device() == torch.device("cpu")
+    work = count_work(plain, device)
+    assert work.dtype == "fp32" and work.bytes_min == (4 * 8 + 8 * 8 + 8 + 4 * 8) * 4
+
 @pytest.mark.parametrize(("device_name", "entry"), [
     ("NVIDIA H100 80GB HBM3", "H100 SXM"),
     ("NVIDIA H100 PCIe", "H100 PCIe"),

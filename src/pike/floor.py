@@ -24,12 +24,13 @@ the notes say when a causal mask was seen.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
 import sys
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -48,7 +49,7 @@ from pike.task import Task
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "Device", "Floor", "Work", "count_work", "describe", "floor", "load_devices",
+    "Device", "Floor", "Work", "count_work", "count_work_cheaply", "describe", "floor", "load_devices",
     "match_device", "no_floor_reason", "times_floor",
 ]
 
@@ -222,10 +223,10 @@ def count_work(task: Task, device: str = "cpu", seed: int = 42) -> Work:
     may keep them on chip.
     Raises TaskError when the task's code fails.
     """
-    module = _load_module(task)
     target = torch.device(device)
     fork = [torch.cuda.current_device()] if target.type == "cuda" else []
-    with torch.random.fork_rng(devices=fork):
+    with _own_defaults(), torch.random.fork_rng(devices=fork):
+        module = _load_module(task)
         model, inputs = _build(task, module, target, seed)
         leaves = {"params": list(model.parameters()), "buffers": list(model.buffers()),
                   "inputs": _tensors(inputs)}
@@ -252,6 +253,30 @@ def count_work(task: Task, device: str = "cpu", seed: int = 42) -> Work:
         counted_on=str(target),
         notes=[*_work_notes(recorder, known, sizes), *_unread_note(storages, sizes)],
     )
+
+
+def count_work_cheaply(task: Task, fallback: str = "cpu", seed: int = 42) -> Work:
+    """count_work on the meta device (no memory, no arithmetic) and, when the task's code
+    fails there (it reads tensor values, say), on `fallback` with real arithmetic; a task
+    that fails there too raises that TaskError."""
+    try:
+        return count_work(task, "meta", seed)
+    except TaskError:
+        return count_work(task, fallback, seed)
+
+
+@contextlib.contextmanager
+def _own_defaults() -> Iterator[None]:
+    """Gives the caller back torch's default dtype and device as they were: task code sets
+    them (4_llama2's constructor sets bfloat16), and the next task counted in this process
+    would otherwise be built in the last one's dtype."""
+    dtype, device = torch.get_default_dtype(), torch.get_default_device()
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(dtype)
+        if torch.get_default_device() != device:  # None: no device mode left behind
+            torch.set_default_device(None if device.type == "cpu" else device)
 
 
 def _load_module(task: Task) -> types.ModuleType:

@@ -259,19 +259,16 @@ def _serve_profile(msg: dict, chan: Channel, device: torch.device,
 def _serve_work(req: ChildRequest, msg: dict, chan: Channel) -> None:
     """FLOPs and bytes of the task's forward, counted here because task code runs only in
     the reference's child; on the meta device first (no memory), on the CPU if that fails."""
-    from pike.floor import count_work
+    from pike.floor import count_work_cheaply
     from pike.task import Task
 
-    error = ""
-    for where in ("meta", "cpu"):
-        try:
-            work = count_work(Task.from_file(Path(req.module_path)), device=where, seed=req.seed)
-        except Exception as exc:  # the count is advisory: report why, never fail the child
-            error = f"{type(exc).__name__}: {exc}"[:300]
-            continue
-        chan.send("work", work=work.model_dump(mode="json"), seq=msg.get("seq"))
+    try:
+        work = count_work_cheaply(Task.from_file(Path(req.module_path)), seed=req.seed)
+    except Exception as exc:  # the count is advisory: report why, never fail the child
+        chan.send("work", work=None, error=f"{type(exc).__name__}: {exc}"[:300],
+                  seq=msg.get("seq"))
         return
-    chan.send("work", work=None, error=error, seq=msg.get("seq"))
+    chan.send("work", work=work.model_dump(mode="json"), seq=msg.get("seq"))
 
 
 def run_candidate(req: ChildRequest, chan: Channel, device: torch.device) -> None:
