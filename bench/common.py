@@ -29,6 +29,9 @@ def folder_arguments(p: argparse.ArgumentParser, max_candidates: int,
                    help="candidates of a task evaluated at once (the evaluation pool)")
     p.add_argument("--compile-threads", type=int, default=1,
                    help="torch.compile's workers in each evaluation child (eval.compile_threads)")
+    p.add_argument("--construct-on", choices=["cpu", "device"], default="cpu",
+                   help="where models are built (eval.construct_on): 'device' for tasks "
+                        "written to be built on the GPU, such as level5's")
     p.add_argument("--tag", default=None)
     p.add_argument("--resume", action="store_true", help="keep finished tasks of the results")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -39,6 +42,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     cfg.eval.device = args.device
     cfg.eval.workers = args.workers
     cfg.eval.compile_threads = args.compile_threads
+    cfg.eval.construct_on = args.construct_on
     cfg.search.offline.max_candidates = args.max_candidates
     cfg.search.offline.max_seconds = args.max_seconds
     return cfg

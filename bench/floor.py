@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import platform
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +43,7 @@ from common import (
     folder_arguments,
     geomean,
     modes_argument,
+    notes_section,
     now,
     run_config,
     run_script,
@@ -130,6 +132,12 @@ def offline_rows(path: Path | None) -> dict[str, dict]:
 
 
 MEASURED = ("device", "device_name", "torch_version", "host", "date", "command")
+
+
+def task_order(name: str) -> tuple[bool, int, str]:
+    """KernelBench order: by the number a task's name starts with."""
+    number = re.match(r"(\d+)_", name)
+    return number is None, int(number.group(1)) if number else 0, name
 
 
 def measured_here(device: str) -> dict:
@@ -281,7 +289,8 @@ def markdown(result: dict) -> str:
                                 "eager top kernels"]) + " |", "|---" * (6 + len(modes)) + "|"]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['task']} | failed: {r['error'][:80]} |" + " |" * (4 + len(modes)))
+            why = re.sub(r"\S+\.py: ", "", r["error"])[:120]  # the path says nothing here
+            lines.append(f"| {r['task']} | failed: {why} |" + " |" * (4 + len(modes)))
             continue
         floor = f"{r['floor_ms'] * 1e3:.3g} us" if r.get("floor_ms") else "-"
         gflop = f"{r['flops'] / 1e9:.3g}" if r.get("flops") is not None else "-"
@@ -293,6 +302,7 @@ def markdown(result: dict) -> str:
                                         *cells, top or "-"]) + " |")
     if result["not_run"]:
         lines += ["", f"Not run: {', '.join(result['not_run'])}."]
+    lines += notes_section(result)
     return "\n".join(lines) + "\n"
 
 
@@ -336,15 +346,19 @@ def main() -> int:
     rows: list[dict] = []
     earlier_calls: list[str] = []
     not_run_before: list[str] = []  # tasks an earlier call left out, outside this --ids
+    notes: list[str] = []  # written by hand into the results file; kept
     if args.resume and json_path.exists():
         before = json.loads(json_path.read_text())
-        rows = [r for r in before["rows"] if "error" not in r]
+        # a failed task runs again when this call selects it; one it does not select keeps
+        # its failure on record
+        selected = {t.name for t in tasks}
+        rows = [r for r in before["rows"] if "error" not in r or r["task"] not in selected]
         not_run_before = before.get("not_run", [])
+        notes = before.get("notes", [])
         earlier_calls = [*before.get("earlier_calls", []),
                          *([before["command"]] if before.get("command") else [])]
     runs = Path(tempfile.mkdtemp(prefix="pike-floor-bench-"))
     args.out.mkdir(parents=True, exist_ok=True)
-    order = {t.name: i for i, t in enumerate(tasks)}
     todo = [t for t in tasks if not any(r["task"] == t.name for r in rows)]
 
     def measured(task: Task) -> dict:
@@ -355,13 +369,13 @@ def main() -> int:
 
     for row in run_each(measured, todo, args.jobs, "floor-task"):
         rows.append(row)
-        rows.sort(key=lambda r: order.get(r["task"], len(order)))
+        rows.sort(key=lambda r: task_order(r["task"]))
         print(json.dumps(row), flush=True)
         done = {r["task"] for r in rows}
         not_run = dict.fromkeys([*not_run_before, *(t.name for t in tasks)])
         result = summary(rows, measured_here(args.device),
                          [name for name in not_run if name not in done], earlier_calls)
-        write_results(result, json_path, md_path)
+        write_results({**result, **({"notes": notes} if notes else {})}, json_path, md_path)
     print(md_path.read_text() if md_path.exists() else "no task ran")
     return 0
 

@@ -167,20 +167,28 @@ def test_recount_of_a_task_that_reads_values_counts_on_the_gpu_where_there_is_on
     assert out["recount_error"] == f"counted on {expected}" and out["floor_ms"] == 0.1
 
 
-def test_a_resumed_call_on_some_ids_keeps_the_others_not_run(
+def test_a_resumed_call_on_some_ids_keeps_the_others_as_they_were(
         bench_floor: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     for name in ("1_A", "2_B", "3_C"):
         (tasks / f"{name}.py").write_text(CACHE_TASK.format(rows=64))
+    for name in ("4_D", "10_E"):
+        (tasks / f"{name}.py").write_text(CACHE_TASK.format(rows=64))
     (tmp_path / "floor-t.json").write_text(json.dumps(
         {"benchmark": "floor", **MEASURED, "earlier_calls": [],
-         "rows": [floor_row("1_A", 0.2, 0.01)], "not_run": ["2_B", "3_C"]}))
+         "rows": [floor_row("1_A", 0.2, 0.01), {"task": "4_D", "error": "baseline: OOM"},
+                  {"task": "10_E", "error": "baseline: no diffusers"}],
+         "not_run": ["2_B", "3_C"], "notes": ["written by hand"]}))
     monkeypatch.setattr(bench_floor, "one_task",
                         lambda task, *rest: floor_row(task.name, 0.5, 0.1))
-    monkeypatch.setattr(sys, "argv", ["bench/floor.py", str(tasks), "--ids", "2", "--resume",
+    monkeypatch.setattr(sys, "argv", ["bench/floor.py", str(tasks), "--ids", "4,2", "--resume",
                                       "--modes", "none", "--tag", "t", "--out", str(tmp_path)])
     assert bench_floor.main() == 0
     result = json.loads((tmp_path / "floor-t.json").read_text())
-    assert sorted(r["task"] for r in result["rows"]) == ["1_A", "2_B"]
+    assert [r["task"] for r in result["rows"]] == ["1_A", "2_B", "4_D", "10_E"]
+    assert result["rows"][-1]["error"] == "baseline: no diffusers"  # not selected: kept
+    assert "error" not in result["rows"][2]  # selected: ran again
     assert result["not_run"] == ["3_C"]
+    assert result["notes"] == ["written by hand"]
+    assert "- Note: written by hand" in (tmp_path / "floor-t.md").read_text()

@@ -53,6 +53,10 @@ class EvalConfig(_Strict):
     model_mode: Literal["as_constructed", "eval"] = Field(
         "as_constructed", description="call .eval() on both models, or leave them as built"
     )
+    construct_on: Literal["cpu", "device"] = Field(
+        "cpu", description="where both models are built: 'cpu' and then moved (KernelBench), "
+        "or 'device', under torch.device, for tasks written to be built on the GPU (big "
+        "weights, a prefill in the constructor); weights still match, as both sides build alike")
     timing: TimingConfig = Field(default_factory=TimingConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     network_isolation: Literal["auto", "namespace", "off"] = Field(

@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from pike.config import EvalConfig
+from pike.errors import TaskError
 from pike.evaluate import evaluate, judge
 from pike.task import Task
 from tests.conftest import candidate
@@ -115,3 +116,45 @@ def test_the_child_sees_only_its_own_gpu(mlp_task: Task, gpu_config: EvalConfig,
         "\nimport os\nassert torch.cuda.device_count() == 1, torch.cuda.device_count()\n")
     verdict = evaluate(mlp_task, probe, gpu_config)
     assert verdict.status == "ok", verdict.message
+
+
+BUILT_ON_THE_GPU = """
+import torch
+import torch.nn as nn
+
+
+class {cls}(nn.Module):
+    # like level5's tasks: written to be built on the GPU, where the constructor's own work runs
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(256, 256)
+        table = torch.randn(256, 256)
+        if not table.is_cuda:
+            raise RuntimeError(f"built on {{table.device}}")
+        self.register_buffer("table", table @ table.t() / 256)
+
+    def forward(self, x):
+        return self.fc(x) @ self.table
+
+
+def get_inputs():
+    return [torch.randn(32, 256)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_construct_on_device_builds_both_models_on_the_gpu_alike(
+        tmp_path, gpu_config: EvalConfig) -> None:
+    path = tmp_path / "1_BuiltOnGpu.py"
+    path.write_text(BUILT_ON_THE_GPU.format(cls="Model"))
+    task = Task.from_file(path)
+    new = BUILT_ON_THE_GPU.format(cls="ModelNew")
+    gpu_config.construct_on = "device"
+    verdict = evaluate(task, new, gpu_config)
+    assert verdict.status == "ok", verdict.message  # weights drawn on the GPU match
+    gpu_config.construct_on = "cpu"  # KernelBench's way: this task's reference cannot run
+    with pytest.raises(TaskError, match="reference failed in phase 'init'.*built on cpu"):
+        evaluate(task, new, gpu_config)

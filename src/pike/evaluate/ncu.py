@@ -92,7 +92,8 @@ def measure(task_path: Path, module_path: Path, kernel_names: list[str], device:
         report = work / "kernels.ncu-rep"
         target = [sys.executable, "-m", "pike.evaluate.ncu_target", str(task_path),
                   str(module_path), "--device", device, "--calls", str(_CALLS),
-                  "--seed", str(cfg.seed), *(["--eval"] if cfg.model_mode == "eval" else [])]
+                  "--seed", str(cfg.seed), "--construct-on", cfg.construct_on,
+                  *(["--eval"] if cfg.model_mode == "eval" else [])]
         command = [*network_prefix(cfg.network_isolation),
                    *ncu_command(ncu, target, kernel_names, report)]
         limit = cfg.limits.load_seconds + cfg.limits.check_seconds

@@ -1,6 +1,7 @@
 """What Nsight Compute runs: build a module's model and call it, so `ncu` profiles its kernels.
 
     python -m pike.evaluate.ncu_target TASK MODULE [--device cuda:0] [--calls 2] [--seed 42]
+        [--eval] [--construct-on cpu|device]
 
 TASK gives get_init_inputs and get_inputs; MODULE (the task itself for the reference)
 gives ModelNew, or else Model. Weights and inputs are seeded as the evaluator seeds them.
@@ -26,11 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--eval", action="store_true", help="call .eval() on the model")
+    parser.add_argument("--construct-on", choices=["cpu", "device"], default="cpu")
     args = parser.parse_args(argv)
 
     import torch
 
-    from pike.evaluate.runner import import_file, trial_seed
+    from pike.evaluate.runner import built_on, import_file, trial_seed
 
     # Two modules, as in the evaluator: a candidate never sees the reference's namespace.
     task = import_file(args.task, "pike_ncu_task")
@@ -38,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     cls = getattr(module, "ModelNew", None) or module.Model
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
-    model = cls(*task.get_init_inputs()).to(device)
+    with built_on(device, args.construct_on):
+        model = cls(*task.get_init_inputs())
+    model = model.to(device)
     if args.eval:
         model = model.eval()
     torch.manual_seed(trial_seed(args.seed, 0))

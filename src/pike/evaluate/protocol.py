@@ -28,6 +28,7 @@ class ChildRequest(BaseModel):
     trials: int
     seed: int
     model_mode: Literal["as_constructed", "eval"]
+    construct_on: Literal["cpu", "device"] = "cpu"
     timing: TimingConfig
     writable: list[str] = Field(default_factory=list,
                                 description="the only folders candidate code may write to")

@@ -7,6 +7,7 @@ reference class or its outputs, only the inputs and the constructor arguments.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import hashlib
 import importlib.util
@@ -113,6 +114,12 @@ def _cpu_leaves(output: Any) -> list[Any]:
             for leaf in check.flatten_output(output)]
 
 
+def built_on(device: torch.device, construct_on: str) -> contextlib.AbstractContextManager:
+    """Where a model's constructor makes its tensors: the device itself, under
+    torch.device (construct_on 'device'), or the CPU's defaults, to be moved after."""
+    return torch.device(device) if construct_on == "device" else contextlib.nullcontext()
+
+
 def _build_model(req: ChildRequest, module: Any, init_inputs: list[Any], device: torch.device,
                  status: str) -> torch.nn.Module:
     cls = next((getattr(module, n) for n in req.class_names if hasattr(module, n)), None)
@@ -121,7 +128,8 @@ def _build_model(req: ChildRequest, module: Any, init_inputs: list[Any], device:
 
     def construct() -> torch.nn.Module:
         _manual_seed(req.seed)
-        model = cls(*init_inputs)
+        with built_on(device, req.construct_on):
+            model = cls(*init_inputs)
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"{type(model).__name__} is not a torch.nn.Module")
         model = model.to(device)
@@ -258,12 +266,14 @@ def _serve_profile(msg: dict, chan: Channel, device: torch.device,
 
 def _serve_work(req: ChildRequest, msg: dict, chan: Channel) -> None:
     """FLOPs and bytes of the task's forward, counted here because task code runs only in
-    the reference's child; on the meta device first (no memory), on the CPU if that fails."""
+    the reference's child; on the meta device first (no memory), and if that fails where
+    the models are built (the CPU, or the device with construct_on 'device')."""
     from pike.floor import count_work_cheaply
     from pike.task import Task
 
+    fallback = req.device if req.construct_on == "device" else "cpu"
     try:
-        work = count_work_cheaply(Task.from_file(Path(req.module_path)), seed=req.seed)
+        work = count_work_cheaply(Task.from_file(Path(req.module_path)), fallback, req.seed)
     except Exception as exc:  # the count is advisory: report why, never fail the child
         chan.send("work", work=None, error=f"{type(exc).__name__}: {exc}"[:300],
                   seq=msg.get("seq"))
