@@ -9,6 +9,7 @@ import pytest
 
 from pike.config import EvalConfig
 from pike.evaluate import evaluate
+from pike.evaluate.guards import Guards
 from pike.task import Task
 from tests.conftest import candidate
 
@@ -80,6 +81,31 @@ def test_network_access_is_refused(mlp_task: Task, fast_config: EvalConfig,
         assert "network access" in verdict.message
         with pytest.raises(TimeoutError):
             server.accept()
+
+
+@pytest.mark.parametrize(("address", "refused"), [
+    (("::1", 0), False), (("127.0.0.1", 0), False),  # urllib3's import-time probe
+    (("0.0.0.0", 0), True), (("127.0.0.1", 8080), True), (("localhost", 0), True),
+    ("/tmp/a-unix-socket", True),
+])
+def test_only_a_loopback_bind_on_port_0_passes_the_network_guard(address: object,
+                                                                 refused: bool) -> None:
+    guards = Guards(writable=[], armed=True)
+    if refused:
+        with pytest.raises(PermissionError):
+            guards._audit("socket.bind", (None, address))
+        assert guards.violations == ["network access"]
+    else:
+        guards._audit("socket.bind", (None, address))
+        assert guards.violations == []
+    with pytest.raises(PermissionError):
+        guards._audit("socket.connect", (None, ("127.0.0.1", 0)))
+
+
+def test_a_candidate_importing_urllib3_style_probes_is_judged(mlp_task: Task,
+                                                              fast_config: EvalConfig) -> None:
+    verdict = evaluate(mlp_task, candidate("probes_loopback"), fast_config)
+    assert verdict.status == "ok", verdict.message
 
 
 def test_changed_backend_flags_are_reported_not_hidden(mlp_task: Task,

@@ -1,6 +1,7 @@
 """Child-side guards against candidates that cheat or attack, installed before they load.
 
-- An audit hook (PEP 578) refuses network access, writes outside the child's own
+- An audit hook (PEP 578) refuses network access (but for urllib3's import-time bind of a
+  loopback port 0, which reaches no one), writes outside the child's own
   directories, patching of the classes the timer and the checks use, and walking the
   garbage collector's objects or the evaluator's frames; every refusal is recorded, and
   any record makes the verdict `rejected`.
@@ -18,6 +19,7 @@ where available) is the outer layer.
 from __future__ import annotations
 
 import gc
+import ipaddress
 import json
 import os
 import sys
@@ -35,6 +37,19 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _NETWORK_EVENTS = ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg")
 _LIBRARY_PARTS = ("/torch/", "/triton/", "/lib/python3")
 _GC_EVENTS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents")
+
+
+def _loopback_probe(args: tuple[Any, ...]) -> bool:
+    """A bind to a loopback address on port 0, the probe urllib3 runs when it is imported
+    (to learn whether IPv6 works; requests and diffusers import it): it reaches no one, and
+    refusing it rejected every candidate of a task that imports diffusers."""
+    address = args[1] if len(args) > 1 else None
+    if not (isinstance(address, tuple) and len(address) >= 2 and address[1] == 0):
+        return False
+    try:
+        return ipaddress.ip_address(address[0]).is_loopback
+    except ValueError:  # a host name, which would need a lookup
+        return False
 
 
 def _protected_types() -> tuple[type, ...]:
@@ -75,7 +90,8 @@ class Guards:
         if not self.armed:
             return
         if event in _NETWORK_EVENTS:
-            self._refuse("network access")
+            if not (event == "socket.bind" and _loopback_probe(args)):
+                self._refuse("network access")
         elif event in _GC_EVENTS:
             self._refuse(f"{event}() (walking the interpreter's objects)")
         elif event == "sys._getframe":
