@@ -49,8 +49,8 @@ from pike.task import Task
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "Device", "Floor", "Work", "count_work", "count_work_cheaply", "describe", "floor", "load_devices",
-    "match_device", "no_floor_reason", "times_floor",
+    "Device", "Floor", "Work", "count_work", "count_work_cheaply", "describe", "floor",
+    "load_devices", "match_device", "no_floor_reason", "times_floor",
 ]
 
 Precision = Literal["bf16", "fp16", "tf32", "fp32"]
