@@ -180,3 +180,5 @@ def test_resume_refuses_options_it_would_ignore(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "drop --budget-queries" in result.output
     result = pike("optimize", "--resume", tmp_path, "--llm", "openai:gpt-5", "--planner")
     assert result.exit_code == 2 and "drop --llm, --planner" in result.output
+    result = pike("optimize", "--replay", tmp_path, "--construct-on", "device")
+    assert result.exit_code == 2 and "drop --construct-on" in result.output

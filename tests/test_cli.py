@@ -123,6 +123,49 @@ def test_eval_wrong_candidate_exits_1(config: Path) -> None:
     assert json.loads(as_json.stdout)["status"] == "incorrect"
 
 
+BUILT_UNDER_A_DEVICE = '''\
+import torch
+import torch.nn as nn
+from torch.overrides import _get_current_function_mode_stack
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        # on a GPU machine this would be "built on cuda"; the CPU shows the same context
+        modes = [type(m).__name__ for m in _get_current_function_mode_stack()]
+        if "DeviceContext" not in modes:
+            raise RuntimeError("not built under torch.device")
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_construct_on_device_builds_under_the_device(tmp_path: Path, config: Path) -> None:
+    task = tmp_path / "1_BuiltOnDevice.py"
+    task.write_text(BUILT_UNDER_A_DEVICE)
+    candidate = tmp_path / "cand.py"
+    candidate.write_text(BUILT_UNDER_A_DEVICE.replace("class Model(", "class ModelNew("))
+    built = pike("eval", task, candidate, "--device", "cpu", "--construct-on", "device",
+                 "--no-timing", "--json", "--config", config)
+    assert built.exit_code == 0, built.output
+    assert json.loads(built.stdout)["status"] == "ok"
+    assert_user_error(pike("eval", task, candidate, "--device", "cpu", "--no-timing",
+                           "--config", config), "not built under torch.device")
+    assert_user_error(pike("baseline", task, "--construct-on", "gpu", "--config", config),
+                      "--construct-on 'gpu'", "use cpu or device")
+
+
 # ---- user errors: exit 2, one line, no traceback -------------------------------------------
 
 

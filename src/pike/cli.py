@@ -33,6 +33,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file with a RunConfig")]
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 (default: cuda:0 if any)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+ConstructOnOpt = Annotated[str | None, typer.Option(
+    help="where both models are built: cpu (then moved, as KernelBench does; the default) or "
+    "device (for tasks written to be built on the GPU)")]
 
 LlmOpt = Annotated[str | None, typer.Option(
     help="optimizer model: openai:gpt-5, gemini:..., openrouter:..., http://host:port/v1#model")]
@@ -91,13 +94,17 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _config(path: Path | None, device: str | None) -> RunConfig:
+def _config(path: Path | None, device: str | None, construct_on: str | None = None) -> RunConfig:
     try:
         cfg = RunConfig.load(path)
     except (OSError, UnicodeDecodeError) as err:  # a folder, unreadable, not text
         raise ConfigError(f"{path}: cannot read config file ({err})") from None
     if device:
         cfg.eval.device = device
+    if construct_on is not None:
+        if construct_on not in ("cpu", "device"):
+            raise PikeError(f"--construct-on {construct_on!r}: use cpu or device")
+        cfg.eval.construct_on = construct_on  # type: ignore[assignment]
     return cfg
 
 
@@ -113,6 +120,7 @@ def eval_command(
     task: Annotated[str, typer.Argument(help="task file, or FOLDER/ID")],
     candidate: Annotated[Path, typer.Argument(help="candidate source defining ModelNew")],
     device: DeviceOpt = None,
+    construct_on: ConstructOnOpt = None,
     trials: Annotated[int | None, typer.Option(min=1, help="correctness trials (default 5)")]
     = None,
     no_timing: Annotated[bool, typer.Option("--no-timing", help="check correctness only")] = False,
@@ -125,7 +133,7 @@ def eval_command(
     config: ConfigOpt = None,
 ) -> None:
     """Judge CANDIDATE against TASK: correctness on fresh inputs, then timing. Exit 0 if ok."""
-    cfg = _config(config, device)
+    cfg = _config(config, device, construct_on)
     if profile:
         cfg.eval.profile = True
     if trials is not None:
@@ -210,6 +218,7 @@ def optimize_command(
     budget_dollars: BudgetDollarsOpt = None,
     backend: BackendOpt = None,
     device: DeviceOpt = None,
+    construct_on: ConstructOnOpt = None,
     out: Annotated[Path | None, typer.Option(help="run dir (default RUNS/<task>-<time>)")]
     = None,
     resume: Annotated[Path | None, typer.Option(help="continue the run in this dir")] = None,
@@ -240,7 +249,8 @@ def optimize_command(
         raise PikeError("--resume continues a run as it was started: give no task or --replay")
     flags = SearchFlags(llm, fixer_llm, budget_queries, budget_dollars, backend, strategy,
                         preset, seed_offline, seed_from, fix_seeds, planner, plan_granularity,
-                        profile_feedback, workers, devices, cluster, ray_address)
+                        profile_feedback, workers, devices, cluster, ray_address,
+                        construct_on)
     _runs_as_recorded("--resume" if resume else "--replay" if replay else None, flags,
                       device=device, config=config)
     cfg = _search_config(config, device, flags)
@@ -279,6 +289,7 @@ def bench_command(
     jobs: Annotated[int, typer.Option(min=1, help="tasks at once (timing stays exclusive "
                                       "per GPU)")] = 1,
     device: DeviceOpt = None,
+    construct_on: ConstructOnOpt = None,
     out: Annotated[Path | None, typer.Option(help="run dir (default RUNS/bench-<folder>-<time>)")]
     = None,
     resume: Annotated[Path | None, typer.Option(help="continue the campaign in this dir")]
@@ -296,7 +307,8 @@ def bench_command(
         raise PikeError("--resume continues a campaign as it was started: give no FOLDER")
     flags = SearchFlags(llm, fixer_llm, budget_queries, budget_dollars, backend, strategy,
                         preset, seed_offline, seed_from, fix_seeds, planner, plan_granularity,
-                        profile_feedback, workers, devices, cluster, ray_address)
+                        profile_feedback, workers, devices, cluster, ray_address,
+                        construct_on)
     _runs_as_recorded("--resume" if resume else None, flags, device=device, config=config,
                       tasks=tasks)
     cfg = _search_config(config, device, flags)
@@ -396,6 +408,7 @@ def audit_command(
     tasks_folder: Annotated[Path, typer.Argument(metavar="TASKS", help="folder of task files")],
     tasks: Annotated[str | None, typer.Option(help="only these task ids: 1,4,9")] = None,
     device: DeviceOpt = None,
+    construct_on: ConstructOnOpt = None,
     workers: Annotated[int | None, typer.Option(
         min=1, help="tasks audited at once (timing stays one at a time per GPU)")] = None,
     out: Annotated[Path | None, typer.Option(help="run dir (default RUNS/audit-<set>-<time>)")]
@@ -412,7 +425,7 @@ def audit_command(
     from pike.report.progress import BenchProgress
     from pike.search.session import stamp
 
-    cfg = _config(config, device)
+    cfg = _config(config, device, construct_on)
     if workers is not None:
         cfg.eval.workers = workers
     ids = _ids(tasks)
@@ -473,6 +486,7 @@ class SearchFlags:
     devices: str | None = None
     cluster: str | None = None
     ray_address: str | None = None
+    construct_on: str | None = None
 
 
 def _runs_as_recorded(mode: str | None, flags: SearchFlags, **options: Any) -> None:
@@ -520,7 +534,7 @@ def _search_config(config: Path | None, device: str | None, flags: SearchFlags) 
     """The run config of `optimize` and `bench`: the file, then the flags over it."""
     # the 'guided' preset stands for two flags: these three may change below
     preset, planner, profile_feedback = flags.preset, flags.planner, flags.profile_feedback
-    cfg = _config(config, device)
+    cfg = _config(config, device, flags.construct_on)
     if flags.llm is not None:
         cfg.llm.model = flags.llm
     if flags.fixer_llm is not None:
@@ -610,6 +624,7 @@ def _print_result(result: Any) -> None:
 def baseline_command(
     task: Annotated[str, typer.Argument(help="task file, FOLDER/ID, or a folder of tasks")],
     device: DeviceOpt = None,
+    construct_on: ConstructOnOpt = None,
     modes: Annotated[str, typer.Option(help="comma-separated modes")] = ",".join(BASELINE_MODES),
     tasks: Annotated[str | None, typer.Option(help="only these ids of a folder: 1,4,9")] = None,
     out: Annotated[Path | None, typer.Option(help="folder for the JSON (default RUNS/baselines)")]
@@ -618,7 +633,7 @@ def baseline_command(
     config: ConfigOpt = None,
 ) -> None:
     """Time eager and each torch.compile mode of a task (or every task of a folder)."""
-    cfg = _config(config, device)
+    cfg = _config(config, device, construct_on)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     unknown = [m for m in mode_list if m != "eager" and not m.startswith("compile:")]
     if unknown:
