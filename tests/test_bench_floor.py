@@ -153,7 +153,7 @@ def test_recount_of_a_task_that_reads_values_counts_on_the_gpu_where_there_is_on
 
     tried: list[str] = []
 
-    def count_work(task: object, device: str, seed: int) -> Work:
+    def count_work(task: object, device: str, seed: int, on_device: bool = False) -> Work:
         tried.append(device)
         if device == "meta":
             raise TaskError("reads tensor values")

@@ -233,6 +233,29 @@ def test_dtype_class_is_the_dominant_floating_dtype(tmp_path: Path) -> None:
     assert work.bytes_min == (4 * 8 + 8 * 8 + 8 + 4 * 8) * 2
 
 
+def test_build_on_device_counts_a_task_written_to_be_built_on_its_device(
+        tmp_path: Path) -> None:
+    task = make_task(tmp_path, """
+        from torch.overrides import _get_current_function_mode_stack
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                modes = [type(m).__name__ for m in _get_current_function_mode_stack()]
+                if "DeviceContext" not in modes:  # as eval.construct_on: device builds it
+                    raise RuntimeError("not built under torch.device")
+                self.fc = nn.Linear(8, 8)
+            def forward(self, x):
+                return self.fc(x)
+        def get_inputs():
+            return [torch.randn(4, 8)]
+        def get_init_inputs():
+            return []
+    """)
+    assert count_work(task, "cpu", build_on_device=True).flops == 2 * 4 * 8 * 8
+    with pytest.raises(TaskError, match="not built under torch.device"):
+        count_work(task, "cpu")
+
+
 # ---------------------------------------------------------------- devices
 
 

@@ -202,7 +202,8 @@ def match_device(device_name: str, devices: Iterable[Device] | None = None) -> D
 
 # ---------------------------------------------------------------- counting
 
-def count_work(task: Task, device: str = "cpu", seed: int = 42) -> Work:
+def count_work(task: Task, device: str = "cpu", seed: int = 42,
+               build_on_device: bool = False) -> Work:
     """FLOPs and minimum bytes of one forward of `task`'s reference model.
 
     Runs the task's code in THIS process: call it only on trusted reference code (the task
@@ -212,7 +213,9 @@ def count_work(task: Task, device: str = "cpu", seed: int = 42) -> Work:
     seeding `seed`, the model as constructed (no .eval()), forward under torch.no_grad().
     The caller's RNG state is left as it was. `device` is where the forward runs: "cpu",
     "cuda", or "meta" (no arithmetic, fast for big tasks, but fails on tasks that read
-    tensor values, such as `.item()`; then use "cpu").
+    tensor values, such as `.item()`; then use "cpu"). The model is built on the CPU and
+    moved, or with `build_on_device` built under torch.device(device), as the evaluator does
+    with `eval.construct_on: device` (the meta device always builds under itself).
 
     bytes_min counts of each input, parameter and buffer only what the forward's ops read
     or write of it (the union of the byte ranges their views cover: a KV cache of which
@@ -227,7 +230,7 @@ def count_work(task: Task, device: str = "cpu", seed: int = 42) -> Work:
     fork = [torch.cuda.current_device()] if target.type == "cuda" else []
     with _own_defaults(), torch.random.fork_rng(devices=fork):
         module = _load_module(task)
-        model, inputs = _build(task, module, target, seed)
+        model, inputs = _build(task, module, target, seed, build_on_device)
         leaves = {"params": list(model.parameters()), "buffers": list(model.buffers()),
                   "inputs": _tensors(inputs)}
         recorder = _OpRecorder({_storage_key(t) for ts in leaves.values() for t in ts})
@@ -255,14 +258,15 @@ def count_work(task: Task, device: str = "cpu", seed: int = 42) -> Work:
     )
 
 
-def count_work_cheaply(task: Task, fallback: str = "cpu", seed: int = 42) -> Work:
+def count_work_cheaply(task: Task, fallback: str = "cpu", seed: int = 42,
+                       build_on_device: bool = False) -> Work:
     """count_work on the meta device (no memory, no arithmetic) and, when the task's code
     fails there (it reads tensor values, say), on `fallback` with real arithmetic; a task
     that fails there too raises that TaskError."""
     try:
         return count_work(task, "meta", seed)
     except TaskError:
-        return count_work(task, fallback, seed)
+        return count_work(task, fallback, seed, build_on_device)
 
 
 @contextlib.contextmanager
@@ -293,18 +297,17 @@ def _load_module(task: Task) -> types.ModuleType:
     return module
 
 
-def _build(task: Task, module: types.ModuleType, target: torch.device,
-           seed: int) -> tuple[torch.nn.Module, list[Any]]:
+def _build(task: Task, module: types.ModuleType, target: torch.device, seed: int,
+           build_on_device: bool) -> tuple[torch.nn.Module, list[Any]]:
     try:
         init_inputs = list(module.get_init_inputs())
         torch.manual_seed(seed + 1)
         inputs = list(module.get_inputs())
         torch.manual_seed(seed)
-        if target.type == "meta":
-            with torch.device("meta"):
-                model = module.Model(*init_inputs)
-        else:
-            model = module.Model(*init_inputs).to(target)
+        on_device = build_on_device or target.type == "meta"
+        with torch.device(target) if on_device else contextlib.nullcontext():
+            model = module.Model(*init_inputs)
+        model = model.to(target)
         moved = pytree.tree_map(lambda v: v.to(target) if isinstance(v, torch.Tensor) else v,
                                 inputs)
     except Exception as err:

@@ -271,9 +271,10 @@ def _serve_work(req: ChildRequest, msg: dict, chan: Channel) -> None:
     from pike.floor import count_work_cheaply
     from pike.task import Task
 
-    fallback = req.device if req.construct_on == "device" else "cpu"
+    on_device = req.construct_on == "device"
     try:
-        work = count_work_cheaply(Task.from_file(Path(req.module_path)), fallback, req.seed)
+        work = count_work_cheaply(Task.from_file(Path(req.module_path)),
+                                  req.device if on_device else "cpu", req.seed, on_device)
     except Exception as exc:  # the count is advisory: report why, never fail the child
         chan.send("work", work=None, error=f"{type(exc).__name__}: {exc}"[:300],
                   seq=msg.get("seq"))
