@@ -69,3 +69,32 @@ def run_config(tmp_path: Path, build_cache: Path) -> Path:
         "search": {"branching": {"branches": 2, "max_fix_attempts": 1, "top_k": 2}},
     }))
     return path
+
+
+# A task that only builds under torch.device(...), as eval.construct_on: device builds it;
+# the CPU shows that context too, so it is testable without a GPU.
+BUILT_UNDER_A_DEVICE = '''\
+import torch
+import torch.nn as nn
+from torch.overrides import _get_current_function_mode_stack
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        modes = [type(m).__name__ for m in _get_current_function_mode_stack()]
+        if "DeviceContext" not in modes:
+            raise RuntimeError("not built under torch.device")
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+
+def get_init_inputs():
+    return []
+'''

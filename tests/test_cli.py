@@ -14,7 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from pike.cli import app
-from tests.conftest import CANDIDATES, EXAMPLES
+from tests.conftest import BUILT_UNDER_A_DEVICE, CANDIDATES, EXAMPLES
 
 MLP = str(EXAMPLES / "tasks" / "1_GeluMLP.py")
 FUSED = str(CANDIDATES / "fused.py")
@@ -121,34 +121,6 @@ def test_eval_wrong_candidate_exits_1(config: Path) -> None:
                    "--config", config)
     assert as_json.exit_code == 1
     assert json.loads(as_json.stdout)["status"] == "incorrect"
-
-
-BUILT_UNDER_A_DEVICE = '''\
-import torch
-import torch.nn as nn
-from torch.overrides import _get_current_function_mode_stack
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        # on a GPU machine this would be "built on cuda"; the CPU shows the same context
-        modes = [type(m).__name__ for m in _get_current_function_mode_stack()]
-        if "DeviceContext" not in modes:
-            raise RuntimeError("not built under torch.device")
-        self.fc = nn.Linear(8, 8)
-
-    def forward(self, x):
-        return self.fc(x)
-
-
-def get_inputs():
-    return [torch.randn(4, 8)]
-
-
-def get_init_inputs():
-    return []
-'''
 
 
 def test_construct_on_device_builds_under_the_device(tmp_path: Path, config: Path) -> None:

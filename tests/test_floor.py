@@ -24,7 +24,7 @@ from pike.floor import (
     times_floor,
 )
 from pike.task import Task
-from tests.conftest import EXAMPLES
+from tests.conftest import BUILT_UNDER_A_DEVICE, EXAMPLES
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICES_YAML = ROOT / "src" / "pike" / "data" / "devices.yaml"
@@ -235,22 +235,9 @@ def test_dtype_class_is_the_dominant_floating_dtype(tmp_path: Path) -> None:
 
 def test_build_on_device_counts_a_task_written_to_be_built_on_its_device(
         tmp_path: Path) -> None:
-    task = make_task(tmp_path, """
-        from torch.overrides import _get_current_function_mode_stack
-        class Model(nn.Module):
-            def __init__(self):
-                super().__init__()
-                modes = [type(m).__name__ for m in _get_current_function_mode_stack()]
-                if "DeviceContext" not in modes:  # as eval.construct_on: device builds it
-                    raise RuntimeError("not built under torch.device")
-                self.fc = nn.Linear(8, 8)
-            def forward(self, x):
-                return self.fc(x)
-        def get_inputs():
-            return [torch.randn(4, 8)]
-        def get_init_inputs():
-            return []
-    """)
+    path = tmp_path / "1_BuiltOnDevice.py"
+    path.write_text(BUILT_UNDER_A_DEVICE)
+    task = Task.from_file(path)
     assert count_work(task, "cpu", build_on_device=True).flops == 2 * 4 * 8 * 8
     with pytest.raises(TaskError, match="not built under torch.device"):
         count_work(task, "cpu")
