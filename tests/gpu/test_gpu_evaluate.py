@@ -155,6 +155,8 @@ def test_construct_on_device_builds_both_models_on_the_gpu_alike(
     gpu_config.construct_on = "device"
     verdict = evaluate(task, new, gpu_config)
     assert verdict.status == "ok", verdict.message  # weights drawn on the GPU match
+    # the meta device cannot build it either: its work is counted on the GPU, built there
+    assert verdict.floor_ms and verdict.times_floor
     gpu_config.construct_on = "cpu"  # KernelBench's way: this task's reference cannot run
     with pytest.raises(TaskError, match="reference failed in phase 'init'.*built on cpu"):
         evaluate(task, new, gpu_config)
