@@ -51,7 +51,10 @@ def test_a_stuck_child_is_killed_with_its_group_and_what_escaped_is_named(
     assert time.monotonic() - started < 5  # no wait for a "stop" it cannot answer
     assert len(report.leftovers) == 1 and report.leftovers[0].startswith("sleep")
     marker = child.env[MARKER_VARIABLE]
-    alive = [p for p in psutil.process_iter() if _marked(p, marker)]
+    deadline = time.monotonic() + 5  # SIGKILL is delivered, not awaited: give it a moment
+    while (alive := [p for p in psutil.process_iter() if _marked(p, marker)]) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
     assert alive == []  # and everything was killed
 
 
