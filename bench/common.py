@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from pike.config import RunConfig
+from pike.config import CONSTRUCT_ON, RunConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -29,7 +29,7 @@ def folder_arguments(p: argparse.ArgumentParser, max_candidates: int,
                    help="candidates of a task evaluated at once (the evaluation pool)")
     p.add_argument("--compile-threads", type=int, default=1,
                    help="torch.compile's workers in each evaluation child (eval.compile_threads)")
-    p.add_argument("--construct-on", choices=["cpu", "device"], default="cpu",
+    p.add_argument("--construct-on", choices=CONSTRUCT_ON, default="cpu",
                    help="where models are built (eval.construct_on): 'device' for tasks "
                         "written to be built on the GPU, such as level5's")
     p.add_argument("--tag", default=None)

@@ -360,6 +360,7 @@ def main() -> int:
     runs = Path(tempfile.mkdtemp(prefix="pike-floor-bench-"))
     args.out.mkdir(parents=True, exist_ok=True)
     todo = [t for t in tasks if not any(r["task"] == t.name for r in rows)]
+    not_run = list(dict.fromkeys([*not_run_before, *(t.name for t in tasks)]))
 
     def measured(task: Task) -> dict:
         print(f"{task.name} ...", flush=True)
@@ -372,7 +373,6 @@ def main() -> int:
         rows.sort(key=lambda r: task_order(r["task"]))
         print(json.dumps(row), flush=True)
         done = {r["task"] for r in rows}
-        not_run = dict.fromkeys([*not_run_before, *(t.name for t in tasks)])
         result = summary(rows, measured_here(args.device),
                          [name for name in not_run if name not in done], earlier_calls)
         write_results({**result, **({"notes": notes} if notes else {})}, json_path, md_path)

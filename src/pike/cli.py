@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pike.config import RunConfig
+from pike.config import CONSTRUCT_ON, RunConfig
 from pike.errors import ConfigError, PikeError, TaskError
 from pike.evaluate import BASELINE_MODES, Baseline, Verdict, evaluate, measure_baselines
 from pike.evaluate.pool import PLACEMENT
@@ -102,8 +102,8 @@ def _config(path: Path | None, device: str | None, construct_on: str | None = No
     if device:
         cfg.eval.device = device
     if construct_on is not None:
-        if construct_on not in ("cpu", "device"):
-            raise PikeError(f"--construct-on {construct_on!r}: use cpu or device")
+        if construct_on not in CONSTRUCT_ON:
+            raise PikeError(f"--construct-on {construct_on!r}: use {' or '.join(CONSTRUCT_ON)}")
         cfg.eval.construct_on = construct_on  # type: ignore[assignment]
     return cfg
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -42,6 +42,11 @@ class LimitsConfig(_Strict):
     )
 
 
+# Where both models of an evaluation are built (EvalConfig.construct_on).
+ConstructOn = Literal["cpu", "device"]
+CONSTRUCT_ON: tuple[str, ...] = get_args(ConstructOn)
+
+
 class EvalConfig(_Strict):
     """The evaluator protocol (DESIGN.md); defaults follow KernelBench/PIKE."""
 
@@ -53,7 +58,7 @@ class EvalConfig(_Strict):
     model_mode: Literal["as_constructed", "eval"] = Field(
         "as_constructed", description="call .eval() on both models, or leave them as built"
     )
-    construct_on: Literal["cpu", "device"] = Field(
+    construct_on: ConstructOn = Field(
         "cpu", description="where both models are built: 'cpu' and then moved (KernelBench), "
         "or 'device', under torch.device, for tasks written to be built on the GPU (big "
         "weights, a prefill in the constructor); weights still match, as both sides build alike")

@@ -142,12 +142,20 @@ def close_references() -> None:
             _references.popitem()[1].close()
 
 
+# The settings a reference and its candidates must share, sent to both children; a cached
+# reference is reused only where they (and the limits) are the same.
+_CHILD_PROTOCOL = ("trials", "seed", "model_mode", "construct_on", "timing")
+
+
+def _child_protocol(cfg: EvalConfig) -> dict[str, Any]:
+    return {name: getattr(cfg, name) for name in _CHILD_PROTOCOL}
+
+
 def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
                   cache: bool = True) -> ReferenceRun:
     """Run (or reuse) the task's reference: trial inputs, expected outputs, a live child."""
     # timing too: the child times the reference with the settings it was started with
-    protocol = cfg.model_dump_json(include={"trials", "seed", "model_mode", "construct_on",
-                                          "limits", "timing"})
+    protocol = cfg.model_dump_json(include={*_CHILD_PROTOCOL, "limits"})
     key = "|".join([task.sha256, device, protocol, str(keep_child)])
     if not cache:
         return _start_reference(task, cfg, device, keep_child)
@@ -185,9 +193,7 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
     request = ChildRequest(
         role="reference", module_path=str(task.path), class_names=["Model"],
         inputs_dir=str(inputs_dir), outputs_dir=str(expected_dir), device=device,
-        trials=cfg.trials, seed=cfg.seed, model_mode=cfg.model_mode,
-        construct_on=cfg.construct_on, timing=cfg.timing,
-        task_sha256=task.sha256,
+        **_child_protocol(cfg), task_sha256=task.sha256,
     )
     report = ChildReport()
     child = start_child(request, work_dir, cfg, build_key="reference")
@@ -322,10 +328,8 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
     request = ChildRequest(
         role="candidate", module_path=str(candidate_path), class_names=["ModelNew", "Model"],
         inputs_dir=str(reference.inputs_dir), outputs_dir=str(outputs_dir), device=device,
-        trials=cfg.trials, seed=cfg.seed, model_mode=cfg.model_mode,
-        construct_on=cfg.construct_on, timing=cfg.timing,
-        task_sha256=task.sha256, task_size=task.path.stat().st_size, guards=cfg.guards,
-        warm_up=cfg.warm_up,
+        **_child_protocol(cfg), task_sha256=task.sha256, task_size=task.path.stat().st_size,
+        guards=cfg.guards, warm_up=cfg.warm_up,
     )
     report = ChildReport()
     timers: list[Timer] = []

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pike.config import CONSTRUCT_ON
+
 NVTX_RANGE = "pike"
 
 
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--eval", action="store_true", help="call .eval() on the model")
-    parser.add_argument("--construct-on", choices=["cpu", "device"], default="cpu")
+    parser.add_argument("--construct-on", choices=CONSTRUCT_ON, default="cpu")
     args = parser.parse_args(argv)
 
     import torch

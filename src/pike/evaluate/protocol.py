@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pike.config import TimingConfig
+from pike.config import ConstructOn, TimingConfig
 
 Role = Literal["reference", "candidate"]
 
@@ -28,7 +28,7 @@ class ChildRequest(BaseModel):
     trials: int
     seed: int
     model_mode: Literal["as_constructed", "eval"]
-    construct_on: Literal["cpu", "device"] = "cpu"
+    construct_on: ConstructOn = "cpu"
     timing: TimingConfig
     writable: list[str] = Field(default_factory=list,
                                 description="the only folders candidate code may write to")
