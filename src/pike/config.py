@@ -29,6 +29,10 @@ class TimingConfig(_Strict):
         20, ge=1, description="split the timed calls into this many blocks, alternating with the "
         "reference's blocks, so both see the same state of the host")
     flush_l2: bool = Field(True, description="overwrite a buffer larger than L2 before each CUDA call")
+    input_sets: int = Field(
+        3, ge=2, description="timed calls rotate over this many input sets, drawn apart from "
+        "the trials' and staged only when timing starts; a random sample of timed calls has "
+        "its outputs compared with the reference's for the same inputs")
 
 
 class LimitsConfig(_Strict):
@@ -52,7 +56,11 @@ class EvalConfig(_Strict):
 
     device: str | None = Field(None, description="'cpu', 'cuda', 'cuda:1'; None = cuda:0 if present")
     trials: int = Field(5, ge=1, description="correctness trials, each with fresh inputs")
-    seed: int = Field(42, description="seed of the weights; trial i draws inputs with seed+1+i")
+    seed: int | None = Field(
+        None, description="None: the weights' and every input's seed, and the other "
+        "distribution's transform, are drawn from the OS's randomness for each reference "
+        "run and never shown to candidates; an int fixes them all (reproducible, but "
+        "predictable: for debugging, not for judging untrusted code)")
     atol: float = Field(1e-2, ge=0)
     rtol: float = Field(1e-2, ge=0)
     model_mode: Literal["as_constructed", "eval"] = Field(
@@ -64,6 +72,11 @@ class EvalConfig(_Strict):
         "weights, a prefill in the constructor); weights still match, as both sides build alike")
     timing: TimingConfig = Field(default_factory=TimingConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    sandbox: Literal["auto", "required", "off"] = Field(
+        "auto", description="run every evaluation child in an OS sandbox (bubblewrap: own "
+        "PID, network, IPC and mount namespaces, a read-only view of the system, dies with "
+        "pike): 'auto' where bwrap works (one warning where not), 'required' to refuse to "
+        "run without it, 'off' for the in-process guards only")
     network_isolation: Literal["auto", "namespace", "off"] = Field(
         "auto", description="run children in a network namespace with no interfaces: 'auto' "
         "where the kernel allows it (with a warning where not), 'namespace' to require it")

@@ -139,3 +139,58 @@ def _describe(value: Any) -> str:
     if isinstance(value, _Tensor):
         return f"a tensor of shape {list(value.shape)}"
     return f"{type(value).__name__} {value!r}"[:80]
+
+
+# What the child samples of each timed call it picks (runner.TimedOutputSamples).
+SAMPLED_LEAVES, SAMPLED_POSITIONS = 8, 16
+
+
+def timed_outputs_problem(expected_sets: list[list[Any]], taken: list[dict[str, Any]],
+                          timed_calls: int, atol: float, rtol: float) -> str | None:
+    """Why the sampled outputs of timed calls are not the reference's for the same inputs
+    (None when they are). The child sampled them at positions it drew after each call."""
+    if timed_calls >= 20 and not taken:
+        return (f"none of its {timed_calls} timed calls' outputs came back to be checked "
+                "(half are sampled, at random)")
+    for item in taken:
+        k, call = item.get("set"), item.get("call")
+        if not isinstance(k, int) or not 0 <= k < len(expected_sets):
+            return f"timed call {call}: reported for an unknown input set"
+        expected = expected_sets[k][:SAMPLED_LEAVES]
+        leaves = item.get("leaves") or []
+        if len(leaves) != len(expected):
+            return (f"timed call {call} returned {len(leaves)} outputs, "
+                    f"expected {len(expected)}")
+        for index, (exp, got) in enumerate(zip(expected, leaves, strict=True)):
+            problem = _sampled_leaf_problem(exp, got, atol, rtol)
+            if problem:
+                return (f"timed call {call}, output {index}: {problem}; timed outputs must "
+                        "be the model's answers for the inputs of each call")
+    return None
+
+
+def _sampled_leaf_problem(expected: Any, got: dict[str, Any], atol: float,
+                          rtol: float) -> str | None:
+    if not isinstance(expected, _Tensor):
+        return None  # plain scalars are compared in the trials
+    if got.get("shape") != list(expected.shape):
+        return f"shape {got.get('shape')} != expected {list(expected.shape)}"
+    positions, values = got.get("positions") or [], got.get("values") or []
+    n = expected.numel()
+    if (len(positions) != min(SAMPLED_POSITIONS, n) or len(values) != len(positions)
+            or not all(isinstance(p, int) and 0 <= p < n for p in positions)):
+        return "the sample of its values is malformed"
+    if not positions:
+        return None
+    exp = expected.detach().reshape(-1)[torch.tensor(positions)]
+    exp = (exp.abs() if exp.is_complex() else exp).to(torch.float64)
+    try:
+        act = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    except (TypeError, ValueError):
+        return "the sample of its values is malformed"
+    close = torch.isclose(act, exp, rtol=rtol, atol=atol, equal_nan=True)
+    if bool(close.all()):
+        return None
+    worst = float((act - exp).abs().nan_to_num(math.inf).max())
+    return (f"{int((~close).sum())} of {len(positions)} sampled values differ from the "
+            f"reference's (max abs error {worst:.3g})")

@@ -22,14 +22,17 @@ from pathlib import Path
 from pike.config import EvalConfig, TimingConfig
 from pike.evaluate.cores import start_on_build_cores
 from pike.evaluate.protocol import DESCENDANTS_GRACE_S, ChildRequest
+from pike.evaluate.os_sandbox import INSIDE_ROOT, Mount, SandboxPlan, sandbox_active
 from pike.evaluate.sandbox import (
     ChildExit,
     ChildProcess,
     MemoryExceeded,
     PhaseTimeout,
+    child_environment,
+    make_child_dirs,
     network_prefix,
-    scrubbed_environment,
 )
+from pike.evaluate.staging import InputStage
 from pike.evaluate.verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -46,13 +49,23 @@ class ChildReport:
 
 
 def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
-                build_key: str) -> ChildProcess:
-    """Start a sandboxed child; the caller must `finish` it (or call its __exit__)."""
+                build_key: str, stage: InputStage | None = None) -> ChildProcess:
+    """Start a sandboxed child; the caller must `finish` it (or call its __exit__).
+
+    `request` names host paths; the child gets them as it sees them (under /pike/ in the
+    OS sandbox). A candidate's inputs come through `stage`, phase by phase."""
     cache_root = cfg.build_cache or Path.home() / ".cache" / "pike" / "build"
     cache_root.mkdir(parents=True, exist_ok=True)
-    request.writable = [os.path.realpath(work_dir), os.path.realpath(cache_root)]
-    env = scrubbed_environment(work_dir, uuid.uuid4().hex, cache_root / build_key, cache_root,
-                               cfg.compile_threads)
+    make_child_dirs(work_dir)
+    plan = _sandbox_plan(request, work_dir, cache_root, cfg)
+    see = plan.inside if plan is not None else os.path.realpath
+    request.module_path = see(request.module_path)
+    request.inputs_dir, request.outputs_dir = see(request.inputs_dir), see(request.outputs_dir)
+    request.writable = [see(work_dir), see(cache_root)]
+    if plan is not None:
+        request.writable.append("/dev/shm")  # the sandbox's own, private one
+    env = child_environment(see(work_dir), uuid.uuid4().hex, see(cache_root / build_key),
+                            see(cache_root), cfg.compile_threads)
     device = request.device  # as this process numbers GPUs; the child sees only its own
     _only_one_gpu(request, env)
     lim = cfg.limits
@@ -61,11 +74,32 @@ def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
                     "timing": lim.timing_seconds, "cleanup": 10.0,
                     # advisory passes: a hang here must not hold the device for long
                     "profile": lim.check_seconds, "work": lim.check_seconds}
-    child = ChildProcess(request, work_dir, env, lim, phase_limits,
-                         prefix=network_prefix(cfg.network_isolation)).__enter__()
+    prefix = plan.prefix() if plan is not None else network_prefix(cfg.network_isolation)
+    child = ChildProcess(request, work_dir, env, lim, phase_limits, prefix=prefix,
+                         sandboxed=plan is not None, stage=stage)
+    if plan is not None:
+        child.plan_notes = plan.describe()
+    child.__enter__()
     if child.proc is not None:
         start_on_build_cores(child.proc.pid, device, cfg.timing_cores)
     return child
+
+
+def _sandbox_plan(request: ChildRequest, work_dir: Path, cache_root: Path,
+                  cfg: EvalConfig) -> SandboxPlan | None:
+    """What the child sees in the OS sandbox: its own folders under /pike/ and, for the
+    reference, the task file; None where the sandbox is off or unavailable."""
+    if not sandbox_active(cfg.sandbox):
+        return None
+    module = Path(request.module_path)
+    mounts = [Mount(work_dir, f"{INSIDE_ROOT}/work", writable=True),
+              Mount(Path(request.outputs_dir), f"{INSIDE_ROOT}/outputs", writable=True),
+              Mount(Path(request.inputs_dir), f"{INSIDE_ROOT}/inputs",
+                    writable=request.role == "reference"),
+              Mount(cache_root, f"{INSIDE_ROOT}/cache", writable=True)]
+    if not module.resolve().is_relative_to(work_dir.resolve()):
+        mounts.append(Mount(module, f"{INSIDE_ROOT}/task/{module.name}"))
+    return SandboxPlan(mounts, share_network=cfg.network_isolation == "off")
 
 
 def _only_one_gpu(request: ChildRequest, env: dict[str, str]) -> None:
@@ -95,6 +129,7 @@ def run_trials(child: ChildProcess, report: ChildReport) -> bool:
         # The wait for the device ("queued") has no limit; the trials' own starts now, or a
         # long wait would count against them.
         child.enter_phase("check")
+        child.permit("check")
         child.send("go")
     return _pump(child, report, "checked")
 
@@ -181,6 +216,7 @@ class Timer:
     failure: Verdict | None = None  # the child failed or died while timing
     warmed: bool = False
     blocks: list[tuple[float, list[float]]] = field(default_factory=list)  # (wall s, samples)
+    outputs: list[dict] = field(default_factory=list)  # samples of timed calls' outputs
 
     @property
     def stopped(self) -> bool:
@@ -227,6 +263,8 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
     elif reply.get("samples"):
         samples = [float(x) for x in reply["samples"]]
         timer.samples.extend(samples)
+        if isinstance(reply.get("outputs"), list):
+            timer.outputs.extend(o for o in reply["outputs"] if isinstance(o, dict))
         if not warm_up:
             timer.blocks.append((wall, samples))
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pike.config import EvalConfig
 from pike.evaluate.driver import ChildReport, Timer
+from pike.evaluate.os_sandbox import sandbox_status
 from pike.evaluate.sandbox import ChildProcess, network_isolation
 from pike.evaluate.verdict import Verdict
 
@@ -16,16 +17,26 @@ def explain_guards(cfg: EvalConfig, report: ChildReport, correctness: Verdict | 
         return {"guards": "off (EvalConfig.guards is false): only the basic checks ran",
                 "leftover processes": ", ".join(report.leftovers) or "none"}
     notes = {
-        "process sandbox": "own session and temp dir, fake HOME, secrets scrubbed from the "
-                           f"environment, network: {network_isolation(cfg.network_isolation)}",
+        "process sandbox": "own session and temp dir, fake HOME, an allow-listed "
+                           "environment (no secrets, no real home), network: "
+                           + ("own namespace (the OS sandbox's)" if child.plan_notes
+                              else network_isolation(cfg.network_isolation)),
+        **(child.plan_notes or {"os sandbox": sandbox_status(cfg.sandbox)}),
         "audit hook": "refuses network, writes outside the work and build dirs, patching "
                       "timer/tensor classes, gc object walks, evaluator frame access",
         "reference code": "the task file is not importable from the candidate's code"
                           if checked else "not reached",
-        "fresh inputs": f"{cfg.trials} trials, each with inputs from its own seed"
+        "fresh inputs": f"{cfg.trials} trials, each with inputs from its own seed ("
+                        + ("drawn from the OS's randomness" if cfg.seed is None else
+                           f"fixed by eval.seed {cfg.seed}: predictable") + "); each phase's "
+                        "inputs reach the candidate only when the phase starts"
                         if checked else "not reached",
-        "other distribution": "one trial with floating inputs * 3 + 0.5"
+        "other distribution": "one trial with floating inputs of a drawn scale and shift"
                               if checked else "not reached",
+        "timed outputs": f"timed calls rotate over {cfg.timing.input_sets} input sets unseen "
+                         "in the trials; a random half of them (up to 8 a block) have their "
+                         "outputs sampled at random positions and compared with the "
+                         "reference's" if timers else "not timed",
         "aliasing and mutation": "outputs must not share memory with inputs; inputs unchanged"
                                  if checked else "not reached",
         "cached answers": "outputs must change when inputs change" if checked else "not reached",

@@ -37,6 +37,37 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _NETWORK_EVENTS = ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg")
 _LIBRARY_PARTS = ("/torch/", "/triton/", "/lib/python3")
 _GC_EVENTS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents")
+# event -> which of its arguments are paths it changes (a hard link's source becomes
+# writable through the link; a symlink's target is checked when it is opened)
+_PATH_EVENTS = {"os.remove": (0,), "os.rmdir": (0,), "os.chmod": (0,), "os.truncate": (0,),
+                "os.rename": (0, 1), "os.link": (0, 1), "os.symlink": (1,),
+                "shutil.rmtree": (0,)}
+# What may be written under /dev (the sandbox's /dev/shm is private and listed as writable
+# where there is one; the host's is not).
+_DEVICE_SINKS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"})
+
+
+def _linked_elsewhere(path: str | bytes | os.PathLike[str]) -> bool:
+    """An existing regular file with other names: writing it writes them too."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return info.st_nlink > 1 and (info.st_mode & 0o170000) == 0o100000
+
+
+def _patched_by_candidate() -> bool:
+    """Whether candidate code is anywhere on the stack of a patch of a protected class.
+    Library code patching on its own (torch's internals) passes; a candidate that routes
+    the patch through a library helper (unittest.mock, setattr in functools) does not."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith((_EVALUATOR_DIR, "<frozen "))
+                or any(p in name for p in _LIBRARY_PARTS)):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _loopback_probe(args: tuple[Any, ...]) -> bool:
@@ -100,15 +131,15 @@ class Guards:
                 self._refuse("inspecting the evaluator's frames")
         elif event in ("object.__setattr__", "object.__delattr__"):
             if args and isinstance(args[0], type) and args[0] in self._protected:
-                caller = sys._getframe(1).f_code.co_filename
-                if not any(part in caller for part in _LIBRARY_PARTS):
+                if _patched_by_candidate():
                     self._refuse(f"patching {args[0].__module__}.{args[0].__qualname__}")
         elif event == "open":
             self._check_open(args)
-        elif event in ("os.remove", "os.rename", "os.rmdir", "os.chmod", "os.truncate"):
-            path = args[0] if args else None
-            if isinstance(path, (str, bytes, os.PathLike)) and not self._may_write(path):
-                self._refuse(f"{event.split('.')[1]} of {os.fsdecode(path)}")
+        elif event in _PATH_EVENTS:
+            # rename, replace and link: the destination counts as much as the source
+            for path in (args[i] for i in _PATH_EVENTS[event] if i < len(args)):
+                if isinstance(path, (str, bytes, os.PathLike)) and not self._may_write(path):
+                    self._refuse(f"{event.split('.')[1]} of {os.fsdecode(path)}")
 
     def _check_open(self, args: tuple[Any, ...]) -> None:
         path, mode, flags = (list(args) + [None, None, None])[:3]
@@ -116,10 +147,12 @@ class Guards:
             isinstance(flags, int) and flags & _WRITE_FLAGS)
         if writing and isinstance(path, (str, bytes, os.PathLike)) and not self._may_write(path):
             self._refuse(f"writing {os.fsdecode(path)}")
+        if writing and isinstance(path, (str, bytes, os.PathLike)) and _linked_elsewhere(path):
+            self._refuse(f"writing {os.fsdecode(path)}, a hard link to a file elsewhere")
 
     def _may_write(self, path: str | bytes | os.PathLike[str]) -> bool:
         full = os.path.realpath(os.fsdecode(path))
-        return full.startswith("/dev/") or any(
+        return full in _DEVICE_SINKS or any(
             full == root or full.startswith(root + os.sep) for root in self.writable)
 
     def check_after(self, phase: str) -> None:
@@ -180,6 +213,11 @@ def _integrity_snapshot() -> dict[str, int]:
         for name, value in vars(cls).items():
             if callable(value) and not name.startswith("__"):
                 watched[f"torch.cuda.{cls.__name__}.{name}"] = value
+    # Tensor methods: the checks and the timed outputs' samples call them on outputs.
+    for cls in (torch.Tensor, torch._C.TensorBase):
+        for name, value in vars(cls).items():
+            if callable(value):
+                watched[f"{cls.__module__}.{cls.__qualname__}.{name}"] = value
     for module_name, module in list(sys.modules.items()):
         if module_name.startswith("pike.evaluate") and module is not None:
             for name, value in vars(module).items():

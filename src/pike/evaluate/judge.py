@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import logging
+import random
 import shutil
 import tempfile
 import threading
@@ -42,9 +43,11 @@ from pike.evaluate.driver import (
 from pike.evaluate.explain import explain_guards
 from pike.evaluate.ncu import attach_kernel_metrics
 from pike.evaluate.profile import ProfileSummary
-from pike.evaluate.protocol import ChildRequest
+from pike.evaluate.protocol import ChildRequest, ShiftSpec
 from pike.evaluate.runner import EXTRA_TRIALS
 from pike.evaluate.sandbox import ChildProcess
+from pike.evaluate.redact import mask_secrets
+from pike.evaluate.staging import InputStage
 from pike.evaluate.verdict import OutputMismatch, TimingStats, Verdict
 from pike.floor import Work, floor, times_floor
 from pike.task import Task
@@ -81,6 +84,8 @@ class ReferenceRun:
     env: dict[str, str]
     child: ChildProcess | None
     _tmp: Path
+    seed: int = 0  # of the weights: the candidate builds its model with it too
+    timed_expected: list[list[Any]] = field(default_factory=list)  # per timed input set
 
     _loop_cost: LoopCost | None = None
     _work: Work | None = None
@@ -143,19 +148,49 @@ def close_references() -> None:
 
 
 # The settings a reference and its candidates must share, sent to both children; a cached
-# reference is reused only where they (and the limits) are the same.
-_CHILD_PROTOCOL = ("trials", "seed", "model_mode", "construct_on", "timing")
+# reference is reused only where they (and the limits and seed) are the same.
+_CHILD_PROTOCOL = ("trials", "model_mode", "construct_on", "timing")
 
 
 def _child_protocol(cfg: EvalConfig) -> dict[str, Any]:
-    return {name: getattr(cfg, name) for name in _CHILD_PROTOCOL}
+    return {**{name: getattr(cfg, name) for name in _CHILD_PROTOCOL},
+            "input_sets": cfg.timing.input_sets}
+
+
+@dataclass
+class DrawnProtocol:
+    """The seeds and the other distribution of one reference run: from the OS's
+    randomness (eval.seed None), or all from eval.seed, reproducibly."""
+
+    weights: int
+    trials: list[int]
+    timed: list[int]
+    shift: ShiftSpec
+
+
+def draw_protocol(cfg: EvalConfig) -> DrawnProtocol:
+    count = cfg.trials + EXTRA_TRIALS
+    if cfg.seed is not None:  # as before drawn seeds: trial i from seed + 1 + i
+        seed = cfg.seed
+        return DrawnProtocol(seed, [seed + 1 + i for i in range(count)],
+                             [seed + 1001 + k for k in range(cfg.timing.input_sets)],
+                             ShiftSpec(kind="affine", scale=3.0, offset=0.5, seed=seed))
+    rng = random.SystemRandom()
+
+    def draw() -> int:
+        return rng.randrange(2**62)
+
+    shift = ShiftSpec(kind=rng.choice(["affine", "uniform"]), scale=rng.uniform(1.5, 4.0),
+                      offset=rng.uniform(-1.0, 1.0), seed=draw())
+    return DrawnProtocol(draw(), [draw() for _ in range(count)],
+                         [draw() for _ in range(cfg.timing.input_sets)], shift)
 
 
 def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
                   cache: bool = True) -> ReferenceRun:
     """Run (or reuse) the task's reference: trial inputs, expected outputs, a live child."""
     # timing too: the child times the reference with the settings it was started with
-    protocol = cfg.model_dump_json(include={*_CHILD_PROTOCOL, "limits"})
+    protocol = cfg.model_dump_json(include={*_CHILD_PROTOCOL, "limits", "seed", "sandbox"})
     key = "|".join([task.sha256, device, protocol, str(keep_child)])
     if not cache:
         return _start_reference(task, cfg, device, keep_child)
@@ -190,10 +225,12 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
     inputs_dir, expected_dir, work_dir = tmp / "inputs", tmp / "expected", tmp / "work"
     for d in (inputs_dir, expected_dir, work_dir):
         d.mkdir()
+    drawn = draw_protocol(cfg)
     request = ChildRequest(
         role="reference", module_path=str(task.path), class_names=["Model"],
         inputs_dir=str(inputs_dir), outputs_dir=str(expected_dir), device=device,
-        **_child_protocol(cfg), task_sha256=task.sha256,
+        **_child_protocol(cfg), seed=drawn.weights, task_sha256=task.sha256,
+        trial_seeds=drawn.trials, pool_seeds=drawn.timed, shift=drawn.shift,
     )
     report = ChildReport()
     child = start_child(request, work_dir, cfg, build_key="reference")
@@ -209,10 +246,23 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
         raise _reference_failed(task, report.failure)
     expected = [_load_leaves(expected_dir / f"outputs_{i}.pt")
                 for i in range(cfg.trials + EXTRA_TRIALS)]
+    timed = [_load_leaves(expected_dir / f"pool_{k}.pt") for k in range(cfg.timing.input_sets)]
     _make_read_only(inputs_dir)
     shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
     child.enter_phase("idle")
-    return ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp)
+    return ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp,
+                        seed=drawn.weights, timed_expected=timed)
+
+
+def _input_stage(reference: ReferenceRun, folder: Path, cfg: EvalConfig) -> InputStage:
+    trials = [f"inputs_{t}.pt" for t in range(cfg.trials + cfg.guards)]
+    stage = InputStage(reference.inputs_dir, folder, {
+        "warm_up": trials[:1], "check": trials,
+        "timing": [f"pool_{k}.pt" for k in range(cfg.timing.input_sets)],
+        "final": [f"inputs_{cfg.trials + 1}.pt"]})
+    if cfg.warm_up:
+        stage.permitted.add("warm_up")
+    return stage
 
 
 def _pid(child: ChildProcess | None) -> int | None:
@@ -315,7 +365,7 @@ def evaluate(task: Task, candidate_source: str,
         release_reference(reference)
         shutil.rmtree(tmp, ignore_errors=True)
     verdict.phase_seconds["total"] = time.monotonic() - started
-    return verdict
+    return mask_secrets(verdict)
 
 
 def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
@@ -325,11 +375,12 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
     outputs_dir.mkdir()
     candidate_path = work_dir / "candidate.py"
     candidate_path.write_text(source)
+    stage = _input_stage(reference, tmp / "inputs", cfg)
     request = ChildRequest(
         role="candidate", module_path=str(candidate_path), class_names=["ModelNew", "Model"],
-        inputs_dir=str(reference.inputs_dir), outputs_dir=str(outputs_dir), device=device,
-        **_child_protocol(cfg), task_sha256=task.sha256, task_size=task.path.stat().st_size,
-        guards=cfg.guards, warm_up=cfg.warm_up,
+        inputs_dir=str(stage.folder), outputs_dir=str(outputs_dir), device=device,
+        **_child_protocol(cfg), seed=reference.seed, task_sha256=task.sha256,
+        task_size=task.path.stat().st_size, guards=cfg.guards, warm_up=cfg.warm_up,
     )
     report = ChildReport()
     timers: list[Timer] = []
@@ -337,7 +388,7 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
     final: Verdict | None = None
     profile: ProfileSummary | None = None
     build_key = task.sha256[:8] + "-" + _sha(source)[:16]
-    child = start_child(request, work_dir, cfg, build_key)
+    child = start_child(request, work_dir, cfg, build_key, stage)
     try:
         # Builds and lazy compiles take no lock, so they overlap other candidates' timing.
         ready = wait_ready(child, report)
@@ -357,6 +408,13 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
                     forged = not any(t.failure for t in timers) and _forged(reference, timers)
                 if forged:
                     timers[1].failure = Verdict(status="rejected", phase="timing", message=forged)
+                elif cfg.guards and not any(t.failure for t in timers):
+                    wrong = check.timed_outputs_problem(
+                        reference.timed_expected, timers[1].outputs, len(timers[1].samples),
+                        cfg.atol, cfg.rtol)
+                    if wrong:
+                        timers[1].failure = Verdict(status="incorrect", phase="timing",
+                                                    message=wrong)
             if correctness.ok and cfg.guards and not any(t.failure for t in timers):
                 with hold(device, exclusive=False):
                     final = _final_check(child, reference, outputs_dir, cfg)
@@ -389,6 +447,7 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
 def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path,
                  cfg: EvalConfig) -> Verdict:
     """New values in the timed input tensors must give new, correct outputs."""
+    child.permit("final")
     reply = request(child, "check", "final_checked", "final")
     if isinstance(reply, Verdict):
         return reply
@@ -412,6 +471,7 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
     """Eager and the candidate, interleaved, with the device to themselves."""
     timers = [Timer(reference.child, "eager", warmed=warmed),
               Timer(child, "candidate", warmed=warmed)]
+    child.permit("timing")
     with (hold(device, exclusive=True), reference.talking,
           timing_cores([_pid(reference.child), _pid(child)], device, cfg.timing_cores)):
         time_interleaved(timers, cfg.timing)
@@ -480,7 +540,7 @@ def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfi
         return Verdict(status="ok", **errors)
     first = mismatches[0]
     which = (f"trial {first.trial}" if first.trial < cfg.trials else
-             "the trial with inputs of another distribution (floating inputs * 3 + 0.5)")
+             "the trial with inputs of another distribution (a drawn scale and shift)")
     failed = len({m.trial for m in mismatches})
     message = (f"{failed} of {len(expected)} trials failed; {which}, "
                f"output {first.output}: {first.problem}")

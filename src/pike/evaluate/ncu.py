@@ -29,7 +29,12 @@ import psutil
 from pike.config import EvalConfig
 from pike.evaluate.ncu_target import NVTX_RANGE
 from pike.evaluate.profile import KernelMetrics, ProfileSummary
-from pike.evaluate.sandbox import _marked_processes, network_prefix, scrubbed_environment
+from pike.evaluate.sandbox import (
+    _marked_processes,
+    child_environment,
+    make_child_dirs,
+    network_prefix,
+)
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +181,9 @@ def _run_isolated(command: list[str], work: Path, cfg: EvalConfig, build_key: st
     nothing left running afterwards."""
     cache_root = cfg.build_cache or Path.home() / ".cache" / "pike" / "build"
     cache_root.mkdir(parents=True, exist_ok=True)
-    env = scrubbed_environment(work, uuid.uuid4().hex, cache_root / build_key, cache_root)
+    make_child_dirs(work)
+    env = child_environment(str(work), uuid.uuid4().hex, str(cache_root / build_key),
+                            str(cache_root))
     with open(work / "ncu.log", "wb") as out:
         proc = subprocess.Popen(command, cwd=work, env=env, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -18,6 +18,17 @@ from pike.config import ConstructOn, TimingConfig
 Role = Literal["reference", "candidate"]
 
 
+class ShiftSpec(BaseModel):
+    """The trial with inputs of another distribution: drawn by the parent per reference
+    run, so no candidate can special-case it. 'affine' maps x to x * scale + offset;
+    'uniform' replaces x by uniform values in [offset - scale, offset + scale]."""
+
+    kind: Literal["affine", "uniform"]
+    scale: float
+    offset: float
+    seed: int
+
+
 class ChildRequest(BaseModel):
     role: Role
     module_path: str = Field(description="the file to import (task or candidate)")
@@ -37,6 +48,12 @@ class ChildRequest(BaseModel):
                           "compilers (Triton, torch.compile) do their work")
     task_sha256: str = ""
     task_size: int = -1
+    input_sets: int = Field(2, description="timing rotates over this many input sets, "
+                            "staged only when timing starts")
+    # The reference's only: drawn by the parent, never written where a candidate reads.
+    trial_seeds: list[int] = Field(default_factory=list)
+    pool_seeds: list[int] = Field(default_factory=list)
+    shift: ShiftSpec | None = None
 
 
 class Channel:

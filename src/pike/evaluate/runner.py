@@ -25,7 +25,7 @@ from pike.evaluate import check
 from pike.evaluate.diagnostics import describe_exception
 from pike.evaluate.guards import Guards
 from pike.evaluate.profile import profile_calls
-from pike.evaluate.protocol import DESCENDANTS_GRACE_S, Channel, ChildRequest
+from pike.evaluate.protocol import DESCENDANTS_GRACE_S, Channel, ChildRequest, ShiftSpec
 from pike.evaluate.timing import time_block
 
 _save = torch.save
@@ -33,6 +33,7 @@ _load = torch.load
 _manual_seed = torch.manual_seed
 _globals_in = torch.serialization.get_unsafe_globals_in_checkpoint
 _safe_globals = torch.serialization.safe_globals
+_urandom = os.urandom  # bound at import: the timed outputs' sample positions come from it
 REFERENCE_MODULE = "pike_reference"
 
 
@@ -139,6 +140,14 @@ def _build_model(req: ChildRequest, module: Any, init_inputs: list[Any], device:
                     req.module_path, construct)
 
 
+def _draw_inputs(module: Any, req: ChildRequest, seed: int) -> list[Any]:
+    _manual_seed(seed)
+    inputs = _guarded("task_error", "load", req.module_path, module.get_inputs)
+    if not isinstance(inputs, (list, tuple)):
+        raise Failure("task_error", "load", "get_inputs() must return a list or tuple")
+    return list(inputs)
+
+
 def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> None:
     module = _guarded("task_error", "load", req.module_path,
                       lambda: import_file(req.module_path, REFERENCE_MODULE))
@@ -151,26 +160,31 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     inputs_dir = Path(req.inputs_dir)
     _save(list(init_inputs), inputs_dir / "init_inputs.pt")
     trial_inputs = []
-    for trial in range(req.trials + EXTRA_TRIALS):
-        _manual_seed(trial_seed(req.seed, trial))
-        inputs = _guarded("task_error", "load", req.module_path, module.get_inputs)
-        if not isinstance(inputs, (list, tuple)):
-            raise Failure("task_error", "load", "get_inputs() must return a list or tuple")
+    for trial, seed in enumerate(req.trial_seeds):
+        inputs = _draw_inputs(module, req, seed)
         if trial == req.trials:
-            inputs = [_shift_distribution(x) for x in inputs]
-        _save(list(inputs), inputs_dir / f"inputs_{trial}.pt")
-        trial_inputs.append(_to_device(list(inputs), device))
+            inputs = [_shift_distribution(x, req.shift) for x in inputs]
+        _save(inputs, inputs_dir / f"inputs_{trial}.pt")
+        trial_inputs.append(_to_device(inputs, device))
+    pool = []  # the timed calls' inputs: never seen in the checks
+    for k, seed in enumerate(req.pool_seeds):
+        inputs = _draw_inputs(module, req, seed)
+        _save(inputs, inputs_dir / f"pool_{k}.pt")
+        pool.append(_to_device(inputs, device))
     chan.send("phase", phase="init")
     model = _build_model(req, module, list(init_inputs), device, "task_error")
     chan.send("phase", phase="check")
-    for trial, inputs in enumerate(trial_inputs):
+    outputs_dir = Path(req.outputs_dir)
+    for name, inputs in [*((f"outputs_{t}", i) for t, i in enumerate(trial_inputs)),
+                         *((f"pool_{k}", i) for k, i in enumerate(pool))]:
         with torch.no_grad():
             out = _guarded("task_error", "check", req.module_path, lambda i=inputs: model(*i))
         _sync(device)
-        _save(_cpu_leaves(out), Path(req.outputs_dir) / f"outputs_{trial}.pt")
+        _save(_cpu_leaves(out), outputs_dir / f"{name}.pt")
+    del trial_inputs, out
     chan.send("checked", trials=req.trials)
-    first = trial_inputs[0]
     torch.set_float32_matmul_precision("highest")  # the task's dtype is the contract
+    rotation = InputRotation(pool)
 
     def make_call(mode: str) -> Callable[[], Any]:
         fn = model
@@ -181,12 +195,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
             fn = torch.compile(model, mode=mode.split(":", 1)[1])
         elif mode != "eager":
             raise ValueError(f"unknown timing mode {mode!r}")
-
-        def call() -> Any:
-            with torch.no_grad():
-                return fn(*first)
-
-        return call
+        return rotation.caller(fn)
 
     def failed_mode(mode: str, exc: BaseException, seq: object) -> None:
         # A failing torch.compile mode is reported and the other modes go on.
@@ -196,6 +205,67 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     _serve_timing(req, chan, device, make_call, failed_mode)
 
 
+class InputRotation:
+    """Timed calls take the input sets in turn, so no call sees the inputs of the one
+    before it: a stale or never-computed output cannot pass for the right one."""
+
+    def __init__(self, sets: list[list[Any]]) -> None:
+        self.sets, self.calls, self.last = sets, 0, 0
+
+    def caller(self, fn: Callable[..., Any]) -> Callable[[], Any]:
+        def call() -> Any:
+            self.last = self.calls % len(self.sets)
+            self.calls += 1
+            with torch.no_grad():
+                return fn(*self.sets[self.last])
+
+        return call
+
+
+def _draw_below(n: int) -> int:
+    return int.from_bytes(_urandom(8), "little") % n
+
+
+class TimedOutputSamples:
+    """Values of timed calls' outputs at random positions, for the parent to compare with
+    the reference's answers for the same inputs. Whether a call is sampled, and where,
+    is drawn from the OS after the call has returned, so the candidate cannot know which
+    of its timed calls will be checked."""
+
+    RATE_PERCENT, PER_BLOCK = 50, 8
+
+    def __init__(self, rotation: InputRotation) -> None:
+        self.rotation, self.taken, self.calls = rotation, [], 0
+
+    def __call__(self, out: Any) -> None:
+        call, self.calls = self.calls, self.calls + 1
+        if len(self.taken) >= self.PER_BLOCK or _draw_below(100) >= self.RATE_PERCENT:
+            return
+        leaves = check.flatten_output(out)[:check.SAMPLED_LEAVES]
+        self.taken.append({"call": call, "set": self.rotation.last, "leaves": [
+            _sample_leaf(leaf, check.SAMPLED_POSITIONS) for leaf in leaves]})
+
+    def take(self) -> list[dict[str, Any]]:
+        taken, self.taken = self.taken, []
+        return taken
+
+
+def _sample_leaf(leaf: Any, count: int) -> dict[str, Any]:
+    if not isinstance(leaf, torch.Tensor):
+        return {"scalar": leaf if isinstance(leaf, (int, float, bool)) else repr(leaf)[:80]}
+    shape, n = list(leaf.shape), leaf.numel()
+    positions = [_draw_below(n) for _ in range(min(count, n))]
+    values: list[float] = []
+    if positions:
+        flat = torch.tensor(positions)
+        coords = torch.unravel_index(flat, leaf.shape) if leaf.dim() else ()
+        picked = leaf.detach()[coords] if leaf.dim() else leaf.detach().reshape(1)
+        if picked.is_complex():
+            picked = picked.abs()
+        values = picked.to("cpu", torch.float64).tolist()
+    return {"shape": shape, "dtype": str(leaf.dtype), "positions": positions, "values": values}
+
+
 # Beyond the configured trials: one with inputs of another distribution (a shifted mean and
 # a larger scale, so shortcuts that assume randn inputs fail) and one run after timing,
 # with new values written into the very tensors that were timed (so answers cached by
@@ -203,17 +273,21 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
 EXTRA_TRIALS = 2
 
 
-def _shift_distribution(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-        return value * 3.0 + 0.5
-    return value
+def _shift_distribution(value: Any, spec: ShiftSpec | None) -> Any:
+    if spec is None or not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+        return value
+    if spec.kind == "affine":
+        return value * spec.scale + spec.offset
+    noise = torch.rand(value.shape, generator=torch.Generator().manual_seed(spec.seed))
+    return ((noise * 2 - 1) * spec.scale + spec.offset).to(value.dtype).to(value.device)
 
 
 def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
                   make_call: Callable[[str], Callable[[], Any]],
                   failed_mode: Callable[[str, BaseException, object], None],
                   after_block: Callable[[], None] = lambda: None,
-                  final_check: Callable[[], None] = lambda: None) -> None:
+                  final_check: Callable[[], None] = lambda: None,
+                  samples_of_outputs: TimedOutputSamples | None = None) -> None:
     """Time blocks of calls as the parent asks, one block per request, until it says stop.
 
     The parent alternates blocks between this child and another one, so that both are
@@ -241,12 +315,13 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
             samples = time_block(calls[mode], device, req.timing, warm_up=bool(msg["warm_up"]),
                                  min_calls=int(msg["min_calls"]),
                                  min_seconds=float(msg["min_seconds"]),
-                                 max_calls=int(msg["max_calls"]))
+                                 max_calls=int(msg["max_calls"]), after=samples_of_outputs)
         except BaseException as exc:  # candidate code may raise anything
             failed_mode(mode, exc, msg.get("seq"))
             continue
         after_block()
-        chan.send("timed", mode=mode, samples=samples, seq=msg.get("seq"))
+        outputs = samples_of_outputs.take() if samples_of_outputs is not None else None
+        chan.send("timed", mode=mode, samples=samples, outputs=outputs, seq=msg.get("seq"))
 
 
 def _serve_profile(msg: dict, chan: Channel, device: torch.device,
@@ -307,8 +382,7 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
     _reject_reference_code(req, model)
     if req.warm_up:  # the first call of the checks, on the first trial's inputs
         chan.send("phase", phase="check")
-        inputs = _to_device(_load(Path(req.inputs_dir) / "inputs_0.pt", weights_only=True),
-                            device)
+        inputs = _staged_inputs(chan, req, device, "warm_up", ["inputs_0"])[0]
         with _armed(guards):
             _run_guarded_call(req, model, inputs, device)
         _reject_violations(guards, "check")
@@ -320,11 +394,8 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
     if not go or go.get("event") != "go":
         return
     chan.send("phase", phase="check")
-    first_inputs: list[Any] = []
-    for trial in range(req.trials + req.guards):  # the configured trials and the shifted one
-        inputs = _to_device(_load(Path(req.inputs_dir) / f"inputs_{trial}.pt",
-                                  weights_only=True), device)
-        first_inputs = first_inputs or inputs
+    names = [f"inputs_{t}" for t in range(req.trials + req.guards)]  # + the shifted one
+    for trial, inputs in enumerate(_staged_inputs(chan, req, device, "check", names)):
         with _armed(guards):
             out = _run_guarded_call(req, model, inputs, device)
         _save(_cpu_leaves(out), Path(req.outputs_dir) / f"outputs_{trial}.pt")
@@ -332,13 +403,13 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
     _reject_reference_code(req, model)
     flags = {k: f"{a} -> {b}" for k, (a, b) in guards.changed_flags().items()}
     chan.send("checked", trials=req.trials, flags=flags)
+    rotation = InputRotation([])
 
     def make_call(mode: str) -> Callable[[], Any]:
-        def call() -> Any:
-            with torch.no_grad():
-                return model(*first_inputs)
-
-        return armed_call(guards, call)
+        if not rotation.sets:  # the timed inputs reach the child only now
+            rotation.sets = _staged_inputs(chan, req, device, "timing",
+                                           [f"pool_{k}" for k in range(req.input_sets)])
+        return armed_call(guards, rotation.caller(model))
 
     def failed(mode: str, exc: BaseException, seq: object) -> None:
         _reject_violations(guards, "timing")
@@ -346,18 +417,34 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
 
     def final_check() -> None:
         # New values in the same tensors that were timed: same pointers, shapes, dtypes.
-        final = _load(Path(req.inputs_dir) / f"inputs_{req.trials + 1}.pt", weights_only=True)
-        for dst, src in zip(first_inputs, final, strict=True):
+        timed = rotation.sets[0] if rotation.sets else []
+        final = _staged_inputs(chan, req, device, "final", [f"inputs_{req.trials + 1}"])[0]
+        for dst, src in zip(timed, final, strict=True):
             if isinstance(dst, torch.Tensor):
                 dst.copy_(src)
         with _armed(guards):
-            out = _run_guarded_call(req, model, first_inputs, device)
+            out = _run_guarded_call(req, model, timed or final, device)
         _save(_cpu_leaves(out), Path(req.outputs_dir) / "outputs_final.pt")
         _reject_violations(guards, "final check")
 
     _serve_timing(req, chan, device, make_call, failed,
                   after_block=lambda: _reject_violations(guards, "timing"),
-                  final_check=final_check)
+                  final_check=final_check,
+                  samples_of_outputs=TimedOutputSamples(rotation) if req.guards else None)
+
+
+def _staged_inputs(chan: Channel, req: ChildRequest, device: torch.device, phase: str,
+                   names: list[str]) -> list[list[Any]]:
+    """Input sets the parent puts within the child's reach only when this phase starts
+    (it refuses a phase asked for out of turn), so none can be read ahead."""
+    chan.send("stage", phase=phase)
+    reply = chan.receive()
+    if not reply or reply.get("event") != "staged" or reply.get("phase") != phase:
+        raise Failure("crashed", "timing" if phase == "timing" else "check",
+                      f"the evaluator did not stage the {phase} inputs")
+    folder = Path(req.inputs_dir)
+    return [_to_device(_load(folder / f"{name}.pt", weights_only=True), device)
+            for name in names]
 
 
 class _armed:

@@ -27,34 +27,77 @@ import psutil
 from pike.config import LimitsConfig
 from pike.errors import EvaluatorError
 from pike.evaluate.protocol import Channel, ChildRequest
+from pike.evaluate.staging import InputStage
 
 log = logging.getLogger(__name__)
 
-SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 MARKER_VARIABLE = "PIKE_EVAL_MARKER"
 _POLL_SECONDS = 0.05
 
+# The child's environment is built from an allow-list: what Python, torch, CUDA, the
+# compilers and pike itself read. Anything else (DATABASE_URL, GITHUB_PAT, MYSQL_PWD,
+# cloud credentials ...) never reaches candidate code, whatever its name.
+_ALLOWED_NAMES = frozenset({
+    "PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH",
+    "PYTHONPATH", "PYTHONHASHSEED", "CC", "CXX", "CFLAGS", "CXXFLAGS", "LDFLAGS", "MAX_JOBS",
+    "OMP_NUM_THREADS", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
+    "CUDA_MODULE_LOADING", "CUDA_DEVICE_ORDER", "CUBLAS_WORKSPACE_CONFIG",
+    "TORCH_CUDA_ARCH_LIST", "TORCH_USE_CUDA_DSA", "TORCH_SHOW_CPP_STACKTRACES",
+})
+_ALLOWED_PREFIXES = ("LC_", "NVIDIA_", "PYTORCH_", "TORCHINDUCTOR_", "TORCH_LOGS", "TRITON_",
+                     "MKL_", "KMP_", "OPENBLAS_", "NCCL_", "NVCC_", "PIKE_")
+# Never passed, even where a prefix allows: pike's own settings that name secrets or
+# places outside the sandbox.
+_NEVER = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PWD", "AUTH")
 
-def scrubbed_environment(work_dir: Path, marker: str, build_dir: Path,
-                         cache_root: Path, compile_threads: int = 1) -> dict[str, str]:
-    """The parent's environment without secrets, with HOME and TMPDIR inside `work_dir`."""
-    env = {k: v for k, v in os.environ.items()
-           if not any(part in k.upper() for part in SECRET_NAME_PARTS)}
-    home, tmp = work_dir / "home", work_dir / "tmp"
-    home.mkdir(exist_ok=True)
-    tmp.mkdir(exist_ok=True)
+
+def passed_to_child(name: str) -> bool:
+    """Whether the variable `name` of pike's environment reaches an evaluation child."""
+    upper = name.upper()
+    if any(part in upper for part in _NEVER) or upper.endswith("_PAT") or "_PAT_" in upper:
+        return False
+    return upper in _ALLOWED_NAMES or upper.startswith(_ALLOWED_PREFIXES)
+
+
+def _without_home(value: str, keep: tuple[str, ...]) -> str:
+    """A path list without the entries under the real home (other than `keep`)."""
+    home = os.path.realpath(Path.home())
+    parts = [p for p in value.split(os.pathsep)
+             if not (os.path.realpath(p) == home or os.path.realpath(p).startswith(home + os.sep))
+             or os.path.realpath(p) in keep]
+    return os.pathsep.join(parts)
+
+
+def child_environment(work_dir: str, marker: str, build_dir: str, cache_root: str,
+                      compile_threads: int = 1) -> dict[str, str]:
+    """The allow-listed part of pike's environment, with HOME, TMPDIR and every cache
+    inside the child's own folders (paths as the child sees them)."""
+    python_bin = (os.path.dirname(os.path.realpath(sys.executable)),
+                  os.path.dirname(os.path.abspath(sys.executable)))
+    env = {k: v for k, v in os.environ.items() if passed_to_child(k)}
+    for name in ("PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "PYTHONPATH"):
+        if name in env:
+            env[name] = _without_home(env[name], python_bin)
+    if python_bin[1] not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = os.pathsep.join([python_bin[1], env.get("PATH", "/usr/bin:/bin")])
+    home, tmp = f"{work_dir}/home", f"{work_dir}/tmp"
     env.update(
-        HOME=str(home), TMPDIR=str(tmp), TMP=str(tmp), TEMP=str(tmp),
-        XDG_CACHE_HOME=str(home / ".cache"), XDG_CONFIG_HOME=str(home / ".config"),
-        TORCH_EXTENSIONS_DIR=str(build_dir),
-        TRITON_CACHE_DIR=str(cache_root / "triton"),
-        TORCHINDUCTOR_CACHE_DIR=str(cache_root / "inductor"),
+        HOME=home, TMPDIR=tmp, TMP=tmp, TEMP=tmp,
+        XDG_CACHE_HOME=f"{home}/.cache", XDG_CONFIG_HOME=f"{home}/.config",
+        TORCH_EXTENSIONS_DIR=build_dir,
+        TRITON_CACHE_DIR=f"{cache_root}/triton",
+        TORCHINDUCTOR_CACHE_DIR=f"{cache_root}/inductor",
         # 1: compile in-process; more: a pool of workers the child shuts down as it ends
         TORCHINDUCTOR_COMPILE_THREADS=str(compile_threads),
         PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
         **{MARKER_VARIABLE: marker},
     )
     return env
+
+
+def make_child_dirs(work_dir: Path) -> None:
+    (work_dir / "home").mkdir(exist_ok=True)
+    (work_dir / "tmp").mkdir(exist_ok=True)
 
 
 @dataclass
@@ -130,9 +173,13 @@ class ChildProcess:
 
     def __init__(self, request: ChildRequest, work_dir: Path, env: dict[str, str],
                  limits: LimitsConfig, phase_limits: dict[str, float],
-                 prefix: list[str] | None = None) -> None:
+                 prefix: list[str] | None = None, sandboxed: bool = False,
+                 stage: InputStage | None = None) -> None:
         self.request, self.work_dir, self.env = request, work_dir, env
         self.prefix = prefix or []
+        self.sandboxed = sandboxed  # in bwrap's namespaces: what it starts dies with it
+        self.stage = stage
+        self.plan_notes: dict[str, str] = {}  # the OS sandbox's namespaces and mounts
         self.memory_limit = int((limits.memory_gib or _default_memory_gib()) * 2**30)
         self.phase_limits = phase_limits
         self.phase = "setup"
@@ -152,9 +199,13 @@ class ChildProcess:
         request_path.write_text(self.request.model_dump_json())
         from_child, child_writes = os.pipe()
         child_reads, to_child = os.pipe()
+        # The request as the child sees it: inside the sandbox the work dir is mounted
+        # elsewhere (the ChildRequest's paths are already the child's).
+        seen_request = self.request.writable[0] + "/request.json" if self.sandboxed else str(
+            request_path)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [*self.prefix, sys.executable, "-m", "pike.evaluate.runner", str(request_path),
+                [*self.prefix, sys.executable, "-m", "pike.evaluate.runner", seen_request,
                  str(child_writes), str(child_reads)],
                 cwd=self.work_dir, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, pass_fds=(child_writes, child_reads),
@@ -189,7 +240,26 @@ class ChildProcess:
         self.phase, self.phase_started = phase, now
 
     def receive(self) -> Event:
-        """The next message, or how the child ended, timed out or overran its memory."""
+        """The next message, or how the child ended, timed out or overran its memory.
+        The child's requests for its inputs are answered here, on the way."""
+        while True:
+            event = self._receive_one()
+            if not (isinstance(event, dict) and event.get("event") == "stage"):
+                return event
+            phase = str(event.get("phase"))
+            problem = self.stage.put(phase) if self.stage is not None else (
+                "asked for inputs the evaluator does not stage")
+            if problem is not None:
+                return {"event": "failure", "status": "rejected", "phase": self.phase,
+                        "message": problem}
+            self.send("staged", phase=phase)
+
+    def permit(self, phase: str) -> None:
+        """The child may now have the inputs of `phase` (the parent has started it)."""
+        if self.stage is not None:
+            self.stage.permitted.add(phase)
+
+    def _receive_one(self) -> Event:
         assert self.proc is not None
         limit = self.phase_limits.get(self.phase, self.phase_limits["load"])
         deadline = self.phase_started + limit
@@ -199,7 +269,7 @@ class ChildProcess:
             if self.proc.poll() is not None:
                 if self._read_some(0):
                     continue
-                return ChildExit(self.proc.returncode, self.output_tail())
+                return ChildExit(self._exit_status(), self.output_tail())
             if time.monotonic() >= deadline:
                 self.unresponsive = True
                 return PhaseTimeout(self.phase, limit)
@@ -238,6 +308,34 @@ class ChildProcess:
             except psutil.Error:
                 pass
         return total
+
+    def _exit_status(self) -> int | None:
+        assert self.proc is not None
+        code = self.proc.returncode
+        if self.sandboxed and code is not None and 128 < code < 128 + 65:
+            return -(code - 128)  # bwrap reports a child killed by signal N as 128 + N
+        return code
+
+    def sandbox_strays(self) -> list[str]:
+        """In the sandbox: processes the child started that are no longer its descendants
+        (a double fork hands them to the namespace's init); they die with the namespace,
+        but they count as left behind."""
+        if not (self.sandboxed and self.proc is not None):
+            return []
+        try:
+            outer = psutil.Process(self.proc.pid)
+            inside = outer.children(recursive=True)
+        except psutil.Error:
+            return []
+        runner = next((p for p in inside if _is_runner(p)), None)
+        ours = {self.proc.pid}
+        if runner is not None:
+            try:
+                ours |= {runner.pid, *(c.pid for c in runner.children(recursive=True))}
+                ours |= {runner.ppid()}  # bwrap's init in the namespace
+            except psutil.Error:
+                pass
+        return [_name(p) for p in inside if p.pid not in ours and p.is_running()]
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -289,6 +387,20 @@ class ChildProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _is_runner(p: psutil.Process) -> bool:
+    try:
+        return "pike.evaluate.runner" in p.cmdline()
+    except psutil.Error:
+        return False
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return f"{p.name()} (pid {p.pid})"
+    except psutil.Error:
+        return f"pid {p.pid}"
 
 
 def _group_of(p: psutil.Process) -> int | None:

@@ -48,8 +48,11 @@ def time_calls(fn: Callable[[], Any], device: torch.device, cfg: TimingConfig) -
 
 def time_block(fn: Callable[[], Any], device: torch.device, cfg: TimingConfig, *,
                warm_up: bool, min_calls: int, min_seconds: float,
-               max_calls: int) -> list[float]:
-    """One block of timed calls (after the full warm-up, or one untimed call); milliseconds."""
+               max_calls: int, after: Callable[[Any], None] | None = None) -> list[float]:
+    """One block of timed calls (after the full warm-up, or one untimed call); milliseconds.
+
+    `after` sees each timed call's output once its time is taken, outside the timed region
+    (the candidate's child samples it there, for the parent to compare)."""
     sync = (lambda: _synchronize(device)) if device.type == "cuda" else (lambda: None)
     if warm_up:
         _warm_up(fn, sync, cfg)
@@ -57,8 +60,8 @@ def time_block(fn: Callable[[], Any], device: torch.device, cfg: TimingConfig, *
         fn()  # the other process ran in between: refill this one's host-side caches
         sync()
     if device.type == "cuda":
-        return _time_cuda(fn, device, cfg.flush_l2, min_calls, min_seconds, max_calls)
-    return _time_host(fn, min_calls, min_seconds, max_calls)
+        return _time_cuda(fn, device, cfg.flush_l2, min_calls, min_seconds, max_calls, after)
+    return _time_host(fn, min_calls, min_seconds, max_calls, after)
 
 
 def _enough(count: int, spent_s: float, min_calls: int, min_seconds: float,
@@ -78,15 +81,18 @@ def _warm_up(fn: Callable[[], Any], sync: Callable[[], None], cfg: TimingConfig)
 
 
 def _time_host(fn: Callable[[], Any], min_calls: int, min_seconds: float,
-               max_calls: int) -> list[float]:
+               max_calls: int, after: Callable[[Any], None] | None) -> list[float]:
     samples: list[float] = []
     spent = 0.0
     while not _enough(len(samples), spent, min_calls, min_seconds, max_calls):
         t0 = _perf_counter()
-        fn()
+        out = fn()
         elapsed = _perf_counter() - t0
         spent += elapsed
         samples.append(elapsed * 1e3)
+        if after is not None:
+            after(out)
+        del out
     return samples
 
 
@@ -94,7 +100,8 @@ _flush_buffers: dict[torch.device, torch.Tensor] = {}
 
 
 def _time_cuda(fn: Callable[[], Any], device: torch.device, flush_l2: bool, min_calls: int,
-               min_seconds: float, max_calls: int) -> list[float]:
+               min_seconds: float, max_calls: int,
+               after: Callable[[Any], None] | None) -> list[float]:
     flush = None
     if flush_l2:
         if device not in _flush_buffers:
@@ -108,7 +115,7 @@ def _time_cuda(fn: Callable[[], Any], device: torch.device, flush_l2: bool, min_
                 flush.zero_()
             start, end, end_all = (_Event(enable_timing=True) for _ in range(3))
             start.record()
-            fn()
+            out = fn()
             end.record()
             _synchronize(device)
             end_all.record()
@@ -118,4 +125,7 @@ def _time_cuda(fn: Callable[[], Any], device: torch.device, flush_l2: bool, min_
                 elapsed_ms = start.elapsed_time(end_all)
             spent += elapsed_ms / 1e3
             samples.append(elapsed_ms)
+            if after is not None:
+                after(out)
+            del out
     return samples
