@@ -31,6 +31,7 @@ CASES = [
     ("mutates_input", "rejected", "check", "modified in place"),
     ("cached", "incorrect", "check", "identical for different inputs"),
     ("spawns_child", "rejected", "cleanup", "left processes running"),
+    ("double_forks", "rejected", "cleanup", "left processes running"),
 ]
 
 
@@ -84,10 +85,21 @@ def test_candidate_class_may_be_named_model(mlp_task: Task, fast_config: EvalCon
 
 def test_candidate_that_loads_the_reference_file_is_rejected(
         mlp_task: Task, fast_config: EvalConfig) -> None:
+    # Without the OS sandbox the file is there to load, and the in-process check names it.
+    fast_config.sandbox = "off"
     source = candidate("uses_reference").replace("TASK_PATH", str(mlp_task.path))
     verdict = evaluate(mlp_task, source, fast_config)
     assert verdict.status == "rejected"
     assert "runs code from the reference task file" in verdict.message
+
+
+def test_in_the_os_sandbox_the_task_file_is_not_there_to_load(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    fast_config.sandbox = "required"
+    source = candidate("uses_reference").replace("TASK_PATH", str(mlp_task.path))
+    verdict = evaluate(mlp_task, source, fast_config)
+    assert not verdict.ok
+    assert "No such file" in verdict.message and str(mlp_task.path) in verdict.message
 
 
 def test_secrets_and_home_are_hidden(mlp_task: Task, fast_config: EvalConfig,
@@ -114,13 +126,13 @@ def test_no_process_outlives_its_evaluation(mlp_task: Task, fast_config: EvalCon
     assert {p.pid for p in _sleepers()} - before == set()
     # The reference child stays alive, cached, to time the next candidate against.
     cached = {r.child.proc.pid for r in judge._references.values() if r.child and r.child.proc}
-    assert {c.pid for c in _live_children()} == cached
+    assert {c.pid for c in _live_children(recursive=False)} == cached
     close_references()
     assert _live_children() == []
 
 
-def _live_children() -> list[psutil.Process]:
-    children = psutil.Process().children(recursive=True)
+def _live_children(recursive: bool = True) -> list[psutil.Process]:
+    children = psutil.Process().children(recursive=recursive)
     return [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 

@@ -31,6 +31,7 @@ def _bare_child(script: str, tmp_path: Path, phase: str = "check") -> ChildProce
     child.phase, child.phase_started, child.phase_seconds = phase, time.monotonic(), {}
     child.memory_limit = 1 << 40
     child.unresponsive = False
+    child.stage, child.sandboxed, child.plan_notes = None, False, {}
     child.log_path = tmp_path / "child.log"
     child.send = lambda event, **fields: None  # type: ignore[method-assign]
     return child

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from pike.config import EvalConfig, TimingConfig
 from pike.evaluate.cores import start_on_build_cores
-from pike.evaluate.protocol import DESCENDANTS_GRACE_S, ChildRequest
 from pike.evaluate.os_sandbox import INSIDE_ROOT, Mount, SandboxPlan, sandbox_active
+from pike.evaluate.protocol import DESCENDANTS_GRACE_S, ChildRequest
 from pike.evaluate.sandbox import (
     ChildExit,
     ChildProcess,
@@ -176,6 +176,8 @@ def finish(child: ChildProcess, report: ChildReport | None = None) -> None:
     child.enter_phase("cleanup")  # which also books the time of the phase that ended
     if child.unresponsive:
         escaped = child.kill_group()
+    elif child.sandboxed:  # what it left dies with its namespace: name it while it runs
+        escaped = child.stop_watching(DESCENDANTS_GRACE_S + 4.0, DESCENDANTS_GRACE_S - 1.0)
     else:
         child.send("stop")
         child.wait_exit(timeout=DESCENDANTS_GRACE_S + 4.0)

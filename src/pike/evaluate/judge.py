@@ -44,9 +44,9 @@ from pike.evaluate.explain import explain_guards
 from pike.evaluate.ncu import attach_kernel_metrics
 from pike.evaluate.profile import ProfileSummary
 from pike.evaluate.protocol import ChildRequest, ShiftSpec
+from pike.evaluate.redact import mask_secrets
 from pike.evaluate.runner import EXTRA_TRIALS
 from pike.evaluate.sandbox import ChildProcess
-from pike.evaluate.redact import mask_secrets
 from pike.evaluate.staging import InputStage
 from pike.evaluate.verdict import OutputMismatch, TimingStats, Verdict
 from pike.floor import Work, floor, times_floor
@@ -180,7 +180,9 @@ def draw_protocol(cfg: EvalConfig) -> DrawnProtocol:
     def draw() -> int:
         return rng.randrange(2**62)
 
-    shift = ShiftSpec(kind=rng.choice(["affine", "uniform"]), scale=rng.uniform(1.5, 4.0),
+    # A larger scale than randn's always (shortcuts that assume |x| < 4 fail), a shift of
+    # the mean, and one of two shapes.
+    shift = ShiftSpec(kind=rng.choice(["affine", "uniform"]), scale=rng.uniform(2.5, 4.0),
                       offset=rng.uniform(-1.0, 1.0), seed=draw())
     return DrawnProtocol(draw(), [draw() for _ in range(count)],
                          [draw() for _ in range(cfg.timing.input_sets)], shift)

@@ -279,7 +279,8 @@ def _shift_distribution(value: Any, spec: ShiftSpec | None) -> Any:
     if spec.kind == "affine":
         return value * spec.scale + spec.offset
     noise = torch.rand(value.shape, generator=torch.Generator().manual_seed(spec.seed))
-    return ((noise * 2 - 1) * spec.scale + spec.offset).to(value.dtype).to(value.device)
+    # uniform over three times the scale: as wide as the affine shape's bulk, no tails
+    return ((noise * 2 - 1) * 3 * spec.scale + spec.offset).to(value.dtype).to(value.device)
 
 
 def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
@@ -417,13 +418,14 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
 
     def final_check() -> None:
         # New values in the same tensors that were timed: same pointers, shapes, dtypes.
-        timed = rotation.sets[0] if rotation.sets else []
         final = _staged_inputs(chan, req, device, "final", [f"inputs_{req.trials + 1}"])[0]
-        for dst, src in zip(timed, final, strict=True):
-            if isinstance(dst, torch.Tensor):
-                dst.copy_(src)
+        if rotation.sets:  # timed: into the tensors of the first timed set
+            for dst, src in zip(rotation.sets[0], final, strict=True):
+                if isinstance(dst, torch.Tensor):
+                    dst.copy_(src)
+            final = rotation.sets[0]
         with _armed(guards):
-            out = _run_guarded_call(req, model, timed or final, device)
+            out = _run_guarded_call(req, model, final, device)
         _save(_cpu_leaves(out), Path(req.outputs_dir) / "outputs_final.pt")
         _reject_violations(guards, "final check")
 

@@ -316,26 +316,41 @@ class ChildProcess:
             return -(code - 128)  # bwrap reports a child killed by signal N as 128 + N
         return code
 
-    def sandbox_strays(self) -> list[str]:
-        """In the sandbox: processes the child started that are no longer its descendants
-        (a double fork hands them to the namespace's init); they die with the namespace,
-        but they count as left behind."""
-        if not (self.sandboxed and self.proc is not None):
-            return []
+    def stop_watching(self, timeout: float, outlived_s: float) -> list[str]:
+        """In the OS sandbox, tell the child to stop, wait for it and name what it left: the
+        namespace ends those processes with the child, but they count. Left behind are
+        the child's descendants still running once it waited `outlived_s` for them, and
+        any process that left its tree (a double fork hands it to the namespace's init)."""
+        assert self.proc is not None
+        last = self._sandbox_others()  # the child may end at once once told
+        self.send("stop")
+        started = time.monotonic()
+        while self.proc.poll() is None and time.monotonic() - started < timeout:
+            last = self._sandbox_others() or last
+            time.sleep(0.1)
+        waited = time.monotonic() - started
+        self.wait_exit(timeout=1.0)
+        return [name for name, descends in last.values() if not descends or waited >= outlived_s]
+
+    def _sandbox_others(self) -> dict[int, tuple[str, bool]]:
+        """Processes in the sandbox other than bwrap's and the runner: pid -> (name,
+        whether it descends from the runner)."""
+        assert self.proc is not None
         try:
-            outer = psutil.Process(self.proc.pid)
-            inside = outer.children(recursive=True)
+            inside = psutil.Process(self.proc.pid).children(recursive=True)
+            runner = next((p for p in inside if _is_runner(p)), None)
+            descendants = {c.pid for c in runner.children(recursive=True)} if runner else set()
         except psutil.Error:
-            return []
-        runner = next((p for p in inside if _is_runner(p)), None)
-        ours = {self.proc.pid}
-        if runner is not None:
+            return {}
+        found = {}
+        for p in inside:
             try:
-                ours |= {runner.pid, *(c.pid for c in runner.children(recursive=True))}
-                ours |= {runner.ppid()}  # bwrap's init in the namespace
+                name = p.name()
             except psutil.Error:
-                pass
-        return [_name(p) for p in inside if p.pid not in ours and p.is_running()]
+                continue
+            if name != "bwrap" and p is not runner:
+                found[p.pid] = (f"{name} (pid {p.pid})", p.pid in descendants)
+        return found
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -391,16 +406,9 @@ class ChildProcess:
 
 def _is_runner(p: psutil.Process) -> bool:
     try:
-        return "pike.evaluate.runner" in p.cmdline()
+        return p.cmdline()[1:3] == ["-m", "pike.evaluate.runner"]  # not bwrap's own argv
     except psutil.Error:
         return False
-
-
-def _name(p: psutil.Process) -> str:
-    try:
-        return f"{p.name()} (pid {p.pid})"
-    except psutil.Error:
-        return f"pid {p.pid}"
 
 
 def _group_of(p: psutil.Process) -> int | None:
