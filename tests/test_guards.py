@@ -24,6 +24,12 @@ from tests.conftest import candidate
     ("tensor_subclass", "rejected", "tensor subclass"),
     ("thread_outlives", "rejected", "thread"),
     ("forges_messages", "rejected", "forged message"),
+    # round 2: timed calls told apart from checked ones, answers reused, library patches
+    ("stale_by_frames", "incorrect", "timed call"),
+    ("memo_by_values", "rejected", "reused, not computed"),
+    ("memo_by_version", "incorrect", ""),
+    ("stale_when_fast", "incorrect", ""),
+    ("mock_patches_tensor", "rejected", "patching torch.Tensor"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:
@@ -156,3 +162,12 @@ def test_the_wall_clock_check_tells_forged_timings_from_an_overloaded_host() -> 
     far = Timer(child=None, mode="candidate",  # type: ignore[arg-type]
                 blocks=[(20.0, [1.0] * 10)] * 4)
     assert "do not account" in (unaccounted_wall_time(cost, far, loaded) or "")
+
+
+def test_reused_answers_show_in_the_probes_and_noise_does_not() -> None:
+    from pike.evaluate.check import reused_answers_problem
+
+    honest = [0.4] * 100
+    assert reused_answers_problem(honest, [0.41, 2.4, 0.45]) is None  # one probe hit by load
+    assert reused_answers_problem(honest, [3.9, 3.8]) is not None  # every probe slow
+    assert reused_answers_problem(honest, [9.0]) is None  # one probe says nothing yet

@@ -8,6 +8,7 @@ mutation) run in the child with functions bound before the candidate was importe
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 import torch
@@ -194,3 +195,23 @@ def _sampled_leaf_problem(expected: Any, got: dict[str, Any], atol: float,
     worst = float((act - exp).abs().nan_to_num(math.inf).max())
     return (f"{int((~close).sum())} of {len(positions)} sampled values differ from the "
             f"reference's (max abs error {worst:.3g})")
+
+
+def reused_answers_problem(samples: list[float], probe_samples: list[float]) -> str | None:
+    """Why the timings show answers reused rather than computed: every timed call on an
+    input set never seen before (a probe) took far longer than nearly all calls on the
+    rotation's sets. The fastest probe against the 90th percentile, so that a burst of
+    host load on one probe, or a slow tail, does not look like reuse."""
+    if len(probe_samples) < 2 or len(samples) < 8:
+        return None
+    slow_tail = statistics.quantiles(samples, n=10)[-1]
+    fastest_probe = min(probe_samples)
+    if fastest_probe <= _REUSE_RATIO * slow_tail + _REUSE_SLACK_MS:
+        return None
+    return (f"every timed call on inputs it had not seen before took over "
+            f"{fastest_probe / slow_tail:.1f}x as long as 90% of the others "
+            f"({fastest_probe:.3g} ms vs {slow_tail:.3g} ms): answers for inputs seen "
+            "before are reused, not computed")
+
+
+_REUSE_RATIO, _REUSE_SLACK_MS = 3.0, 0.05

@@ -219,6 +219,7 @@ class Timer:
     warmed: bool = False
     blocks: list[tuple[float, list[float]]] = field(default_factory=list)  # (wall s, samples)
     outputs: list[dict] = field(default_factory=list)  # samples of timed calls' outputs
+    probe_samples: list[float] = field(default_factory=list)  # calls on never-seen inputs
 
     @property
     def stopped(self) -> bool:
@@ -267,6 +268,9 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
         timer.samples.extend(samples)
         if isinstance(reply.get("outputs"), list):
             timer.outputs.extend(o for o in reply["outputs"] if isinstance(o, dict))
+        for i in reply.get("probe_calls") or []:
+            if isinstance(i, int) and 0 <= i < len(samples) and not warm_up:
+                timer.probe_samples.append(samples[i])
         if not warm_up:
             timer.blocks.append((wall, samples))
     else:

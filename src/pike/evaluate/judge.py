@@ -43,7 +43,7 @@ from pike.evaluate.driver import (
 from pike.evaluate.explain import explain_guards
 from pike.evaluate.ncu import attach_kernel_metrics
 from pike.evaluate.profile import ProfileSummary
-from pike.evaluate.protocol import ChildRequest, ShiftSpec
+from pike.evaluate.protocol import PROBE_SETS, ChildRequest, ShiftSpec
 from pike.evaluate.redact import mask_secrets
 from pike.evaluate.runner import EXTRA_TRIALS
 from pike.evaluate.sandbox import ChildProcess
@@ -173,7 +173,7 @@ def draw_protocol(cfg: EvalConfig) -> DrawnProtocol:
     if cfg.seed is not None:  # as before drawn seeds: trial i from seed + 1 + i
         seed = cfg.seed
         return DrawnProtocol(seed, [seed + 1 + i for i in range(count)],
-                             [seed + 1001 + k for k in range(cfg.timing.input_sets)],
+                             [seed + 1001 + k for k in range(cfg.timing.input_sets + PROBE_SETS)],
                              ShiftSpec(kind="affine", scale=3.0, offset=0.5, seed=seed))
     rng = random.SystemRandom()
 
@@ -185,7 +185,7 @@ def draw_protocol(cfg: EvalConfig) -> DrawnProtocol:
     shift = ShiftSpec(kind=rng.choice(["affine", "uniform"]), scale=rng.uniform(2.5, 4.0),
                       offset=rng.uniform(-1.0, 1.0), seed=draw())
     return DrawnProtocol(draw(), [draw() for _ in range(count)],
-                         [draw() for _ in range(cfg.timing.input_sets)], shift)
+                         [draw() for _ in range(cfg.timing.input_sets + PROBE_SETS)], shift)
 
 
 def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
@@ -248,7 +248,8 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
         raise _reference_failed(task, report.failure)
     expected = [_load_leaves(expected_dir / f"outputs_{i}.pt")
                 for i in range(cfg.trials + EXTRA_TRIALS)]
-    timed = [_load_leaves(expected_dir / f"pool_{k}.pt") for k in range(cfg.timing.input_sets)]
+    timed = [_load_leaves(expected_dir / f"pool_{k}.pt")
+             for k in range(cfg.timing.input_sets + PROBE_SETS)]
     _make_read_only(inputs_dir)
     shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
     child.enter_phase("idle")
@@ -260,7 +261,7 @@ def _input_stage(reference: ReferenceRun, folder: Path, cfg: EvalConfig) -> Inpu
     trials = [f"inputs_{t}.pt" for t in range(cfg.trials + cfg.guards)]
     stage = InputStage(reference.inputs_dir, folder, {
         "warm_up": trials[:1], "check": trials,
-        "timing": [f"pool_{k}.pt" for k in range(cfg.timing.input_sets)],
+        "timing": [f"pool_{k}.pt" for k in range(cfg.timing.input_sets + PROBE_SETS)],
         "final": [f"inputs_{cfg.trials + 1}.pt"]})
     if cfg.warm_up:
         stage.permitted.add("warm_up")
@@ -411,12 +412,7 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
                 if forged:
                     timers[1].failure = Verdict(status="rejected", phase="timing", message=forged)
                 elif cfg.guards and not any(t.failure for t in timers):
-                    wrong = check.timed_outputs_problem(
-                        reference.timed_expected, timers[1].outputs, len(timers[1].samples),
-                        cfg.atol, cfg.rtol)
-                    if wrong:
-                        timers[1].failure = Verdict(status="incorrect", phase="timing",
-                                                    message=wrong)
+                    timers[1].failure = _timed_dishonestly(reference, timers[1], cfg)
             if correctness.ok and cfg.guards and not any(t.failure for t in timers):
                 with hold(device, exclusive=False):
                     final = _final_check(child, reference, outputs_dir, cfg)
@@ -479,6 +475,17 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
         time_interleaved(timers, cfg.timing)
         reference.child.enter_phase("idle")
     return timers
+
+
+def _timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig) -> Verdict | None:
+    """The verdict on timed calls whose sampled outputs are wrong (incorrect), or whose
+    times show answers reused for inputs seen before (rejected); None when neither."""
+    wrong = check.timed_outputs_problem(reference.timed_expected, timer.outputs,
+                                        len(timer.samples), cfg.atol, cfg.rtol)
+    if wrong:
+        return Verdict(status="incorrect", phase="timing", message=wrong)
+    reused = check.reused_answers_problem(timer.samples, timer.probe_samples)
+    return Verdict(status="rejected", phase="timing", message=reused) if reused else None
 
 
 def _forged(reference: ReferenceRun, timers: list[Timer]) -> str | None:

@@ -18,6 +18,11 @@ from pike.config import ConstructOn, TimingConfig
 Role = Literal["reference", "candidate"]
 
 
+# Input sets beyond the timing rotation, each used once, at a random timed call: a model
+# that reuses answers for inputs it has seen is slow exactly on these (judge compares).
+PROBE_SETS = 4
+
+
 class ShiftSpec(BaseModel):
     """The trial with inputs of another distribution: drawn by the parent per reference
     run, so no candidate can special-case it. 'affine' maps x to x * scale + offset;

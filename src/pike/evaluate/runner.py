@@ -25,7 +25,13 @@ from pike.evaluate import check
 from pike.evaluate.diagnostics import describe_exception
 from pike.evaluate.guards import Guards
 from pike.evaluate.profile import profile_calls
-from pike.evaluate.protocol import DESCENDANTS_GRACE_S, Channel, ChildRequest, ShiftSpec
+from pike.evaluate.protocol import (
+    DESCENDANTS_GRACE_S,
+    PROBE_SETS,
+    Channel,
+    ChildRequest,
+    ShiftSpec,
+)
 from pike.evaluate.timing import time_block
 
 _save = torch.save
@@ -184,7 +190,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     del trial_inputs, out
     chan.send("checked", trials=req.trials)
     torch.set_float32_matmul_precision("highest")  # the task's dtype is the contract
-    rotation = InputRotation(pool)
+    rotation = InputRotation(pool[:req.input_sets])  # the probe sets are the candidate's
 
     def make_call(mode: str) -> Callable[[], Any]:
         fn = model
@@ -207,17 +213,31 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
 
 class InputRotation:
     """Timed calls take the input sets in turn, so no call sees the inputs of the one
-    before it: a stale or never-computed output cannot pass for the right one."""
+    before it: a stale or never-computed output cannot pass for the right one. Now and
+    then (drawn after the call before) a probe set, never seen before, takes a call's
+    turn: set numbers go on past the rotation's for them."""
 
-    def __init__(self, sets: list[list[Any]]) -> None:
-        self.sets, self.calls, self.last = sets, 0, 0
+    def __init__(self, sets: list[list[Any]], probes: list[list[Any]] | None = None) -> None:
+        self.sets, self.probes = sets, probes or []
+        self.calls, self.last, self.used_probes, self.probe_next = 0, 0, 0, False
+
+    @property
+    def last_was_probe(self) -> bool:
+        return self.last >= len(self.sets)
 
     def caller(self, fn: Callable[..., Any]) -> Callable[[], Any]:
         def call() -> Any:
-            self.last = self.calls % len(self.sets)
-            self.calls += 1
+            if self.probe_next and self.used_probes < len(self.probes):
+                self.last = len(self.sets) + self.used_probes
+                args = self.probes[self.used_probes]
+                self.used_probes += 1
+            else:
+                self.last = self.calls % len(self.sets)
+                args = self.sets[self.last]
+                self.calls += 1
+            self.probe_next = False
             with torch.no_grad():
-                return fn(*self.sets[self.last])
+                return fn(*args)
 
         return call
 
@@ -236,18 +256,30 @@ class TimedOutputSamples:
 
     def __init__(self, rotation: InputRotation) -> None:
         self.rotation, self.taken, self.calls = rotation, [], 0
+        self.probe_calls: list[int] = []
+        self.block_start = 0
 
     def __call__(self, out: Any) -> None:
         call, self.calls = self.calls, self.calls + 1
-        if len(self.taken) >= self.PER_BLOCK or _draw_below(100) >= self.RATE_PERCENT:
-            return
+        probe = self.rotation.last_was_probe
+        if probe:
+            self.probe_calls.append(call - self.block_start)
+        self.rotation.probe_next = _draw_below(PROBE_ONE_IN) == 0
+        if not probe and (len(self.taken) >= self.PER_BLOCK
+                          or _draw_below(100) >= self.RATE_PERCENT):
+            return  # probes are always sampled: a fast wrong answer must not pass either
         leaves = check.flatten_output(out)[:check.SAMPLED_LEAVES]
         self.taken.append({"call": call, "set": self.rotation.last, "leaves": [
             _sample_leaf(leaf, check.SAMPLED_POSITIONS) for leaf in leaves]})
 
-    def take(self) -> list[dict[str, Any]]:
-        taken, self.taken = self.taken, []
-        return taken
+    def take(self) -> tuple[list[dict[str, Any]], list[int]]:
+        """This block's samples, and which of its timed calls (by index) were probes."""
+        taken, probes = self.taken, self.probe_calls
+        self.taken, self.probe_calls, self.block_start = [], [], self.calls
+        return taken, probes
+
+
+PROBE_ONE_IN = 6  # the chance that the next timed call takes a probe set
 
 
 def _sample_leaf(leaf: Any, count: int) -> dict[str, Any]:
@@ -321,8 +353,9 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
             failed_mode(mode, exc, msg.get("seq"))
             continue
         after_block()
-        outputs = samples_of_outputs.take() if samples_of_outputs is not None else None
-        chan.send("timed", mode=mode, samples=samples, outputs=outputs, seq=msg.get("seq"))
+        outputs, probes = samples_of_outputs.take() if samples_of_outputs else (None, None)
+        chan.send("timed", mode=mode, samples=samples, outputs=outputs, probe_calls=probes,
+                  seq=msg.get("seq"))
 
 
 def _serve_profile(msg: dict, chan: Channel, device: torch.device,
@@ -408,8 +441,9 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
 
     def make_call(mode: str) -> Callable[[], Any]:
         if not rotation.sets:  # the timed inputs reach the child only now
-            rotation.sets = _staged_inputs(chan, req, device, "timing",
-                                           [f"pool_{k}" for k in range(req.input_sets)])
+            sets = _staged_inputs(chan, req, device, "timing",
+                                  [f"pool_{k}" for k in range(req.input_sets + PROBE_SETS)])
+            rotation.sets, rotation.probes = sets[:req.input_sets], sets[req.input_sets:]
         return armed_call(guards, rotation.caller(model))
 
     def failed(mode: str, exc: BaseException, seq: object) -> None:

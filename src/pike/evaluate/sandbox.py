@@ -334,12 +334,15 @@ class ChildProcess:
 
     def _sandbox_others(self) -> dict[int, tuple[str, bool]]:
         """Processes in the sandbox other than bwrap's and the runner: pid -> (name,
-        whether it descends from the runner)."""
+        whether it descends from the runner); empty once the runner has ended."""
         assert self.proc is not None
         try:
-            inside = psutil.Process(self.proc.pid).children(recursive=True)
+            inside = [p for p in psutil.Process(self.proc.pid).children(recursive=True)
+                      if p.status() != psutil.STATUS_ZOMBIE]
             runner = next((p for p in inside if _is_runner(p)), None)
-            descendants = {c.pid for c in runner.children(recursive=True)} if runner else set()
+            if runner is None:
+                return {}
+            descendants = {c.pid for c in runner.children(recursive=True)}
         except psutil.Error:
             return {}
         found = {}
@@ -348,7 +351,7 @@ class ChildProcess:
                 name = p.name()
             except psutil.Error:
                 continue
-            if name != "bwrap" and p is not runner:
+            if name != "bwrap" and p.pid != runner.pid:
                 found[p.pid] = (f"{name} (pid {p.pid})", p.pid in descendants)
         return found
 
