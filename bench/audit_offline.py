@@ -51,6 +51,11 @@ BREAKS = {
 }
 
 
+# The broken copy's seed-dependent break is tuned to one known seed, as a file fitted to
+# one check would be; the audit runs with that seed, so only its fresh trials catch it.
+KNOWN_SEED = 42
+
+
 def seed_dependent_index(task: Task, seed: int, trials: int, scan: int = 4096) -> int | None:
     """An element of the first input that is at most the median on the first trial and
     above it on a later one; None when the first input is not a float tensor or no such
@@ -91,7 +96,7 @@ def build_sets(results: dict, tasks_dir: Path, work: Path,
         kind = list(BREAKS)[len(breaks)] if len(breaks) < len(BREAKS) else None
         spoiler = BREAKS.get(kind or "", "")
         if kind == "seed-dependent":
-            index = seed_dependent_index(task, cfg.seed, cfg.trials)
+            index = seed_dependent_index(task, KNOWN_SEED, cfg.trials)
             # without such an element this task stays intact and the next one is tried
             kind, spoiler = (kind, spoiler.replace("{index}", str(index))) if index is not None \
                 else (None, "")
@@ -120,6 +125,7 @@ def main() -> int:
     cfg = RunConfig()
     cfg.eval.device = args.device
     cfg.eval.workers = args.workers
+    cfg.eval.seed = KNOWN_SEED
     apply_modes(args, cfg)
     work = args.work or Path(tempfile.mkdtemp(prefix="pike-audit-"))
     good, broken, breaks = build_sets(results, args.folder, work, cfg.eval)

@@ -408,7 +408,8 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
                     # timings stay unaccounted in a second window, honest ones do not.
                     log.info("timing blocks unaccounted for; timing again before rejecting")
                     timers = _timing_window(reference, child, device, cfg, warmed=True)
-                    forged = not any(t.failure for t in timers) and _forged(reference, timers)
+                    forged = not any(t.failure for t in timers) and _forged(
+                        reference, timers, strict=True)
                 if forged:
                     timers[1].failure = Verdict(status="rejected", phase="timing", message=forged)
                 elif cfg.guards and not any(t.failure for t in timers):
@@ -488,11 +489,11 @@ def _timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig) -
     return Verdict(status="rejected", phase="timing", message=reused) if reused else None
 
 
-def _forged(reference: ReferenceRun, timers: list[Timer]) -> str | None:
+def _forged(reference: ReferenceRun, timers: list[Timer], strict: bool = False) -> str | None:
     """Why the candidate's reported timings cannot be true, or None."""
     if timers[1].failure is not None:
         return None
-    return unaccounted_wall_time(reference.loop_cost(), timers[1], timers[0])
+    return unaccounted_wall_time(reference.loop_cost(), timers[1], timers[0], strict)
 
 
 def _candidate_verdict(report: ChildReport, correctness: Verdict | None,

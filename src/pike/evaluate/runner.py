@@ -264,7 +264,9 @@ class TimedOutputSamples:
         probe = self.rotation.last_was_probe
         if probe:
             self.probe_calls.append(call - self.block_start)
-        self.rotation.probe_next = _draw_below(PROBE_ONE_IN) == 0
+        # At most one probe a block, so they spread over the window (and a burst of host
+        # load cannot fall on all of them).
+        self.rotation.probe_next = not self.probe_calls and _draw_below(PROBE_ONE_IN) == 0
         if not probe and (len(self.taken) >= self.PER_BLOCK
                           or _draw_below(100) >= self.RATE_PERCENT):
             return  # probes are always sampled: a fast wrong answer must not pass either

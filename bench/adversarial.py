@@ -1,0 +1,146 @@
+"""Every cheat class the evaluator defends against, one candidate of ours each: the verdict,
+what caught it, and whether anything got out (a file, a process, a secret).
+
+    python bench/adversarial.py [--device cuda] [--sandbox auto|required|off]
+
+Runs on examples/tasks/1_GeluMLP.py with the default protocol (as `pike eval` judges).
+Writes bench/results/adversarial-<device>[-<sandbox>].json and .md with device, torch
+version, date and command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import torch
+from common import device_name, now, run_script, this_command
+
+from pike.config import EvalConfig
+from pike.evaluate import evaluate
+from pike.evaluate.os_sandbox import sandbox_status
+from pike.task import Task
+
+ROOT = Path(__file__).resolve().parent.parent
+TASK = ROOT / "examples" / "tasks" / "1_GeluMLP.py"
+CANDIDATES = ROOT / "tests" / "candidates"
+CANARY = "sk-CANARYadversarial0123456789"
+
+# class -> candidates; `honest` ones pass only where the attack found nothing to use.
+CLASSES: dict[str, list[str]] = {
+    "telling timed calls from checked ones": [
+        "stale_by_frames", "stale_when_fast", "memo_by_version", "memo_by_values",
+        "counts_calls", "caches_by_pointer"],
+    "reaching the evaluator's objects": [
+        "wraps_channel", "mock_patches_tensor", "forges_messages", "patches_evaluator",
+        "patches_event", "walks_gc", "rewrites_samples", "tensor_subclass", "thread_outlives"],
+    "predictable or readable inputs": ["assumes_randn", "reads_inputs_ahead"],
+    "finding the task and the reference": ["uses_reference", "slows_the_reference"],
+    "escaping the process": ["escapes_by_subprocess", "double_forks", "spawns_child",
+                             "writes_outside", "opens_socket"],
+    "secrets": ["leaks_secrets", "reads_secrets"],
+}
+HONEST_WHEN_BLOCKED = {"reads_inputs_ahead", "slows_the_reference", "reads_secrets"}
+
+
+def _sleepers() -> set[int]:
+    found = set()
+    for p in psutil.process_iter(["name", "cmdline"]):
+        if p.info["name"] == "sleep" and any(a.startswith("30") for a in p.info["cmdline"] or []):
+            found.add(p.pid)
+    return found
+
+
+def judge_one(task: Task, name: str, cfg: EvalConfig, scratch: Path) -> dict:
+    source = (CANDIDATES / f"{name}.py").read_text().replace("TASK_PATH", str(task.path))
+    target = scratch / f"{name}-escaped"
+    os.environ["PIKE_TEST_TARGET"] = str(target)
+    before = _sleepers()
+    started = time.monotonic()
+    with socket.socket() as server:  # what a candidate's connection would reach
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server.settimeout(0.2)
+        os.environ["PIKE_TEST_PORT"] = str(server.getsockname()[1])
+        verdict = evaluate(task, source, cfg)
+        try:
+            server.accept()
+            reached = True
+        except TimeoutError:
+            reached = False
+    time.sleep(0.5)
+    survivors = sorted(_sleepers() - before)
+    for pid in survivors:
+        psutil.Process(pid).kill()
+    dumped = verdict.model_dump_json()
+    honest = name in HONEST_WHEN_BLOCKED
+    defended = (verdict.status != "ok" or honest) and not (
+        target.exists() or survivors or reached or CANARY in dumped)
+    return {"candidate": name, "status": verdict.status, "phase": verdict.phase,
+            "speedup": verdict.speedup, "message": verdict.message.splitlines()[0][:240]
+            if verdict.message else "", "file_escaped": target.exists(),
+            "process_survived": bool(survivors), "network_reached": reached,
+            "canary_in_verdict": CANARY in dumped, "defended": defended,
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--sandbox", default="auto", choices=["auto", "required", "off"])
+    parser.add_argument("--only", default=None, help="comma list of candidate names")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args()
+    os.environ["OPENAI_API_KEY"] = CANARY  # what an escaped child would look for
+    os.environ["DATABASE_URL"] = f"postgres://pike:{CANARY}@db.invalid/pike"
+    os.environ["PIKE_TEST_LEAK"] = CANARY  # planted where the candidate can read it
+    cfg = EvalConfig(device=args.device, sandbox=args.sandbox)
+    task = Task.from_file(TASK)
+    only = set(args.only.split(",")) if args.only else None
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pike-adversarial-") as scratch:
+        for cheat_class, names in CLASSES.items():
+            for name in names:
+                if only and name not in only:
+                    continue
+                row = {"class": cheat_class, **judge_one(task, name, cfg, Path(scratch))}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                write(args, rows)
+    return 0 if all(r["defended"] for r in rows) else 1
+
+
+def write(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Rewritten after every candidate, so a run cut off keeps what it judged."""
+    result = {"benchmark": "adversarial", "device": args.device,
+              "device_name": device_name(args.device), "torch_version": torch.__version__,
+              "sandbox": sandbox_status(args.sandbox), "date": now(),
+              "command": this_command(), "rows": rows}
+    lines = [f"# Adversarial candidates ({result['device_name']})", "",
+             f"- device: {args.device}, torch {torch.__version__}, date {result['date']}",
+             f"- OS sandbox: {result['sandbox']}", f"- command: `{result['command']}`", "",
+             f"{sum(r['defended'] for r in rows)} of {len(rows)} defended: not `ok` (or `ok` "
+             "only where the attack found nothing), no file written outside, no process "
+             "left, no connection made, no canary secret in the verdict.", "",
+             "| class | candidate | verdict | what caught it | defended |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        said = r["message"].replace("|", "/")[:140] or "(nothing to catch)"
+        lines.append(f"| {r['class']} | {r['candidate']} | {r['status']} | {said} | "
+                     f"{'yes' if r['defended'] else '**no**'} |")
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"adversarial-{'cuda' if args.device.startswith('cuda') else 'cpu'}"
+    if args.sandbox != "auto":
+        stem += f"-sandbox-{args.sandbox}"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    run_script(main)
