@@ -56,6 +56,9 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--backends", default=None, help="only these, e.g. 'CUDA C++'")
+    parser.add_argument("--compare", choices=["guards", "sandbox"], default="guards",
+                        help="what is turned off in the second column: the in-process "
+                        "guards, or the OS sandbox (bubblewrap; guards on in both)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
@@ -66,8 +69,12 @@ def main() -> int:
         if wanted and backend not in wanted:
             continue
         source = (ROOT / path).read_text()
-        on_cfg, off_cfg = EvalConfig(device=args.device), EvalConfig(device=args.device,
-                                                                     guards=False)
+        if args.compare == "sandbox":
+            on_cfg = EvalConfig(device=args.device, sandbox="required")
+            off_cfg = EvalConfig(device=args.device, sandbox="off")
+        else:
+            on_cfg = EvalConfig(device=args.device)
+            off_cfg = EvalConfig(device=args.device, guards=False)
         one(task, source, on_cfg)  # build once, warm the reference; not counted
         one(task, source, off_cfg)
         on, off, on_phases, off_phases = [], [], [], []
@@ -100,17 +107,18 @@ def write(args: argparse.Namespace, cuda: bool, rows: list[dict]) -> None:
               "torch_version": torch.__version__, "host": platform.node(),
               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "command": "python " + " ".join(sys.argv), "rows": rows}
-    lines = [f"# Cost of the evaluator's guards ({device_name})", "",
+    what = "OS sandbox (bubblewrap)" if args.compare == "sandbox" else "in-process guards"
+    lines = [f"# Cost of the evaluator's {what} ({device_name})", "",
              f"- device: {args.device}, torch {torch.__version__}, host {platform.node()}",
              f"- date: {result['date']}", f"- command: `{result['command']}`", "",
              "Median wall time of one whole evaluation (child start, load, trials, timing of "
-             "candidate and reference), guards on and off, alternating.", "",
-             "| backend | with guards | without | extra (medians) | extra (median of pairs) |",
+             f"candidate and reference), {what} on and off, alternating.", "",
+             "| backend | with | without | extra (medians) | extra (median of pairs) |",
              "|---|---|---|---|---|"]
     lines += [f"| {r['backend']} | {r['with_guards_s']:.2f} s | {r['without_guards_s']:.2f} s "
               f"| {r['extra_pct']:+.1f}% | {r['paired_extra_pct']:+.1f}% |" for r in rows]
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"guards-{'cuda' if cuda else 'cpu'}"
+    stem = f"{'sandbox' if args.compare == 'sandbox' else 'guards'}-{'cuda' if cuda else 'cpu'}"
     if args.backends:
         stem += "-" + "-".join(r["backend"].lower().replace(" ", "").replace("+", "p")
                                for r in rows)
