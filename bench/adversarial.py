@@ -131,7 +131,8 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
              "| class | candidate | verdict | what caught it | defended |",
              "|---|---|---|---|---|"]
     for r in rows:
-        said = r["message"].replace("|", "/")[:140] or "(nothing to catch)"
+        said = "".join(c if c.isprintable() else " " for c in r["message"])  # environ: NULs
+        said = said.replace("|", "/")[:140] or "(nothing to catch)"
         lines.append(f"| {r['class']} | {r['candidate']} | {r['status']} | {said} | "
                      f"{'yes' if r['defended'] else '**no**'} |")
     args.out.mkdir(parents=True, exist_ok=True)
