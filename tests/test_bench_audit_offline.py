@@ -62,7 +62,6 @@ def test_no_seed_dependent_break_without_a_float_input(bench_audit: ModuleType,
         "    def forward(self, i):\n        return i * 2\n\n\n"
         "def get_inputs():\n    return [torch.randint(0, 9, (4,))]\n\n\n"
         "def get_init_inputs():\n    return []\n")
-    from pike.config import EvalConfig
     from pike.task import Task
     assert bench_audit.seed_dependent_index(Task.from_file(task_file), bench_audit.KNOWN_SEED,
                                             5) is None

@@ -6,6 +6,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -20,6 +21,7 @@ from rich.table import Table
 from pike.config import CONSTRUCT_ON, RunConfig
 from pike.errors import ConfigError, PikeError, TaskError
 from pike.evaluate import BASELINE_MODES, Baseline, Verdict, evaluate, measure_baselines
+from pike.evaluate.leftovers import sweep_orphaned_dirs
 from pike.evaluate.pool import PLACEMENT
 from pike.task import Task, load_task, load_tasks
 
@@ -112,6 +114,15 @@ def _config(path: Path | None, device: str | None, construct_on: str | None = No
 def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    # SIGTERM (`timeout`, `kill`, a scheduler) ends pike as Ctrl-C does: children killed,
+    # temp dirs removed, the store left consistent, one line said.
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    sweep_orphaned_dirs()
+
+
+def _terminate_as_interrupt(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second TERM ends pike at once
+    raise KeyboardInterrupt
 
 
 @app.command("eval")

@@ -41,6 +41,11 @@ class LimitsConfig(_Strict):
     load_seconds: float = Field(600, gt=0, description="import the module, build extensions, construct")
     check_seconds: float = Field(300, gt=0, description="all correctness trials")
     timing_seconds: float = Field(300, gt=0, description="warm-up and timed calls")
+    fitted: bool = Field(
+        True, description="a candidate's check and timing limits follow the reference's own "
+        "check time (50x it, at least 30 s; the values above stay ceilings), so a hung "
+        "candidate on a small task is judged within a minute; turn off where lazy compiles "
+        "(max-autotune) in a candidate's first call take longer on a small task")
     memory_gib: float | None = Field(
         None, gt=0, description="host RSS of the whole child tree; None = 75% of physical memory"
     )

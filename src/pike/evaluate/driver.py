@@ -49,11 +49,13 @@ class ChildReport:
 
 
 def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
-                build_key: str, stage: InputStage | None = None) -> ChildProcess:
+                build_key: str, stage: InputStage | None = None,
+                run_limit_s: float | None = None) -> ChildProcess:
     """Start a sandboxed child; the caller must `finish` it (or call its __exit__).
 
     `request` names host paths; the child gets them as it sees them (under /pike/ in the
-    OS sandbox). A candidate's inputs come through `stage`, phase by phase."""
+    OS sandbox). A candidate's inputs come through `stage`, phase by phase.
+    `run_limit_s` tightens the check and timing limits (the config's stay ceilings)."""
     cache_root = cfg.build_cache or Path.home() / ".cache" / "pike" / "build"
     cache_root.mkdir(parents=True, exist_ok=True)
     make_child_dirs(work_dir)
@@ -69,9 +71,12 @@ def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
     device = request.device  # as this process numbers GPUs; the child sees only its own
     _only_one_gpu(request, env)
     lim = cfg.limits
+    check_s, timing_s = lim.check_seconds, lim.timing_seconds
+    if run_limit_s is not None:
+        check_s, timing_s = min(check_s, run_limit_s), min(timing_s, run_limit_s)
     phase_limits = {"setup": lim.load_seconds, "load": lim.load_seconds,
-                    "init": lim.load_seconds, "check": lim.check_seconds,
-                    "timing": lim.timing_seconds, "cleanup": 10.0,
+                    "init": lim.load_seconds, "check": check_s,
+                    "timing": timing_s, "cleanup": 10.0,
                     # advisory passes: a hang here must not hold the device for long
                     "profile": lim.check_seconds, "work": lim.check_seconds}
     prefix = plan.prefix() if plan is not None else network_prefix(cfg.network_isolation)

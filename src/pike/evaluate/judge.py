@@ -12,7 +12,6 @@ import hashlib
 import logging
 import random
 import shutil
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -41,6 +40,7 @@ from pike.evaluate.driver import (
     wait_ready,
 )
 from pike.evaluate.explain import explain_guards
+from pike.evaluate.leftovers import make_temp_dir
 from pike.evaluate.ncu import attach_kernel_metrics
 from pike.evaluate.profile import ProfileSummary
 from pike.evaluate.protocol import PROBE_SETS, ChildRequest, ShiftSpec
@@ -85,6 +85,7 @@ class ReferenceRun:
     child: ChildProcess | None
     _tmp: Path
     seed: int = 0  # of the weights: the candidate builds its model with it too
+    check_seconds: float = 0.0  # the reference's own check phase: candidates' limits follow
     timed_expected: list[list[Any]] = field(default_factory=list)  # per timed input set
 
     _loop_cost: LoopCost | None = None
@@ -140,11 +141,17 @@ _references_lock = threading.Lock()  # evaluations of several tasks run in threa
 
 
 @atexit.register
-def close_references() -> None:
+def close_references(at_once: bool = False) -> None:
     """Stop every cached reference child (also run at interpreter exit)."""
     with _references_lock:
         while _references:
-            _references.popitem()[1].close()
+            run = _references.popitem()[1]
+            if at_once and run.child is not None:
+                run.child.unresponsive = True  # killed, not asked: it may be mid-request
+            run.close()
+
+
+atexit.register(close_references, at_once=True)  # runs first: no waiting at exit
 
 
 # The settings a reference and its candidates must share, sent to both children; a cached
@@ -223,7 +230,7 @@ def release_reference(run: ReferenceRun) -> None:
 
 
 def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> ReferenceRun:
-    tmp = Path(tempfile.mkdtemp(prefix="pike-ref-"))
+    tmp = make_temp_dir("ref")
     inputs_dir, expected_dir, work_dir = tmp / "inputs", tmp / "expected", tmp / "work"
     for d in (inputs_dir, expected_dir, work_dir):
         d.mkdir()
@@ -254,7 +261,19 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
     shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
     child.enter_phase("idle")
     return ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp,
-                        seed=drawn.weights, timed_expected=timed)
+                        seed=drawn.weights, timed_expected=timed,
+                        check_seconds=child.phase_seconds.get("check", 0.0))
+
+
+# A candidate may take this many times the reference's own check phase to check or to
+# time a block before it is judged `timeout`, but never less than the floor: a hung
+# candidate on a small task gets its verdict within a minute, a large task keeps room.
+_LIMIT_TIMES_REFERENCE, _LIMIT_FLOOR_S = 50.0, 30.0
+
+
+def fitted_limit(reference_check_s: float) -> float:
+    """The check and timing limits of a candidate (the config's limits stay ceilings)."""
+    return max(_LIMIT_FLOOR_S, _LIMIT_TIMES_REFERENCE * reference_check_s)
 
 
 def _input_stage(reference: ReferenceRun, folder: Path, cfg: EvalConfig) -> InputStage:
@@ -359,7 +378,7 @@ def evaluate(task: Task, candidate_source: str,
         return Verdict(status="compile_error", phase="load", device=device,
                        message=f"candidate.py:{err.lineno}: SyntaxError: {err.msg}")
     reference = run_reference(task, cfg, device, keep_child=cfg.time_candidate)
-    tmp = Path(tempfile.mkdtemp(prefix="pike-cand-"))
+    tmp = make_temp_dir("cand")
     try:
         verdict = _judge_candidate(task, candidate_source, cfg, device, reference, tmp)
         if verdict.ok and verdict.runtime is not None and device.startswith("cuda"):
@@ -391,7 +410,9 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
     final: Verdict | None = None
     profile: ProfileSummary | None = None
     build_key = task.sha256[:8] + "-" + _sha(source)[:16]
-    child = start_child(request, work_dir, cfg, build_key, stage)
+    child = start_child(request, work_dir, cfg, build_key, stage,
+                        run_limit_s=fitted_limit(reference.check_seconds)
+                        if cfg.limits.fitted else None)
     try:
         # Builds and lazy compiles take no lock, so they overlap other candidates' timing.
         ready = wait_ready(child, report)
@@ -423,6 +444,9 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
                     profile = request_profile(child, "candidate", cfg.profile_calls)
                     attach_kernel_metrics(profile, task.path, candidate_path, device, cfg,
                                           build_key)
+    except BaseException:  # an interrupt (Ctrl-C, SIGTERM): no time to ask the child
+        child.unresponsive = True
+        raise
     finally:
         finish(child, report)
     if timers and timers[0].failure is not None:

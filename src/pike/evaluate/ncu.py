@@ -20,13 +20,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 
 import psutil
 
 from pike.config import EvalConfig
+from pike.evaluate.leftovers import make_temp_dir
 from pike.evaluate.ncu_target import NVTX_RANGE
 from pike.evaluate.profile import KernelMetrics, ProfileSummary
 from pike.evaluate.sandbox import (
@@ -92,7 +92,7 @@ def measure(task_path: Path, module_path: Path, kernel_names: list[str], device:
         raise NcuUnavailable(MISSING)
     if not device.startswith("cuda"):
         raise NcuUnavailable("no GPU: Nsight Compute does not apply")
-    work = Path(tempfile.mkdtemp(prefix="pike-ncu-"))
+    work = make_temp_dir("ncu")
     try:
         report = work / "kernels.ncu-rep"
         target = [sys.executable, "-m", "pike.evaluate.ncu_target", str(task_path),

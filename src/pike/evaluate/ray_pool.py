@@ -20,7 +20,6 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections import deque
@@ -35,6 +34,7 @@ import ray.exceptions
 from pike.config import EvalConfig
 from pike.errors import EvaluatorError, PikeError
 from pike.evaluate.judge import close_references
+from pike.evaluate.leftovers import make_temp_dir
 from pike.evaluate.pool import LocalPool, one_line
 from pike.evaluate.verdict import Verdict
 from pike.task import Task
@@ -84,7 +84,7 @@ class EvaluationActor:
     def __init__(self, cfg: EvalConfig, device: str, workers: int) -> None:
         cfg = cfg.model_copy(update={"device": device, "devices": [], "cluster": "local"})
         self._pool = LocalPool(cfg, workers=workers)
-        self._folder = Path(tempfile.mkdtemp(prefix="pike-ray-tasks-"))
+        self._folder = make_temp_dir("ray-tasks")
         self._tasks: dict[tuple[str, str], Task] = {}
         self._lock = threading.Lock()
 

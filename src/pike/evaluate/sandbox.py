@@ -7,6 +7,7 @@ so that processes which escape the group (setsid, double fork) are found and kil
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import logging
@@ -18,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,8 +166,23 @@ def network_isolation(mode: str) -> str:
     return "no namespace available here; the audit hook refuses sockets"
 
 
-def _no_core_dumps() -> None:
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(parent: int) -> Callable[[], None]:
+    """Run in the new child before it starts Python: no core dumps, and killed when pike
+    dies however it ends (bwrap's --die-with-parent does this in the OS sandbox; this is
+    the same where there is none). If pike died before the signal was armed, stop now."""
+    def setup() -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):  # not Linux: the parent's cleanup still runs
+            return
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return setup
 
 
 class ChildProcess:
@@ -209,7 +226,7 @@ class ChildProcess:
                  str(child_writes), str(child_reads)],
                 cwd=self.work_dir, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, pass_fds=(child_writes, child_reads),
-                start_new_session=True, preexec_fn=_no_core_dumps,
+                start_new_session=True, preexec_fn=_child_setup(os.getpid()),
             )
         os.close(child_writes)
         os.close(child_reads)

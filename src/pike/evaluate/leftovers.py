@@ -1,0 +1,78 @@
+"""Temp folders that outlive a killed pike: each is named after the process that made it,
+and the next pike to start removes those whose owner is gone.
+
+`pike-cand-<pid>-*` and `pike-ref-<pid>-*` hold a candidate's work and a reference's
+inputs; a pike ended by SIGKILL (or the OOM killer) cannot remove them itself. The owner's
+start time is in the name too, so a recycled pid does not keep a dead run's folder alive.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+_KINDS = ("cand", "ref", "ncu", "ray-tasks")
+_NAME = re.compile(r"^pike-(?:" + "|".join(_KINDS) + r")-(\d+)-(\d+)-")
+
+
+@functools.cache
+def _owner_tag() -> str:
+    me = psutil.Process()
+    return f"{me.pid}-{int(me.create_time())}"
+
+
+def make_temp_dir(kind: str) -> Path:
+    """A new temp folder of this process: `pike-<kind>-<pid>-<start time>-<random>`."""
+    assert kind in _KINDS
+    sweep_orphaned_dirs()
+    return Path(tempfile.mkdtemp(prefix=f"pike-{kind}-{_owner_tag()}-"))
+
+
+def _owner_alive(pid: int, started: int) -> bool:
+    try:
+        return int(psutil.Process(pid).create_time()) == started
+    except psutil.Error:
+        return False
+
+
+def remove_tree(path: Path) -> None:
+    """rmtree that also removes the read-only folders the evaluator makes."""
+    def writable_again(func, name, _exc):  # type: ignore[no-untyped-def]
+        os.chmod(os.path.dirname(name), 0o755)
+        os.chmod(name, 0o755)
+        func(name)
+
+    shutil.rmtree(path, onerror=writable_again)
+
+
+@functools.cache
+def sweep_orphaned_dirs(folder: str | None = None) -> list[str]:
+    """Remove the temp folders of pike processes that are gone (once per process)."""
+    removed = []
+    root = Path(folder or tempfile.gettempdir())
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        match = _NAME.match(path.name)
+        if not match or not path.is_dir() or _owner_alive(int(match[1]), int(match[2])):
+            continue
+        try:
+            remove_tree(path)
+            removed.append(path.name)
+        except OSError as err:
+            log.info("could not remove %s left by a killed pike: %s", path, err)
+    if removed:
+        log.info("removed %d temp folders left by pike processes that were killed",
+                 len(removed))
+    return removed

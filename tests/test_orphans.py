@@ -1,0 +1,102 @@
+"""No child outlives pike, however pike ends, and nothing it leaves in the temp folder
+outlives the next pike to start; a hung candidate gets its verdict within a minute."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from pike.config import EvalConfig, LimitsConfig
+from pike.evaluate import evaluate
+from pike.evaluate.leftovers import make_temp_dir, sweep_orphaned_dirs
+from pike.task import Task
+from tests.conftest import CANDIDATES, EXAMPLES, candidate
+
+MLP = EXAMPLES / "tasks" / "1_GeluMLP.py"
+
+
+def _runners_under(pid: int) -> list[psutil.Process]:
+    try:
+        tree = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    return [p for p in tree if _cmdline(p)[1:3] == ["-m", "pike.evaluate.runner"]]
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_killing_pike_eval_leaves_no_process_and_no_temp_dir(
+        tmp_path: Path, build_cache: Path, how: signal.Signals, sandbox: str) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    config = tmp_path / "pike.yaml"
+    config.write_text(yaml.safe_dump({"eval": {"sandbox": sandbox, "trials": 2,
+                                               "build_cache": str(build_cache)}}))
+    env = {**os.environ, "TMPDIR": str(temp)}
+    pike = subprocess.Popen([sys.executable, "-m", "pike", "eval", str(MLP),
+                             str(CANDIDATES / "infinite_loop.py"), "--device", "cpu",
+                             "--config", str(config)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(_runners_under(pike.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)  # the reference's child and the looping candidate's
+    children = [p for p in psutil.Process(pike.pid).children(recursive=True)]
+    assert len(_runners_under(pike.pid)) == 2, pike.stderr.read() if pike.poll() else ""
+    time.sleep(2.0)
+    pike.send_signal(how)
+    _, err = pike.communicate(timeout=60)
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert alive == [], [(_cmdline(p), p.status()) for p in alive]
+    left = sorted(p.name for p in temp.iterdir() if p.name.startswith("pike-"))
+    if how == signal.SIGTERM:
+        assert pike.returncode != 0 and "Traceback" not in err, err
+        assert left == []
+    else:  # a killed pike cannot clean up: the next one to start does
+        assert left, "the killed pike's temp dirs should be there to sweep"
+        subprocess.run([sys.executable, "-m", "pike", "eval", str(tmp_path / "missing.py"),
+                        str(CANDIDATES / "fused.py")], env=env, capture_output=True)
+        assert sorted(p.name for p in temp.iterdir() if p.name.startswith("pike-")) == []
+
+
+def test_the_sweep_keeps_the_dirs_of_live_pikes(tmp_path: Path) -> None:
+    mine = make_temp_dir("cand")
+    try:
+        dead = tmp_path / "pike-ref-999999-12345-abc"
+        (dead / "inputs").mkdir(parents=True)
+        (dead / "inputs" / "x.pt").write_text("")
+        (dead / "inputs").chmod(0o555)
+        other = tmp_path / "not-pike-999999-1-x"
+        other.mkdir()
+        live = tmp_path / mine.name
+        live.mkdir()
+        assert sweep_orphaned_dirs(str(tmp_path)) == [dead.name]
+        assert not dead.exists() and other.exists() and live.exists()
+    finally:
+        mine.rmdir()
+
+
+def test_a_hung_candidate_on_a_small_task_times_out_within_a_minute(
+        mlp_task: Task, build_cache: Path) -> None:
+    cfg = EvalConfig(device="cpu", trials=2, build_cache=build_cache,
+                     limits=LimitsConfig())  # the default ceilings: 300 s to check
+    evaluate(mlp_task, candidate("fused"), cfg)  # the reference is measured and cached
+    started = time.monotonic()
+    verdict = evaluate(mlp_task, candidate("infinite_loop"), cfg)
+    assert verdict.status == "timeout", verdict.message
+    assert time.monotonic() - started < 60
+    assert "no progress for 30 s" in verdict.message
