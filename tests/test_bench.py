@@ -98,7 +98,9 @@ def test_bench_survives_a_kill_and_reports_every_figure(
         for name in NAMES:
             assert store.get_state(name, "done") is True
             keys = [c["role"] for c in store.llm_calls(name)]
-            assert len(keys) == len(set(keys)) == 4  # each task's own budget, nothing twice
+            assert len(keys) == len(set(keys))  # nothing recorded twice
+            # each task's own budget, a call in flight at the kill counted as spent
+            assert store.spent(name)[0] == 4
             baseline = store.get_state(name, "baseline")
             assert [m["mode"] for m in baseline["modes"]] == ["eager", "compile:default"]
             if baselines_before[name] is not None:  # measured once, kept across the resume

@@ -177,9 +177,12 @@ def test_resume_after_kill_continues_without_double_counting(
     assert result.exit_code == 0, result.output
     after = RunStore.open(out)
     keys = [c["role"] for c in after.llm_calls("1_GeluMLP")]
-    assert len(keys) == len(set(keys)) == 8  # the whole budget, no call made twice
-    # calls lost in flight at the kill are the only requests the store does not hold
-    assert len(fake_llm.requests) - len(keys) <= 4
+    assert len(keys) == len(set(keys))  # no call recorded twice
+    # Calls in flight at the kill stay counted (they were sent, and may be billed): over
+    # both runs the provider saw no more requests than the budget, and the store counts
+    # the whole budget as spent.
+    assert len(fake_llm.requests) <= 8
+    assert after.spent("1_GeluMLP")[0] == 8
     for cid, verdict in judged_before.items():  # finished evaluations were not redone
         assert after.candidate(cid).verdict == verdict
 

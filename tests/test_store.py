@@ -330,3 +330,27 @@ def test_a_closed_store_says_so(store: RunStore) -> None:
     store.close()
     with pytest.raises(StoreError, match="closed"):
         store.candidates()
+
+
+def test_a_call_is_counted_before_it_is_sent_and_stays_counted_after_a_crash(
+        tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from pike.search.ledger import Ledger
+
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    ledger = Ledger(store, "t", budget_queries=2, budget_dollars=1.0)
+    first = ledger.reserve(0.4)
+    assert first is not None and store.spent("t") == (1, 0.4)  # in flight: counted
+    second = ledger.reserve(0.4)
+    assert second is not None and ledger.reserve(0.1) is None  # no room for a third
+    call = SimpleNamespace(role="optimize:0", model="m", messages=[], reply="r", tokens_in=1,
+                           tokens_out=1, latency_s=0.1, cost_usd=0.25, error=None)
+    assert ledger.settle(first, call) is not None
+    assert store.spent("t") == (2, pytest.approx(0.65))  # recorded + still in flight
+    # The process dies here with `second` in flight; a resumed run sees it as spent.
+    resumed = Ledger(RunStore.open(tmp_path / "run"), "t", budget_queries=2,
+                     budget_dollars=1.0)
+    assert resumed.reserve(0.01) is None
+    # A reservation given back unsent frees its room.
+    assert ledger.settle(second, None) is None and resumed.reserve(0.01) is not None

@@ -102,10 +102,17 @@ def _add_prompt_parts(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE llm_calls ADD COLUMN prompt_parts TEXT")
 
 
+def _add_pending_calls(conn: sqlite3.Connection) -> None:
+    """v2 -> v3: LLM calls counted before they are sent, until their reply is recorded;
+    after a crash, those left count as spent (the provider may have billed them)."""
+    conn.execute("CREATE TABLE pending_calls (id INTEGER PRIMARY KEY AUTOINCREMENT,"
+                 " task TEXT NOT NULL, reserved_usd REAL NOT NULL, started_at TEXT NOT NULL)")
+
+
 # _MIGRATIONS[v - 1] upgrades a store from schema version v to v + 1. A new store is built
 # as version 1 and migrated like an old one, so there is a single path to the current
 # schema. Append here; never edit a released migration.
-_MIGRATIONS: list[Migration] = [_add_prompt_parts]
+_MIGRATIONS: list[Migration] = [_add_prompt_parts, _add_pending_calls]
 
 
 def _current_version() -> int:
@@ -208,6 +215,12 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
     while version < current:
         conn.execute("BEGIN IMMEDIATE")
         try:
+            # Another connection (a thread of this run, a resumed run) may have migrated
+            # since the version was read: read it again under the write lock.
+            version = _schema_version(conn, path)
+            if version >= current:
+                conn.execute("COMMIT")
+                break
             _MIGRATIONS[version - 1](conn)
             version += 1
             conn.execute(
@@ -437,11 +450,17 @@ class RunStore:
         Messages that hold something JSON cannot encode are kept as its text rather than
         refused: losing a call would undercount the budget.
         """
+        row = self._llm_call_row(task, call)
+        with self._db() as db:
+            return self._insert_llm_call(db, row)
+
+    @staticmethod
+    def _llm_call_row(task: str, call: Any) -> tuple:
         error = getattr(call, "error", None)
         parts = getattr(call, "prompt_parts", None)
         if isinstance(parts, BaseModel):
             parts = parts.model_dump(mode="json")
-        row = (
+        return (
             task,
             getattr(call, "role", None),
             getattr(call, "model", None),
@@ -456,14 +475,32 @@ class RunStore:
             _now(),
             None if parts is None else json.dumps(parts, default=str),
         )
-        with self._db() as db:
-            cursor = db.execute(
-                "INSERT INTO llm_calls (task, role, model, messages, reply, tokens_in,"
-                " tokens_out, latency_s, cost_usd, error, started_at, recorded_at, prompt_parts)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                row,
-            )
+
+    @staticmethod
+    def _insert_llm_call(db: sqlite3.Connection, row: tuple) -> int:
+        cursor = db.execute(
+            "INSERT INTO llm_calls (task, role, model, messages, reply, tokens_in,"
+            " tokens_out, latency_s, cost_usd, error, started_at, recorded_at, prompt_parts)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            row,
+        )
         return int(cursor.lastrowid)
+
+    def reserve_call(self, task: str, reserved_usd: float) -> int:
+        """Count a call before it is sent (its estimated cost reserved); `settle_call`
+        replaces it by the recorded call. One left by a crash stays counted."""
+        with self._db() as db:
+            cursor = db.execute("INSERT INTO pending_calls (task, reserved_usd, started_at)"
+                                " VALUES (?, ?, ?)", (task, reserved_usd, _now()))
+        return int(cursor.lastrowid)
+
+    def settle_call(self, pending_id: int, task: str, call: Any | None) -> int | None:
+        """In one transaction: the reservation is dropped and the call (if any: None when
+        nothing was sent) recorded; the recorded call's id."""
+        row = self._llm_call_row(task, call) if call is not None else None
+        with self._db() as db:
+            db.execute("DELETE FROM pending_calls WHERE id = ?", (pending_id,))
+            return self._insert_llm_call(db, row) if row is not None else None
 
     def llm_calls(self, task: str | None = None) -> list[dict]:
         sql = "SELECT * FROM llm_calls"
@@ -484,13 +521,18 @@ class RunStore:
 
     def spent(self, task: str) -> tuple[int, float]:
         """(queries, dollars) spent on a task. Every recorded call counts, failed ones too:
-        they were sent, and may have been billed."""
+        they were sent, and may have been billed; so does every call counted before it was
+        sent and never recorded (in flight now, or at a crash), at its reserved cost."""
         with self._db() as db:
             queries, dollars = db.execute(
                 "SELECT COUNT(*), COALESCE(SUM(cost_usd), 0.0) FROM llm_calls WHERE task = ?",
                 (task,),
             ).fetchone()
-        return int(queries), float(dollars)
+            pending, reserved = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(reserved_usd), 0.0) FROM pending_calls"
+                " WHERE task = ?", (task,),
+            ).fetchone()
+        return int(queries) + int(pending), float(dollars) + float(reserved)
 
     # -- resume markers ------------------------------------------------------------------
 

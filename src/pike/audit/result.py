@@ -123,7 +123,7 @@ def trial_errors(verdict: Verdict) -> list[TrialError]:
 
 def _trial_label(trial: int, trials: int) -> str:
     if trials and trial == trials:
-        return "shifted inputs (x * 3 + 0.5)"
+        return "shifted inputs (a drawn scale and shift)"
     if trials and trial == trials + 1:
         return "after timing (new values in the same tensors)"
     return f"trial {trial}"

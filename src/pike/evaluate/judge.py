@@ -85,6 +85,7 @@ class ReferenceRun:
     child: ChildProcess | None
     _tmp: Path
     seed: int = 0  # of the weights: the candidate builds its model with it too
+    device: str = "cpu"
     check_seconds: float = 0.0  # the reference's own check phase: candidates' limits follow
     timed_expected: list[list[Any]] = field(default_factory=list)  # per timed input set
 
@@ -95,8 +96,10 @@ class ReferenceRun:
     # Evaluations of one task in a pool share this child: one request at a time.
     talking: threading.RLock = field(default_factory=threading.RLock)
 
+    # Lock order everywhere: the device lock first, then `talking`.
     def loop_cost(self) -> LoopCost:
-        with self.talking:
+        # the calibration runs timing blocks (L2 flushes, events): timing, so exclusive
+        with hold(self.device, exclusive=True), self.talking:
             if self._loop_cost is None:
                 assert self.child is not None
                 self._loop_cost = calibrate(self.child)
@@ -105,7 +108,7 @@ class ReferenceRun:
 
     def work(self) -> Work | None:
         """The task's FLOPs and minimum bytes, counted once in the reference's child."""
-        with self.talking:
+        with hold(self.device, exclusive=False), self.talking:  # it may count on the GPU
             if not self._work_asked and self.child is not None:
                 self._work_asked = True
                 reply = request(self.child, "work", "work", "work")
@@ -242,13 +245,14 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
         trial_seeds=drawn.trials, pool_seeds=drawn.timed, shift=drawn.shift,
     )
     report = ChildReport()
-    child = start_child(request, work_dir, cfg, build_key="reference")
-    ok = False
+    ok, child = False, None
     try:
+        # From its start: loading and building use the GPU too (a CUDA context, a prefill).
         with hold(device, exclusive=False):
+            child = start_child(request, work_dir, cfg, build_key="reference")
             ok = run_trials(child, report)
     finally:
-        if not (ok and keep_child):
+        if child is not None and not (ok and keep_child):
             finish(child)
     if not ok:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -260,8 +264,9 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
     _make_read_only(inputs_dir)
     shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
     child.enter_phase("idle")
+    assert child is not None
     return ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp,
-                        seed=drawn.weights, timed_expected=timed,
+                        seed=drawn.weights, device=device, timed_expected=timed,
                         check_seconds=child.phase_seconds.get("check", 0.0))
 
 
@@ -410,14 +415,16 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
     final: Verdict | None = None
     profile: ProfileSummary | None = None
     build_key = task.sha256[:8] + "-" + _sha(source)[:16]
-    child = start_child(request, work_dir, cfg, build_key, stage,
-                        run_limit_s=fitted_limit(reference.check_seconds)
-                        if cfg.limits.fitted else None)
+    child: ChildProcess | None = None
     try:
-        # Builds and lazy compiles take no lock, so they overlap other candidates' timing.
-        ready = wait_ready(child, report)
+        # Every GPU use holds the device (shared): the child's start (a CUDA context),
+        # load, builds, the warm-up's lazy compiles and autotuning, CUDA-graph capture and
+        # the trials; only timing holds it alone, so none of this reaches a timed window.
         with hold(device, exclusive=False):
-            trials_ran = ready and run_trials(child, report)
+            child = start_child(request, work_dir, cfg, build_key, stage,
+                                run_limit_s=fitted_limit(reference.check_seconds)
+                                if cfg.limits.fitted else None)
+            trials_ran = wait_ready(child, report) and run_trials(child, report)
         if trials_ran:
             correctness = _compare_trials(reference.expected[:cfg.trials + cfg.guards],
                                           outputs_dir, cfg)
@@ -445,10 +452,12 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
                     attach_kernel_metrics(profile, task.path, candidate_path, device, cfg,
                                           build_key)
     except BaseException:  # an interrupt (Ctrl-C, SIGTERM): no time to ask the child
-        child.unresponsive = True
+        if child is not None:
+            child.unresponsive = True
         raise
     finally:
-        finish(child, report)
+        if child is not None:
+            finish(child, report)
     if timers and timers[0].failure is not None:
         reference.close()
         raise _reference_failed(task, timers[0].failure)

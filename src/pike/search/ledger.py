@@ -1,21 +1,24 @@
 """The budget ledger: every LLM call of every role counts, in queries and in dollars.
 
 What was spent is read from the run store (so a resumed run starts from what it already
-spent); calls in flight are reserved here before they are sent, so parallel calls cannot
-together overshoot the budget.
+spent). Each call is counted in the store before it is sent (a reservation at its
+estimated cost) and settled when its reply is recorded, so parallel calls cannot together
+overshoot the budget, and calls in flight at a crash stay counted: a resumed run never
+sends more requests, or more dollars' worth, than the budget.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Protocol, TypeVar
-
-T = TypeVar("T")
+from typing import Protocol
 
 
 class SpendSource(Protocol):
     def spent(self, task: str) -> tuple[int, float]: ...
+
+    def reserve_call(self, task: str, reserved_usd: float) -> int: ...
+
+    def settle_call(self, pending_id: int, task: str, call: object | None) -> int | None: ...
 
 
 class Ledger:
@@ -24,35 +27,27 @@ class Ledger:
         self.store, self.task = store, task
         self.budget_queries, self.budget_dollars = budget_queries, budget_dollars
         self._lock = threading.Lock()
-        self._reserved_queries = 0
-        self._reserved_dollars = 0.0
 
     def spent(self) -> tuple[int, float]:
         return self.store.spent(self.task)
 
-    def reserve(self, estimated_cost: float) -> bool:
-        """Hold room for one call of about this cost; False when the budget has no room."""
+    def reserve(self, estimated_cost: float) -> int | None:
+        """Count one call of about this cost in the store before it is sent; its
+        reservation's id, or None when the budget has no room."""
         with self._lock:
             queries, dollars = self.spent()
-            if (self.budget_queries is not None
-                    and queries + self._reserved_queries + 1 > self.budget_queries):
-                return False
-            if (self.budget_dollars is not None and dollars + self._reserved_dollars
-                    + estimated_cost > self.budget_dollars):
-                return False
-            self._reserved_queries += 1
-            self._reserved_dollars += estimated_cost
-            return True
+            if self.budget_queries is not None and queries + 1 > self.budget_queries:
+                return None
+            if (self.budget_dollars is not None
+                    and dollars + estimated_cost > self.budget_dollars):
+                return None
+            return self.store.reserve_call(self.task, estimated_cost)
 
-    def release(self, estimated_cost: float, record: Callable[[], T] | None = None) -> T | None:
-        """The reserved call is over: record it (if given) and drop the reservation in one
-        step, so that no other thread sees the call counted twice or not at all."""
+    def settle(self, pending_id: int, call: object | None) -> int | None:
+        """The reserved call is over: record it (None: it was never sent) in place of its
+        reservation, in one step; the recorded call's id."""
         with self._lock:
-            try:
-                return record() if record is not None else None
-            finally:
-                self._reserved_queries -= 1
-                self._reserved_dollars -= estimated_cost
+            return self.store.settle_call(pending_id, self.task, call)
 
     def has_room(self) -> bool:
         with self._lock:

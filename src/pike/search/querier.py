@@ -75,14 +75,13 @@ class Querier:
         starts, so which asks get room never depends on thread timing: a resumed or
         replayed search grants the same ones."""
         recorded = self.recorded()
-        plan: list[tuple[str, str, Messages, float] | None] = []
+        plan: list[tuple[str, str, Messages, int] | None] = []
         results: list[RecordedCall | None] = []
         for key, messages in asks:
             role = key.split(":", 1)[0]
-            cost = 0.0 if key in recorded else self.estimate(role, messages)
-            granted = key in recorded or self.ledger.reserve(cost)
-            plan.append((key, role, messages, cost) if granted and key not in recorded
-                        else None)
+            pending = None if key in recorded else self.ledger.reserve(
+                self.estimate(role, messages))
+            plan.append((key, role, messages, pending) if pending is not None else None)
             results.append(recorded.get(key))
         todo = [i for i, item in enumerate(plan) if item is not None]
         if not todo:
@@ -94,13 +93,14 @@ class Querier:
         return results
 
     def _complete(self, key: str, role: str, messages: Messages,
-                  cost: float) -> RecordedCall | None:
+                  pending: int) -> RecordedCall | None:
         try:
             call = self._make(key, role, messages)
-        except BaseException:
-            self.ledger.release(cost)
+        except ReplayExhausted:
+            self.ledger.settle(pending, None)  # nothing was sent
             raise
-        call_id = self.ledger.release(cost, lambda: self.store.record_llm_call(self.task, call))
+        # An interrupt mid-call leaves the reservation: the request may have been billed.
+        call_id = self.ledger.settle(pending, call)
         if call.error:
             log.warning("LLM call %s failed: %s", key, call.error)
         return self.recorded()[key] if call_id is not None else None
