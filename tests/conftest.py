@@ -38,6 +38,10 @@ def build_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def fast_config(build_cache: Path) -> EvalConfig:
     """The evaluator protocol with short timing and tight limits, so failures show quickly."""
+    return fast_protocol(build_cache)
+
+
+def fast_protocol(build_cache: Path | None = None) -> EvalConfig:
     return EvalConfig(
         device="cpu",
         trials=3,

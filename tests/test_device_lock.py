@@ -85,3 +85,44 @@ def test_visible_devices_map_to_the_physical_gpu(monkeypatch, tmp_path):
     with hold("cuda:1", exclusive=True):
         pass
     assert (tmp_path / "cuda-5.lock").exists()
+
+
+def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeypatch):
+    """The child's start, load, builds and warm-up, and the trials, hold the device shared;
+    timing and the wall-clock calibration hold it alone; no hold nests in another (with the
+    turnstile, a nested shared hold deadlocks against a waiting timer)."""
+    from contextlib import contextmanager
+
+    from pike.evaluate import evaluate, judge
+    from pike.task import Task
+    from tests.conftest import EXAMPLES, candidate, fast_protocol
+
+    state: dict[str, str | None] = {"held": None}
+    seen: list[tuple[str, str | None]] = []
+
+    @contextmanager
+    def recording_hold(device, *, exclusive):
+        assert state["held"] is None, f"a hold nested in a {state['held']} one"
+        state["held"] = "exclusive" if exclusive else "shared"
+        try:
+            yield
+        finally:
+            state["held"] = None
+
+    def watched(name, fn):
+        def call(*args, **kwargs):
+            seen.append((name, state["held"]))
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(judge, "hold", recording_hold)
+    for name in ("start_child", "wait_ready", "run_trials", "time_interleaved", "calibrate"):
+        monkeypatch.setattr(judge, name, watched(name, getattr(judge, name)))
+    judge.close_references()
+    verdict = evaluate(Task.from_file(EXAMPLES / "tasks" / "1_GeluMLP.py"),
+                       candidate("fused"), fast_protocol())
+    assert verdict.ok, verdict.message
+    alone = {"time_interleaved", "calibrate"}
+    assert {name for name, _ in seen} == {"start_child", "wait_ready", "run_trials", *alone}
+    for name, held in seen:
+        assert held == ("exclusive" if name in alone else "shared"), (name, held)
