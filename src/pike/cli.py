@@ -207,6 +207,10 @@ def _print_verdict(task: Task, candidate: Path, v: Verdict) -> None:
                       f"(n={v.reference.count})")
     if v.speedup is not None:
         table.add_row("speedup", f"[bold]{v.speedup:.2f}x[/bold]")
+    if v.noisy and v.noisy_speedup is not None and v.reference_usual_ms is not None:
+        table.add_row("speedup", f"[yellow]noisy[/yellow]: {v.noisy_speedup:.2f}x, withheld "
+                      f"(the reference ran off its usual {_ms(v.reference_usual_ms)} in this "
+                      "window, timed three times)")
     if v.floor_ms is not None and v.times_floor is not None:
         table.add_row("floor", f"{_ms(v.floor_ms)} on this GPU: the candidate is "
                       f"{v.times_floor:.3g}x the floor")

@@ -29,6 +29,11 @@ class TimingConfig(_Strict):
         20, ge=1, description="split the timed calls into this many blocks, alternating with the "
         "reference's blocks, so both see the same state of the host")
     flush_l2: bool = Field(True, description="overwrite a buffer larger than L2 before each CUDA call")
+    max_reference_drift: float | None = Field(
+        0.05, gt=0, description="on CUDA: a timing window whose reference median is off the "
+        "median of the run's earlier windows by more than this share is timed again (twice "
+        "at most); still off, the verdict is `noisy` and no search takes it as its best. "
+        "None: off (CPU timings on a shared host drift more than this and are not checked)")
     input_sets: int = Field(
         3, ge=2, description="timed calls rotate over this many input sets, drawn apart from "
         "the trials' and staged only when timing starts; a random sample of timed calls has "

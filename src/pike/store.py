@@ -425,6 +425,7 @@ class RunStore:
         """
         rows = self._candidates(
             "task = ? AND status = 'ok' AND role != 'reference' AND runtime_ms IS NOT NULL"
+            " AND COALESCE(json_extract(verdict, '$.noisy'), 0) = 0"
             " ORDER BY speedup IS NULL, speedup DESC, runtime_ms, id LIMIT 1",
             (task,),
             order=False,

@@ -12,6 +12,7 @@ import hashlib
 import logging
 import random
 import shutil
+import statistics
 import threading
 import time
 from collections import OrderedDict
@@ -87,6 +88,11 @@ class ReferenceRun:
     seed: int = 0  # of the weights: the candidate builds its model with it too
     device: str = "cpu"
     check_seconds: float = 0.0  # the reference's own check phase: candidates' limits follow
+    window_ms: list[float] = field(default_factory=list)  # its eager median, window by window
+
+    def usual_ms(self) -> float | None:
+        """The reference's usual time in this run: the median of its windows so far."""
+        return statistics.median(self.window_ms) if self.window_ms else None
     timed_expected: list[list[Any]] = field(default_factory=list)  # per timed input set
 
     _loop_cost: LoopCost | None = None
@@ -416,6 +422,7 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
     profile: ProfileSummary | None = None
     build_key = task.sha256[:8] + "-" + _sha(source)[:16]
     child: ChildProcess | None = None
+    usual: float | None = None  # set when the reference's window stayed off its usual time
     try:
         # Every GPU use holds the device (shared): the child's start (a CUDA context),
         # load, builds, the warm-up's lazy compiles and autotuning, CUDA-graph capture and
@@ -442,6 +449,8 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
                     timers[1].failure = Verdict(status="rejected", phase="timing", message=forged)
                 elif cfg.guards and not any(t.failure for t in timers):
                     timers[1].failure = _timed_dishonestly(reference, timers[1], cfg)
+                if not any(t.failure for t in timers):
+                    timers, usual = _steady_window(reference, child, device, cfg, timers)
             if correctness.ok and cfg.guards and not any(t.failure for t in timers):
                 with hold(device, exclusive=False):
                     final = _final_check(child, reference, outputs_dir, cfg)
@@ -473,7 +482,44 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
     if verdict.ok:
         verdict.profile = profile
     _attach_timings(verdict, timers)
+    if usual is not None and verdict.speedup is not None:
+        verdict.noisy, verdict.noisy_speedup, verdict.reference_usual_ms = (
+            True, verdict.speedup, usual)
+        verdict.speedup = None
     return verdict
+
+
+def _window_drift(reference: ReferenceRun, timers: list[Timer]) -> float:
+    usual = reference.usual_ms()
+    if usual is None or not timers[0].samples:
+        return 0.0
+    return abs(statistics.median(timers[0].samples) / usual - 1.0)
+
+
+def _steady_window(reference: ReferenceRun, child: ChildProcess, device: str, cfg: EvalConfig,
+                   timers: list[Timer]) -> tuple[list[Timer], float | None]:
+    """The window again (twice at most) while the reference's median in it is off its
+    usual time in this run by more than `timing.max_reference_drift`: a neighbour's GPU
+    work, a slower reference state or the card's own drift reached it. Returns the last
+    window and, when it is still off, the usual time it was off from."""
+    limit = cfg.timing.max_reference_drift
+    if limit is None or not device.startswith("cuda"):
+        return timers, None
+    tries = 0
+    while _window_drift(reference, timers) > limit and tries < _DRIFT_RETRIES:
+        log.info("reference off its usual time by %.0f%%: timing again",
+                 100 * _window_drift(reference, timers))
+        retry = _timing_window(reference, child, device, cfg, warmed=True)
+        if any(t.failure for t in retry):
+            break
+        timers, tries = retry, tries + 1
+    usual = reference.usual_ms() if _window_drift(reference, timers) > limit else None
+    if timers[0].samples:
+        reference.window_ms.append(statistics.median(timers[0].samples))
+    return timers, usual
+
+
+_DRIFT_RETRIES = 2
 
 
 def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path,

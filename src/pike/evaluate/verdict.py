@@ -70,6 +70,12 @@ class Verdict(BaseModel):
     runtime: TimingStats | None = None
     reference: TimingStats | None = None
     speedup: float | None = None
+    # The reference's time in this verdict's window was off the run's usual time even when
+    # timed again: the speedup is withheld (no search takes it as its best) and both
+    # figures are kept.
+    noisy: bool = False
+    noisy_speedup: float | None = None
+    reference_usual_ms: float | None = None
     device: str = ""
     device_name: str = ""
     torch_version: str = ""

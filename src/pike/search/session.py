@@ -152,7 +152,8 @@ def _best_offline(store: RunStore, task: str) -> Any:
     """The fastest correct offline candidate (by in-window speedup, as the offline search
     ranks), whatever the LLM search later found: a resumed run seeds as the first did."""
     ok = [r for r in store.candidates(task)
-          if r.role == "offline" and r.verdict is not None and r.verdict.ok]
+          if r.role == "offline" and r.verdict is not None and r.verdict.ok
+          and not r.verdict.noisy]
     return max(ok, key=lambda r: (r.verdict.speedup or 0.0, -r.id), default=None)
 
 

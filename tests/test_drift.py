@@ -1,0 +1,70 @@
+"""Drift is caught, not averaged in: a window whose reference is off its usual time in the
+run is timed again, and a verdict still off is `noisy`, never a search's best."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pike.config import EvalConfig
+from pike.evaluate import judge
+from pike.evaluate.driver import Timer
+from pike.evaluate.verdict import TimingStats, Verdict
+from pike.store import RunStore
+
+
+def _window(reference_ms: float, candidate_ms: float) -> list[Timer]:
+    return [Timer(child=None, mode="eager", samples=[reference_ms] * 10),  # type: ignore[arg-type]
+            Timer(child=None, mode="candidate", samples=[candidate_ms] * 10)]  # type: ignore[arg-type]
+
+
+def _reference(*usual_ms: float) -> judge.ReferenceRun:
+    run = judge.ReferenceRun.__new__(judge.ReferenceRun)
+    run.window_ms = list(usual_ms)
+    return run
+
+
+def test_a_drifting_window_is_timed_again_and_the_steady_one_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    again = [_window(5.9, 2.5)]
+    monkeypatch.setattr(judge, "_timing_window", lambda *a, **k: again.pop())
+    reference = _reference(5.8, 5.9, 6.0)
+    timers, usual = judge._steady_window(reference, None, "cuda:0", EvalConfig(),  # type: ignore[arg-type]
+                                         _window(13.1, 3.3))
+    assert usual is None and timers[0].samples[0] == 5.9 and again == []
+    assert reference.window_ms[-1] == 5.9
+
+
+def test_a_window_still_off_after_the_retries_is_noisy(monkeypatch: pytest.MonkeyPatch) -> None:
+    tries = []
+    monkeypatch.setattr(judge, "_timing_window",
+                        lambda *a, **k: tries.append(1) or _window(13.1, 3.3))
+    timers, usual = judge._steady_window(_reference(5.8, 5.9, 6.0), None, "cuda:0",  # type: ignore[arg-type]
+                                         EvalConfig(), _window(13.1, 3.3))
+    assert len(tries) == 2 and usual == 5.9
+
+
+def test_the_first_window_and_cpu_timings_are_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(judge, "_timing_window", lambda *a, **k: pytest.fail("timed again"))
+    reference = _reference()
+    assert judge._steady_window(reference, None, "cuda:0", EvalConfig(),  # type: ignore[arg-type]
+                                _window(13.1, 3.3))[1] is None
+    assert reference.window_ms == [13.1]
+    assert judge._steady_window(_reference(5.9), None, "cpu", EvalConfig(),  # type: ignore[arg-type]
+                                _window(13.1, 3.3))[1] is None
+
+
+def test_a_noisy_verdict_is_never_the_best(tmp_path: Path) -> None:
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    store.add_task("t", str(tmp_path / "t.py"), "x", "")
+    stats = TimingStats.from_samples([1.0])
+    noisy = Verdict(status="ok", runtime=stats, reference=stats, noisy=True,
+                    noisy_speedup=4.0, reference_usual_ms=0.45)
+    steady = Verdict(status="ok", runtime=stats, reference=stats, speedup=1.8)
+    for verdict in (noisy, steady):
+        cid = store.add_candidate("t", "src", parent_id=None, role="optimize", round=0,
+                                  branch=0)
+        store.set_verdict(cid, verdict)
+    best = store.best("t")
+    assert best is not None and best.verdict.speedup == 1.8
