@@ -261,13 +261,16 @@ def test_optimize_without_an_llm_runs_the_offline_strategy(tmp_path: Path,
     rows = store.candidates("1_GeluMLP")
     assert rows and all(r.role == "offline" and r.verdict for r in rows)
     assert {"inference_mode", "compile:default"} <= {r.idea for r in rows}
-    best = store.best("1_GeluMLP")
-    assert best is not None and (out / "best.py").read_text() == best.source
+    # The best, and its figure, come from the window that confirmed the top candidates;
+    # the search's own figure for it is kept beside.
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["queries"] == 0 and summary["speedup"] == best.verdict.speedup
-    assert summary["faster_than_eager"] == (best.verdict.speedup >= 1.0)
+    best = store.candidate(summary["best_candidate"])
+    assert (out / "best.py").read_text() == best.source
+    assert summary["queries"] == 0 and summary["confirmed"]
+    assert summary["search_speedup"] == best.verdict.speedup
+    assert summary["faster_than_eager"] == (summary["speedup"] >= 1.0)
     # on this CPU the best may be slower than eager: the user is then told to keep theirs
-    assert ("advice" in result.output) == (best.verdict.speedup < 1.0)
+    assert ("advice" in result.output) == (summary["speedup"] < 1.0)
     store.close()
     # resuming a finished offline run judges nothing again
     again = runner.invoke(app, ["optimize", "--resume", str(out)])

@@ -209,6 +209,10 @@ class SearchConfig(_Strict):
     plan_granularity: Literal["one", "several", "free"] = Field(
         "one", description="what each optimizer query implements: one step, three, or the "
         "whole plan")
+    confirm_top: int = Field(3, ge=0, description="at the end of a search, this many of "
+                             "the best correct candidates and eager are timed again in one "
+                             "exclusive window; the best and its figures come from there "
+                             "(0: the search-time figures)")
     baseline_modes: list[str] = Field(
         default_factory=lambda: ["eager", *(f"compile:{m}" for m in COMPILE_MODES)],
         description="what `pike bench` times once per task, for the report's comparisons")

@@ -73,6 +73,10 @@ class Verdict(BaseModel):
     # The reference's time in this verdict's window was off the run's usual time even when
     # timed again: the speedup is withheld (no search takes it as its best) and both
     # figures are kept.
+    # Set on a search's best: `speedup` comes from the window that confirmed it (timed
+    # again beside the other top candidates and eager); the search's own figure is kept.
+    confirmed: bool = False
+    search_speedup: float | None = None
     noisy: bool = False
     noisy_speedup: float | None = None
     reference_usual_ms: float | None = None

@@ -40,6 +40,7 @@ class OptimizeResult(BaseModel):
     dollars: float
     verdicts: dict[str, int]
     replay_exhausted: bool = False
+    best_candidate: int | None = None
 
 
 def optimize(task: Task | None, config: RunConfig | None = None, *, out: Path | None = None,
@@ -96,6 +97,7 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
     if not cfg.llm.model or cfg.search.seed_offline:  # replays too: it needs no LLM
         _offline(store, task, cfg, device, pool, on_event)
         if not cfg.llm.model:
+            confirm_best(store, task, cfg)
             return task_result(store, task.name, False)
         best = _best_offline(store, task.name)
         if best is not None:
@@ -145,7 +147,46 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
         search.run()
     except ReplayExhausted:
         exhausted = True  # the recorded run ended here; so does the replay
+    confirm_best(store, task, cfg)
     return task_result(store, task.name, exhausted)
+
+
+def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
+    """Time the search's top candidates and eager again in one window (evaluate/confirm.py)
+    and keep the figures in the store; a resumed run with the same top keeps them."""
+    top = sorted((r for r in store.candidates(task.name) if r.role != "reference"
+                  and r.verdict is not None and r.verdict.ok and r.verdict.speedup),
+                 key=lambda r: (-(r.verdict.speedup or 0.0), r.id))[:cfg.search.confirm_top]
+    if not top:
+        return
+    ids = [r.id for r in top]
+    kept = store.get_state(task.name, "confirmed")
+    if isinstance(kept, dict) and kept.get("candidates") == ids:
+        return
+    from pike.evaluate.confirm import confirm
+
+    found = confirm(task, {r.id: r.source for r in top}, cfg.eval)
+    store.set_state(task.name, "confirmed", {"candidates": ids,
+                                             "figures": [c.model_dump() for c in found]})
+
+
+def _confirmed_best(store: RunStore, task: str) -> tuple[Any, Verdict | None]:
+    """The best candidate and its verdict: by the confirming window where there was one
+    (its speedup and runtime from there, the search's figure kept beside), else the
+    store's best by search-time figures."""
+    kept = store.get_state(task, "confirmed")
+    figures = kept.get("figures", []) if isinstance(kept, dict) else []
+    first = next((f for f in figures if f.get("speedup")), None)
+    if first is None:
+        best = store.best(task)
+        return best, best.verdict if best else None
+    best = store.candidate(int(first["candidate_id"]))
+    assert best.verdict is not None
+    verdict = best.verdict.model_copy(update={
+        "confirmed": True, "search_speedup": best.verdict.speedup, "speedup": first["speedup"],
+        "runtime": best.verdict.runtime.model_copy(update={"median_ms": first["runtime_ms"]})
+        if best.verdict.runtime else None})
+    return best, verdict
 
 
 def _best_offline(store: RunStore, task: str) -> Any:
@@ -224,20 +265,24 @@ def _clients(cfg: RunConfig, replaying: bool) -> tuple[dict[str, Any], Pricing]:
 
 def task_result(store: RunStore, task: str, exhausted: bool = False) -> OptimizeResult:
     """What the store holds for one task: its best correct candidate, spend and verdicts."""
-    best = store.best(task)
+    best, verdict = _confirmed_best(store, task)
     queries, dollars = store.spent(task)
     counts = Counter(r.verdict.status for r in store.candidates(task) if r.verdict)
     return OptimizeResult(run_dir=store.path.parent, task=task,
                           best_source=best.source if best else None,
-                          best_verdict=best.verdict if best else None, queries=queries,
-                          dollars=dollars, verdicts=dict(counts), replay_exhausted=exhausted)
+                          best_verdict=verdict, queries=queries, best_candidate=best.id
+                          if best else None, dollars=dollars, verdicts=dict(counts),
+                          replay_exhausted=exhausted)
 
 
 def summary_row(store: RunStore, result: OptimizeResult) -> dict[str, Any]:
-    best = store.best(result.task)
     v = result.best_verdict
-    return {"task": result.task, "best_candidate": best.id if best else None,
+    return {"task": result.task, "best_candidate": result.best_candidate,
             "speedup": v.speedup if v else None,
+            # the speedup above comes from the window that confirmed the best (when
+            # confirmed); the search's own figure for it:
+            "confirmed": bool(v and v.confirmed),
+            "search_speedup": v.search_speedup if v and v.confirmed else None,
             # a correct best that is slower than eager is no reason to replace the module
             "faster_than_eager": bool(v and v.speedup and v.speedup >= 1.0),
             "runtime_ms": v.runtime.median_ms if v and v.runtime else None,

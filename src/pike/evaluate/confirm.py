@@ -1,0 +1,118 @@
+"""A confirmed best: the top candidates of a search and eager, timed again in one window.
+
+Each verdict of a search was timed in a window of its own, minutes apart from the others,
+beside whatever else the host and the GPU were doing then. At the end of a search the few
+best correct candidates are loaded again and timed with the reference's eager model in
+one exclusive window, interleaved block by block, so their order and their speedups come
+from one state of the host. The search-time figures stay in the store beside these.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from pike.config import EvalConfig
+from pike.evaluate.cores import timing_cores
+from pike.evaluate.device_lock import hold
+from pike.evaluate.driver import (
+    ChildReport,
+    Timer,
+    finish,
+    run_trials,
+    start_child,
+    time_interleaved,
+    wait_ready,
+)
+from pike.evaluate.judge import (
+    _child_protocol,
+    _input_stage,
+    _sha,
+    release_reference,
+    resolve_device,
+    run_reference,
+)
+from pike.evaluate.leftovers import make_temp_dir, remove_tree
+from pike.evaluate.protocol import ChildRequest
+from pike.evaluate.sandbox import ChildProcess
+from pike.task import Task
+
+
+class Confirmation(BaseModel):
+    """One candidate's figures in the confirming window (None where it failed there)."""
+
+    candidate_id: int
+    runtime_ms: float | None = None
+    reference_ms: float | None = None
+    speedup: float | None = None
+    error: str = ""
+
+
+def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Confirmation]:
+    """Time `sources` (candidate id -> source) and eager in one exclusive window; the
+    confirmations, fastest first (failures last)."""
+    device = resolve_device(config.device)
+    reference = run_reference(task, config, device, keep_child=True)
+    tmp = make_temp_dir("cand")
+    children: dict[int, ChildProcess] = {}
+    failed: list[Confirmation] = []
+    try:
+        with hold(device, exclusive=False):  # load, build, warm up and check each again
+            for cid, source in sources.items():
+                child, problem = _ready_child(task, cid, source, config, device, reference, tmp)
+                if child is not None:
+                    children[cid] = child
+                else:
+                    failed.append(Confirmation(candidate_id=cid, error=problem))
+        assert reference.child is not None
+        timers = [Timer(reference.child, "eager"),
+                  *(Timer(child, "candidate") for child in children.values())]
+        for child in children.values():
+            child.permit("timing")
+        pids = [t.child.proc.pid for t in timers if t.child.proc is not None]
+        with (hold(device, exclusive=True), reference.talking,
+              timing_cores(pids, device, config.timing_cores)):
+            time_interleaved(timers, config.timing)
+            reference.child.enter_phase("idle")
+    finally:
+        for child in children.values():
+            finish(child)
+        release_reference(reference)
+        remove_tree(tmp)
+    eager = statistics.median(timers[0].samples) if timers[0].samples else None
+    found = []
+    for cid, timer in zip(children, timers[1:], strict=True):
+        if timer.failure is not None or not timer.samples or eager is None:
+            why = timer.failure.message if timer.failure else (timer.error or "not timed")
+            found.append(Confirmation(candidate_id=cid, error=why[:300]))
+            continue
+        ms = statistics.median(timer.samples)
+        found.append(Confirmation(candidate_id=cid, runtime_ms=ms, reference_ms=eager,
+                                  speedup=eager / ms))
+    found.sort(key=lambda c: (c.speedup is None, -(c.speedup or 0.0), c.candidate_id))
+    return found + failed
+
+
+def _ready_child(task: Task, cid: int, source: str, cfg: EvalConfig, device: str,
+                 reference: object, tmp: Path) -> tuple[ChildProcess | None, str]:
+    """A candidate's child through its load, warm-up and trials, ready to be timed."""
+    folder = tmp / f"c{cid}"
+    work = folder / "work"
+    work.mkdir(parents=True)
+    (folder / "outputs").mkdir()
+    (work / "candidate.py").write_text(source)
+    stage = _input_stage(reference, folder / "inputs", cfg)  # type: ignore[arg-type]
+    request = ChildRequest(
+        role="candidate", module_path=str(work / "candidate.py"),
+        class_names=["ModelNew", "Model"], inputs_dir=str(stage.folder),
+        outputs_dir=str(folder / "outputs"), device=device, **_child_protocol(cfg),
+        seed=reference.seed, task_sha256=task.sha256,  # type: ignore[attr-defined]
+        task_size=task.path.stat().st_size, guards=cfg.guards, warm_up=cfg.warm_up)
+    report = ChildReport()
+    child = start_child(request, work, cfg, task.sha256[:8] + "-" + _sha(source)[:16], stage)
+    if wait_ready(child, report) and run_trials(child, report):
+        return child, ""
+    finish(child)
+    return None, (report.failure.message if report.failure else "did not get ready")[:300]
