@@ -146,9 +146,10 @@ def test_the_offline_search_judges_each_round_as_one_batch(mlp_task: Task,
 # ---- the real evaluator -------------------------------------------------------------------
 
 
-def test_the_candidate_builds_before_it_takes_the_device(mlp_task: Task, fast_config: EvalConfig,
+def test_the_candidate_holds_the_device_from_its_start(mlp_task: Task, fast_config: EvalConfig,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Loading, building and the warm-up call run without the lock; trials and timing with."""
+    """Every GPU use holds the lock: the candidate's start, load, build and warm-up call hold
+    it shared with its trials (one hold), timing holds it alone."""
     order: list[str] = []
     real_hold, real_ready = judge_module.hold, judge_module.wait_ready
 
@@ -168,8 +169,9 @@ def test_the_candidate_builds_before_it_takes_the_device(mlp_task: Task, fast_co
     judge_module.close_references()
     verdict = judge_module.evaluate(mlp_task, GOOD, fast_config)
     assert verdict.ok, verdict.message
-    # the reference's trials (shared), then the candidate: ready before any lock it takes
-    assert order[:4] == ["shared", "ready:queued", "shared", "exclusive"], order
+    # the reference's start and trials (shared), the candidate's start to trials (shared,
+    # ready within it), then timing (alone: the window, the wall-clock calibration)
+    assert order[:4] == ["shared", "shared", "ready:queued", "exclusive"], order
     assert "queued" in verdict.phase_seconds
 
 

@@ -69,9 +69,10 @@ def ray_cluster() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def ray_config(build_cache: Path) -> EvalConfig:
-    """conftest's fast_config for two CPU actors."""
+    """conftest's fast_config for two CPU actors, with a fixed seed: the tests compare the
+    Ray pool's messages with the local pool's, whose numbers match only on the same inputs."""
     return EvalConfig(
-        device="cpu", trials=3, workers=2, cluster="ray",
+        device="cpu", trials=3, workers=2, cluster="ray", seed=42,
         timing=TimingConfig(warmup_calls=2, warmup_seconds=0.0, min_calls=5, min_seconds=0.05),
         limits=LimitsConfig(load_seconds=240, check_seconds=20, timing_seconds=60, memory_gib=2),
         build_cache=build_cache,

@@ -72,6 +72,10 @@ class SandboxPlan:
                 "--cap-drop", "ALL", "--hostname", "pike-sandbox"]
         if self.share_network:
             args.append("--share-net")
+        # The private /tmp first: a Python installation under /tmp (a CI venv) is then
+        # mounted over it, not hidden by it.
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
+                 "--ro-bind-try", "/sys", "/sys"]
         for path in _TOP_LEVEL:
             if os.path.islink(path):
                 args += ["--symlink", os.readlink(path), path]
@@ -79,8 +83,6 @@ class SandboxPlan:
                 args += ["--ro-bind", path, path]
         for path in _system_paths():
             args += ["--ro-bind", path, path]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
-                 "--ro-bind-try", "/sys", "/sys"]
         for node in sorted(glob.glob("/dev/nvidia*")):  # the GPU, where there is one
             args += ["--dev-bind", node, node]
         for m in self.mounts:
