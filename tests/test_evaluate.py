@@ -40,7 +40,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("name", "status", "phase", "words"), CASES,
-                         ids=[c[0] for c in CASES])
+                         ids=[c[0] if isinstance(c, tuple) else c.values[0] for c in CASES])
 def test_failure_classes(mlp_task: Task, fast_config: EvalConfig, name: str, status: str,
                          phase: str, words: str) -> None:
     verdict = evaluate(mlp_task, candidate(name), fast_config)
