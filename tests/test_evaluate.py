@@ -32,7 +32,7 @@ CASES = [
     ("cached", "incorrect", "check", "identical for different inputs"),
     ("spawns_child", "rejected", "cleanup", "left processes running"),
     # an empty environment in a new session escapes every check but the OS sandbox's
-    pytest.param("double_forks", "rejected", "cleanup", "left processes running",
+    pytest.param("double_forks", "rejected", "cleanup", "left processes running", id="double_forks",
                  marks=pytest.mark.skipif(os_sandbox.sandbox_problem() is not None
                                           and not os.environ.get("CI"),
                                           reason="needs the OS sandbox (bubblewrap)")),
@@ -40,7 +40,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("name", "status", "phase", "words"), CASES,
-                         ids=[c[0] if isinstance(c, tuple) else c.values[0] for c in CASES])
+                         ids=[c[0] if isinstance(c[0], str) else None for c in CASES])
 def test_failure_classes(mlp_task: Task, fast_config: EvalConfig, name: str, status: str,
                          phase: str, words: str) -> None:
     verdict = evaluate(mlp_task, candidate(name), fast_config)
