@@ -35,9 +35,14 @@ def test_the_confirmed_best_reorders_candidates_whose_search_figures_were_swappe
     assert result.best_verdict is not None and result.best_verdict.confirmed
     assert result.best_verdict.search_speedup == 1.0
     assert result.best_verdict.speedup != 1.0
+    # every reader of the store's best (export, solution sets, show) sees the same
+    best = store.best(mlp_task.name)
+    assert best.id == ids["fused"] and best.verdict.confirmed
+    assert best.verdict.speedup == result.best_verdict.speedup
     row = summary_row(store, result)
     assert row["confirmed"] and row["best_candidate"] == ids["fused"]
     kept = store.get_state(mlp_task.name, "confirmed")
     assert [f["candidate_id"] for f in kept["figures"]] == [ids["fused"], ids["slower"]]
     # the search-time figures stay in the store
     assert store.candidate(ids["slower"]).verdict.speedup == 3.0
+    assert store.candidate(ids["fused"]).verdict.speedup == 1.0

@@ -419,10 +419,17 @@ class RunStore:
     def best(self, task: str) -> CandidateRow | None:
         """The fastest correct candidate of a task; the reference itself does not count.
 
-        Fastest by speedup: each is a ratio to the reference timed in the same window, so it
+        Where the search's top candidates were timed again in one window (its "confirmed"
+        state, search/session.confirm_best), the fastest there, with that window's speedup
+        and runtime (`confirmed`, the search's own figure as `search_speedup`). Otherwise
+        fastest by speedup: each is a ratio to the reference timed in the same window, so it
         compares evaluations made minutes apart on a drifting host (and what the searches
         rank by); the runtime only breaks ties or stands in where no speedup was measured.
+        A `noisy` verdict is never the best.
         """
+        confirmed = self._confirmed_best(task)
+        if confirmed is not None:
+            return confirmed
         rows = self._candidates(
             "task = ? AND status = 'ok' AND role != 'reference' AND runtime_ms IS NOT NULL"
             " AND COALESCE(json_extract(verdict, '$.noisy'), 0) = 0"
@@ -431,6 +438,22 @@ class RunStore:
             order=False,
         )
         return rows[0] if rows else None
+
+    def _confirmed_best(self, task: str) -> CandidateRow | None:
+        kept = self.get_state(task, "confirmed")
+        figures = kept.get("figures", []) if isinstance(kept, dict) else []
+        first = next((f for f in figures if f.get("speedup")), None)
+        if first is None:
+            return None
+        row = self.candidate(int(first["candidate_id"]))
+        v = row.verdict
+        if v is None:
+            return None
+        runtime = (v.runtime.model_copy(update={"median_ms": first["runtime_ms"]})
+                   if v.runtime else None)
+        return row.model_copy(update={"verdict": v.model_copy(update={
+            "confirmed": True, "search_speedup": v.speedup, "speedup": first["speedup"],
+            "runtime": runtime})})
 
     def _candidates(self, where: str, args: tuple, *, order: bool = True) -> list[CandidateRow]:
         sql = (

@@ -170,25 +170,6 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
                                              "figures": [c.model_dump() for c in found]})
 
 
-def _confirmed_best(store: RunStore, task: str) -> tuple[Any, Verdict | None]:
-    """The best candidate and its verdict: by the confirming window where there was one
-    (its speedup and runtime from there, the search's figure kept beside), else the
-    store's best by search-time figures."""
-    kept = store.get_state(task, "confirmed")
-    figures = kept.get("figures", []) if isinstance(kept, dict) else []
-    first = next((f for f in figures if f.get("speedup")), None)
-    if first is None:
-        best = store.best(task)
-        return best, best.verdict if best else None
-    best = store.candidate(int(first["candidate_id"]))
-    assert best.verdict is not None
-    verdict = best.verdict.model_copy(update={
-        "confirmed": True, "search_speedup": best.verdict.speedup, "speedup": first["speedup"],
-        "runtime": best.verdict.runtime.model_copy(update={"median_ms": first["runtime_ms"]})
-        if best.verdict.runtime else None})
-    return best, verdict
-
-
 def _best_offline(store: RunStore, task: str) -> Any:
     """The fastest correct offline candidate (by in-window speedup, as the offline search
     ranks), whatever the LLM search later found: a resumed run seeds as the first did."""
@@ -265,7 +246,8 @@ def _clients(cfg: RunConfig, replaying: bool) -> tuple[dict[str, Any], Pricing]:
 
 def task_result(store: RunStore, task: str, exhausted: bool = False) -> OptimizeResult:
     """What the store holds for one task: its best correct candidate, spend and verdicts."""
-    best, verdict = _confirmed_best(store, task)
+    best = store.best(task)  # the confirmed best, where the search's top was confirmed
+    verdict = best.verdict if best else None
     queries, dollars = store.spent(task)
     counts = Counter(r.verdict.status for r in store.candidates(task) if r.verdict)
     return OptimizeResult(run_dir=store.path.parent, task=task,
