@@ -44,7 +44,7 @@ from pike.evaluate.explain import explain_guards
 from pike.evaluate.leftovers import make_temp_dir
 from pike.evaluate.ncu import attach_kernel_metrics
 from pike.evaluate.profile import ProfileSummary
-from pike.evaluate.protocol import PROBE_SETS, ChildRequest, ShiftSpec
+from pike.evaluate.protocol import ChildRequest, ShiftSpec, timed_set_count
 from pike.evaluate.redact import mask_secrets
 from pike.evaluate.runner import EXTRA_TRIALS
 from pike.evaluate.sandbox import ChildProcess
@@ -89,10 +89,6 @@ class ReferenceRun:
     device: str = "cpu"
     check_seconds: float = 0.0  # the reference's own check phase: candidates' limits follow
     window_ms: list[float] = field(default_factory=list)  # its eager median, window by window
-
-    def usual_ms(self) -> float | None:
-        """The reference's usual time in this run: the median of its windows so far."""
-        return statistics.median(self.window_ms) if self.window_ms else None
     timed_expected: list[list[Any]] = field(default_factory=list)  # per timed input set
 
     _loop_cost: LoopCost | None = None
@@ -101,6 +97,10 @@ class ReferenceRun:
     users: int = 0  # evaluations using it now; the cache evicts only unused ones
     # Evaluations of one task in a pool share this child: one request at a time.
     talking: threading.RLock = field(default_factory=threading.RLock)
+
+    def usual_ms(self) -> float | None:
+        """The reference's usual time in this run: the median of its windows so far."""
+        return statistics.median(self.window_ms) if self.window_ms else None
 
     # Lock order everywhere: the device lock first, then `talking`.
     def loop_cost(self) -> LoopCost:
@@ -149,7 +149,6 @@ _references: OrderedDict[str, ReferenceRun] = OrderedDict()
 _references_lock = threading.Lock()  # evaluations of several tasks run in threads (bench)
 
 
-@atexit.register
 def close_references(at_once: bool = False) -> None:
     """Stop every cached reference child (also run at interpreter exit)."""
     with _references_lock:
@@ -160,7 +159,7 @@ def close_references(at_once: bool = False) -> None:
             run.close()
 
 
-atexit.register(close_references, at_once=True)  # runs first: no waiting at exit
+atexit.register(close_references, at_once=True)  # at exit, no waiting for answers
 
 
 # The settings a reference and its candidates must share, sent to both children; a cached
@@ -189,7 +188,7 @@ def draw_protocol(cfg: EvalConfig) -> DrawnProtocol:
     if cfg.seed is not None:  # as before drawn seeds: trial i from seed + 1 + i
         seed = cfg.seed
         return DrawnProtocol(seed, [seed + 1 + i for i in range(count)],
-                             [seed + 1001 + k for k in range(cfg.timing.input_sets + PROBE_SETS)],
+                             [seed + 1001 + k for k in range(timed_set_count(cfg.timing.input_sets))],
                              ShiftSpec(kind="affine", scale=3.0, offset=0.5, seed=seed))
     rng = random.SystemRandom()
 
@@ -201,7 +200,7 @@ def draw_protocol(cfg: EvalConfig) -> DrawnProtocol:
     shift = ShiftSpec(kind=rng.choice(["affine", "uniform"]), scale=rng.uniform(2.5, 4.0),
                       offset=rng.uniform(-1.0, 1.0), seed=draw())
     return DrawnProtocol(draw(), [draw() for _ in range(count)],
-                         [draw() for _ in range(cfg.timing.input_sets + PROBE_SETS)], shift)
+                         [draw() for _ in range(timed_set_count(cfg.timing.input_sets))], shift)
 
 
 def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
@@ -266,11 +265,11 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
     expected = [_load_leaves(expected_dir / f"outputs_{i}.pt")
                 for i in range(cfg.trials + EXTRA_TRIALS)]
     timed = [_load_leaves(expected_dir / f"pool_{k}.pt")
-             for k in range(cfg.timing.input_sets + PROBE_SETS)]
+             for k in range(timed_set_count(cfg.timing.input_sets))]
     _make_read_only(inputs_dir)
     shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
-    child.enter_phase("idle")
     assert child is not None
+    child.enter_phase("idle")
     return ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp,
                         seed=drawn.weights, device=device, timed_expected=timed,
                         check_seconds=child.phase_seconds.get("check", 0.0))
@@ -291,7 +290,7 @@ def _input_stage(reference: ReferenceRun, folder: Path, cfg: EvalConfig) -> Inpu
     trials = [f"inputs_{t}.pt" for t in range(cfg.trials + cfg.guards)]
     stage = InputStage(reference.inputs_dir, folder, {
         "warm_up": trials[:1], "check": trials,
-        "timing": [f"pool_{k}.pt" for k in range(cfg.timing.input_sets + PROBE_SETS)],
+        "timing": [f"pool_{k}.pt" for k in range(timed_set_count(cfg.timing.input_sets))],
         "final": [f"inputs_{cfg.trials + 1}.pt"]})
     if cfg.warm_up:
         stage.permitted.add("warm_up")
@@ -517,17 +516,19 @@ def _steady_window(reference: ReferenceRun, child: ChildProcess, device: str, cf
     limit = cfg.timing.max_reference_drift
     if limit is None or not device.startswith("cuda"):
         return timers, None
+
+    def off(window: list[Timer]) -> bool:
+        return _window_drift(reference, window) > _drift_limit(limit, window)
+
     tries = 0
-    while (_window_drift(reference, timers) > _drift_limit(limit, timers)
-           and tries < _DRIFT_RETRIES):
+    while off(timers) and tries < _DRIFT_RETRIES:
         log.info("reference off its usual time by %.0f%%: timing again",
                  100 * _window_drift(reference, timers))
         retry = _timing_window(reference, child, device, cfg, warmed=True)
         if any(t.failure for t in retry):
             break
         timers, tries = retry, tries + 1
-    off = _window_drift(reference, timers) > _drift_limit(limit, timers)
-    usual = reference.usual_ms() if off else None
+    usual = reference.usual_ms() if off(timers) else None
     if timers[0].samples:
         reference.window_ms.append(statistics.median(timers[0].samples))
     return timers, usual

@@ -23,6 +23,11 @@ Role = Literal["reference", "candidate"]
 PROBE_SETS = 4
 
 
+def timed_set_count(input_sets: int) -> int:
+    """The input sets the reference draws for timing: the rotation's, then the probes."""
+    return input_sets + PROBE_SETS
+
+
 class ShiftSpec(BaseModel):
     """The trial with inputs of another distribution: drawn by the parent per reference
     run, so no candidate can special-case it. 'affine' maps x to x * scale + offset;

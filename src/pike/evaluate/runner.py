@@ -27,10 +27,10 @@ from pike.evaluate.guards import Guards
 from pike.evaluate.profile import profile_calls
 from pike.evaluate.protocol import (
     DESCENDANTS_GRACE_S,
-    PROBE_SETS,
     Channel,
     ChildRequest,
     ShiftSpec,
+    timed_set_count,
 )
 from pike.evaluate.timing import time_block
 
@@ -443,8 +443,8 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
 
     def make_call(mode: str) -> Callable[[], Any]:
         if not rotation.sets:  # the timed inputs reach the child only now
-            sets = _staged_inputs(chan, req, device, "timing",
-                                  [f"pool_{k}" for k in range(req.input_sets + PROBE_SETS)])
+            sets = _staged_inputs(chan, req, device, "timing", [
+                f"pool_{k}" for k in range(timed_set_count(req.input_sets))])
             rotation.sets, rotation.probes = sets[:req.input_sets], sets[req.input_sets:]
         return armed_call(guards, rotation.caller(model))
 
