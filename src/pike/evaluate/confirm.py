@@ -27,15 +27,13 @@ from pike.evaluate.driver import (
     wait_ready,
 )
 from pike.evaluate.judge import (
-    _child_protocol,
-    _input_stage,
-    _sha,
+    ReferenceRun,
+    candidate_files,
     release_reference,
     resolve_device,
     run_reference,
 )
 from pike.evaluate.leftovers import make_temp_dir, remove_tree
-from pike.evaluate.protocol import ChildRequest
 from pike.evaluate.sandbox import ChildProcess
 from pike.task import Task
 
@@ -96,22 +94,11 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
 
 
 def _ready_child(task: Task, cid: int, source: str, cfg: EvalConfig, device: str,
-                 reference: object, tmp: Path) -> tuple[ChildProcess | None, str]:
+                 reference: ReferenceRun, tmp: Path) -> tuple[ChildProcess | None, str]:
     """A candidate's child through its load, warm-up and trials, ready to be timed."""
-    folder = tmp / f"c{cid}"
-    work = folder / "work"
-    work.mkdir(parents=True)
-    (folder / "outputs").mkdir()
-    (work / "candidate.py").write_text(source)
-    stage = _input_stage(reference, folder / "inputs", cfg)  # type: ignore[arg-type]
-    request = ChildRequest(
-        role="candidate", module_path=str(work / "candidate.py"),
-        class_names=["ModelNew", "Model"], inputs_dir=str(stage.folder),
-        outputs_dir=str(folder / "outputs"), device=device, **_child_protocol(cfg),
-        seed=reference.seed, task_sha256=task.sha256,  # type: ignore[attr-defined]
-        task_size=task.path.stat().st_size, guards=cfg.guards, warm_up=cfg.warm_up)
+    files = candidate_files(task, source, cfg, device, reference, tmp / f"c{cid}")
     report = ChildReport()
-    child = start_child(request, work, cfg, task.sha256[:8] + "-" + _sha(source)[:16], stage)
+    child = start_child(files.request, files.work_dir, cfg, files.build_key, files.stage)
     if wait_ready(child, report) and run_trials(child, report):
         return child, ""
     finish(child)

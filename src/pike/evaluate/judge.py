@@ -400,26 +400,47 @@ def evaluate(task: Task, candidate_source: str,
     return mask_secrets(verdict)
 
 
-def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
-                     reference: ReferenceRun, tmp: Path) -> Verdict:
-    work_dir, outputs_dir = tmp / "work", tmp / "outputs"
-    work_dir.mkdir()
+@dataclass
+class CandidateFiles:
+    """A candidate's folders under its temp dir, its child's request and its build key."""
+
+    work_dir: Path
+    outputs_dir: Path
+    source_path: Path
+    stage: InputStage
+    request: ChildRequest
+    build_key: str
+
+
+def candidate_files(task: Task, source: str, cfg: EvalConfig, device: str,
+                    reference: ReferenceRun, folder: Path) -> CandidateFiles:
+    """Write a candidate's source into `folder`/work and make its outputs and staged
+    inputs folders; the request its child is started with."""
+    work_dir, outputs_dir = folder / "work", folder / "outputs"
+    work_dir.mkdir(parents=True)
     outputs_dir.mkdir()
-    candidate_path = work_dir / "candidate.py"
-    candidate_path.write_text(source)
-    stage = _input_stage(reference, tmp / "inputs", cfg)
+    source_path = work_dir / "candidate.py"
+    source_path.write_text(source)
+    stage = _input_stage(reference, folder / "inputs", cfg)
     request = ChildRequest(
-        role="candidate", module_path=str(candidate_path), class_names=["ModelNew", "Model"],
+        role="candidate", module_path=str(source_path), class_names=["ModelNew", "Model"],
         inputs_dir=str(stage.folder), outputs_dir=str(outputs_dir), device=device,
         **_child_protocol(cfg), seed=reference.seed, task_sha256=task.sha256,
         task_size=task.path.stat().st_size, guards=cfg.guards, warm_up=cfg.warm_up,
     )
+    return CandidateFiles(work_dir, outputs_dir, source_path, stage, request,
+                          task.sha256[:8] + "-" + _sha(source)[:16])
+
+
+def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
+                     reference: ReferenceRun, tmp: Path) -> Verdict:
+    files = candidate_files(task, source, cfg, device, reference, tmp)
+    outputs_dir, build_key = files.outputs_dir, files.build_key
     report = ChildReport()
     timers: list[Timer] = []
     correctness: Verdict | None = None
     final: Verdict | None = None
     profile: ProfileSummary | None = None
-    build_key = task.sha256[:8] + "-" + _sha(source)[:16]
     child: ChildProcess | None = None
     usual: float | None = None  # set when the reference's window stayed off its usual time
     try:
@@ -427,7 +448,7 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
         # load, builds, the warm-up's lazy compiles and autotuning, CUDA-graph capture and
         # the trials; only timing holds it alone, so none of this reaches a timed window.
         with hold(device, exclusive=False):
-            child = start_child(request, work_dir, cfg, build_key, stage,
+            child = start_child(files.request, files.work_dir, cfg, build_key, files.stage,
                                 run_limit_s=fitted_limit(reference.check_seconds)
                                 if cfg.limits.fitted else None)
             trials_ran = wait_ready(child, report) and run_trials(child, report)
@@ -457,7 +478,7 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
                     and (final is None or final.ok)):
                 with hold(device, exclusive=False):
                     profile = request_profile(child, "candidate", cfg.profile_calls)
-                    attach_kernel_metrics(profile, task.path, candidate_path, device, cfg,
+                    attach_kernel_metrics(profile, task.path, files.source_path, device, cfg,
                                           build_key)
     except BaseException:  # an interrupt (Ctrl-C, SIGTERM): no time to ask the child
         if child is not None:
