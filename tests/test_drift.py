@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pike.config import EvalConfig
 from pike.evaluate import judge
-from pike.evaluate.driver import Timer
+from pike.evaluate.driver import Timer, time_interleaved
 from pike.evaluate.verdict import TimingStats, Verdict
 from pike.store import RunStore
 
@@ -22,6 +23,7 @@ def _window(reference_ms: float, candidate_ms: float) -> list[Timer]:
 def _reference(*usual_ms: float) -> judge.ReferenceRun:
     run = judge.ReferenceRun.__new__(judge.ReferenceRun)
     run.window_ms = list(usual_ms)
+    run.renewals = 0
     return run
 
 
@@ -37,12 +39,45 @@ def test_a_drifting_window_is_timed_again_and_the_steady_one_kept(
 
 
 def test_a_window_still_off_after_the_retries_is_noisy(monkeypatch: pytest.MonkeyPatch) -> None:
-    tries = []
+    renewed = []
     monkeypatch.setattr(judge, "_timing_window",
-                        lambda *a, **k: tries.append(1) or _window(13.1, 3.3))
+                        lambda *a, **k: renewed.append(k.get("renew")) or _window(13.1, 3.3))
     timers, usual = judge._steady_window(_reference(5.8, 5.9, 6.0), None, "cuda:0",  # type: ignore[arg-type]
                                          EvalConfig(), _window(13.1, 3.3))
-    assert len(tries) == 2 and usual == 5.9
+    # twice with the same reference child, then once with a fresh one
+    assert renewed == [False, False, True] and usual == 5.9
+
+
+def test_a_fresh_reference_child_ends_the_drift(monkeypatch: pytest.MonkeyPatch) -> None:
+    def window(*a: object, renew: bool = False, **k: object) -> list[Timer]:
+        return _window(5.9 if renew else 13.1, 3.3)  # the old child was the slow one
+
+    monkeypatch.setattr(judge, "_timing_window", window)
+    timers, usual = judge._steady_window(_reference(5.8, 5.9, 6.0), None, "cuda:0",  # type: ignore[arg-type]
+                                         EvalConfig(), _window(13.1, 3.3))
+    assert usual is None and timers[0].samples[0] == 5.9
+
+
+def test_a_reference_run_renews_its_child_from_the_same_seeds(tmp_path: Path) -> None:
+    from pike.task import load_task
+    task = load_task(Path(__file__).parent.parent / "examples" / "tasks" / "1_GeluMLP.py")
+    cfg = EvalConfig(device="cpu", trials=2)
+    reference = judge.run_reference(task, cfg, "cpu", keep_child=True, cache=False)
+    try:
+        old = reference.child
+        assert old is not None and old.proc is not None
+        old_pid = old.proc.pid
+        assert reference.renew_child()
+        assert reference.child is not old and reference.renewals == 1
+        assert not psutil.pid_exists(old_pid)  # the old child is gone
+        timer = Timer(reference.child, "eager")  # the fresh child times the reference
+        time_interleaved([timer], cfg.timing)
+        assert timer.failure is None and timer.samples
+        spare = list(reference._spare_tmps)
+        assert spare and all((d / "work").is_dir() for d in spare)
+    finally:
+        reference.close()
+    assert not any(d.exists() for d in spare)
 
 
 def test_the_first_window_and_cpu_timings_are_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -116,9 +116,15 @@ class EvalConfig(_Strict):
                                  "each evaluation child; more compile large models faster "
                                  "(at 1, large CNNs took over 300 s in a compile mode), and "
                                  "the child shuts them down before it ends")
-    warm_up: bool = Field(True, description="call a candidate once before its trials, "
-                          "without the device lock: lazy compiles (Triton, torch.compile) "
-                          "then overlap other candidates' timing instead of holding it up")
+    warm_up: bool = Field(True, description="call a candidate once before its trials, so "
+                          "lazy compiles (Triton, torch.compile) happen before the trials' "
+                          "limit starts")
+    device_lock: Literal["every_gpu_use", "timing_only"] = Field(
+        "every_gpu_use", description="every_gpu_use: a child's start, load, builds, warm-up, "
+        "trials and final check hold the device shared and timing holds it alone, so no "
+        "evaluation's GPU work reaches another's timed window. timing_only: only timing is "
+        "locked; for measuring what the full lock buys (bench/contamination.py), since "
+        "neighbours' compiles and trials can then slow a window")
     time_candidate: bool = Field(True, description="skip timing to only check correctness")
     build_cache: Path | None = Field(
         None, description="where compiled extensions are cached; None = ~/.cache/pike/build"

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from pike.config import EvalConfig
 from pike.evaluate.cores import timing_cores
-from pike.evaluate.device_lock import hold
+from pike.evaluate.device_lock import hold, hold_for_work
 from pike.evaluate.driver import (
     ChildReport,
     Timer,
@@ -57,22 +57,23 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
     children: dict[int, ChildProcess] = {}
     failed: list[Confirmation] = []
     try:
-        with hold(device, exclusive=False):  # load, build, warm up and check each again
+        with hold_for_work(device, config.device_lock):  # load, build, warm up and check each again
             for cid, source in sources.items():
                 child, problem = _ready_child(task, cid, source, config, device, reference, tmp)
                 if child is not None:
                     children[cid] = child
                 else:
                     failed.append(Confirmation(candidate_id=cid, error=problem))
-        assert reference.child is not None
-        timers = [Timer(reference.child, "eager"),
-                  *(Timer(child, "candidate") for child in children.values())]
         for child in children.values():
             child.permit("timing")
-        pids = [t.child.proc.pid for t in timers if t.child.proc is not None]
-        with (hold(device, exclusive=True), reference.talking,
-              timing_cores(pids, device, config.timing_cores)):
-            time_interleaved(timers, config.timing)
+        with hold(device, exclusive=True), reference.talking:
+            # read under `talking`: a drifting window elsewhere may renew the child
+            assert reference.child is not None
+            timers = [Timer(reference.child, "eager"),
+                      *(Timer(child, "candidate") for child in children.values())]
+            pids = [t.child.proc.pid for t in timers if t.child.proc is not None]
+            with timing_cores(pids, device, config.timing_cores):
+                time_interleaved(timers, config.timing)
             reference.child.enter_phase("idle")
     finally:
         for child in children.values():

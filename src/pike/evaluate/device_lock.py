@@ -15,6 +15,7 @@ evaluations are not locked: the host's cores are not one device.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -67,3 +68,11 @@ def hold(device: str, *, exclusive: bool) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def hold_for_work(device: str, scope: str) -> contextlib.AbstractContextManager[None]:
+    """The shared hold around GPU work that is not timing (start, load, builds, trials),
+    or nothing where `eval.device_lock` is timing_only (to measure what the hold buys)."""
+    if scope == "timing_only":
+        return contextlib.nullcontext()
+    return hold(device, exclusive=False)

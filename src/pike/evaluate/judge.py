@@ -26,7 +26,7 @@ from pike.config import EvalConfig, RunConfig
 from pike.errors import EvaluatorError, TaskError
 from pike.evaluate import check
 from pike.evaluate.cores import timing_cores
-from pike.evaluate.device_lock import hold
+from pike.evaluate.device_lock import hold, hold_for_work
 from pike.evaluate.driver import (
     ChildReport,
     LoopCost,
@@ -90,6 +90,12 @@ class ReferenceRun:
     check_seconds: float = 0.0  # the reference's own check phase: candidates' limits follow
     window_ms: list[float] = field(default_factory=list)  # its eager median, window by window
     timed_expected: list[list[Any]] = field(default_factory=list)  # per timed input set
+    # What the child was started with, so a fresh one can replace it (same seeds, same
+    # inputs) when it stays off its usual time; the replacements' folders go with close().
+    request: ChildRequest | None = None
+    cfg: EvalConfig | None = None
+    renewals: int = 0
+    _spare_tmps: list[Path] = field(default_factory=list)
 
     _loop_cost: LoopCost | None = None
     _work: Work | None = None
@@ -130,13 +136,41 @@ class ReferenceRun:
         # A child that overran a request's limit (work count, profile) may still be stuck.
         return self.child is None or (self.child.alive() and not self.child.unresponsive)
 
+    def renew_child(self) -> bool:
+        """Replace the live child by a fresh one drawn from the same seeds (a child can sit
+        in a slower state: a convolution algorithm picked while memory was short, a
+        fragmented allocator); False where it cannot be done. The caller holds `talking`
+        and the device exclusively, so no window sees the swap."""
+        if self.child is None or self.request is None or self.cfg is None:
+            return False
+        tmp = make_temp_dir("ref")
+        self._spare_tmps.append(tmp)
+        request = self.request.model_copy(update={
+            "inputs_dir": str(tmp / "inputs"), "outputs_dir": str(tmp / "expected")})
+        for d in (tmp / "inputs", tmp / "expected", tmp / "work"):
+            d.mkdir()
+        report = ChildReport()
+        fresh = start_child(request, tmp / "work", self.cfg, build_key="reference")
+        if not run_trials(fresh, report):
+            finish(fresh)
+            log.info("no fresh reference child: %s", report.failure)
+            return False
+        shutil.rmtree(tmp / "inputs")  # the fresh child keeps its inputs in memory; the
+        shutil.rmtree(tmp / "expected")  # expected outputs stay the first child's
+        fresh.enter_phase("idle")
+        old, self.child = self.child, fresh
+        finish(old)
+        self._loop_cost, self.renewals = None, self.renewals + 1
+        return True
+
     def close(self) -> None:
         if self.child is not None:
             finish(self.child)
             self.child = None
         if self.inputs_dir.exists():
             self.inputs_dir.chmod(0o755)
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        for tmp in (self._tmp, *self._spare_tmps):
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def __del__(self) -> None:
         try:
@@ -249,11 +283,12 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
         **_child_protocol(cfg), seed=drawn.weights, task_sha256=task.sha256,
         trial_seeds=drawn.trials, pool_seeds=drawn.timed, shift=drawn.shift,
     )
+    pristine = request.model_copy(deep=True)  # start_child rewrites paths to the child's view
     report = ChildReport()
     ok, child = False, None
     try:
         # From its start: loading and building use the GPU too (a CUDA context, a prefill).
-        with hold(device, exclusive=False):
+        with hold_for_work(device, cfg.device_lock):
             child = start_child(request, work_dir, cfg, build_key="reference")
             ok = run_trials(child, report)
     finally:
@@ -272,7 +307,8 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
     child.enter_phase("idle")
     return ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp,
                         seed=drawn.weights, device=device, timed_expected=timed,
-                        check_seconds=child.phase_seconds.get("check", 0.0))
+                        check_seconds=child.phase_seconds.get("check", 0.0),
+                        request=pristine, cfg=cfg)
 
 
 # A candidate may take this many times the reference's own check phase to check or to
@@ -447,7 +483,7 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
         # Every GPU use holds the device (shared): the child's start (a CUDA context),
         # load, builds, the warm-up's lazy compiles and autotuning, CUDA-graph capture and
         # the trials; only timing holds it alone, so none of this reaches a timed window.
-        with hold(device, exclusive=False):
+        with hold_for_work(device, cfg.device_lock):
             child = start_child(files.request, files.work_dir, cfg, build_key, files.stage,
                                 run_limit_s=fitted_limit(reference.check_seconds)
                                 if cfg.limits.fitted else None)
@@ -472,11 +508,11 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
                 if not any(t.failure for t in timers):
                     timers, usual = _steady_window(reference, child, device, cfg, timers)
             if correctness.ok and cfg.guards and not any(t.failure for t in timers):
-                with hold(device, exclusive=False):
+                with hold_for_work(device, cfg.device_lock):
                     final = _final_check(child, reference, outputs_dir, cfg)
             if (correctness.ok and cfg.profile and not any(t.failure for t in timers)
                     and (final is None or final.ok)):
-                with hold(device, exclusive=False):
+                with hold_for_work(device, cfg.device_lock):
                     profile = request_profile(child, "candidate", cfg.profile_calls)
                     attach_kernel_metrics(profile, task.path, files.source_path, device, cfg,
                                           build_key)
@@ -530,10 +566,11 @@ def _drift_limit(cfg_limit: float, timers: list[Timer]) -> float:
 
 def _steady_window(reference: ReferenceRun, child: ChildProcess, device: str, cfg: EvalConfig,
                    timers: list[Timer]) -> tuple[list[Timer], float | None]:
-    """The window again (twice at most) while the reference's median in it is off its
-    usual time in this run by more than `timing.max_reference_drift`: a neighbour's GPU
-    work, a slower reference state or the card's own drift reached it. Returns the last
-    window and, when it is still off, the usual time it was off from."""
+    """The window again while the reference's median in it is off its usual time in this
+    run by more than `timing.max_reference_drift` (a neighbour's GPU work, a slower
+    reference state or the card's own drift reached it): twice with the same reference
+    child, then once with a fresh one. Returns the last window and, when it is still off,
+    the usual time it was off from."""
     limit = cfg.timing.max_reference_drift
     if limit is None or not device.startswith("cuda"):
         return timers, None
@@ -542,10 +579,13 @@ def _steady_window(reference: ReferenceRun, child: ChildProcess, device: str, cf
         return _window_drift(reference, window) > _drift_limit(limit, window)
 
     tries = 0
-    while off(timers) and tries < _DRIFT_RETRIES:
+    while off(timers) and tries <= _DRIFT_RETRIES:
         log.info("reference off its usual time by %.0f%%: timing again",
                  100 * _window_drift(reference, timers))
-        retry = _timing_window(reference, child, device, cfg, warmed=True)
+        renew = tries == _DRIFT_RETRIES  # the same child stayed off: a fresh one
+        if renew and reference.renewals >= _MAX_RENEWALS:
+            break
+        retry = _timing_window(reference, child, device, cfg, warmed=True, renew=renew)
         if any(t.failure for t in retry):
             break
         timers, tries = retry, tries + 1
@@ -555,7 +595,8 @@ def _steady_window(reference: ReferenceRun, child: ChildProcess, device: str, cf
     return timers, usual
 
 
-_DRIFT_RETRIES = 2
+_DRIFT_RETRIES = 2  # with the same reference child, before a fresh one
+_MAX_RENEWALS = 3  # fresh reference children per reference run: a card that drifts stays noisy
 
 
 def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path,
@@ -581,14 +622,19 @@ def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path
 
 
 def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
-                   cfg: EvalConfig, warmed: bool) -> list[Timer]:
-    """Eager and the candidate, interleaved, with the device to themselves."""
-    timers = [Timer(reference.child, "eager", warmed=warmed),
-              Timer(child, "candidate", warmed=warmed)]
+                   cfg: EvalConfig, warmed: bool, renew: bool = False) -> list[Timer]:
+    """Eager and the candidate, interleaved, with the device to themselves (and the
+    reference's child renewed first where `renew`)."""
     child.permit("timing")
-    with (hold(device, exclusive=True), reference.talking,
-          timing_cores([_pid(reference.child), _pid(child)], device, cfg.timing_cores)):
-        time_interleaved(timers, cfg.timing)
+    with hold(device, exclusive=True), reference.talking:
+        # The reference's child is read under `talking`: another evaluation may renew it.
+        if renew and reference.renew_child():
+            warmed = False
+        assert reference.child is not None
+        timers = [Timer(reference.child, "eager", warmed=warmed),
+                  Timer(child, "candidate", warmed=warmed)]
+        with timing_cores([_pid(reference.child), _pid(child)], device, cfg.timing_cores):
+            time_interleaved(timers, cfg.timing)
         reference.child.enter_phase("idle")
     return timers
 

@@ -423,8 +423,8 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
             _run_guarded_call(req, model, inputs, device)
         _reject_violations(guards, "check")
         del inputs
-    # Loading, building and the warm-up ran without the device lock: compiles of several
-    # candidates overlap. The trials wait for the parent, which holds the lock by then.
+    # The trials wait for the parent's go: it starts their time limit only now, after
+    # a wait for the device that may be long.
     chan.send("ready")
     go = chan.receive()
     if not go or go.get("event") != "go":
