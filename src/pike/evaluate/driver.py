@@ -46,6 +46,7 @@ class ChildReport:
     failure: Verdict | None = None
     leftovers: list[str] = field(default_factory=list)
     flags: dict[str, str] = field(default_factory=dict)  # backend flags the child changed
+    steps: dict[str, float] = field(default_factory=dict)  # the child's own (steps.py)
 
 
 def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
@@ -155,11 +156,20 @@ def _pump(child: ChildProcess, report: ChildReport, until: str) -> bool:
             return True
         elif kind == "checked" and until == "checked":
             report.flags = {str(k): str(v) for k, v in (event.get("flags") or {}).items()}
+            report.steps = _steps(event.get("steps"))
             return True
         elif kind == "done":
             report.failure = Verdict(status="crashed", phase=child.phase,
                                      message="the child ended without running the trials")
             return False
+
+
+def _steps(reported: object) -> dict[str, float]:
+    # Written by the child, so only well-formed entries are kept; they inform, never judge.
+    if not isinstance(reported, dict):
+        return {}
+    return {str(k)[:40]: float(v) for k, v in list(reported.items())[:40]
+            if isinstance(v, (int, float)) and v >= 0}
 
 
 def _failure(event: dict) -> Verdict:

@@ -16,6 +16,7 @@ import statistics
 import threading
 import time
 from collections import OrderedDict
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ from pike.evaluate.redact import mask_secrets
 from pike.evaluate.runner import EXTRA_TRIALS
 from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.staging import InputStage
+from pike.evaluate.steps import measuring, span
 from pike.evaluate.verdict import OutputMismatch, TimingStats, Verdict
 from pike.floor import Work, floor, times_floor
 from pike.task import Task
@@ -95,6 +97,7 @@ class ReferenceRun:
     request: ChildRequest | None = None
     cfg: EvalConfig | None = None
     renewals: int = 0
+    new_steps: dict[str, float] = field(default_factory=dict)  # its child's, until reported
     _spare_tmps: list[Path] = field(default_factory=list)
 
     _loop_cost: LoopCost | None = None
@@ -297,10 +300,11 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
     if not ok:
         shutil.rmtree(tmp, ignore_errors=True)
         raise _reference_failed(task, report.failure)
-    expected = [_load_leaves(expected_dir / f"outputs_{i}.pt")
-                for i in range(cfg.trials + EXTRA_TRIALS)]
-    timed = [_load_leaves(expected_dir / f"pool_{k}.pt")
-             for k in range(timed_set_count(cfg.timing.input_sets))]
+    with span("load_expected"):
+        expected = [_load_leaves(expected_dir / f"outputs_{i}.pt")
+                    for i in range(cfg.trials + EXTRA_TRIALS)]
+        timed = [_load_leaves(expected_dir / f"pool_{k}.pt")
+                 for k in range(timed_set_count(cfg.timing.input_sets))]
     _make_read_only(inputs_dir)
     shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
     assert child is not None
@@ -308,7 +312,8 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
     return ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp,
                         seed=drawn.weights, device=device, timed_expected=timed,
                         check_seconds=child.phase_seconds.get("check", 0.0),
-                        request=pristine, cfg=cfg)
+                        request=pristine, cfg=cfg,
+                        new_steps={f"reference.{k}": v for k, v in report.steps.items()})
 
 
 # A candidate may take this many times the reference's own check phase to check or to
@@ -423,16 +428,22 @@ def evaluate(task: Task, candidate_source: str,
     except SyntaxError as err:
         return Verdict(status="compile_error", phase="load", device=device,
                        message=f"candidate.py:{err.lineno}: SyntaxError: {err.msg}")
-    reference = run_reference(task, cfg, device, keep_child=cfg.time_candidate)
-    tmp = make_temp_dir("cand")
-    try:
-        verdict = _judge_candidate(task, candidate_source, cfg, device, reference, tmp)
-        if verdict.ok and verdict.runtime is not None and device.startswith("cuda"):
-            attach_floor(verdict, reference.work())
-    finally:
-        release_reference(reference)
-        shutil.rmtree(tmp, ignore_errors=True)
+    with measuring() as clock:
+        with span("reference"):  # near zero where a live reference of the task is kept
+            reference = run_reference(task, cfg, device, keep_child=cfg.time_candidate)
+        tmp = make_temp_dir("cand")
+        try:
+            verdict = _judge_candidate(task, candidate_source, cfg, device, reference, tmp)
+            if verdict.ok and verdict.runtime is not None and device.startswith("cuda"):
+                with span("floor"):
+                    attach_floor(verdict, reference.work())
+        finally:
+            release_reference(reference)
+            with span("remove_files"):
+                shutil.rmtree(tmp, ignore_errors=True)
     verdict.phase_seconds["total"] = time.monotonic() - started
+    verdict.steps = {**clock.rounded(), **verdict.steps, **reference.new_steps}
+    reference.new_steps = {}  # reported once, by the evaluation that started it
     return mask_secrets(verdict)
 
 
@@ -483,14 +494,21 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
         # Every GPU use holds the device (shared): the child's start (a CUDA context),
         # load, builds, the warm-up's lazy compiles and autotuning, CUDA-graph capture and
         # the trials; only timing holds it alone, so none of this reaches a timed window.
-        with hold_for_work(device, cfg.device_lock):
-            child = start_child(files.request, files.work_dir, cfg, build_key, files.stage,
-                                run_limit_s=fitted_limit(reference.check_seconds)
-                                if cfg.limits.fitted else None)
-            trials_ran = wait_ready(child, report) and run_trials(child, report)
+        with ExitStack() as device_held:
+            with span("wait_for_device"):
+                device_held.enter_context(hold_for_work(device, cfg.device_lock))
+            with span("start_child"):
+                child = start_child(files.request, files.work_dir, cfg, build_key, files.stage,
+                                    run_limit_s=fitted_limit(reference.check_seconds)
+                                    if cfg.limits.fitted else None)
+            with span("load_build_warm_up"):
+                trials_ran = wait_ready(child, report)
+            with span("trials"):
+                trials_ran = trials_ran and run_trials(child, report)
         if trials_ran:
-            correctness = _compare_trials(reference.expected[:cfg.trials + cfg.guards],
-                                          outputs_dir, cfg)
+            with span("compare"):
+                correctness = _compare_trials(reference.expected[:cfg.trials + cfg.guards],
+                                              outputs_dir, cfg)
             if correctness.ok and cfg.time_candidate and reference.child is not None:
                 timers = _timing_window(reference, child, device, cfg, warmed=False)
                 forged = cfg.guards and _forged(reference, timers)
@@ -508,7 +526,7 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
                 if not any(t.failure for t in timers):
                     timers, usual = _steady_window(reference, child, device, cfg, timers)
             if correctness.ok and cfg.guards and not any(t.failure for t in timers):
-                with hold_for_work(device, cfg.device_lock):
+                with span("final_check"), hold_for_work(device, cfg.device_lock):
                     final = _final_check(child, reference, outputs_dir, cfg)
             if (correctness.ok and cfg.profile and not any(t.failure for t in timers)
                     and (final is None or final.ok)):
@@ -522,7 +540,8 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
         raise
     finally:
         if child is not None:
-            finish(child, report)
+            with span("stop_child"):
+                finish(child, report)
     if timers and timers[0].failure is not None:
         reference.close()
         raise _reference_failed(task, timers[0].failure)
@@ -533,6 +552,7 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
     verdict.torch_version = report.env.get("torch_version", "")
     verdict.host = report.env.get("host", "")
     verdict.phase_seconds = dict(child.phase_seconds)
+    verdict.steps = {f"child.{name}": s for name, s in report.steps.items()}
     verdict.flags_changed = report.flags
     verdict.guards = explain_guards(cfg, report, correctness, timers, final, child)
     if verdict.ok:
@@ -626,14 +646,19 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
     """Eager and the candidate, interleaved, with the device to themselves (and the
     reference's child renewed first where `renew`)."""
     child.permit("timing")
-    with hold(device, exclusive=True), reference.talking:
+    with ExitStack() as alone:
+        with span("wait_for_device"):
+            alone.enter_context(hold(device, exclusive=True))
+            alone.enter_context(reference.talking)
         # The reference's child is read under `talking`: another evaluation may renew it.
-        if renew and reference.renew_child():
-            warmed = False
+        if renew:
+            with span("renew_reference"):
+                warmed = warmed and not reference.renew_child()
         assert reference.child is not None
         timers = [Timer(reference.child, "eager", warmed=warmed),
                   Timer(child, "candidate", warmed=warmed)]
-        with timing_cores([_pid(reference.child), _pid(child)], device, cfg.timing_cores):
+        with (span("timing"),
+              timing_cores([_pid(reference.child), _pid(child)], device, cfg.timing_cores)):
             time_interleaved(timers, cfg.timing)
         reference.child.enter_phase("idle")
     return timers

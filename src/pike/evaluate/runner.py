@@ -32,10 +32,12 @@ from pike.evaluate.protocol import (
     ShiftSpec,
     timed_set_count,
 )
+from pike.evaluate.steps import StepClock
 from pike.evaluate.timing import time_block
 
 _save = torch.save
 _load = torch.load
+STEPS = StepClock()  # this child's steps, sent to the parent with its trials' end
 _manual_seed = torch.manual_seed
 _globals_in = torch.serialization.get_unsafe_globals_in_checkpoint
 _safe_globals = torch.serialization.safe_globals
@@ -155,8 +157,9 @@ def _draw_inputs(module: Any, req: ChildRequest, seed: int) -> list[Any]:
 
 
 def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> None:
-    module = _guarded("task_error", "load", req.module_path,
-                      lambda: import_file(req.module_path, REFERENCE_MODULE))
+    with STEPS.span("import_task"):
+        module = _guarded("task_error", "load", req.module_path,
+                          lambda: import_file(req.module_path, REFERENCE_MODULE))
     for name in ("get_inputs", "get_init_inputs"):
         if not callable(getattr(module, name, None)):
             raise Failure("task_error", "load", f"`{name}` is not a function")
@@ -165,30 +168,35 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
         raise Failure("task_error", "load", "get_init_inputs() must return a list or tuple")
     inputs_dir = Path(req.inputs_dir)
     _save(list(init_inputs), inputs_dir / "init_inputs.pt")
-    trial_inputs = []
-    for trial, seed in enumerate(req.trial_seeds):
-        inputs = _draw_inputs(module, req, seed)
-        if trial == req.trials:
-            inputs = [_shift_distribution(x, req.shift) for x in inputs]
-        _save(inputs, inputs_dir / f"inputs_{trial}.pt")
-        trial_inputs.append(_to_device(inputs, device))
-    pool = []  # the timed calls' inputs: never seen in the checks
-    for k, seed in enumerate(req.pool_seeds):
-        inputs = _draw_inputs(module, req, seed)
-        _save(inputs, inputs_dir / f"pool_{k}.pt")
-        pool.append(_to_device(inputs, device))
+
+    def drawn(name: str, seed: int, shifted: bool = False) -> list[Any]:
+        with STEPS.span("draw_inputs"):
+            inputs = _draw_inputs(module, req, seed)
+            if shifted:
+                inputs = [_shift_distribution(x, req.shift) for x in inputs]
+        with STEPS.span("save_inputs"):
+            _save(inputs, inputs_dir / f"{name}.pt")
+        with STEPS.span("inputs_to_device"):
+            return _to_device(inputs, device)
+
+    trial_inputs = [drawn(f"inputs_{trial}", seed, shifted=trial == req.trials)
+                    for trial, seed in enumerate(req.trial_seeds)]
+    # the timed calls' inputs: never seen in the checks
+    pool = [drawn(f"pool_{k}", seed) for k, seed in enumerate(req.pool_seeds)]
     chan.send("phase", phase="init")
-    model = _build_model(req, module, list(init_inputs), device, "task_error")
+    with STEPS.span("build_model"):
+        model = _build_model(req, module, list(init_inputs), device, "task_error")
     chan.send("phase", phase="check")
     outputs_dir = Path(req.outputs_dir)
     for name, inputs in [*((f"outputs_{t}", i) for t, i in enumerate(trial_inputs)),
                          *((f"pool_{k}", i) for k, i in enumerate(pool))]:
-        with torch.no_grad():
+        with STEPS.span("forward"), torch.no_grad():
             out = _guarded("task_error", "check", req.module_path, lambda i=inputs: model(*i))
-        _sync(device)
-        _save(_cpu_leaves(out), outputs_dir / f"{name}.pt")
+            _sync(device)
+        with STEPS.span("save_outputs"):
+            _save(_cpu_leaves(out), outputs_dir / f"{name}.pt")
     del trial_inputs, out
-    chan.send("checked", trials=req.trials)
+    chan.send("checked", trials=req.trials, steps=STEPS.rounded())
     torch.set_float32_matmul_precision("highest")  # the task's dtype is the contract
     rotation = InputRotation(pool[:req.input_sets])  # the probe sets are the candidate's
 
@@ -406,20 +414,20 @@ def run_candidate(req: ChildRequest, chan: Channel, device: torch.device) -> Non
 
 def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
                    guards: Guards) -> None:
-    with _armed(guards):
+    with _armed(guards), STEPS.span("import_candidate"):
         module = _guarded("compile_error", "load", req.module_path,
                           lambda: import_file(req.module_path, "pike_candidate"))
     _reject_violations(guards, "load")
     init_inputs = load_init_inputs(Path(req.inputs_dir) / "init_inputs.pt", module)
     chan.send("phase", phase="init")
-    with _armed(guards):
+    with _armed(guards), STEPS.span("build_model"):
         model = _build_model(req, module, init_inputs, device, "compile_error")
     _reject_violations(guards, "init")
     _reject_reference_code(req, model)
     if req.warm_up:  # the first call of the checks, on the first trial's inputs
         chan.send("phase", phase="check")
         inputs = _staged_inputs(chan, req, device, "warm_up", ["inputs_0"])[0]
-        with _armed(guards):
+        with _armed(guards), STEPS.span("warm_up_call"):
             _run_guarded_call(req, model, inputs, device)
         _reject_violations(guards, "check")
         del inputs
@@ -432,13 +440,14 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
     chan.send("phase", phase="check")
     names = [f"inputs_{t}" for t in range(req.trials + req.guards)]  # + the shifted one
     for trial, inputs in enumerate(_staged_inputs(chan, req, device, "check", names)):
-        with _armed(guards):
+        with _armed(guards), STEPS.span("forward"):
             out = _run_guarded_call(req, model, inputs, device)
-        _save(_cpu_leaves(out), Path(req.outputs_dir) / f"outputs_{trial}.pt")
+        with STEPS.span("save_outputs"):
+            _save(_cpu_leaves(out), Path(req.outputs_dir) / f"outputs_{trial}.pt")
     _reject_violations(guards, "check")
     _reject_reference_code(req, model)
     flags = {k: f"{a} -> {b}" for k, (a, b) in guards.changed_flags().items()}
-    chan.send("checked", trials=req.trials, flags=flags)
+    chan.send("checked", trials=req.trials, flags=flags, steps=STEPS.rounded())
     rotation = InputRotation([])
 
     def make_call(mode: str) -> Callable[[], Any]:
@@ -475,14 +484,16 @@ def _staged_inputs(chan: Channel, req: ChildRequest, device: torch.device, phase
                    names: list[str]) -> list[list[Any]]:
     """Input sets the parent puts within the child's reach only when this phase starts
     (it refuses a phase asked for out of turn), so none can be read ahead."""
-    chan.send("stage", phase=phase)
-    reply = chan.receive()
+    with STEPS.span("wait_for_stage"):
+        chan.send("stage", phase=phase)
+        reply = chan.receive()
     if not reply or reply.get("event") != "staged" or reply.get("phase") != phase:
         raise Failure("crashed", "timing" if phase == "timing" else "check",
                       f"the evaluator did not stage the {phase} inputs")
     folder = Path(req.inputs_dir)
-    return [_to_device(_load(folder / f"{name}.pt", weights_only=True), device)
-            for name in names]
+    with STEPS.span("load_inputs"):
+        return [_to_device(_load(folder / f"{name}.pt", weights_only=True), device)
+                for name in names]
 
 
 class _armed:

@@ -91,6 +91,9 @@ class Verdict(BaseModel):
     phase_seconds: dict[str, float] = Field(
         default_factory=dict, description="wall time of each evaluator phase"
     )
+    steps: dict[str, float] = Field(
+        default_factory=dict, description="where the evaluation's wall time went (seconds): "
+        "the parent's steps, and the candidate child's as reported by it (`child.`)")
     floor_ms: float | None = Field(
         None, description="the least time the task can take on this GPU (pike.floor)")
     times_floor: float | None = Field(None, description="runtime as a multiple of the floor")
