@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -43,7 +44,7 @@ from pike.task import Task
 # The parent's top-level steps: they do not overlap, so their sum against the wall time
 # shows what no step covers. (Child and reference steps happen inside them.)
 TOP_STEPS = ("reference", "wait_for_device", "start_child", "load_build_warm_up", "trials",
-             "compare", "timing", "final_check", "stop_child", "floor", "remove_files")
+             "compare", "timing", "calibrate_timing_loop", "final_check", "stop_child", "floor", "remove_files")
 
 
 def identity_candidate(task: Task) -> str:
@@ -86,14 +87,16 @@ def cli_row(task: Task, source: str, device: str) -> dict:
     return row("cli", verdict, wall)
 
 
-def bench_task(task: Task, cfg: EvalConfig, pool_size: int, cli: bool) -> dict:
+def bench_task(task: Task, cfg: EvalConfig, pool_size: int, cli: bool, result: dict,
+               save: Callable[[], None]) -> None:
+    """Judge `task` in each mode, adding a row to `result` and saving after each."""
     source = identity_candidate(task)
     close_references()  # cold means cold: no reference kept from an earlier task
-    result = {"task": task.name, "input_mb": round(input_megabytes(task), 1), "rows": []}
     for mode in ("cold", "warm"):
         started = time.monotonic()
         verdict = evaluate(task, source, cfg)
         result["rows"].append(row(mode, verdict, time.monotonic() - started))
+        save()
         print(f"{task.name} {mode}: {result['rows'][-1]['wall_s']} s, {verdict.status}",
               flush=True)
     if pool_size > 1:
@@ -105,12 +108,13 @@ def bench_task(task: Task, cfg: EvalConfig, pool_size: int, cli: bool) -> dict:
         rows = [row(f"pool {pool_size}", v, wall) for v in verdicts]
         result["rows"].append({**rows[0], "pool_walls": [r["phases"].get("total") for r in rows],
                                "pool_statuses": [r["status"] for r in rows]})
+        save()
         print(f"{task.name} pool {pool_size}: {round(wall, 2)} s", flush=True)
     close_references()
     if cli:
         result["rows"].append(cli_row(task, source, cfg.device or "cpu"))
+        save()
         print(f"{task.name} cli: {result['rows'][-1]['wall_s']} s", flush=True)
-    return result
 
 
 def _cell(value: float | None) -> str:
@@ -164,10 +168,16 @@ def main() -> int:
             "command": this_command(), "tasks": []}
     stem = args.out / f"eval-overhead-{args.tag}"
     args.out.mkdir(parents=True, exist_ok=True)
-    for path in args.tasks:
-        data["tasks"].append(bench_task(Task.from_file(path), cfg, args.pool, args.cli))
+
+    def save() -> None:
         stem.with_suffix(".json").write_text(json.dumps(data, indent=2))
         stem.with_suffix(".md").write_text(markdown(data))
+
+    for path in args.tasks:
+        task = Task.from_file(path)
+        data["tasks"].append({"task": task.name, "input_mb": round(input_megabytes(task), 1),
+                              "rows": []})
+        bench_task(task, cfg, args.pool, args.cli, data["tasks"][-1], save)
     print(markdown(data), flush=True)
     return 0
 

@@ -162,3 +162,18 @@ def test_construct_on_device_builds_both_models_on_the_gpu_alike(
     gpu_config.construct_on = "cpu"  # KernelBench's way: this task's reference cannot run
     with pytest.raises(TaskError, match="reference failed in phase 'init'.*built on cpu"):
         evaluate(task, new, gpu_config)
+
+
+def test_outputs_compared_on_the_gpu_give_the_hosts_verdict() -> None:
+    import math
+
+    from pike.evaluate import check
+    torch = pytest.importorskip("torch")
+    assert judge.compare_device("cuda").type == "cuda"
+    expected = torch.randn(3, 1000)
+    actual = expected + 1e-7
+    actual[1, 5], actual[2, 9] = math.nan, 3.0
+    on_gpu = check.compare_leaf(expected, actual, 0, 0, 1e-4, 1e-4, torch.device("cuda"))
+    on_host = check.compare_leaf(expected, actual, 0, 0, 1e-4, 1e-4)
+    assert on_gpu.model_dump() == on_host.model_dump() and on_gpu.mismatched == 2
+

@@ -67,9 +67,12 @@ def _shape(value: Any) -> list[int] | None:
 
 
 def compare_leaf(
-    expected: Any, actual: Any, trial: int, index: int, atol: float, rtol: float
+    expected: Any, actual: Any, trial: int, index: int, atol: float, rtol: float,
+    on: torch.device | None = None,
 ) -> OutputMismatch:
-    """How `actual` differs from `expected`; `problem` is empty when within tolerance."""
+    """How `actual` differs from `expected`; `problem` is empty when within tolerance.
+    Values are compared on `on` (the evaluation's GPU, where the parent can use it) in
+    chunks, so outputs of gigabytes neither take a minute on the host nor fill memory."""
     mismatch = OutputMismatch(
         trial=trial, output=index, problem="", expected_shape=_shape(expected),
         actual_shape=_shape(actual),
@@ -87,43 +90,73 @@ def compare_leaf(
     if expected.dtype != actual.dtype:
         mismatch.problem = f"dtype {actual.dtype} != expected {expected.dtype}"
         return mismatch
-    return _compare_values(expected, actual, mismatch, atol, rtol)
+    return _compare_values(expected, actual, mismatch, atol, rtol, on or torch.device("cpu"))
+
+
+# Values compared at once: the float64 temporaries of a chunk stay near a gigabyte.
+COMPARE_CHUNK = 1 << 24
+
+
+def _chunks(expected: torch.Tensor, actual: torch.Tensor, on: torch.device,
+            dtype: torch.dtype | None = None) -> Any:
+    exp, act = expected.detach().reshape(-1), actual.detach().reshape(-1)
+    for start in range(0, exp.numel(), COMPARE_CHUNK):
+        stop = start + COMPARE_CHUNK
+        e, a = exp[start:stop].to(on), act[start:stop].to(on)
+        yield (e, a) if dtype is None else (e.to(dtype), a.to(dtype))
 
 
 def _compare_values(
-    expected: torch.Tensor, actual: torch.Tensor, mismatch: OutputMismatch, atol: float, rtol: float
+    expected: torch.Tensor, actual: torch.Tensor, mismatch: OutputMismatch, atol: float,
+    rtol: float, on: torch.device,
 ) -> OutputMismatch:
+    total = expected.numel()
     if not (expected.is_floating_point() or expected.is_complex()):
-        bad = expected != actual
-        n_bad = int(bad.sum())
+        n_bad = sum(int((e != a).sum()) for e, a in _chunks(expected, actual, on))
         if n_bad == 0:
             return mismatch
-        mismatch.problem = f"{n_bad} of {expected.numel()} values differ"
-        mismatch.mismatched, mismatch.total = n_bad, expected.numel()
+        mismatch.problem = f"{n_bad} of {total} values differ"
+        mismatch.mismatched, mismatch.total = n_bad, total
         return mismatch
-    exp = expected.detach().to(torch.complex128 if expected.is_complex() else torch.float64)
-    act = actual.detach().to(exp.dtype)
-    exp_nan, act_nan = torch.isnan(exp), torch.isnan(act)
-    finite = torch.isfinite(exp) & torch.isfinite(act)
-    inf_same = ~finite & ~exp_nan & ~act_nan & (exp == act)
-    nan_same = exp_nan & act_nan
-    diff = torch.where(finite, (exp - act).abs(), torch.zeros_like(exp.real))
-    within = finite & (diff <= atol + rtol * exp.abs())
-    ok = within | inf_same | nan_same
-    rel = diff / exp.abs().clamp_min(max(atol, 1e-12))  # near zero, relative error means little
-    mismatch.max_abs_error = float(diff.max()) if diff.numel() else 0.0
-    mismatch.max_rel_error = float(rel[finite].max()) if bool(finite.any()) else 0.0
-    n_bad = int((~ok).sum())
+    wide = torch.complex128 if expected.is_complex() else torch.float64
+    n_bad = nan_problem = inf_problem = 0
+    max_abs, max_rel = 0.0, 0.0
+    for exp, act in _chunks(expected, actual, on, wide):
+        exp_nan, act_nan = torch.isnan(exp), torch.isnan(act)
+        finite = torch.isfinite(exp) & torch.isfinite(act)
+        inf_same = ~finite & ~exp_nan & ~act_nan & (exp == act)
+        nan_same = exp_nan & act_nan
+        diff = torch.where(finite, (exp - act).abs(), torch.zeros_like(exp.real))
+        within = finite & (diff <= atol + rtol * exp.abs())
+        ok = within | inf_same | nan_same
+        rel = diff / exp.abs().clamp_min(max(atol, 1e-12))  # near zero, relative error means little
+        max_abs = max(max_abs, float(diff.max()) if diff.numel() else 0.0)
+        if bool(finite.any()):
+            max_rel = max(max_rel, float(rel[finite].max()))
+        n_bad += int((~ok).sum())
+        nan_problem += int((exp_nan ^ act_nan).sum())
+        inf_problem += int((~finite & ~nan_same & ~inf_same & ~(exp_nan ^ act_nan)).sum())
+    mismatch.max_abs_error, mismatch.max_rel_error = max_abs, max_rel
     if n_bad == 0:
         return mismatch
-    mismatch.mismatched, mismatch.total = n_bad, exp.numel()
-    nan_problem = int((exp_nan ^ act_nan).sum())
-    inf_problem = int((~finite & ~nan_same & ~inf_same & ~(exp_nan ^ act_nan)).sum())
-    detail = f"{n_bad} of {exp.numel()} values outside atol={atol:g}, rtol={rtol:g}"
+    mismatch.mismatched, mismatch.total = n_bad, total
+    detail = f"{n_bad} of {total} values outside atol={atol:g}, rtol={rtol:g}"
     if nan_problem or inf_problem:
         detail += f" ({nan_problem} NaN and {inf_problem} Inf mismatches)"
     mismatch.problem = detail + f"; max abs error {mismatch.max_abs_error:.3g}"
     return mismatch
+
+
+def all_finite(leaves: list[Any], on: torch.device | None = None) -> bool:
+    """No NaN or Inf in any floating-point leaf (checked chunk by chunk on `on`)."""
+    on = on or torch.device("cpu")
+    for x in leaves:
+        if isinstance(x, _Tensor) and (x.is_floating_point() or x.is_complex()):
+            flat = x.detach().reshape(-1)
+            for start in range(0, flat.numel(), COMPARE_CHUNK):
+                if not bool(torch.isfinite(flat[start:start + COMPARE_CHUNK].to(on)).all()):
+                    return False
+    return True
 
 
 def _scalars_close(expected: Any, actual: Any, atol: float, rtol: float) -> bool:

@@ -301,9 +301,9 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
         shutil.rmtree(tmp, ignore_errors=True)
         raise _reference_failed(task, report.failure)
     with span("load_expected"):
-        expected = [_load_leaves(expected_dir / f"outputs_{i}.pt")
+        expected = [_load_leaves(expected_dir / f"outputs_{i}.pt", mapped=True)
                     for i in range(cfg.trials + EXTRA_TRIALS)]
-        timed = [_load_leaves(expected_dir / f"pool_{k}.pt")
+        timed = [_load_leaves(expected_dir / f"pool_{k}.pt", mapped=True)
                  for k in range(timed_set_count(cfg.timing.input_sets))]
     _make_read_only(inputs_dir)
     shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
@@ -410,8 +410,11 @@ def profile_reference(task: Task, config: EvalConfig | RunConfig | None = None
         release_reference(reference)
 
 
-def _load_leaves(path: Path) -> list[Any]:
-    leaves = torch.load(path, weights_only=True)
+def _load_leaves(path: Path, mapped: bool = False) -> list[Any]:
+    # `mapped` only for the reference's files: pages are read as comparisons touch them
+    # (the timed sets' outputs are only sampled). A candidate's file is read whole, as a
+    # file it could truncate while mapped would end this process with SIGBUS.
+    leaves = torch.load(path, weights_only=True, mmap=mapped)
     if not isinstance(leaves, list):
         raise ValueError("outputs file does not hold a list")
     return leaves
@@ -506,9 +509,11 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
             with span("trials"):
                 trials_ran = trials_ran and run_trials(child, report)
         if trials_ran:
-            with span("compare"):
+            on = compare_device(device)
+            with span("compare"), hold_for_work(device, cfg.device_lock):
                 correctness = _compare_trials(reference.expected[:cfg.trials + cfg.guards],
-                                              outputs_dir, cfg)
+                                              outputs_dir, cfg, on)
+                _release_compare_memory(on)
             if correctness.ok and cfg.time_candidate and reference.child is not None:
                 timers = _timing_window(reference, child, device, cfg, warmed=False)
                 forged = cfg.guards and _forged(reference, timers)
@@ -631,8 +636,10 @@ def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path
     except Exception as err:  # written by the child: anything may be in it
         return Verdict(status="incorrect", phase="check",
                        message=f"outputs after timing could not be read back ({err})")
-    bad = [c for c in _compare_leaves(reference.expected[-1], actual, cfg.trials + 1, cfg)
+    on = compare_device(reference.device)
+    bad = [c for c in _compare_leaves(reference.expected[-1], actual, cfg.trials + 1, cfg, on)
            if c.problem]
+    _release_compare_memory(on)
     if not bad:
         return Verdict(status="ok")
     return Verdict(status="incorrect", phase="check", mismatches=bad[:20],
@@ -679,7 +686,9 @@ def _forged(reference: ReferenceRun, timers: list[Timer], strict: bool = False) 
     """Why the candidate's reported timings cannot be true, or None."""
     if timers[1].failure is not None:
         return None
-    return unaccounted_wall_time(reference.loop_cost(), timers[1], timers[0], strict)
+    with span("calibrate_timing_loop"):  # once per reference run; then it is kept
+        cost = reference.loop_cost()
+    return unaccounted_wall_time(cost, timers[1], timers[0], strict)
 
 
 def _candidate_verdict(report: ChildReport, correctness: Verdict | None,
@@ -711,13 +720,38 @@ def _attach_timings(verdict: Verdict, timers: list[Timer]) -> None:
         verdict.speedup = verdict.reference.median_ms / verdict.runtime.median_ms
 
 
-def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfig) -> Verdict:
+_compare_devices: dict[str, torch.device] = {}
+
+
+def compare_device(device: str) -> torch.device:
+    """Where the parent compares outputs: the evaluation's GPU when this process can use
+    it (chunks of gigabyte outputs in milliseconds, against seconds each on the host),
+    else the host. Comparing is GPU work, so callers hold the device (shared)."""
+    if device not in _compare_devices:
+        found = torch.device("cpu")
+        if device.startswith("cuda"):
+            try:
+                torch.zeros(1, device=device)
+                found = torch.device(device)
+            except Exception as err:  # e.g. a forked process with CUDA set up before
+                log.info("comparing outputs on the host: %s", err)
+        _compare_devices[device] = found
+    return _compare_devices[device]
+
+
+def _release_compare_memory(on: torch.device) -> None:
+    if on.type == "cuda":
+        torch.cuda.empty_cache()  # what the chunks held goes back to the candidates
+
+
+def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfig,
+                    on: torch.device) -> Verdict:
     mismatches: list[OutputMismatch] = []
     actual_by_trial: list[list[Any]] = []
     passed = 0
     max_abs = max_rel = 0.0
     for trial, exp_leaves in enumerate(expected):
-        if trial == cfg.trials and not _all_finite(exp_leaves):
+        if trial == cfg.trials and not check.all_finite(exp_leaves, on):
             continue  # the reference itself overflows on shifted inputs: nothing to learn
         try:
             act_leaves = _load_leaves(outputs_dir / f"outputs_{trial}.pt")
@@ -725,7 +759,7 @@ def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfi
             return Verdict(status="incorrect", phase="check",
                            message=f"trial {trial}: outputs could not be read back ({err})")
         actual_by_trial.append(act_leaves)
-        compared = _compare_leaves(exp_leaves, act_leaves, trial, cfg)
+        compared = _compare_leaves(exp_leaves, act_leaves, trial, cfg, on)
         max_abs = max([max_abs, *(c.max_abs_error or 0.0 for c in compared)])
         max_rel = max([max_rel, *(c.max_rel_error or 0.0 for c in compared)])
         trial_bad = [c for c in compared if c.problem]
@@ -746,17 +780,12 @@ def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfi
                    mismatches=mismatches[:20], **errors)
 
 
-def _all_finite(leaves: list[Any]) -> bool:
-    return all(bool(torch.isfinite(x).all()) for x in leaves
-               if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()))
-
-
 def _compare_leaves(expected: list[Any], actual: list[Any], trial: int,
-                    cfg: EvalConfig) -> list[OutputMismatch]:
+                    cfg: EvalConfig, on: torch.device) -> list[OutputMismatch]:
     if len(expected) != len(actual):
         return [OutputMismatch(trial=trial, output=0,
                                problem=f"returned {len(actual)} outputs, expected {len(expected)}")]
-    return [check.compare_leaf(exp, act, trial, index, cfg.atol, cfg.rtol)
+    return [check.compare_leaf(exp, act, trial, index, cfg.atol, cfg.rtol, on)
             for index, (exp, act) in enumerate(zip(expected, actual, strict=True))]
 
 

@@ -30,11 +30,41 @@ def _owner_tag() -> str:
     return f"{me.pid}-{int(me.create_time())}"
 
 
+# Free space /dev/shm must have to hold the evaluator's files: input sets and outputs of
+# large tasks run to gigabytes, and a full tmpfs fails an honest candidate's writes.
+_SHM_FREE_GIB, _SHM_FREE_SHARE = 8.0, 0.25
+
+
+@functools.cache
+def scratch_root() -> Path:
+    """Where the evaluator's files go: $PIKE_SCRATCH, else $TMPDIR where set, else
+    /dev/shm (memory: writing and reading a KernelBench task's gigabytes of inputs and
+    outputs there is several times faster than on disk) when it has room, else the temp
+    folder. One answer per process, so a reference's inputs and its candidates' folders
+    share a file system (inputs are staged by hard link)."""
+    chosen = os.environ.get("PIKE_SCRATCH")
+    if chosen:
+        return Path(chosen)
+    if not os.environ.get("TMPDIR") and _roomy_tmpfs(Path("/dev/shm")):
+        return Path("/dev/shm")
+    return Path(tempfile.gettempdir())
+
+
+def _roomy_tmpfs(path: Path) -> bool:
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return False
+    free, size = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+    return (os.access(path, os.W_OK) and free >= _SHM_FREE_GIB * 2**30
+            and free >= _SHM_FREE_SHARE * size)
+
+
 def make_temp_dir(kind: str) -> Path:
     """A new temp folder of this process: `pike-<kind>-<pid>-<start time>-<random>`."""
     assert kind in _KINDS
     sweep_orphaned_dirs()
-    return Path(tempfile.mkdtemp(prefix=f"pike-{kind}-{_owner_tag()}-"))
+    return Path(tempfile.mkdtemp(prefix=f"pike-{kind}-{_owner_tag()}-", dir=scratch_root()))
 
 
 def _owner_alive(pid: int, started: int) -> bool:
@@ -56,9 +86,13 @@ def remove_tree(path: Path) -> None:
 
 @functools.cache
 def sweep_orphaned_dirs(folder: str | None = None) -> list[str]:
-    """Remove the temp folders of pike processes that are gone (once per process)."""
+    """Remove the temp folders of pike processes that are gone (once per process), in
+    `folder`, or in the temp folder and the scratch root."""
+    if folder is None:
+        roots = dict.fromkeys([tempfile.gettempdir(), str(scratch_root())])
+        return [name for root in roots for name in sweep_orphaned_dirs(root)]
     removed = []
-    root = Path(folder or tempfile.gettempdir())
+    root = Path(folder)
     try:
         entries = list(root.iterdir())
     except OSError:

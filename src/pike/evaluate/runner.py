@@ -36,6 +36,10 @@ from pike.evaluate.steps import StepClock
 from pike.evaluate.timing import time_block
 
 _save = torch.save
+# The evaluator's own files live for one evaluation in its own folders; a checksum of
+# every gigabyte written costs time and protects nothing a candidate could not redo.
+if hasattr(torch.serialization, "set_crc32_options"):  # torch 2.5 and later
+    torch.serialization.set_crc32_options(False)
 _load = torch.load
 STEPS = StepClock()  # this child's steps, sent to the parent with its trials' end
 _manual_seed = torch.manual_seed
@@ -148,7 +152,17 @@ def _build_model(req: ChildRequest, module: Any, init_inputs: list[Any], device:
                     req.module_path, construct)
 
 
-def _draw_inputs(module: Any, req: ChildRequest, seed: int) -> list[Any]:
+def _draw_inputs(module: Any, req: ChildRequest, seed: int,
+                 device: torch.device | None = None) -> list[Any]:
+    """get_inputs() under `seed`: where a device is given, with it as the default device,
+    so a KernelBench task's hundreds of megabytes are drawn by the GPU instead of the host
+    (seconds each); a get_inputs() that cannot run there is drawn on the host instead."""
+    if device is not None and device.type != "cpu":
+        try:
+            with torch.device(device):
+                return _draw_inputs(module, req, seed)
+        except Failure:
+            pass
     _manual_seed(seed)
     inputs = _guarded("task_error", "load", req.module_path, module.get_inputs)
     if not isinstance(inputs, (list, tuple)):
@@ -171,11 +185,11 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
 
     def drawn(name: str, seed: int, shifted: bool = False) -> list[Any]:
         with STEPS.span("draw_inputs"):
-            inputs = _draw_inputs(module, req, seed)
+            inputs = _draw_inputs(module, req, seed, device)
             if shifted:
                 inputs = [_shift_distribution(x, req.shift) for x in inputs]
-        with STEPS.span("save_inputs"):
-            _save(inputs, inputs_dir / f"{name}.pt")
+        with STEPS.span("save_inputs"):  # host tensors: whoever loads them picks a device
+            _save(_to_device(inputs, torch.device("cpu")), inputs_dir / f"{name}.pt")
         with STEPS.span("inputs_to_device"):
             return _to_device(inputs, device)
 
@@ -320,9 +334,10 @@ def _shift_distribution(value: Any, spec: ShiftSpec | None) -> Any:
         return value
     if spec.kind == "affine":
         return value * spec.scale + spec.offset
-    noise = torch.rand(value.shape, generator=torch.Generator().manual_seed(spec.seed))
+    noise = torch.rand(value.shape, device=value.device,
+                       generator=torch.Generator(value.device).manual_seed(spec.seed))
     # uniform over three times the scale: as wide as the affine shape's bulk, no tails
-    return ((noise * 2 - 1) * 3 * spec.scale + spec.offset).to(value.dtype).to(value.device)
+    return ((noise * 2 - 1) * 3 * spec.scale + spec.offset).to(value.dtype)
 
 
 def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
