@@ -177,6 +177,8 @@ def main() -> int:
     p.add_argument("--tag", default=None)
     p.add_argument("--resume", action="store_true",
                    help="keep the modes the results file has; run the rest, then the alone window")
+    p.add_argument("--skip-alone", action="store_true",
+                   help="run the modes only (the alone window in a later --resume call)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     args.tag = args.tag or ("cuda" if args.device.startswith("cuda") else "cpu")
@@ -203,6 +205,8 @@ def main() -> int:
         save()
         print(f"{mode}: {data['modes'][-1]['wall_s']} s, reference spread "
               f"{data['modes'][-1]['reference_spread']}", flush=True)
+    if args.skip_alone:
+        return 0
     data["alone"] = alone(task, data["modes"], args)
     judge_modes(data["modes"], data["alone"])
     save()
