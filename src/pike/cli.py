@@ -23,6 +23,7 @@ from pike.errors import ConfigError, PikeError, TaskError
 from pike.evaluate import BASELINE_MODES, Baseline, Verdict, evaluate, measure_baselines
 from pike.evaluate.leftovers import sweep_orphaned_dirs
 from pike.evaluate.pool import PLACEMENT
+from pike.report.data import reference_ms
 from pike.task import Task, load_task, load_tasks
 
 app = typer.Typer(help="pike: make PyTorch inference faster, judged by a strict evaluator.",
@@ -348,7 +349,10 @@ def bench_command(
                           "", "", "")
             continue
         v = r.best_verdict
-        table.add_row(escape(r.task), f"{v.speedup:.2f}x" if v and v.speedup else "-",
+        best = f"{v.speedup:.2f}x" if v and v.speedup else "-"
+        if v and v.confirmed and v.search_speedup:
+            best += f" confirmed (search {v.search_speedup:.2f}x)"
+        table.add_row(escape(r.task), best,
                       str(r.queries), f"${r.dollars:.2f}",
                       ", ".join(f"{k} {n}" for k, n in sorted(r.verdicts.items())))
     console.print(table)
@@ -465,10 +469,16 @@ def report_command(
     = Path("pike-report"),
 ) -> None:
     """Figures and one HTML page from run stores alone (nothing is re-run)."""
-    from pike.report.build import build_report
+    from pike.report.build import write_report
+    from pike.report.data import load_runs
+    from pike.report.terminal import not_run_lines, report_summary
 
-    page = build_report(run_dirs, out)
-    console.print(f"wrote {escape(str(page))}")
+    runs = load_runs(run_dirs)
+    page = write_report(runs, out)
+    console.print(report_summary(runs))
+    for line in not_run_lines(runs):
+        console.print(escape(line), highlight=False, soft_wrap=True)
+    console.print(f"wrote {escape(str(page))}", highlight=False, soft_wrap=True)
 
 
 def _ids(tasks: str | None) -> list[int] | None:
@@ -617,9 +627,12 @@ def _print_result(result: Any) -> None:
     table.add_row("run dir", escape(str(result.run_dir)))
     if v is not None and v.runtime is not None:
         slower = v.speedup is not None and v.speedup < 1.0
-        table.add_row("best", f"[{'yellow' if slower else 'green'}]{v.speedup or 0:.2f}x"
-                      f"[/{'yellow' if slower else 'green'}] over eager "
-                      f"({_ms(v.runtime.median_ms)} vs {_ms(v.reference.median_ms if v.reference else None)})")
+        colour = "yellow" if slower else "green"
+        table.add_row("best", f"[{colour}]{v.speedup or 0:.2f}x[/{colour}] over eager "
+                      f"({_ms(v.runtime.median_ms)} vs {_ms(reference_ms(v))})")
+        if v.confirmed and v.search_speedup:
+            table.add_row("confirmed", f"timed again beside eager in one window; "
+                          f"{v.search_speedup:.2f}x in the search")
         table.add_row("solution", escape(str(result.run_dir / "best.py")))
         if slower:
             table.add_row("advice", "[yellow]no candidate beat eager: keep your own module[/yellow] "
