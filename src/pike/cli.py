@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -17,17 +18,36 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperCommand
 
 from pike.config import CONSTRUCT_ON, RunConfig
 from pike.errors import ConfigError, PikeError, TaskError
 from pike.evaluate import BASELINE_MODES, Baseline, Verdict, evaluate, measure_baselines
 from pike.evaluate.leftovers import sweep_orphaned_dirs
 from pike.evaluate.pool import PLACEMENT
+from pike.preflight import check_devices, check_new_run_dir, check_run
 from pike.report.data import reference_ms
 from pike.task import Task, load_task, load_tasks
 
+
+class _Command(TyperCommand):
+    """Usage lines name the arguments as the help lists them (`pike audit [OPTIONS]
+    SOLUTIONS TASKS`): typer's own wraps required ones in braces, which reads as a set."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name != "argument":
+                continue
+            name = param.metavar or (param.name or "").upper()
+            name = name if param.required else f"[{name}]"
+            pieces.append(name + ("..." if param.nargs != 1 else ""))
+        return pieces
+
+
 app = typer.Typer(help="pike: make PyTorch inference faster, judged by a strict evaluator.",
                   no_args_is_help=True, add_completion=False)
+command = functools.partial(app.command, cls=_Command)
 console = Console()
 err_console = Console(stderr=True)
 
@@ -78,6 +98,7 @@ ProfileFeedbackOpt = Annotated[bool, typer.Option(
     "--profile-feedback", help="profile correct candidates and the reference; the agents "
     "see where the time goes")]
 
+LOG_WIDTH = 120
 EXIT_CANDIDATE_FAILED = 1
 EXIT_USER_ERROR = 2
 
@@ -111,13 +132,39 @@ def _config(path: Path | None, device: str | None, construct_on: str | None = No
     return cfg
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        print(f"pike {package_version()}")
+        raise typer.Exit()
+
+
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's, once installed)."""
+    try:
+        return version("pike-torch")
+    except PackageNotFoundError:  # imported from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 @app.callback()
-def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+def main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log what pike does, with "
+                                          "the source location of each message")] = False,
+    _version: Annotated[bool, typer.Option("--version", callback=_print_version,
+                                           is_eager=True, help="print pike's version")]
+    = False,
+) -> None:
+    # Source locations help whoever debugs pike; a user's output goes without them.
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        format="%(levelname)s %(name)s (%(filename)s:%(lineno)d): %(message)s"
+                        if verbose else "%(levelname)s: %(message)s")
     # SIGTERM (`timeout`, `kill`, a scheduler) ends pike as Ctrl-C does: children killed,
     # temp dirs removed, the store left consistent, one line said.
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    for out in (console, err_console):
+        if not out.is_terminal and "COLUMNS" not in os.environ:
+            # a log or a pipe has no width: tables get room instead of 80 columns
+            out.width = LOG_WIDTH
     sweep_orphaned_dirs()
 
 
@@ -126,11 +173,12 @@ def _terminate_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-@app.command("eval")
+@command("eval")
 @user_errors
 def eval_command(
-    task: Annotated[str, typer.Argument(help="task file, or FOLDER/ID")],
-    candidate: Annotated[Path, typer.Argument(help="candidate source defining ModelNew")],
+    task: Annotated[str, typer.Argument(metavar="TASK", help="task file, or FOLDER/ID")],
+    candidate: Annotated[Path, typer.Argument(metavar="CANDIDATE",
+                                              help="candidate source defining ModelNew")],
     device: DeviceOpt = None,
     construct_on: ConstructOnOpt = None,
     trials: Annotated[int | None, typer.Option(min=1, help="correctness trials (default 5)")]
@@ -156,6 +204,7 @@ def eval_command(
         source = candidate.read_text()
     except (OSError, UnicodeDecodeError) as err:
         raise TaskError(f"{candidate}: cannot read candidate ({err})") from None
+    check_devices(cfg.eval)
     with err_console.status(f"evaluating {candidate.name} against {the_task.name}..."):
         verdict = evaluate(the_task, source, cfg)
     if as_json:
@@ -224,10 +273,11 @@ def _print_verdict(task: Task, candidate: Path, v: Verdict) -> None:
         console.print(v.message, markup=False, highlight=False, soft_wrap=True)
 
 
-@app.command("optimize")
+@command("optimize")
 @user_errors
 def optimize_command(
-    task: Annotated[str | None, typer.Argument(help="task file or FOLDER/ID")] = None,
+    task: Annotated[str | None, typer.Argument(metavar="TASK", help="task file or FOLDER/ID")]
+    = None,
     llm: LlmOpt = None,
     fixer_llm: FixerOpt = None,
     budget_queries: BudgetQueriesOpt = None,
@@ -273,17 +323,21 @@ def optimize_command(
     the_task = load_task(task) if task else None
     if the_task is None and resume is None and replay is None:
         raise PikeError("give a TASK to optimize (or --resume RUN_DIR / --replay RUN_DIR)")
-    with SearchProgress(err_console, the_task.name if the_task else "run") as progress:
+    run_cfg, stored = _as_run_will(cfg, flags, resume or replay)
+    check_run(run_cfg, calls_llm=replay is None, out=None if resume else out)
+    name = the_task.name if the_task else next(iter(stored), "run")
+    with SearchProgress(err_console, name, _fields(run_cfg)) as progress:
         result = optimize(the_task, cfg, out=out, resume=resume, replay=replay,
                           command="pike " + " ".join(sys.argv[1:]),
                           placement=_placement(cfg, flags), on_event=progress)
     _print_result(result)
 
 
-@app.command("bench")
+@command("bench")
 @user_errors
 def bench_command(
-    folder: Annotated[Path | None, typer.Argument(help="folder of task files")] = None,
+    folder: Annotated[Path | None, typer.Argument(metavar="FOLDER", help="folder of task files")]
+    = None,
     tasks: Annotated[str | None, typer.Option(help="only these task ids: 1,4,9")] = None,
     strategy: StrategyOpt = None,
     llm: LlmOpt = None,
@@ -330,8 +384,10 @@ def bench_command(
     cfg = _search_config(config, device, flags)
     ids = _ids(tasks)
     names = ([t.name for t in load_tasks(folder, ids)] if folder else [])
+    run_cfg, stored = _as_run_will(cfg, flags, resume)
+    check_run(run_cfg, out=None if resume else out)
     try:
-        with BenchProgress(err_console, names) as progress:
+        with BenchProgress(err_console, names or stored, _fields(run_cfg)) as progress:
             result = bench(folder, cfg, ids=ids, out=out, resume=resume, jobs=jobs,
                            command="pike " + " ".join(sys.argv[1:]),
                            placement=_placement(cfg, flags), on_event=progress)
@@ -359,10 +415,11 @@ def bench_command(
     console.print(f"report: pike report {escape(str(result.run_dir))}")
 
 
-@app.command("show")
+@command("show")
 @user_errors
 def show_command(
-    run_dir: Annotated[Path, typer.Argument(help="a run dir of pike optimize or pike bench")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR",
+                                            help="a run dir of pike optimize or pike bench")],
     watch: Annotated[bool, typer.Option("--watch", help="redraw every few seconds until "
                                         "Ctrl-C")] = False,
     interval: Annotated[float, typer.Option(min=0.5, help="seconds between redraws")] = 2.0,
@@ -383,6 +440,8 @@ def show_command(
         console.print(snapshot())
         return
     try:
+        if not console.is_terminal:
+            _watch_as_lines(snapshot, interval)
         with Live(snapshot(), console=console, refresh_per_second=1) as live:
             while True:
                 time.sleep(interval)
@@ -391,11 +450,29 @@ def show_command(
         return
 
 
-@app.command("export")
+def _watch_as_lines(snapshot: Callable[[], Any], interval: float) -> None:
+    """`pike show --watch` into a log or a pipe, where a redrawn screen would pile up: the
+    tables again, under the time, each time they change (until Ctrl-C or SIGTERM)."""
+    import time
+
+    shown = ""
+    while True:
+        with console.capture() as captured:
+            console.print(snapshot())
+        text = captured.get()
+        if text != shown:
+            console.print(time.strftime("%H:%M:%S"), highlight=False)
+            console.out(text, end="", highlight=False)
+            shown = text
+        time.sleep(interval)
+
+
+@command("export")
 @user_errors
 def export_command(
-    run_dir: Annotated[Path, typer.Argument(help="a run dir")],
-    task: Annotated[str | None, typer.Argument(help="task name (optional for a one-task run)")]
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run dir")],
+    task: Annotated[str | None, typer.Argument(metavar="TASK",
+                                               help="task name (optional for a one-task run)")]
     = None,
     out: Annotated[Path, typer.Option(help="where to write the module")] = Path("best.py"),
     set_dir: Annotated[Path | None, typer.Option(
@@ -419,10 +496,11 @@ def export_command(
     console.print(f"wrote {escape(str(path))}")
 
 
-@app.command("audit")
+@command("audit")
 @user_errors
 def audit_command(
-    solutions: Annotated[Path, typer.Argument(help="folder of solution files (task_10.py, "
+    solutions: Annotated[Path, typer.Argument(metavar="SOLUTIONS",
+                                              help="folder of solution files (task_10.py, "
                                               "10_*.py, a mapping.yaml, or a pike set)")],
     tasks_folder: Annotated[Path, typer.Argument(metavar="TASKS", help="folder of task files")],
     tasks: Annotated[str | None, typer.Option(help="only these task ids: 1,4,9")] = None,
@@ -441,30 +519,36 @@ def audit_command(
     """Judge every file of a solution set with the full guards, time it against eager and
     each torch.compile mode, and give aggregates that count failures as 1.0x."""
     from pike.audit import audit, to_markdown
-    from pike.report.progress import BenchProgress
+    from pike.audit.matching import match
+    from pike.report.progress import AUDIT_FIELDS, BenchProgress
     from pike.search.session import stamp
 
     cfg = _config(config, device, construct_on)
     if workers is not None:
         cfg.eval.workers = workers
     ids = _ids(tasks)
-    names = [t.name for t in load_tasks(tasks_folder, ids)]
+    task_list = load_tasks(tasks_folder, ids)
+    names = [t.name for t in task_list]
+    match(solutions, task_list)  # a missing folder or a bad mapping fails here, before work
     run_dir = out or cfg.runs_dir / f"audit-{solutions.resolve().name}-{stamp()}"
-    with BenchProgress(err_console, names) as progress:
+    check_devices(cfg.eval)
+    check_new_run_dir(run_dir)
+    with BenchProgress(err_console, names, AUDIT_FIELDS) as progress:
         result = audit(solutions, tasks_folder, cfg, out=run_dir, ids=ids,
                        command="pike " + " ".join(sys.argv[1:]),
                        allow_changed_tasks=allow_changed_tasks, on_event=progress)
     if as_json:
         print(result.model_dump_json(indent=2))
     else:
-        console.print(escape(to_markdown(result)), highlight=False)
+        console.print(escape(to_markdown(result)), highlight=False, soft_wrap=True)
         console.print(f"run store: {escape(str(run_dir))} (pike report {escape(str(run_dir))})")
 
 
-@app.command("report")
+@command("report")
 @user_errors
 def report_command(
-    run_dirs: Annotated[list[Path], typer.Argument(help="run dirs to compare side by side")],
+    run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR",
+                                                   help="run dirs to compare side by side")],
     out: Annotated[Path, typer.Option(help="folder for the figures and index.html")]
     = Path("pike-report"),
 ) -> None:
@@ -533,6 +617,30 @@ def _placement(cfg: RunConfig, flags: SearchFlags) -> dict[str, Any] | None:
     if "ray_address" in given:
         given.add("cluster")  # joining a cluster means the Ray backend
     return {name: getattr(cfg.eval, name) for name in sorted(given)} or None
+
+
+def _as_run_will(cfg: RunConfig, flags: SearchFlags,
+                 recorded: Path | None) -> tuple[RunConfig, list[str]]:
+    """The config a run will use, and the tasks it recorded: a resumed or replayed run
+    keeps its recorded config, with this command line's placement over it."""
+    if recorded is None:
+        return cfg, []
+    from pike.store import RunStore
+
+    with RunStore.open(recorded) as store:
+        kept = RunConfig.model_validate(store.config())
+        names = [t["name"] for t in store.tasks()]
+    placement = _placement(cfg, flags)
+    if placement:
+        kept.eval = kept.eval.model_copy(update=placement)
+    return kept, names
+
+
+def _fields(cfg: RunConfig) -> Any:
+    """The status fields that apply to the run's strategy."""
+    from pike.report.progress import StatusFields
+
+    return StatusFields.for_search(cfg.search.strategy, bool(cfg.llm.model))
 
 
 def _pool_flags(cfg: RunConfig, flags: SearchFlags) -> None:
@@ -647,10 +755,11 @@ def _print_result(result: Any) -> None:
     console.print(table)
 
 
-@app.command("baseline")
+@command("baseline")
 @user_errors
 def baseline_command(
-    task: Annotated[str, typer.Argument(help="task file, FOLDER/ID, or a folder of tasks")],
+    task: Annotated[str, typer.Argument(metavar="TASK",
+                                        help="task file, FOLDER/ID, or a folder of tasks")],
     device: DeviceOpt = None,
     construct_on: ConstructOnOpt = None,
     modes: Annotated[str, typer.Option(help="comma-separated modes")] = ",".join(BASELINE_MODES),
@@ -672,6 +781,7 @@ def baseline_command(
         task_list = load_tasks(task, _ids(tasks))
     else:
         task_list = [load_task(task)]
+    check_devices(cfg.eval)
     out_dir = out or cfg.runs_dir / "baselines"
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[Baseline] = []
@@ -703,8 +813,11 @@ def _print_baselines(results: list[Baseline], modes: list[str]) -> None:
     if not results:
         return
     first = results[0]
-    table = Table(title=f"baselines on {first.device} {first.device_name}, torch "
-                  f"{first.torch_version}, host {first.host} (median; speedup vs eager)")
+    # on its own line: as the title of a narrow table it would be wrapped to the table's width
+    console.print(escape(f"baselines on {first.device} {first.device_name}, torch "
+                         f"{first.torch_version}, host {first.host} (median; speedup vs eager)"),
+                  highlight=False, soft_wrap=True)
+    table = Table()
     table.add_column("task")
     for mode in modes:
         table.add_column(mode, justify="right")
