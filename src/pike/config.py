@@ -71,8 +71,9 @@ class EvalConfig(_Strict):
         "distribution's transform, are drawn from the OS's randomness for each reference "
         "run and never shown to candidates; an int fixes them all (reproducible, but "
         "predictable: for debugging, not for judging untrusted code)")
-    atol: float = Field(1e-2, ge=0)
-    rtol: float = Field(1e-2, ge=0)
+    atol: float = Field(1e-2, ge=0, description="absolute tolerance: each output value may "
+                        "differ from the reference's by atol + rtol * |reference value|")
+    rtol: float = Field(1e-2, ge=0, description="relative tolerance (see atol)")
     model_mode: Literal["as_constructed", "eval"] = Field(
         "as_constructed", description="call .eval() on both models, or leave them as built"
     )
