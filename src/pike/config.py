@@ -117,9 +117,10 @@ class EvalConfig(_Strict):
                                  "each evaluation child; more compile large models faster "
                                  "(at 1, large CNNs took over 300 s in a compile mode), and "
                                  "the child shuts them down before it ends")
-    warm_up: bool = Field(True, description="call a candidate once before its trials, "
-                          "without the device lock: lazy compiles (Triton, torch.compile) "
-                          "then overlap other candidates' timing instead of holding it up")
+    warm_up: bool = Field(True, description="call a candidate once on the first trial's "
+                          "inputs before its trials: lazy compiles (Triton, torch.compile) "
+                          "and autotuning happen there, under the device's shared lock like "
+                          "the trials, and a failure there is a check-phase verdict")
     time_candidate: bool = Field(True, description="skip timing to only check correctness")
     build_cache: Path | None = Field(
         None, description="where compiled extensions are cached; None = ~/.cache/pike/build"
