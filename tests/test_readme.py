@@ -4,7 +4,6 @@ file it comes from and found there, and its test command the one CI runs."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from tests.conftest import ROOT
 
