@@ -17,17 +17,24 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 from typer.core import TyperCommand
 
 from pike.config import CONSTRUCT_ON, RunConfig
 from pike.errors import ConfigError, PikeError, TaskError
-from pike.evaluate import BASELINE_MODES, Baseline, Verdict, evaluate, measure_baselines
+from pike.evaluate import BASELINE_MODES, Baseline, evaluate, measure_baselines
 from pike.evaluate.leftovers import sweep_orphaned_dirs
 from pike.evaluate.pool import PLACEMENT
 from pike.preflight import check_devices, check_new_run_dir, check_run
-from pike.report.data import reference_ms
-from pike.task import Task, load_task, load_tasks
+from pike.report.tables import (
+    baselines_heading,
+    baselines_table,
+    bench_table,
+    floor_lines,
+    guards_table,
+    result_table,
+    verdict_table,
+)
+from pike.task import load_task, load_tasks
 
 
 class _Command(TyperCommand):
@@ -210,9 +217,11 @@ def eval_command(
     if as_json:
         print(verdict.model_dump_json(indent=2))
     else:
-        _print_verdict(the_task, candidate, verdict)
+        console.print(verdict_table(the_task.name, candidate.name, verdict))
+        if verdict.message:
+            console.print(verdict.message, markup=False, highlight=False, soft_wrap=True)
         if explain:
-            _print_guards(verdict)
+            console.print(guards_table(verdict))
         if verdict.profile is not None:
             from pike.evaluate.profile import render
 
@@ -221,56 +230,6 @@ def eval_command(
             console.print(f"[dim]{escape(verdict.profile.ncu)}[/dim]")
     if not verdict.ok:
         raise typer.Exit(EXIT_CANDIDATE_FAILED)
-
-
-def _print_guards(v: Verdict) -> None:
-    table = Table(title="guards", title_justify="left")
-    table.add_column("guard", style="bold")
-    table.add_column("what it saw")
-    for name, saw in v.guards.items():
-        table.add_row(escape(name), escape(saw))
-    if v.flags_changed:
-        table.add_row("precision", escape("the candidate changed backend flags; its numbers "
-                                          "hold only with them: " + ", ".join(v.flags_changed)))
-    console.print(table)
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g} ms"
-
-
-def _print_verdict(task: Task, candidate: Path, v: Verdict) -> None:
-    colour = "green" if v.ok else "red"
-    table = Table(title=f"{candidate.name} vs {task.name}", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
-    table.add_row("status", f"[{colour}]{v.status}[/{colour}]"
-                  + (f" (phase {v.phase})" if v.phase else ""))
-    table.add_row("trials passed", f"{v.trials_passed} of {v.trials}")
-    if v.max_abs_error is not None:
-        table.add_row("max abs / rel error", f"{v.max_abs_error:.3g} / {v.max_rel_error:.3g}")
-    if v.runtime:
-        table.add_row("candidate", f"{_ms(v.runtime.median_ms)} median "
-                      f"(IQR {_ms(v.runtime.q1_ms)}-{_ms(v.runtime.q3_ms)}, n={v.runtime.count})")
-    if v.reference:
-        table.add_row("reference (eager)", f"{_ms(v.reference.median_ms)} median "
-                      f"(n={v.reference.count})")
-    if v.speedup is not None:
-        table.add_row("speedup", f"[bold]{v.speedup:.2f}x[/bold]")
-    if v.noisy and v.noisy_speedup is not None and v.reference_usual_ms is not None:
-        table.add_row("speedup", f"[yellow]noisy[/yellow]: {v.noisy_speedup:.2f}x, withheld "
-                      f"(the reference ran off its usual {_ms(v.reference_usual_ms)} in this "
-                      "window, timed three times)")
-    if v.floor_ms is not None and v.times_floor is not None:
-        table.add_row("floor", f"{_ms(v.floor_ms)} on this GPU: the candidate is "
-                      f"{v.times_floor:.3g}x the floor")
-    table.add_row("device", f"{v.device} {v.device_name}, torch {v.torch_version}, host {v.host}")
-    if v.flags_changed:
-        table.add_row("flags changed", escape(", ".join(f"{k} {x}" for k, x in
-                                                        v.flags_changed.items())))
-    console.print(table)
-    if v.message:
-        console.print(v.message, markup=False, highlight=False, soft_wrap=True)
 
 
 @command("optimize")
@@ -395,23 +354,7 @@ def bench_command(
         err_console.print("interrupted: everything judged so far is in the run store; "
                           "continue with [bold]pike bench --resume RUN_DIR[/bold]")
         os._exit(130)  # worker threads may be mid-evaluation; the store is already durable
-    table = Table(title=f"pike bench: {escape(str(result.run_dir))}", title_justify="left")
-    for column in ("task", "best", "queries", "dollars", "verdicts"):
-        table.add_column(column)
-    for outcome in result.outcomes:
-        r = outcome.result
-        if r is None:
-            table.add_row(escape(outcome.task), f"[red]failed[/red]: {escape(outcome.error or '')}",
-                          "", "", "")
-            continue
-        v = r.best_verdict
-        best = f"{v.speedup:.2f}x" if v and v.speedup else "-"
-        if v and v.confirmed and v.search_speedup:
-            best += f" confirmed (search {v.search_speedup:.2f}x)"
-        table.add_row(escape(r.task), best,
-                      str(r.queries), f"${r.dollars:.2f}",
-                      ", ".join(f"{k} {n}" for k, n in sorted(r.verdicts.items())))
-    console.print(table)
+    console.print(bench_table(result))
     console.print(f"report: pike report {escape(str(result.run_dir))}")
 
 
@@ -728,31 +671,7 @@ def _search_config(config: Path | None, device: str | None, flags: SearchFlags) 
 
 
 def _print_result(result: Any) -> None:
-    v = result.best_verdict
-    table = Table(title=f"pike optimize: {result.task}", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
-    table.add_row("run dir", escape(str(result.run_dir)))
-    if v is not None and v.runtime is not None:
-        slower = v.speedup is not None and v.speedup < 1.0
-        colour = "yellow" if slower else "green"
-        table.add_row("best", f"[{colour}]{v.speedup or 0:.2f}x[/{colour}] over eager "
-                      f"({_ms(v.runtime.median_ms)} vs {_ms(reference_ms(v))})")
-        if v.confirmed and v.search_speedup:
-            table.add_row("confirmed", f"timed again beside eager in one window; "
-                          f"{v.search_speedup:.2f}x in the search")
-        table.add_row("solution", escape(str(result.run_dir / "best.py")))
-        if slower:
-            table.add_row("advice", "[yellow]no candidate beat eager: keep your own module[/yellow] "
-                          "(best.py is the fastest correct candidate, kept for inspection)")
-    else:
-        table.add_row("best", "[red]no correct candidate[/red]")
-    table.add_row("spent", f"{result.queries} queries, ${result.dollars:.2f}")
-    table.add_row("verdicts", ", ".join(f"{k} {n}" for k, n in sorted(result.verdicts.items()))
-                  or "none")
-    if result.replay_exhausted:
-        table.add_row("replay", "the recorded run ended here")
-    console.print(table)
+    console.print(result_table(result))
 
 
 @command("baseline")
@@ -812,34 +731,10 @@ def baseline_command(
 def _print_baselines(results: list[Baseline], modes: list[str]) -> None:
     if not results:
         return
-    first = results[0]
-    # on its own line: as the title of a narrow table it would be wrapped to the table's width
-    console.print(escape(f"baselines on {first.device} {first.device_name}, torch "
-                         f"{first.torch_version}, host {first.host} (median; speedup vs eager)"),
-                  highlight=False, soft_wrap=True)
-    table = Table()
-    table.add_column("task")
-    for mode in modes:
-        table.add_column(mode, justify="right")
-    for r in results:
-        cells = []
-        for m in r.modes:
-            if m.stats is None:
-                cells.append(f"[red]failed[/red]: {escape((m.error or '')[:40])}")
-            else:
-                ratio = f" ({m.speedup_vs_eager:.2f}x)" if m.mode != "eager" else ""
-                cells.append(_ms(m.stats.median_ms) + ratio)
-        table.add_row(r.task, *cells)
-    console.print(table)
-    from pike.floor import describe
-
-    for r in results:
-        eager = next((m.stats.median_ms for m in r.modes if m.mode == "eager" and m.stats), None)
-        line = describe(r.floor, eager) if r.floor else f"no floor: {r.no_floor}"
-        if r.floor is not None and r.floor.ms > 0:
-            line += "".join(f"; {m.mode} is {m.stats.median_ms / r.floor.ms:.3g}x the floor"
-                            for m in r.modes if m.mode != "eager" and m.stats)
-        console.print(f"{escape(r.task)}: {escape(line)}", highlight=False)
+    console.print(escape(baselines_heading(results[0])), highlight=False, soft_wrap=True)
+    console.print(baselines_table(results, modes))
+    for line in floor_lines(results):
+        console.print(escape(line), highlight=False)
 
 
 def run() -> None:  # pragma: no cover - console entry for `python -m pike`
