@@ -20,6 +20,8 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
+from pike.config import RunConfig
+
 
 @dataclass(frozen=True)
 class StatusFields:
@@ -38,6 +40,10 @@ class StatusFields:
             return cls(step="round")
         return cls(step="generation" if strategy == "evolve" else "round", budget=True,
                    fixer=True)
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig) -> StatusFields:
+        return cls.for_search(cfg.search.strategy, bool(cfg.llm.model))
 
 
 AUDIT_FIELDS = StatusFields(step=None)
