@@ -99,3 +99,17 @@ def test_an_existing_out_folder_is_refused_before_the_search(tmp_path: Path) -> 
                                       "--device", "cpu", "--out", str(tmp_path / "run")])
     assert_one_line_before_anything(result)
     assert "a pike run already exists" in result.stderr
+
+
+def test_a_seed_set_that_cannot_be_matched_fails_before_the_search(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    seeds = tmp_path / "set"
+    seeds.mkdir()
+    (seeds / "mapping.yaml").write_text("1_GeluMLP: [not, a, file]\n")
+    result = CliRunner().invoke(app, ["optimize", str(EXAMPLES / "tasks" / "1_GeluMLP.py"),
+                                      "--device", "cpu", "--llm", "openai:gpt-5",
+                                      "--seed-from", str(seeds), "--out", str(tmp_path / "run")])
+    assert_one_line_before_anything(result)
+    assert "mapping.yaml" in result.stderr
+    assert not (tmp_path / "run").exists()  # said before the run was even created

@@ -289,7 +289,8 @@ def optimize_command(
     if the_task is None and resume is None and replay is None:
         raise PikeError("give a TASK to optimize (or --resume RUN_DIR / --replay RUN_DIR)")
     run_cfg, stored = as_run_will(cfg, flags, resume or replay)
-    check_run(run_cfg, calls_llm=replay is None, out=None if resume else out)
+    check_run(run_cfg, calls_llm=replay is None, out=None if resume else out,
+              tasks=[the_task] if the_task else [])
     name = the_task.name if the_task else next(iter(stored), "run")
     with SearchProgress(err_console, name, StatusFields.for_run(run_cfg)) as progress:
         result = optimize(the_task, cfg, out=out, resume=resume, replay=replay,
@@ -348,9 +349,10 @@ def bench_command(
                       tasks=tasks)
     cfg = search_config(_config(config, device, flags.construct_on), flags)
     ids = _ids(tasks)
-    names = ([t.name for t in load_tasks(folder, ids)] if folder else [])
+    task_list = load_tasks(folder, ids) if folder else []
+    names = [t.name for t in task_list]
     run_cfg, stored = as_run_will(cfg, flags, resume)
-    check_run(run_cfg, out=None if resume else out)
+    check_run(run_cfg, out=None if resume else out, tasks=task_list)
     try:
         with BenchProgress(err_console, names or stored, StatusFields.for_run(run_cfg)) as progress:
             result = bench(folder, cfg, ids=ids, out=out, resume=resume, jobs=jobs,

@@ -1,5 +1,5 @@
 """Checks that can fail before a run starts its work: model specs and their API keys, the
-devices asked for, the Ray backend, the OS sandbox, the run folder.
+devices asked for, the Ray backend, the OS sandbox, a seed set's matching, the run folder.
 
 The CLI runs them before any progress display starts, so that a mistake is one line on
 its own, found in seconds, rather than an error cut into a status line after the
@@ -9,6 +9,7 @@ baselines were measured. Each raises the typed error the run itself would raise 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from pike.config import EvalConfig, RunConfig
 from pike.errors import ConfigError, EvaluatorError, StoreError
 from pike.store import STORE_FILE
+from pike.task import Task
 
 
 def check_models(cfg: RunConfig) -> None:
@@ -63,10 +65,22 @@ def check_new_run_dir(run_dir: Path | None) -> None:
                          "another folder")
 
 
-def check_run(cfg: RunConfig, *, calls_llm: bool = True, out: Path | None = None) -> None:
-    """Everything a search or campaign with `cfg` needs before it starts; `calls_llm` is
-    False for a replay, which answers from the recorded run."""
+def check_seed_set(cfg: RunConfig, tasks: Sequence[Task]) -> None:
+    """The solution set a search seeds from (search.seed_from) matches its files to the
+    tasks: a missing folder or a bad mapping or manifest fails here, not mid-run."""
+    if cfg.search.seed_from is None or not tasks:
+        return
+    from pike.audit.matching import match
+
+    match(cfg.search.seed_from, list(tasks))
+
+
+def check_run(cfg: RunConfig, *, calls_llm: bool = True, out: Path | None = None,
+              tasks: Sequence[Task] = ()) -> None:
+    """Everything a search or campaign with `cfg` over `tasks` needs before it starts;
+    `calls_llm` is False for a replay, which answers from the recorded run."""
     check_devices(cfg.eval)
     if calls_llm:
         check_models(cfg)
+    check_seed_set(cfg, tasks)
     check_new_run_dir(out)
