@@ -1,13 +1,19 @@
-"""The live progress line of `pike optimize`."""
+"""The progress of `pike optimize`, `bench` and `audit`: live on a terminal, complete plain
+lines anywhere else, with only the fields that apply to the run."""
 
 from __future__ import annotations
 
 import io
+import re
 
 from rich.console import Console
 
+from pike.audit.result import TaskAudit
 from pike.evaluate.verdict import Verdict
-from pike.report.progress import SearchProgress
+from pike.report.progress import AUDIT_FIELDS, BenchProgress, SearchProgress, StatusFields
+
+LLM = StatusFields.for_search("branching", uses_llm=True)
+OFFLINE = StatusFields.for_search("branching", uses_llm=False)
 
 
 class FakeLedger:
@@ -15,16 +21,104 @@ class FakeLedger:
         return "7/300 queries, $0.42"
 
 
-def test_progress_shows_round_budget_best_and_counts() -> None:
+def piped() -> tuple[Console, io.StringIO]:
     out = io.StringIO()
-    with SearchProgress(Console(file=out, width=200), "1_GeluMLP") as progress:
-        progress("round", round=2, branches=10, ledger=FakeLedger())
-        progress("verdict", candidate=3, verdict=Verdict(status="ok", speedup=1.7),
-                 ledger=FakeLedger())
-        progress("verdict", candidate=4, verdict=Verdict(status="incorrect"),
-                 ledger=FakeLedger())
-        progress("rescued", branch=1, attempt=1, ledger=FakeLedger())
+    return Console(file=out, width=80), out  # a file: not a terminal
+
+
+def search_events(progress: SearchProgress) -> None:
+    progress("round", round=2, branches=10, ledger=FakeLedger())
+    progress("verdict", candidate=3, verdict=Verdict(status="ok", speedup=1.7),
+             ledger=FakeLedger())
+    progress("verdict", candidate=4, verdict=Verdict(status="incorrect"), ledger=FakeLedger())
+    progress("rescued", branch=1, attempt=1, ledger=FakeLedger())
+
+
+def test_an_llm_search_shows_round_budget_best_counts_and_rescues() -> None:
+    console, out = piped()
+    with SearchProgress(console, "1_GeluMLP", LLM) as progress:
+        search_events(progress)
     text = out.getvalue()
-    assert "round 2" in text and "7/300 queries, $0.42" in text
-    assert "best 1.70x" in text and "incorrect 1" in text and "ok 1" in text
+    last = text.splitlines()[-1]
+    assert last.endswith("1_GeluMLP: round 2 | budget 7/300 queries, $0.42 | best 1.70x | "
+                         "verdicts: incorrect 1, ok 1 | rescued by fixer: 1"), last
+    assert "1_GeluMLP: new best: candidate 3, 1.70x" in text
+
+
+def test_plain_lines_are_whole_and_carry_no_source_location() -> None:
+    console, out = piped()
+    with SearchProgress(console, "a_task_with_a_long_name_that_runs_past_eighty_columns",
+                        LLM) as progress:
+        search_events(progress)
+    text = out.getvalue()
+    assert "\r" not in text and "\x1b[" not in text
+    for line in text.splitlines():
+        # a timestamp, then the task: never a wrapped remainder or a `progress.py:38`
+        assert re.match(r"\d\d:\d\d:\d\d a_task_with_a_long_name", line), line
+        assert not re.search(r"\w+\.py:\d+", line), line
+        if "| best" in line:
+            assert line.endswith("rescued by fixer: 0") or line.endswith("rescued by fixer: 1")
+
+
+def test_an_offline_search_shows_no_budget_and_no_fixer() -> None:
+    console, out = piped()
+    with SearchProgress(console, "1_GeluMLP", OFFLINE) as progress:
+        progress("round", round=0, branches=4)
+        progress("verdict", candidate=1, verdict=Verdict(status="ok", speedup=1.2))
+    text = out.getvalue()
+    assert "budget" not in text and "fixer" not in text
+    assert text.splitlines()[-1].endswith("1_GeluMLP: round 0 | best 1.20x | verdicts: ok 1")
+
+
+def test_evolve_counts_generations() -> None:
+    console, out = piped()
+    fields = StatusFields.for_search("evolve", uses_llm=True)
+    with SearchProgress(console, "t", fields) as progress:
+        progress("round", round=3, branches=4, ledger=FakeLedger())
+    assert "t: generation 3 | budget" in out.getvalue()
+
+
+def test_a_campaign_prints_a_line_per_phase_and_the_final_state_per_task() -> None:
+    console, out = piped()
+    with BenchProgress(console, ["1_A", "2_B"], OFFLINE) as progress:
+        progress("task_phase", task="1_A", phase="baseline")
+        progress("task_phase", task="1_A", phase="search")
+        progress("verdict", task="1_A", candidate=1, verdict=Verdict(status="ok", speedup=2.0))
+        progress("task_done", task="1_A", result=None)
+    lines = [line.split(" ", 1)[1] for line in out.getvalue().splitlines()]
+    assert lines == ["[baseline] 1_A: round 0 | best - | verdicts: none yet",
+                     "[search] 1_A: round 0 | best - | verdicts: none yet",
+                     "1_A: new best: candidate 1, 2.00x",
+                     "[done] 1_A: round 0 | best 2.00x | verdicts: ok 1",
+                     "[waiting] 2_B: round 0 | best - | verdicts: none yet"]
+
+
+def test_an_audit_shows_each_file_s_verdict_not_search_fields() -> None:
+    console, out = piped()
+    with BenchProgress(console, ["1_A"], AUDIT_FIELDS) as progress:
+        progress("task_phase", task="1_A", phase="evaluate")
+        progress("task_done", task="1_A",
+                 audit=TaskAudit(task="1_A", status="ok", speedup=1.5))
+    text = out.getvalue()
+    assert "round" not in text and "verdicts" not in text
+    assert text.splitlines()[-1].endswith("[done] 1_A: ok 1.50x")
+
+
+def test_an_error_ends_the_display_without_a_status_line() -> None:
+    console, out = piped()
+    try:
+        with SearchProgress(console, "t", LLM):
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert out.getvalue() == ""  # the error's own line is all the user needs
+
+
+def test_a_terminal_gets_the_live_display() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=120, force_terminal=True)
+    with SearchProgress(console, "1_GeluMLP", LLM) as progress:
+        search_events(progress)
+    text = out.getvalue()
+    assert "\x1b[" in text  # redrawn in place
     assert "rescued by fixer: 1" in text and "new best: candidate 3" in text

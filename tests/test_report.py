@@ -185,8 +185,8 @@ def test_task_with_no_correct_candidate_counts_as_the_reference(runs: list[Path]
                                                                  report: Path) -> None:
     assert final_geomean(load_run(runs[0])) == pytest.approx(math.sqrt(4.0 * 1.0))
     html = report.read_text()
-    assert "no correct candidate (2 tried)" in html
-    assert "task failed: the reference raised &lt;ValueError&gt;" in html
+    assert re.search(r"no correct candidate</span>\s+2 tried; 1.0× fallback", html)
+    assert "not run</span> its reference failed: the reference raised &lt;ValueError&gt;" in html
 
 
 def test_offline_candidates_count_at_zero_queries_and_slower_ones_stay(runs: list[Path]) -> None:
@@ -239,6 +239,14 @@ def test_report_of_a_folder_without_a_run_is_a_one_line_error(tmp_path: Path) ->
 
 def images_loaded_in_browser(page: Path, tmp_path: Path) -> tuple[int, int]:
     """(loaded, total) images of the page in headless Chromium, from the page's own script."""
+    loaded = attributes_in_browser(page, tmp_path, ["data-images-loaded"])["data-images-loaded"]
+    shown, total = loaded.split("/")
+    return int(shown), int(total)
+
+
+def attributes_in_browser(page: Path, tmp_path: Path, names: list[str]) -> dict[str, str]:
+    """The attributes the page's own script set on <body> once loaded in headless Chromium
+    (figures loaded, table rows rendered)."""
     if not CHROMIUM.exists():
         if os.environ.get("CI"):
             pytest.fail(f"{CHROMIUM} is missing; CI installs it to check the page renders")
@@ -250,9 +258,11 @@ def images_loaded_in_browser(page: Path, tmp_path: Path) -> tuple[int, int]:
          "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
          "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=120, check=True).stdout
-    loaded = re.search(r'data-images-loaded="(\d+)/(\d+)"', dom)
-    assert loaded is not None, "the page's load script did not run"
-    return int(loaded.group(1)), int(loaded.group(2))
+    body = re.search(r"<body[^>]*>", dom)
+    assert body is not None, dom[:2000]
+    found = {name: re.search(rf'{name}="([^"]*)"', body.group(0)) for name in names}
+    assert all(found.values()), f"the page's load script did not run: {body.group(0)}"
+    return {name: m.group(1) for name, m in found.items() if m}
 
 
 def test_the_page_shows_every_figure_in_a_headless_browser(report: Path, tmp_path: Path) -> None:

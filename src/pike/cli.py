@@ -9,24 +9,58 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from typer.core import TyperCommand
 
 from pike.config import CONSTRUCT_ON, RunConfig
 from pike.errors import ConfigError, PikeError, TaskError
-from pike.evaluate import BASELINE_MODES, Baseline, Verdict, evaluate, measure_baselines
+from pike.evaluate import BASELINE_MODES, Baseline, evaluate, measure_baselines
 from pike.evaluate.leftovers import sweep_orphaned_dirs
-from pike.evaluate.pool import PLACEMENT
-from pike.task import Task, load_task, load_tasks
+from pike.preflight import check_devices, check_new_run_dir, check_run
+from pike.report.progress import StatusFields
+from pike.report.tables import (
+    baselines_heading,
+    baselines_table,
+    bench_table,
+    floor_lines,
+    guards_table,
+    result_table,
+    verdict_table,
+)
+from pike.search_flags import (
+    SearchFlags,
+    as_run_will,
+    placement_given,
+    runs_as_recorded,
+    search_config,
+)
+from pike.task import load_task, load_tasks
+
+
+class _Command(TyperCommand):
+    """Usage lines name the arguments as the help lists them (`pike audit [OPTIONS]
+    SOLUTIONS TASKS`): typer's own wraps required ones in braces, which reads as a set."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name != "argument":
+                continue
+            name = param.metavar or (param.name or "").upper()
+            name = name if param.required else f"[{name}]"
+            pieces.append(name + ("..." if param.nargs != 1 else ""))
+        return pieces
+
 
 app = typer.Typer(help="pike: make PyTorch inference faster, judged by a strict evaluator.",
                   no_args_is_help=True, add_completion=False)
+command = functools.partial(app.command, cls=_Command)
 console = Console()
 err_console = Console(stderr=True)
 
@@ -77,6 +111,7 @@ ProfileFeedbackOpt = Annotated[bool, typer.Option(
     "--profile-feedback", help="profile correct candidates and the reference; the agents "
     "see where the time goes")]
 
+LOG_WIDTH = 120
 EXIT_CANDIDATE_FAILED = 1
 EXIT_USER_ERROR = 2
 
@@ -110,13 +145,39 @@ def _config(path: Path | None, device: str | None, construct_on: str | None = No
     return cfg
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        print(f"pike {package_version()}")
+        raise typer.Exit()
+
+
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's, once installed)."""
+    try:
+        return version("pike-torch")
+    except PackageNotFoundError:  # imported from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 @app.callback()
-def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+def main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log what pike does, with "
+                                          "the source location of each message")] = False,
+    _version: Annotated[bool, typer.Option("--version", callback=_print_version,
+                                           is_eager=True, help="print pike's version")]
+    = False,
+) -> None:
+    # Source locations help whoever debugs pike; a user's output goes without them.
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        format="%(levelname)s %(name)s (%(filename)s:%(lineno)d): %(message)s"
+                        if verbose else "%(levelname)s: %(message)s")
     # SIGTERM (`timeout`, `kill`, a scheduler) ends pike as Ctrl-C does: children killed,
     # temp dirs removed, the store left consistent, one line said.
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    for out in (console, err_console):
+        if not out.is_terminal and "COLUMNS" not in os.environ:
+            # a log or a pipe has no width: tables get room instead of 80 columns
+            out.width = LOG_WIDTH
     sweep_orphaned_dirs()
 
 
@@ -125,11 +186,12 @@ def _terminate_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-@app.command("eval")
+@command("eval")
 @user_errors
 def eval_command(
-    task: Annotated[str, typer.Argument(help="task file, or FOLDER/ID")],
-    candidate: Annotated[Path, typer.Argument(help="candidate source defining ModelNew")],
+    task: Annotated[str, typer.Argument(metavar="TASK", help="task file, or FOLDER/ID")],
+    candidate: Annotated[Path, typer.Argument(metavar="CANDIDATE",
+                                              help="candidate source defining ModelNew")],
     device: DeviceOpt = None,
     construct_on: ConstructOnOpt = None,
     trials: Annotated[int | None, typer.Option(min=1, help="correctness trials (default 5)")]
@@ -155,14 +217,17 @@ def eval_command(
         source = candidate.read_text()
     except (OSError, UnicodeDecodeError) as err:
         raise TaskError(f"{candidate}: cannot read candidate ({err})") from None
+    check_devices(cfg.eval)
     with err_console.status(f"evaluating {candidate.name} against {the_task.name}..."):
         verdict = evaluate(the_task, source, cfg)
     if as_json:
         print(verdict.model_dump_json(indent=2))
     else:
-        _print_verdict(the_task, candidate, verdict)
+        console.print(verdict_table(the_task.name, candidate.name, verdict))
+        if verdict.message:
+            console.print(verdict.message, markup=False, highlight=False, soft_wrap=True)
         if explain:
-            _print_guards(verdict)
+            console.print(guards_table(verdict))
         if verdict.profile is not None:
             from pike.evaluate.profile import render
 
@@ -173,60 +238,11 @@ def eval_command(
         raise typer.Exit(EXIT_CANDIDATE_FAILED)
 
 
-def _print_guards(v: Verdict) -> None:
-    table = Table(title="guards", title_justify="left")
-    table.add_column("guard", style="bold")
-    table.add_column("what it saw")
-    for name, saw in v.guards.items():
-        table.add_row(escape(name), escape(saw))
-    if v.flags_changed:
-        table.add_row("precision", escape("the candidate changed backend flags; its numbers "
-                                          "hold only with them: " + ", ".join(v.flags_changed)))
-    console.print(table)
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g} ms"
-
-
-def _print_verdict(task: Task, candidate: Path, v: Verdict) -> None:
-    colour = "green" if v.ok else "red"
-    table = Table(title=f"{candidate.name} vs {task.name}", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
-    table.add_row("status", f"[{colour}]{v.status}[/{colour}]"
-                  + (f" (phase {v.phase})" if v.phase else ""))
-    table.add_row("trials passed", f"{v.trials_passed} of {v.trials}")
-    if v.max_abs_error is not None:
-        table.add_row("max abs / rel error", f"{v.max_abs_error:.3g} / {v.max_rel_error:.3g}")
-    if v.runtime:
-        table.add_row("candidate", f"{_ms(v.runtime.median_ms)} median "
-                      f"(IQR {_ms(v.runtime.q1_ms)}-{_ms(v.runtime.q3_ms)}, n={v.runtime.count})")
-    if v.reference:
-        table.add_row("reference (eager)", f"{_ms(v.reference.median_ms)} median "
-                      f"(n={v.reference.count})")
-    if v.speedup is not None:
-        table.add_row("speedup", f"[bold]{v.speedup:.2f}x[/bold]")
-    if v.noisy and v.noisy_speedup is not None and v.reference_usual_ms is not None:
-        table.add_row("speedup", f"[yellow]noisy[/yellow]: {v.noisy_speedup:.2f}x, withheld "
-                      f"(the reference ran off its usual {_ms(v.reference_usual_ms)} in this "
-                      "window, timed three times)")
-    if v.floor_ms is not None and v.times_floor is not None:
-        table.add_row("floor", f"{_ms(v.floor_ms)} on this GPU: the candidate is "
-                      f"{v.times_floor:.3g}x the floor")
-    table.add_row("device", f"{v.device} {v.device_name}, torch {v.torch_version}, host {v.host}")
-    if v.flags_changed:
-        table.add_row("flags changed", escape(", ".join(f"{k} {x}" for k, x in
-                                                        v.flags_changed.items())))
-    console.print(table)
-    if v.message:
-        console.print(v.message, markup=False, highlight=False, soft_wrap=True)
-
-
-@app.command("optimize")
+@command("optimize")
 @user_errors
 def optimize_command(
-    task: Annotated[str | None, typer.Argument(help="task file or FOLDER/ID")] = None,
+    task: Annotated[str | None, typer.Argument(metavar="TASK", help="task file or FOLDER/ID")]
+    = None,
     llm: LlmOpt = None,
     fixer_llm: FixerOpt = None,
     budget_queries: BudgetQueriesOpt = None,
@@ -266,23 +282,28 @@ def optimize_command(
                         preset, seed_offline, seed_from, fix_seeds, planner, plan_granularity,
                         profile_feedback, workers, devices, cluster, ray_address,
                         construct_on)
-    _runs_as_recorded("--resume" if resume else "--replay" if replay else None, flags,
+    runs_as_recorded("--resume" if resume else "--replay" if replay else None, flags,
                       device=device, config=config)
-    cfg = _search_config(config, device, flags)
+    cfg = search_config(_config(config, device, flags.construct_on), flags)
     the_task = load_task(task) if task else None
     if the_task is None and resume is None and replay is None:
         raise PikeError("give a TASK to optimize (or --resume RUN_DIR / --replay RUN_DIR)")
-    with SearchProgress(err_console, the_task.name if the_task else "run") as progress:
+    run_cfg, stored = as_run_will(cfg, flags, resume or replay)
+    check_run(run_cfg, calls_llm=replay is None, out=None if resume else out,
+              tasks=[the_task] if the_task else [])
+    name = the_task.name if the_task else next(iter(stored), "run")
+    with SearchProgress(err_console, name, StatusFields.for_run(run_cfg)) as progress:
         result = optimize(the_task, cfg, out=out, resume=resume, replay=replay,
                           command="pike " + " ".join(sys.argv[1:]),
-                          placement=_placement(cfg, flags), on_event=progress)
+                          placement=placement_given(cfg, flags), on_event=progress)
     _print_result(result)
 
 
-@app.command("bench")
+@command("bench")
 @user_errors
 def bench_command(
-    folder: Annotated[Path | None, typer.Argument(help="folder of task files")] = None,
+    folder: Annotated[Path | None, typer.Argument(metavar="FOLDER", help="folder of task files")]
+    = None,
     tasks: Annotated[str | None, typer.Option(help="only these task ids: 1,4,9")] = None,
     strategy: StrategyOpt = None,
     llm: LlmOpt = None,
@@ -324,41 +345,32 @@ def bench_command(
                         preset, seed_offline, seed_from, fix_seeds, planner, plan_granularity,
                         profile_feedback, workers, devices, cluster, ray_address,
                         construct_on)
-    _runs_as_recorded("--resume" if resume else None, flags, device=device, config=config,
+    runs_as_recorded("--resume" if resume else None, flags, device=device, config=config,
                       tasks=tasks)
-    cfg = _search_config(config, device, flags)
+    cfg = search_config(_config(config, device, flags.construct_on), flags)
     ids = _ids(tasks)
-    names = ([t.name for t in load_tasks(folder, ids)] if folder else [])
+    task_list = load_tasks(folder, ids) if folder else []
+    names = [t.name for t in task_list]
+    run_cfg, stored = as_run_will(cfg, flags, resume)
+    check_run(run_cfg, out=None if resume else out, tasks=task_list)
     try:
-        with BenchProgress(err_console, names) as progress:
+        with BenchProgress(err_console, names or stored, StatusFields.for_run(run_cfg)) as progress:
             result = bench(folder, cfg, ids=ids, out=out, resume=resume, jobs=jobs,
                            command="pike " + " ".join(sys.argv[1:]),
-                           placement=_placement(cfg, flags), on_event=progress)
+                           placement=placement_given(cfg, flags), on_event=progress)
     except KeyboardInterrupt:
         err_console.print("interrupted: everything judged so far is in the run store; "
                           "continue with [bold]pike bench --resume RUN_DIR[/bold]")
         os._exit(130)  # worker threads may be mid-evaluation; the store is already durable
-    table = Table(title=f"pike bench: {escape(str(result.run_dir))}", title_justify="left")
-    for column in ("task", "best", "queries", "dollars", "verdicts"):
-        table.add_column(column)
-    for outcome in result.outcomes:
-        r = outcome.result
-        if r is None:
-            table.add_row(escape(outcome.task), f"[red]failed[/red]: {escape(outcome.error or '')}",
-                          "", "", "")
-            continue
-        v = r.best_verdict
-        table.add_row(escape(r.task), f"{v.speedup:.2f}x" if v and v.speedup else "-",
-                      str(r.queries), f"${r.dollars:.2f}",
-                      ", ".join(f"{k} {n}" for k, n in sorted(r.verdicts.items())))
-    console.print(table)
+    console.print(bench_table(result))
     console.print(f"report: pike report {escape(str(result.run_dir))}")
 
 
-@app.command("show")
+@command("show")
 @user_errors
 def show_command(
-    run_dir: Annotated[Path, typer.Argument(help="a run dir of pike optimize or pike bench")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR",
+                                            help="a run dir of pike optimize or pike bench")],
     watch: Annotated[bool, typer.Option("--watch", help="redraw every few seconds until "
                                         "Ctrl-C")] = False,
     interval: Annotated[float, typer.Option(min=0.5, help="seconds between redraws")] = 2.0,
@@ -379,6 +391,8 @@ def show_command(
         console.print(snapshot())
         return
     try:
+        if not console.is_terminal:
+            _watch_as_lines(snapshot, interval)
         with Live(snapshot(), console=console, refresh_per_second=1) as live:
             while True:
                 time.sleep(interval)
@@ -387,11 +401,29 @@ def show_command(
         return
 
 
-@app.command("export")
+def _watch_as_lines(snapshot: Callable[[], Any], interval: float) -> None:
+    """`pike show --watch` into a log or a pipe, where a redrawn screen would pile up: the
+    tables again, under the time, each time they change (until Ctrl-C or SIGTERM)."""
+    import time
+
+    shown = ""
+    while True:
+        with console.capture() as captured:
+            console.print(snapshot())
+        text = captured.get()
+        if text != shown:
+            console.print(time.strftime("%H:%M:%S"), highlight=False)
+            console.out(text, end="", highlight=False)
+            shown = text
+        time.sleep(interval)
+
+
+@command("export")
 @user_errors
 def export_command(
-    run_dir: Annotated[Path, typer.Argument(help="a run dir")],
-    task: Annotated[str | None, typer.Argument(help="task name (optional for a one-task run)")]
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run dir")],
+    task: Annotated[str | None, typer.Argument(metavar="TASK",
+                                               help="task name (optional for a one-task run)")]
     = None,
     out: Annotated[Path, typer.Option(help="where to write the module")] = Path("best.py"),
     set_dir: Annotated[Path | None, typer.Option(
@@ -415,10 +447,11 @@ def export_command(
     console.print(f"wrote {escape(str(path))}")
 
 
-@app.command("audit")
+@command("audit")
 @user_errors
 def audit_command(
-    solutions: Annotated[Path, typer.Argument(help="folder of solution files (task_10.py, "
+    solutions: Annotated[Path, typer.Argument(metavar="SOLUTIONS",
+                                              help="folder of solution files (task_10.py, "
                                               "10_*.py, a mapping.yaml, or a pike set)")],
     tasks_folder: Annotated[Path, typer.Argument(metavar="TASKS", help="folder of task files")],
     tasks: Annotated[str | None, typer.Option(help="only these task ids: 1,4,9")] = None,
@@ -437,38 +470,50 @@ def audit_command(
     """Judge every file of a solution set with the full guards, time it against eager and
     each torch.compile mode, and give aggregates that count failures as 1.0x."""
     from pike.audit import audit, to_markdown
-    from pike.report.progress import BenchProgress
+    from pike.audit.matching import match
+    from pike.report.progress import AUDIT_FIELDS, BenchProgress
     from pike.search.session import stamp
 
     cfg = _config(config, device, construct_on)
     if workers is not None:
         cfg.eval.workers = workers
     ids = _ids(tasks)
-    names = [t.name for t in load_tasks(tasks_folder, ids)]
+    task_list = load_tasks(tasks_folder, ids)
+    names = [t.name for t in task_list]
+    match(solutions, task_list)  # a missing folder or a bad mapping fails here, before work
     run_dir = out or cfg.runs_dir / f"audit-{solutions.resolve().name}-{stamp()}"
-    with BenchProgress(err_console, names) as progress:
+    check_devices(cfg.eval)
+    check_new_run_dir(run_dir)
+    with BenchProgress(err_console, names, AUDIT_FIELDS) as progress:
         result = audit(solutions, tasks_folder, cfg, out=run_dir, ids=ids,
                        command="pike " + " ".join(sys.argv[1:]),
                        allow_changed_tasks=allow_changed_tasks, on_event=progress)
     if as_json:
         print(result.model_dump_json(indent=2))
     else:
-        console.print(escape(to_markdown(result)), highlight=False)
+        console.print(escape(to_markdown(result)), highlight=False, soft_wrap=True)
         console.print(f"run store: {escape(str(run_dir))} (pike report {escape(str(run_dir))})")
 
 
-@app.command("report")
+@command("report")
 @user_errors
 def report_command(
-    run_dirs: Annotated[list[Path], typer.Argument(help="run dirs to compare side by side")],
+    run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR",
+                                                   help="run dirs to compare side by side")],
     out: Annotated[Path, typer.Option(help="folder for the figures and index.html")]
     = Path("pike-report"),
 ) -> None:
     """Figures and one HTML page from run stores alone (nothing is re-run)."""
-    from pike.report.build import build_report
+    from pike.report.build import write_report
+    from pike.report.data import load_runs
+    from pike.report.terminal import not_run_lines, report_summary
 
-    page = build_report(run_dirs, out)
-    console.print(f"wrote {escape(str(page))}")
+    runs = load_runs(run_dirs)
+    page = write_report(runs, out)
+    console.print(report_summary(runs))
+    for line in not_run_lines(runs):
+        console.print(escape(line), highlight=False, soft_wrap=True)
+    console.print(f"wrote {escape(str(page))}", highlight=False, soft_wrap=True)
 
 
 def _ids(tasks: str | None) -> list[int] | None:
@@ -480,164 +525,15 @@ def _ids(tasks: str | None) -> list[int] | None:
         raise TaskError(f"--tasks {tasks!r}: give numeric task ids, like 1,4,9") from None
 
 
-@dataclass
-class SearchFlags:
-    """The search options `optimize` and `bench` share, as given on the command line."""
-
-    llm: str | None
-    fixer_llm: str | None
-    budget_queries: int | None
-    budget_dollars: float | None
-    backend: str | None
-    strategy: str | None
-    preset: str | None
-    seed_offline: bool
-    seed_from: Path | None
-    fix_seeds: bool
-    planner: bool
-    plan_granularity: str | None
-    profile_feedback: bool
-    workers: int | None = None
-    devices: str | None = None
-    cluster: str | None = None
-    ray_address: str | None = None
-    construct_on: str | None = None
-
-
-def _runs_as_recorded(mode: str | None, flags: SearchFlags, **options: Any) -> None:
-    """--resume and --replay run with the recorded config; a search option given with them
-    would be silently ignored, so it is an error."""
-    if mode is None:
-        return
-    given = [name for name, value in {**asdict(flags), **options}.items()
-             if value not in (None, False) and name not in PLACEMENT]
-    if given:
-        names = ", ".join("--" + n.replace("_", "-") for n in given)
-        raise PikeError(f"{mode} runs with the config the run was started with; drop {names}")
-
-
-def _placement(cfg: RunConfig, flags: SearchFlags) -> dict[str, Any] | None:
-    """The pool options given on this command line, for a resumed or replayed run (which
-    otherwise runs with its recorded config)."""
-    given = {name for name in PLACEMENT if getattr(flags, name) is not None}
-    if "ray_address" in given:
-        given.add("cluster")  # joining a cluster means the Ray backend
-    return {name: getattr(cfg.eval, name) for name in sorted(given)} or None
-
-
-def _pool_flags(cfg: RunConfig, flags: SearchFlags) -> None:
-    """Where and how many evaluations run at once."""
-    if flags.workers is not None:
-        cfg.eval.workers = flags.workers
-    if flags.devices is not None:
-        cfg.eval.devices = [d.strip() for d in flags.devices.split(",") if d.strip()]
-    if flags.ray_address is not None:
-        cfg.eval.ray_address = flags.ray_address
-        cfg.eval.cluster = "ray"
-    if flags.cluster is not None:
-        if flags.cluster not in ("local", "ray"):
-            raise PikeError(f"--cluster {flags.cluster!r}: use local or ray")
-        if flags.cluster == "local" and flags.ray_address is not None:
-            raise PikeError("--ray-address joins a Ray cluster: drop --cluster local")
-        cfg.eval.cluster = flags.cluster  # type: ignore[assignment]
-    if cfg.eval.cluster == "ray" and cfg.eval.devices:
-        raise PikeError("--devices picks GPUs of this host; on Ray every GPU of the cluster "
-                        "gets an actor: drop --devices")
-
-
-def _search_config(config: Path | None, device: str | None, flags: SearchFlags) -> RunConfig:
-    """The run config of `optimize` and `bench`: the file, then the flags over it."""
-    # the 'guided' preset stands for two flags: these three may change below
-    preset, planner, profile_feedback = flags.preset, flags.planner, flags.profile_feedback
-    cfg = _config(config, device, flags.construct_on)
-    if flags.llm is not None:
-        cfg.llm.model = flags.llm
-    if flags.fixer_llm is not None:
-        cfg.llm.fixer = flags.fixer_llm
-    if flags.seed_offline:
-        cfg.search.seed_offline = True
-    if flags.seed_from is not None:
-        if not flags.seed_from.is_dir():
-            raise PikeError(f"--seed-from {flags.seed_from}: not a folder of solution files")
-        cfg.search.seed_from = flags.seed_from.resolve()
-    if flags.fix_seeds:
-        if cfg.search.seed_from is None:
-            raise PikeError("--fix-seeds repairs the files of --seed-from SOLUTIONS: add it")
-        cfg.search.fix_seeds = True
-    if cfg.search.seed_from is not None and not cfg.llm.model:
-        raise PikeError("--seed-from seeds an LLM search: add --llm SPEC")
-    if flags.strategy is not None:
-        if flags.strategy not in ("offline", "branching", "evolve"):
-            raise PikeError(f"--strategy {flags.strategy!r}: use offline, branching or evolve")
-        if flags.strategy == "offline" and cfg.llm.model:
-            raise PikeError("--strategy offline uses no LLM: drop --llm")
-        if flags.strategy != "offline":
-            if not cfg.llm.model:
-                raise PikeError(f"--strategy {flags.strategy} needs a model: add --llm SPEC")
-            cfg.search.strategy = flags.strategy  # type: ignore[assignment]
-    if preset == "guided":  # the profiler-grounded agents, on whichever strategy
-        planner = profile_feedback = True
-        preset = None
-    if planner or profile_feedback:
-        if not cfg.llm.model:
-            raise PikeError("--planner and --profile-feedback guide LLM agents: add --llm SPEC")
-        cfg.search.planner = cfg.search.planner or planner
-        cfg.eval.profile = cfg.eval.profile or profile_feedback
-    if flags.plan_granularity is not None:
-        if not cfg.search.planner:
-            raise PikeError("--plan-granularity shapes the planner's steps: add --planner")
-        if flags.plan_granularity not in ("one", "several", "free"):
-            raise PikeError(f"--plan-granularity {flags.plan_granularity!r}: use one, several "
-                            "or free")
-        cfg.search.plan_granularity = flags.plan_granularity  # type: ignore[assignment]
-    if preset is not None:
-        from pike.search.presets import preset as evolve_preset
-
-        if not cfg.llm.model:
-            raise PikeError("--preset sets up the evolve strategy, which needs --llm SPEC")
-        cfg.search.strategy = "evolve"
-        cfg.search.evolve = evolve_preset(preset, cfg.search.evolve)
-    _pool_flags(cfg, flags)
-    if flags.budget_queries is not None:
-        cfg.search.budget_queries = flags.budget_queries
-    if flags.budget_dollars is not None:
-        cfg.search.budget_dollars = flags.budget_dollars
-    if flags.backend is not None:
-        if flags.backend not in ("any", "cuda", "triton"):
-            raise PikeError(f"--backend {flags.backend!r}: use any, cuda or triton")
-        cfg.search.backend = flags.backend  # type: ignore[assignment]
-    return cfg
-
-
 def _print_result(result: Any) -> None:
-    v = result.best_verdict
-    table = Table(title=f"pike optimize: {result.task}", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
-    table.add_row("run dir", escape(str(result.run_dir)))
-    if v is not None and v.runtime is not None:
-        slower = v.speedup is not None and v.speedup < 1.0
-        table.add_row("best", f"[{'yellow' if slower else 'green'}]{v.speedup or 0:.2f}x"
-                      f"[/{'yellow' if slower else 'green'}] over eager "
-                      f"({_ms(v.runtime.median_ms)} vs {_ms(v.reference.median_ms if v.reference else None)})")
-        table.add_row("solution", escape(str(result.run_dir / "best.py")))
-        if slower:
-            table.add_row("advice", "[yellow]no candidate beat eager: keep your own module[/yellow] "
-                          "(best.py is the fastest correct candidate, kept for inspection)")
-    else:
-        table.add_row("best", "[red]no correct candidate[/red]")
-    table.add_row("spent", f"{result.queries} queries, ${result.dollars:.2f}")
-    table.add_row("verdicts", ", ".join(f"{k} {n}" for k, n in sorted(result.verdicts.items()))
-                  or "none")
-    if result.replay_exhausted:
-        table.add_row("replay", "the recorded run ended here")
-    console.print(table)
+    console.print(result_table(result))
 
 
-@app.command("baseline")
+@command("baseline")
 @user_errors
 def baseline_command(
-    task: Annotated[str, typer.Argument(help="task file, FOLDER/ID, or a folder of tasks")],
+    task: Annotated[str, typer.Argument(metavar="TASK",
+                                        help="task file, FOLDER/ID, or a folder of tasks")],
     device: DeviceOpt = None,
     construct_on: ConstructOnOpt = None,
     modes: Annotated[str, typer.Option(help="comma-separated modes")] = ",".join(BASELINE_MODES),
@@ -659,6 +555,7 @@ def baseline_command(
         task_list = load_tasks(task, _ids(tasks))
     else:
         task_list = [load_task(task)]
+    check_devices(cfg.eval)
     out_dir = out or cfg.runs_dir / "baselines"
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[Baseline] = []
@@ -689,31 +586,10 @@ def baseline_command(
 def _print_baselines(results: list[Baseline], modes: list[str]) -> None:
     if not results:
         return
-    first = results[0]
-    table = Table(title=f"baselines on {first.device} {first.device_name}, torch "
-                  f"{first.torch_version}, host {first.host} (median; speedup vs eager)")
-    table.add_column("task")
-    for mode in modes:
-        table.add_column(mode, justify="right")
-    for r in results:
-        cells = []
-        for m in r.modes:
-            if m.stats is None:
-                cells.append(f"[red]failed[/red]: {escape((m.error or '')[:40])}")
-            else:
-                ratio = f" ({m.speedup_vs_eager:.2f}x)" if m.mode != "eager" else ""
-                cells.append(_ms(m.stats.median_ms) + ratio)
-        table.add_row(r.task, *cells)
-    console.print(table)
-    from pike.floor import describe
-
-    for r in results:
-        eager = next((m.stats.median_ms for m in r.modes if m.mode == "eager" and m.stats), None)
-        line = describe(r.floor, eager) if r.floor else f"no floor: {r.no_floor}"
-        if r.floor is not None and r.floor.ms > 0:
-            line += "".join(f"; {m.mode} is {m.stats.median_ms / r.floor.ms:.3g}x the floor"
-                            for m in r.modes if m.mode != "eager" and m.stats)
-        console.print(f"{escape(r.task)}: {escape(line)}", highlight=False)
+    console.print(escape(baselines_heading(results[0])), highlight=False, soft_wrap=True)
+    console.print(baselines_table(results, modes))
+    for line in floor_lines(results):
+        console.print(escape(line), highlight=False)
 
 
 def run() -> None:  # pragma: no cover - console entry for `python -m pike`

@@ -71,8 +71,9 @@ class EvalConfig(_Strict):
         "distribution's transform, are drawn from the OS's randomness for each reference "
         "run and never shown to candidates; an int fixes them all (reproducible, but "
         "predictable: for debugging, not for judging untrusted code)")
-    atol: float = Field(1e-2, ge=0)
-    rtol: float = Field(1e-2, ge=0)
+    atol: float = Field(1e-2, ge=0, description="absolute tolerance: each output value may "
+                        "differ from the reference's by atol + rtol * |reference value|")
+    rtol: float = Field(1e-2, ge=0, description="relative tolerance (see atol)")
     model_mode: Literal["as_constructed", "eval"] = Field(
         "as_constructed", description="call .eval() on both models, or leave them as built"
     )
@@ -116,9 +117,10 @@ class EvalConfig(_Strict):
                                  "each evaluation child; more compile large models faster "
                                  "(at 1, large CNNs took over 300 s in a compile mode), and "
                                  "the child shuts them down before it ends")
-    warm_up: bool = Field(True, description="call a candidate once before its trials, so "
-                          "lazy compiles (Triton, torch.compile) happen before the trials' "
-                          "limit starts")
+    warm_up: bool = Field(True, description="call a candidate once on the first trial's "
+                          "inputs before its trials: lazy compiles (Triton, torch.compile) "
+                          "and autotuning happen there, under the device's shared lock like "
+                          "the trials, and a failure there is a check-phase verdict")
     device_lock: Literal["every_gpu_use", "timing_only"] = Field(
         "every_gpu_use", description="every_gpu_use: a child's start, load, builds, warm-up, "
         "trials and final check hold the device shared and timing holds it alone, so no "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pike.errors import ConfigError
-from pike.report.data import load_runs
+from pike.report.data import RunData, load_runs
 from pike.report.figures import write_figures
 from pike.report.html import write_page
 from pike.report.solutions import write_solutions
@@ -16,7 +16,11 @@ def build_report(run_dirs: list[Path], out: Path) -> Path:
     """Write figures, solution files and index.html under `out`; return the page's path."""
     if not run_dirs:
         raise ConfigError("no run to report: give at least one run folder")
-    runs = load_runs([Path(d) for d in run_dirs])
+    return write_report(load_runs([Path(d) for d in run_dirs]), out)
+
+
+def write_report(runs: list[RunData], out: Path) -> Path:
+    """The report of runs already loaded (`load_runs`), written under `out`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     figures = write_figures(runs, out / "figures")

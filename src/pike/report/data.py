@@ -18,12 +18,24 @@ from typing import Literal, get_args
 from pydantic import ValidationError
 
 from pike.evaluate.baseline import Baseline
-from pike.evaluate.verdict import Status
-from pike.store import BASELINE_STATE, ERROR_STATE, CandidateRow, RunStore
+from pike.evaluate.verdict import Status, Verdict
+from pike.store import (
+    BASELINE_STATE,
+    DONE_STATE,
+    ERROR_STATE,
+    MISSING_STATE,
+    CandidateRow,
+    RunStore,
+)
 
 log = logging.getLogger(__name__)
 
 Axis = Literal["queries", "dollars"]
+# What became of a task in a run: a correct candidate; candidates judged but none correct;
+# or never judged at all (a campaign cut off before it, a failing reference, no file to
+# audit). The last two both count 1.0x (the user keeps the reference), but only the
+# second says the search found nothing.
+Outcome = Literal["solved", "no_correct", "not_run"]
 
 STATUSES: tuple[str, ...] = get_args(Status)
 PENDING = "pending"  # recorded but not judged yet: a report of a live or killed run
@@ -51,6 +63,9 @@ class TaskRun:
     uncosted_calls: int  # calls recorded without a cost (a model missing from the pricing)
     baseline: Baseline | None = None
     error: str | None = None  # why a campaign gave up on the task (its reference failed)
+    confirmed: CandidateRow | None = None  # the store's confirmed best, where there is one
+    done: bool = False  # a campaign or audit finished the task
+    missing: bool = False  # an audited set had no file for the task
 
     def searched(self) -> list[CandidateRow]:
         """The candidates a search proposed: the reference itself is not one."""
@@ -60,9 +75,36 @@ class TaskRun:
         return [c for c in self.searched() if speedup(c) is not None]
 
     def best(self) -> CandidateRow | None:
-        """The correct candidate with the highest measured speedup, the earliest on ties."""
+        """The confirmed best where the search's top was timed again in one window (its
+        verdict says `confirmed`, with the search's figure as `search_speedup`); otherwise
+        the correct candidate with the highest search-time speedup, the earliest on ties."""
+        if self.confirmed is not None:
+            return self.confirmed
         correct = self.correct()
         return max(correct, key=lambda c: (speedup(c), -c.id)) if correct else None
+
+    def final_speedup(self) -> float:
+        """What the task adds to a run's geomean: its best's speedup, 1.0 without one."""
+        best = self.best()
+        return (speedup(best) or 1.0) if best is not None else 1.0
+
+    def outcome(self) -> Outcome:
+        if self.error is None and self.best() is not None:
+            return "solved"
+        judged = any(c.verdict is not None for c in self.searched())
+        return "no_correct" if judged and self.error is None else "not_run"
+
+    def not_run_reason(self) -> str:
+        """Why a task that was never judged was not (meaningful for outcome 'not_run')."""
+        if self.error is not None:
+            return f"its reference failed: {self.error}"
+        if self.missing:
+            return "no solution file in the set"
+        if self.done:
+            return "finished without a judged candidate"
+        if self.searched():
+            return "cut off before its first verdict"
+        return "cut off or stopped before it started"
 
     def position(self, candidate: CandidateRow, axis: Axis) -> float:
         """When a candidate became available, in queries or dollars spent on this task.
@@ -121,6 +163,15 @@ def speedup(candidate: CandidateRow) -> float | None:
     return verdict.speedup
 
 
+def reference_ms(verdict: Verdict) -> float | None:
+    """Eager's median in the window the verdict's speedup comes from. A confirmed best
+    carries the confirming window's runtime and speedup but the search's reference, so
+    there eager's time is the window's ratio times the candidate's."""
+    if verdict.confirmed and verdict.speedup and verdict.runtime is not None:
+        return verdict.runtime.median_ms * verdict.speedup
+    return verdict.reference.median_ms if verdict.reference is not None else None
+
+
 # -- loading -------------------------------------------------------------------------------
 
 
@@ -171,9 +222,13 @@ def _load_task(store: RunStore, row: dict) -> TaskRun:
         # rounded so that $0.1 + $0.2 and $0.3 are one budget, not two steps of a curve
         dollars = round(dollars + (cost or 0.0), 9)
         spend[call["id"]] = Spend(index, dollars)
+    best = store.best(name)
     return TaskRun(name=name, reference=row["source"], candidates=store.candidates(name),
                    spend=spend, queries=len(calls), dollars=dollars, uncosted_calls=uncosted,
-                   baseline=stored_baseline(store, name), error=_error(store, name))
+                   baseline=stored_baseline(store, name), error=_error(store, name),
+                   confirmed=best if best and best.verdict and best.verdict.confirmed else None,
+                   done=bool(store.get_state(name, DONE_STATE)),
+                   missing=bool(store.get_state(name, MISSING_STATE)))
 
 
 def stored_baseline(store: RunStore, task: str) -> Baseline | None:
@@ -237,7 +292,13 @@ def progress(run: RunData, axis: Axis) -> list[tuple[float, float]]:
 
 
 def final_geomean(run: RunData) -> float:
-    return geomean([t.best_at(math.inf, "queries") for t in run.tasks])
+    """The geomean over the run's tasks of each one's best (confirmed where it was), a task
+    without a correct candidate, run or not, counting 1.0x."""
+    return geomean([t.final_speedup() for t in run.tasks])
+
+
+def outcome_counts(run: RunData) -> Counter[Outcome]:
+    return Counter(t.outcome() for t in run.tasks)
 
 
 def task_names(runs: list[RunData]) -> list[str]:

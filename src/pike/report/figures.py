@@ -173,10 +173,7 @@ def per_task_figure(runs: list[RunData]) -> Figure:
         got = [_best_speedup(run, name) for name in tasks]
         values += [v for v in got if v]
         _bars(ax, slots, got, bar, run_color(s), label_values)
-        no_correct = [y for y, name, v in zip(slots, tasks, got, strict=True)
-                      if v is None and run.task(name) is not None]
-        ax.barh(no_correct, [1.0] * len(no_correct), height=bar, fill=False, hatch="///",
-                edgecolor=run_color(s), linewidth=0.6)
+        _fallback_bars(ax, run, tasks, slots, bar, run_color(s))
         legend.append(Patch(color=run_color(s), label=run.label))
     for m, mode in enumerate(modes):
         slots = [i - 0.4 + bar * (len(runs) + m + 0.5) for i in range(len(tasks))]
@@ -187,6 +184,8 @@ def per_task_figure(runs: list[RunData]) -> Figure:
         legend.append(Patch(color=color, label=f"torch.compile {mode.removeprefix('compile:')}"))
     legend.append(Patch(fill=False, hatch="///", edgecolor="#777777",
                         label="no correct candidate (1.0× fallback)"))
+    legend.append(Patch(fill=False, linestyle=":", edgecolor="#777777",
+                        label="not run: never judged (cut off, skipped, failed reference)"))
     legend.append(ax.axvline(1.0, color="black", linestyle="--", linewidth=1,
                              label="eager (reference)"))
     ax.set_yticks(range(len(tasks)), tasks, fontsize=8)
@@ -201,8 +200,26 @@ def per_task_figure(runs: list[RunData]) -> Figure:
 
 def _best_speedup(run: RunData, task: str) -> float | None:
     found = run.task(task)
-    best = found.best() if found else None
+    best = found.best() if found and found.outcome() == "solved" else None
     return speedup(best) if best else None
+
+
+def _fallback_bars(ax: Axes, run: RunData, tasks: list[str], slots: list[float],
+                   height: float, color: str) -> None:
+    """At 1.0x, where the run has no correct candidate: hatched where it judged some and
+    none passed, a dotted outline labelled "not run" where it judged none."""
+    outcomes = {name: found.outcome() for name in tasks if (found := run.task(name))}
+    no_correct = [y for y, name in zip(slots, tasks, strict=True)
+                  if outcomes.get(name) == "no_correct"]
+    not_run = [y for y, name in zip(slots, tasks, strict=True)
+               if outcomes.get(name) == "not_run"]
+    ax.barh(no_correct, [1.0] * len(no_correct), height=height, fill=False, hatch="///",
+            edgecolor=color, linewidth=0.6)
+    ax.barh(not_run, [1.0] * len(not_run), height=height, fill=False, linestyle=":",
+            edgecolor=color, linewidth=1.0)
+    for y in not_run:
+        ax.annotate("not run", (1.0, y), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=7, color="#8a6d00", style="italic")
 
 
 def _compile_modes(runs: list[RunData], tasks: list[str]) -> list[str]:

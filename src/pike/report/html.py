@@ -17,6 +17,7 @@ from pike.report.data import (
     baseline_of,
     final_geomean,
     fixer_success,
+    outcome_counts,
     task_names,
 )
 from pike.report.figures import FigureFile, run_color
@@ -27,16 +28,20 @@ if TYPE_CHECKING:
 _CAPTIONS = {
     "speedup_vs_queries": (
         "Geomean over each run's tasks of the best correct speedup found within N LLM queries "
-        "on each task. A task with no correct candidate yet counts 1.0× (the reference is "
+        "on each task, as each candidate measured in its search (search-time figures, not the "
+        "confirmed ones). A task with no correct candidate yet counts 1.0× (the reference is "
         "kept). Offline candidates (no LLM) count at 0 queries; every recorded call counts, "
         "failed ones and brainstormer calls too."),
     "speedup_vs_dollars": (
         "The same, against the dollars spent on LLM calls per task (the cost each call "
         "recorded)."),
     "speedup_per_task": (
-        "Best correct speedup of each run on each task, and each torch.compile mode of the "
+        "Best correct speedup of each run on each task (the confirmed figure where the "
+        "search's best was timed again in one window), and each torch.compile mode of the "
         "task's recorded baseline, all against eager on the host that measured them. A hatched "
-        "bar marks a run with no correct candidate on that task."),
+        "bar marks a task a run judged without finding a correct candidate; a dotted outline "
+        "marked \"not run\" a task it never judged (cut off, skipped, or a failing "
+        "reference). Both count 1.0×."),
     "outcomes_per_round": (
         "Verdicts of the candidates of each search round, over all tasks of a run, with the "
         "error fixer's success rate: fix candidates that came out correct over all judged fix "
@@ -60,6 +65,8 @@ class RunSummary:
     policy: str
     tasks: int
     solved: int
+    no_correct: int
+    not_run: int
     geomean: float
     queries: int
     dollars: float
@@ -99,12 +106,14 @@ def _by_task(rows: list[SolutionRow]) -> list[tuple[str, list[SolutionRow]]]:
 def summarize(run: RunData, index: int) -> RunSummary:
     env = run.environment
     fixed, fixes = fixer_success(run)
+    outcomes = outcome_counts(run)
     return RunSummary(
         label=run.label, color=run_color(index), run_dir=str(run.run_dir), command=run.command,
         created_at=_when(run.created_at), device=env.describe_device(),
         torch_version=env.torch_version or "unknown", host=env.host or "unknown",
         policy=_policy(run.config), tasks=len(run.tasks),
-        solved=sum(1 for t in run.tasks if t.best() is not None),
+        solved=outcomes["solved"], no_correct=outcomes["no_correct"],
+        not_run=outcomes["not_run"],
         geomean=final_geomean(run), queries=sum(t.queries for t in run.tasks),
         dollars=sum(t.dollars for t in run.tasks),
         fixer=f"{fixed}/{fixes} ({fixed / fixes:.0%})" if fixes else "no attempts")
@@ -161,10 +170,17 @@ def _run_notes(run: RunData) -> list[str]:
     if pending:
         found.append(f"{run.label}: {_count(pending, 'candidate')} not judged yet "
                      "in the outcomes figure; the run may be live or was stopped.")
-    failed = [t.name for t in run.tasks if t.error]
-    if failed:
-        found.append(f"{run.label}: {_count(len(failed), 'task')} failed before the search "
-                     f"({_list(failed)}); they count 1.0×, the reason is in the table.")
+    not_run = [t.name for t in run.tasks if t.outcome() == "not_run"]
+    if not_run:
+        found.append(f"{run.label}: {_count(len(not_run), 'task')} not run ({_list(not_run)}): "
+                     "never judged, so nothing was found or ruled out there; they count 1.0× "
+                     "like a task with no correct candidate, and the table says why.")
+    confirmed = sum(1 for t in run.tasks if t.confirmed is not None)
+    if confirmed:
+        found.append(f"{run.label}: the best of {_count(confirmed, 'task')} was timed again "
+                     "beside eager in one window at the end of its search (confirmed); the "
+                     "bars, the table and the geomean use that figure, the budget curves the "
+                     "search's own.")
     if not run.tasks:
         found.append(f"{run.label}: the run store holds no task.")
     return found

@@ -11,7 +11,15 @@ import difflib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pike.report.data import RunData, TaskRun, lines_of_code, speedup, task_names
+from pike.report.data import (
+    Outcome,
+    RunData,
+    TaskRun,
+    lines_of_code,
+    reference_ms,
+    speedup,
+    task_names,
+)
 from pike.report.html import render
 from pike.store import CandidateRow
 from pike.task import safe_file_stems
@@ -27,11 +35,14 @@ class SolutionRow:
     candidates: int
     queries: int
     dollars: float
-    error: str = ""  # the task failed before its search (a campaign records why)
+    outcome: Outcome = "not_run"
+    not_run: str = ""  # why the task was never judged (outcome "not_run")
     candidate_id: int | None = None
     role: str = ""
     round: int | None = None
-    speedup: float | None = None
+    speedup: float | None = None  # the confirmed figure where the best was confirmed
+    confirmed: bool = False
+    search_speedup: float | None = None  # the search's own figure beside a confirmed one
     runtime_ms: float | None = None
     reference_ms: float | None = None
     lines: int | None = None
@@ -57,19 +68,22 @@ def write_solutions(runs: list[RunData], out: Path) -> list[SolutionRow]:
 
 
 def _row(task: TaskRun, run: RunData, index: int, folder: Path, stem: str) -> SolutionRow:
+    outcome = task.outcome()
     base = SolutionRow(task=task.name, run=run.label, run_index=index,
                        candidates=len(task.searched()), queries=task.queries,
-                       dollars=task.dollars, error=task.error or "")
+                       dollars=task.dollars, outcome=outcome,
+                       not_run=task.not_run_reason() if outcome == "not_run" else "")
     best = task.best()
-    if best is None or best.verdict is None:
+    if outcome != "solved" or best is None or best.verdict is None:
         return base
     verdict = best.verdict
     links = _write_files(task, run, best, folder, stem)
     return replace(
-        base, **links, candidate_id=best.id, role=best.role, round=best.round, speedup=speedup(best),
+        base, **links, candidate_id=best.id, role=best.role, round=best.round,
+        speedup=speedup(best), confirmed=verdict.confirmed,
+        search_speedup=verdict.search_speedup if verdict.confirmed else None,
         runtime_ms=verdict.runtime.median_ms if verdict.runtime else None,
-        reference_ms=verdict.reference.median_ms if verdict.reference else None,
-        lines=lines_of_code(best.source),
+        reference_ms=reference_ms(verdict), lines=lines_of_code(best.source),
         flags=", ".join(f"{k}={v}" for k, v in sorted(verdict.flags_changed.items())))
 
 
