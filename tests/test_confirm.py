@@ -39,6 +39,10 @@ def test_the_confirmed_best_reorders_candidates_whose_search_figures_were_swappe
     best = store.best(mlp_task.name)
     assert best.id == ids["fused"] and best.verdict.confirmed
     assert best.verdict.speedup == result.best_verdict.speedup
+    # runtime, eager and speedup all from the confirming window
+    assert best.verdict.runtime and best.verdict.reference
+    assert abs(best.verdict.reference.median_ms / best.verdict.runtime.median_ms
+               - best.verdict.speedup) < 1e-6 * best.verdict.speedup
     row = summary_row(store, result)
     assert row["confirmed"] and row["best_candidate"] == ids["fused"]
     kept = store.get_state(mlp_task.name, "confirmed")

@@ -4,6 +4,7 @@ outlives the next pike to start; a hung candidate gets its verdict within a minu
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -99,4 +100,6 @@ def test_a_hung_candidate_on_a_small_task_times_out_within_a_minute(
     verdict = evaluate(mlp_task, candidate("infinite_loop"), cfg)
     assert verdict.status == "timeout", verdict.message
     assert time.monotonic() - started < 60
-    assert "no progress for 30 s" in verdict.message
+    # the limit follows the reference's own check (30 s at least; more on a loaded host)
+    limit = re.search(r"no progress for ([\d.]+) s", verdict.message)
+    assert limit and 30 <= float(limit[1]) < 60, verdict.message

@@ -18,6 +18,7 @@ import yaml
 
 from pike.config import EvalConfig
 from pike.errors import TaskError
+from pike.evaluate import device_lock
 from pike.evaluate import judge as judge_module
 from pike.evaluate import pool as pool_module
 from pike.evaluate.pool import LocalPool, requeue_once
@@ -165,13 +166,15 @@ def test_the_candidate_holds_the_device_from_its_start(mlp_task: Task, fast_conf
         return ready
 
     monkeypatch.setattr(judge_module, "hold", hold)
+    monkeypatch.setattr(device_lock, "hold", hold)  # the shared holds go through it
     monkeypatch.setattr(judge_module, "wait_ready", wait_ready)
     judge_module.close_references()
     verdict = judge_module.evaluate(mlp_task, GOOD, fast_config)
     assert verdict.ok, verdict.message
     # the reference's start and trials (shared), the candidate's start to trials (shared,
-    # ready within it), then timing (alone: the window, the wall-clock calibration)
-    assert order[:4] == ["shared", "shared", "ready:queued", "exclusive"], order
+    # ready within it), comparing its outputs (shared: on a GPU it is GPU work), then
+    # timing (alone: the window, the wall-clock calibration)
+    assert order[:5] == ["shared", "shared", "ready:queued", "shared", "exclusive"], order
     assert "queued" in verdict.phase_seconds
 
 

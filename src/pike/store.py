@@ -451,9 +451,12 @@ class RunStore:
             return None
         runtime = (v.runtime.model_copy(update={"median_ms": first["runtime_ms"]})
                    if v.runtime else None)
+        # eager's median in the same window, so runtime, reference and speedup agree
+        reference = (v.reference.model_copy(update={"median_ms": first["reference_ms"]})
+                     if v.reference and first.get("reference_ms") else v.reference)
         return row.model_copy(update={"verdict": v.model_copy(update={
             "confirmed": True, "search_speedup": v.speedup, "speedup": first["speedup"],
-            "runtime": runtime})})
+            "runtime": runtime, "reference": reference})})
 
     def _candidates(self, where: str, args: tuple, *, order: bool = True) -> list[CandidateRow]:
         sql = (

@@ -164,11 +164,8 @@ def speedup(candidate: CandidateRow) -> float | None:
 
 
 def reference_ms(verdict: Verdict) -> float | None:
-    """Eager's median in the window the verdict's speedup comes from. A confirmed best
-    carries the confirming window's runtime and speedup but the search's reference, so
-    there eager's time is the window's ratio times the candidate's."""
-    if verdict.confirmed and verdict.speedup and verdict.runtime is not None:
-        return verdict.runtime.median_ms * verdict.speedup
+    """Eager's median in the window the verdict's speedup comes from (for a confirmed
+    best, the store gives the confirming window's)."""
     return verdict.reference.median_ms if verdict.reference is not None else None
 
 
