@@ -13,9 +13,10 @@ evaluations at once:
 
 For each mode: the reference's median in every verdict (the spread max/min is what
 neighbours did to the windows), noisy verdicts, the search's best and the confirmed best.
-Then every candidate correct in any mode is timed again alone, all in one exclusive window
-interleaved with eager (`pike.evaluate.confirm`), with no other evaluation running: the
-fastest there is the right answer, and each mode's confirmed best is checked against it.
+Then every candidate correct in any mode is timed again alone, in exclusive windows of
+`--alone-group` candidates interleaved with eager (`pike.evaluate.confirm`), with no other
+evaluation running: the fastest there is the right answer, and each mode's confirmed best
+is checked against it.
 Results: bench/results/contamination-<tag>.json and .md (device, torch, date, command);
 the runs stay under bench/results/contamination-<tag>-runs/ for audit.
 """
@@ -96,17 +97,26 @@ def _named(row: object, search: bool = False) -> dict | None:
 
 
 def alone(task: Task, modes: list[dict], args: argparse.Namespace) -> list[dict]:
-    """Every correct candidate of any mode, timed again in one exclusive window."""
+    """Every correct candidate of any mode, timed again with no other evaluation running:
+    in exclusive windows of `--alone-group` candidates each, interleaved with eager (all
+    of a large task's children at once would not fit the GPU), readied `--workers` at a
+    time. Each speedup is against its own window's eager."""
     sources: dict[str, str] = {}
     for m in modes:
         sources.update(m["sources"])
     ideas = sorted(sources)
-    cfg = mode_config("locked", args).eval.model_copy(update={"workers": 1})
+    cfg = mode_config("locked", args).eval.model_copy(update={"workers": args.workers})
     close_references()
-    found = confirm(task, {i: sources[idea] for i, idea in enumerate(ideas)}, cfg)
-    return [{"idea": ideas[c.candidate_id], "runtime_ms": c.runtime_ms,
-             "reference_ms": c.reference_ms, "speedup": c.speedup, "error": c.error}
-            for c in found]
+    found = []
+    for at in range(0, len(ideas), args.alone_group):
+        group = ideas[at:at + args.alone_group]
+        print(f"alone: candidates {at + 1}..{at + len(group)} of {len(ideas)}", flush=True)
+        for c in confirm(task, {at + i: sources[idea] for i, idea in enumerate(group)}, cfg):
+            found.append({"idea": ideas[c.candidate_id], "runtime_ms": c.runtime_ms,
+                          "reference_ms": c.reference_ms, "speedup": c.speedup,
+                          "error": c.error, "window": at // args.alone_group + 1})
+    found.sort(key=lambda a: (a["speedup"] is None, -(a["speedup"] or 0.0)))
+    return found
 
 
 def judge_modes(modes: list[dict], timed_alone: list[dict]) -> None:
@@ -146,10 +156,12 @@ def markdown(data: dict) -> str:
             f"| {m['reference_spread']} | {m['noisy']} "
             f"| {_pick(search)} | {_pick(conf)} "
             f"| {_x(m.get('best_alone_speedup'))} | {m.get('best_is_alone_fastest')} |")
-    lines += ["", "Timed alone afterwards (one exclusive window, interleaved with eager):", "",
-              "| candidate | runtime | eager | speedup |", "|---|---|---|---|"]
+    lines += ["", "Timed alone afterwards (exclusive windows, each interleaved with eager; "
+              "a speedup is against its window's eager):", "",
+              "| candidate | window | runtime | eager | speedup |", "|---|---|---|---|---|"]
     for a in data["alone"]:
-        lines.append(f"| {a['idea']} | {_ms(a['runtime_ms'])} | {_ms(a['reference_ms'])} "
+        lines.append(f"| {a['idea']} | {a.get('window', 1)} | {_ms(a['runtime_ms'])} "
+                     f"| {_ms(a['reference_ms'])} "
                      f"| {_x(a['speedup'])}{' ' + a['error'][:60] if a['error'] else ''} |")
     return "\n".join(lines) + "\n"
 
@@ -177,6 +189,8 @@ def main() -> int:
     p.add_argument("--tag", default=None)
     p.add_argument("--resume", action="store_true",
                    help="keep the modes the results file has; run the rest, then the alone window")
+    p.add_argument("--alone-group", type=int, default=6,
+                   help="candidates per exclusive window when timed alone")
     p.add_argument("--skip-alone", action="store_true",
                    help="run the modes only (the alone window in a later --resume call)")
     p.add_argument("--out", type=Path, default=RESULTS)

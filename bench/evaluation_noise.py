@@ -1,14 +1,16 @@
 """Timing noise between evaluations, with nothing else on the machine, per warm-up length.
 
     python bench/evaluation_noise.py [--device cuda] [--repeats 8] [--warmups 0.1,1.0]
-        [--tag h100] [--out bench/results]
+        [--max-calls 5000] [--size example|large] [--tag h100] [--out bench/results]
 
 bench/throughput.py measures the fixed candidate's CV while other candidates compile.
 This script measures the floor under that figure: the same candidate (tests/candidates/
 fused.py on examples/tasks/1_GeluMLP.py at throughput.py's GPU-bound size) evaluated
 `--repeats` times one after another with no other load, for each warm-up length
 (eval.timing.warmup_seconds) in turn, round robin, so a drift of the card's state over
-the run falls on every setting alike. Per setting: the CV of the candidate's medians, of
+the run falls on every setting alike. `--max-calls 1000,5000` adds the timed calls' cap
+(eval.timing.max_calls) as a second setting: on a task of 0.1 ms the cap, not
+min_seconds, decides how long timing takes. Per setting: the CV of the candidate's medians, of
 the reference's medians and of the speedups. Results are rewritten after every
 evaluation under bench/results/evaluation-noise-<tag>.json and .md, with device, torch
 version, date and command.
@@ -52,7 +54,7 @@ def write(out: Path, tag: str, data: dict) -> None:
              f"- date: {data['date']}", f"- command: `{data['command']}`",
              f"- candidate: tests/candidates/{FIXED}.py on {data['task']}, evaluated "
              "one at a time with no other load, settings round robin", "",
-             "| warm-up (s) | evaluations | ok | candidate median CV | reference median CV "
+             "| warm-up (s), max calls | evaluations | ok | candidate median CV | reference median CV "
              "| speedup CV | candidate medians (ms) |", "|---|---|---|---|---|---|---|"]
     for w, s in data["summary"].items():
         medians = ", ".join(f"{r['median_ms']:.3f}" for r in data["settings"][w]
@@ -68,6 +70,8 @@ def main() -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--warmups", default="0.1,1.0", help="warm-up lengths in seconds")
+    p.add_argument("--max-calls", default=None,
+                   help="timed calls' caps to compare (comma list; default: the config's)")
     p.add_argument("--size", choices=["example", "large"], default=None,
                    help="1_GeluMLP's size (default: large on CUDA, as throughput.py)")
     p.add_argument("--tag", default=None)
@@ -76,27 +80,31 @@ def main() -> int:
     cuda = args.device.startswith("cuda")
     size = args.size or ("large" if cuda else "example")
     warmups = [float(w) for w in args.warmups.split(",")]
+    caps = ([int(c) for c in args.max_calls.split(",")] if args.max_calls
+            else [EvalConfig().timing.max_calls])
+    settings = {f"{w}, {c}": (w, c) for w in warmups for c in caps}
     data = {"benchmark": "evaluation-noise", "device": args.device,
             "device_name": device_name(args.device), "torch_version": torch.__version__,
             "host": platform.node(), "date": now(), "command": this_command(),
             "task": f"examples/tasks/1_GeluMLP.py at size {size}",
-            "settings": {str(w): [] for w in warmups}}
+            "settings": {name: [] for name in settings}}
     task = bench_task(size == "large", Path(tempfile.mkdtemp()))
     source = (CANDIDATES / f"{FIXED}.py").read_text()
     base = EvalConfig(device=args.device)
     for i in range(args.repeats):
-        for w in warmups:
+        for name, (w, cap) in settings.items():
             cfg = base.model_copy(update={"timing": base.timing.model_copy(
-                update={"warmup_seconds": w})})
+                update={"warmup_seconds": w, "max_calls": cap})})
             verdict = evaluate(task, source, cfg)
-            data["settings"][str(w)].append({
+            data["settings"][name].append({
                 "status": verdict.status,
                 "median_ms": verdict.runtime.median_ms if verdict.runtime else None,
                 "reference_ms": verdict.reference.median_ms if verdict.reference else None,
                 "speedup": verdict.speedup})
             write(args.out, args.tag or ("cuda" if cuda else "cpu"), data)
-            print(f"repeat {i + 1}/{args.repeats}, warm-up {w} s: {verdict.status} "
-                  f"{verdict.speedup}", flush=True)
+            print(f"repeat {i + 1}/{args.repeats}, warm-up {w} s, max calls {cap}: "
+                  f"{verdict.status} {verdict.speedup} "
+                  f"({verdict.phase_seconds.get('timing', 0):.1f} s timing)", flush=True)
     return 0
 
 

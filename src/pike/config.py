@@ -23,7 +23,11 @@ class TimingConfig(_Strict):
     warmup_calls: int = Field(3, ge=1, description="calls before timing starts (at least)")
     warmup_seconds: float = Field(0.1, ge=0, description="keep warming up until this long")
     min_calls: int = Field(20, ge=1, description="timed calls (at least)")
-    max_calls: int = Field(5000, ge=1, description="timed calls (at most)")
+    max_calls: int = Field(
+        5000, ge=1, description="timed calls (at most); 1000 would save about 2 s on a "
+        "0.1 ms task with no less steady speedups (bench/results/evaluation-noise-h100-"
+        "max-calls.md), but leaves the reuse and timed-output guards too few calls to "
+        "catch a candidate that answers in microseconds")
     min_seconds: float = Field(1.0, ge=0, description="keep timing until this much timed run time")
     rounds: int = Field(
         20, ge=1, description="split the timed calls into this many blocks, alternating with the "

@@ -10,6 +10,7 @@ from one state of the host. The search-time figures stay in the store beside the
 from __future__ import annotations
 
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -57,9 +58,28 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
     children: dict[int, ChildProcess] = {}
     failed: list[Confirmation] = []
     try:
-        with hold_for_work(device, config.device_lock):  # load, build, warm up and check each again
+        # load, build, warm up and check each again; several at once (`workers`), as the
+        # search did: compiles take most of this. The children are started here, not in
+        # the pool's threads: a child dies with the thread that started it (PDEATHSIG),
+        # and the pool's threads end before the timing.
+        with hold_for_work(device, config.device_lock), ThreadPoolExecutor(
+                max_workers=max(1, min(len(sources), config.workers)),
+                thread_name_prefix="pike-confirm") as ready:
+            started = {}
             for cid, source in sources.items():
-                child, problem = _ready_child(task, cid, source, config, device, reference, tmp)
+                try:
+                    child = _start_child(task, cid, source, config, device, reference, tmp)
+                except Exception as err:  # one candidate's trouble is not the window's
+                    failed.append(Confirmation(candidate_id=cid,
+                                               error=f"could not be started: {err}"[:300]))
+                    continue
+                started[cid] = (child, ready.submit(_ready_child, child))
+            for cid, (begun, future) in started.items():
+                try:
+                    child, problem = future.result()
+                except Exception as err:  # one candidate's trouble is not the window's
+                    finish(begun)
+                    child, problem = None, f"could not be readied: {err}"[:300]
                 if child is not None:
                     children[cid] = child
                 else:
@@ -94,12 +114,15 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
     return found + failed
 
 
-def _ready_child(task: Task, cid: int, source: str, cfg: EvalConfig, device: str,
-                 reference: ReferenceRun, tmp: Path) -> tuple[ChildProcess | None, str]:
-    """A candidate's child through its load, warm-up and trials, ready to be timed."""
+def _start_child(task: Task, cid: int, source: str, cfg: EvalConfig, device: str,
+                 reference: ReferenceRun, tmp: Path) -> ChildProcess:
     files = candidate_files(task, source, cfg, device, reference, tmp / f"c{cid}")
+    return start_child(files.request, files.work_dir, cfg, files.build_key, files.stage)
+
+
+def _ready_child(child: ChildProcess) -> tuple[ChildProcess | None, str]:
+    """A candidate's child through its load, warm-up and trials, ready to be timed."""
     report = ChildReport()
-    child = start_child(files.request, files.work_dir, cfg, files.build_key, files.stage)
     if wait_ready(child, report) and run_trials(child, report):
         return child, ""
     finish(child)

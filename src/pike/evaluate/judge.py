@@ -42,6 +42,7 @@ from pike.evaluate.driver import (
     wait_ready,
 )
 from pike.evaluate.explain import explain_guards
+from pike.evaluate.leaf_files import read_leaves
 from pike.evaluate.leftovers import make_temp_dir
 from pike.evaluate.ncu import attach_kernel_metrics
 from pike.evaluate.profile import ProfileSummary
@@ -410,14 +411,13 @@ def profile_reference(task: Task, config: EvalConfig | RunConfig | None = None
         release_reference(reference)
 
 
-def _load_leaves(path: Path, mapped: bool = False) -> list[Any]:
+def _load_leaves(path: Path, mapped: bool = False,
+                 on: torch.device | None = None) -> list[Any]:
     # `mapped` only for the reference's files: pages are read as comparisons touch them
     # (the timed sets' outputs are only sampled). A candidate's file is read whole, as a
-    # file it could truncate while mapped would end this process with SIGBUS.
-    leaves = torch.load(path, weights_only=True, mmap=mapped)
-    if not isinstance(leaves, list):
-        raise ValueError("outputs file does not hold a list")
-    return leaves
+    # file it could truncate while mapped would end this process with SIGBUS; onto the
+    # GPU that compares it (`on`), where there is one.
+    return read_leaves(path, trusted=mapped, device=on)
 
 
 def evaluate(task: Task, candidate_source: str,
@@ -434,6 +434,8 @@ def evaluate(task: Task, candidate_source: str,
     with measuring() as clock:
         with span("reference"):  # near zero where a live reference of the task is kept
             reference = run_reference(task, cfg, device, keep_child=cfg.time_candidate)
+        if device.startswith("cuda") and cfg.time_candidate:
+            _count_work_meanwhile(reference)
         tmp = make_temp_dir("cand")
         try:
             verdict = _judge_candidate(task, candidate_source, cfg, device, reference, tmp)
@@ -448,6 +450,26 @@ def evaluate(task: Task, candidate_source: str,
     verdict.steps = {**clock.rounded(), **verdict.steps, **reference.new_steps}
     reference.new_steps = {}  # reported once, by the evaluation that started it
     return mask_secrets(verdict)
+
+
+def _count_work_meanwhile(reference: ReferenceRun) -> None:
+    """Count the task's work (for the floor) in the reference's child while the candidate's
+    child starts: a first count takes seconds, and the reference's child is idle then.
+    The run is held (`users`) until the count ends, so no cache evicts it meanwhile."""
+    if reference._work_asked or reference.child is None:
+        return
+    with _references_lock:
+        reference.users += 1
+
+    def count() -> None:
+        try:
+            reference.work()
+        except Exception as err:  # a child closed at exit: the floor is advisory
+            log.debug("work count in the background failed: %s", err)
+        finally:
+            release_reference(reference)
+
+    threading.Thread(target=count, name="pike-work-count", daemon=True).start()
 
 
 @dataclass
@@ -631,14 +653,15 @@ def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path
     reply = request(child, "check", "final_checked", "final")
     if isinstance(reply, Verdict):
         return reply
+    on = compare_device(reference.device)
     try:
-        actual = _load_leaves(outputs_dir / "outputs_final.pt")
+        actual = _load_leaves(outputs_dir / "outputs_final.pt", on=on)
     except Exception as err:  # written by the child: anything may be in it
         return Verdict(status="incorrect", phase="check",
                        message=f"outputs after timing could not be read back ({err})")
-    on = compare_device(reference.device)
     bad = [c for c in _compare_leaves(reference.expected[-1], actual, cfg.trials + 1, cfg, on)
            if c.problem]
+    del actual
     _release_compare_memory(on)
     if not bad:
         return Verdict(status="ok")
@@ -747,19 +770,24 @@ def _release_compare_memory(on: torch.device) -> None:
 def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfig,
                     on: torch.device) -> Verdict:
     mismatches: list[OutputMismatch] = []
-    actual_by_trial: list[list[Any]] = []
+    first: list[Any] | None = None  # the first trial's outputs, on `on`
+    repeated: list[int] = []  # later trials whose outputs equal the first's
     passed = 0
     max_abs = max_rel = 0.0
     for trial, exp_leaves in enumerate(expected):
         if trial == cfg.trials and not check.all_finite(exp_leaves, on):
             continue  # the reference itself overflows on shifted inputs: nothing to learn
         try:
-            act_leaves = _load_leaves(outputs_dir / f"outputs_{trial}.pt")
+            act_leaves = _load_leaves(outputs_dir / f"outputs_{trial}.pt", on=on)
         except Exception as err:  # written by the child: anything may be in it
             return Verdict(status="incorrect", phase="check",
                            message=f"trial {trial}: outputs could not be read back ({err})")
-        actual_by_trial.append(act_leaves)
+        if first is None:
+            first = act_leaves
+        elif _same_leaves(first, act_leaves):
+            repeated.append(trial)
         compared = _compare_leaves(exp_leaves, act_leaves, trial, cfg, on)
+        del act_leaves
         max_abs = max([max_abs, *(c.max_abs_error or 0.0 for c in compared)])
         max_rel = max([max_rel, *(c.max_rel_error or 0.0 for c in compared)])
         trial_bad = [c for c in compared if c.problem]
@@ -768,13 +796,14 @@ def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfi
     errors = {"trials_passed": passed, "max_abs_error": max_abs, "max_rel_error": max_rel}
     if not mismatches:
         return Verdict(status="ok", **errors)
-    first = mismatches[0]
-    which = (f"trial {first.trial}" if first.trial < cfg.trials else
+    first_bad = mismatches[0]
+    which = (f"trial {first_bad.trial}" if first_bad.trial < cfg.trials else
              "the trial with inputs of another distribution (a drawn scale and shift)")
     failed = len({m.trial for m in mismatches})
     message = (f"{failed} of {len(expected)} trials failed; {which}, "
-               f"output {first.output}: {first.problem}")
-    if _repeats_across_trials(expected, actual_by_trial):
+               f"output {first_bad.output}: {first_bad.problem}")
+    # identical outputs for inputs whose expected outputs differ: a cached answer
+    if any(not _same_leaves(expected[0], expected[t]) for t in repeated):
         message += "; the output is identical for different inputs (a cached or constant result?)"
     return Verdict(status="incorrect", phase="check", message=message,
                    mismatches=mismatches[:20], **errors)
@@ -789,14 +818,10 @@ def _compare_leaves(expected: list[Any], actual: list[Any], trial: int,
             for index, (exp, act) in enumerate(zip(expected, actual, strict=True))]
 
 
-def _repeats_across_trials(expected: list[list[Any]], actual: list[list[Any]]) -> bool:
-    def same(a: list[Any], b: list[Any]) -> bool:
-        return len(a) == len(b) and all(
-            isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape
-            and x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b, strict=True))
-
-    return any(same(actual[0], actual[i]) and not same(expected[0], expected[i])
-               for i in range(1, len(actual)))
+def _same_leaves(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(
+        isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape
+        and x.dtype == y.dtype and torch.equal(x, y.to(x.device)) for x, y in zip(a, b, strict=True))
 
 
 def _sha(text: str) -> str:

@@ -24,6 +24,7 @@ import torch
 from pike.evaluate import check
 from pike.evaluate.diagnostics import describe_exception
 from pike.evaluate.guards import Guards
+from pike.evaluate.leaf_files import read_leaves, write_leaves
 from pike.evaluate.profile import profile_calls
 from pike.evaluate.protocol import (
     DESCENDANTS_GRACE_S,
@@ -122,11 +123,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _cpu_leaves(output: Any) -> list[Any]:
-    return [leaf.detach().to("cpu") if isinstance(leaf, torch.Tensor) else leaf
-            for leaf in check.flatten_output(output)]
-
-
 def built_on(device: torch.device, construct_on: str) -> contextlib.AbstractContextManager:
     """Where a model's constructor makes its tensors: the device itself, under
     torch.device (construct_on 'device'), or the CPU's defaults, to be moved after."""
@@ -188,8 +184,8 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
             inputs = _draw_inputs(module, req, seed, device)
             if shifted:
                 inputs = [_shift_distribution(x, req.shift) for x in inputs]
-        with STEPS.span("save_inputs"):  # host tensors: whoever loads them picks a device
-            _save(_to_device(inputs, torch.device("cpu")), inputs_dir / f"{name}.pt")
+        with STEPS.span("save_inputs"):  # whoever loads them picks a device
+            write_leaves(inputs, inputs_dir / f"{name}.pt")
         with STEPS.span("inputs_to_device"):
             return _to_device(inputs, device)
 
@@ -208,7 +204,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
             out = _guarded("task_error", "check", req.module_path, lambda i=inputs: model(*i))
             _sync(device)
         with STEPS.span("save_outputs"):
-            _save(_cpu_leaves(out), outputs_dir / f"{name}.pt")
+            write_leaves(check.flatten_output(out), outputs_dir / f"{name}.pt")
     del trial_inputs, out
     chan.send("checked", trials=req.trials, steps=STEPS.rounded())
     torch.set_float32_matmul_precision("highest")  # the task's dtype is the contract
@@ -458,7 +454,7 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
         with _armed(guards), STEPS.span("forward"):
             out = _run_guarded_call(req, model, inputs, device)
         with STEPS.span("save_outputs"):
-            _save(_cpu_leaves(out), Path(req.outputs_dir) / f"outputs_{trial}.pt")
+            write_leaves(check.flatten_output(out), Path(req.outputs_dir) / f"outputs_{trial}.pt")
     _reject_violations(guards, "check")
     _reject_reference_code(req, model)
     flags = {k: f"{a} -> {b}" for k, (a, b) in guards.changed_flags().items()}
@@ -486,7 +482,7 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
             final = rotation.sets[0]
         with _armed(guards):
             out = _run_guarded_call(req, model, final, device)
-        _save(_cpu_leaves(out), Path(req.outputs_dir) / "outputs_final.pt")
+        write_leaves(check.flatten_output(out), Path(req.outputs_dir) / "outputs_final.pt")
         _reject_violations(guards, "final check")
 
     _serve_timing(req, chan, device, make_call, failed,
@@ -507,7 +503,7 @@ def _staged_inputs(chan: Channel, req: ChildRequest, device: torch.device, phase
                       f"the evaluator did not stage the {phase} inputs")
     folder = Path(req.inputs_dir)
     with STEPS.span("load_inputs"):
-        return [_to_device(_load(folder / f"{name}.pt", weights_only=True), device)
+        return [_to_device(read_leaves(folder / f"{name}.pt", trusted=True), device)
                 for name in names]
 
 

@@ -1,0 +1,240 @@
+"""Flat files for the tensors that move between an evaluation's processes.
+
+Trial inputs and outputs are the bulk of an evaluation's traffic: on KernelBench's large
+tasks a gigabyte per call. `torch.save` copies each tensor to a fresh host buffer, then
+writes it through a zip writer, at about 1 GB/s; `torch.load` reads it back the same way.
+This format is a JSON header and the raw bytes of each tensor, 64-byte aligned:
+
+- the writer copies each tensor from the GPU through one pinned buffer into the file (on
+  /dev/shm, usually), with no host copy of the whole tensor;
+- the reader maps a file it trusts (the reference's), or reads an untrusted one (a
+  candidate's) whole into its own memory: a mapping of a file the candidate can still
+  truncate would end the parent with SIGBUS.
+
+The reader checks every field of the header against the file's size: a candidate writes
+its outputs file and may put anything in it. Lists whose values are not tensors or JSON
+scalars (inputs holding other objects) stay with torch.save; `read_leaves` tells the two
+apart by the first bytes, so both sides agree without a flag.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MAGIC = b"PIKELEAF"
+_HEADER = struct.Struct("<8sQ")  # magic, header length
+_ALIGN = 64
+_MAX_HEADER = 16 << 20
+# Bound at import: the runner imports this before any candidate code runs.
+_from_file = torch.from_file
+_empty = torch.empty
+_Tensor = torch.Tensor
+_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values()
+           if isinstance(d, torch.dtype)}
+
+
+class LeafFileError(ValueError):
+    """A leaves file that cannot be read back as written by the protocol."""
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def writable(leaves: list[Any]) -> bool:
+    """Whether `leaves` fit this format (tensors of the usual layout and JSON scalars)."""
+    return all((isinstance(v, _Tensor) and v.layout == torch.strided and not v.is_nested)
+               or _scalar(v) for v in leaves)
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+# Tensors on a GPU cross to the host through one pinned buffer of this size: a copy from
+# pinned memory runs at the bus's speed, one from pageable memory at a fraction of it.
+STAGE_BYTES = 64 << 20
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+class _Stage:
+    """A pinned host buffer, made at first use, for chunks of GPU tensors."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+
+    def get(self) -> torch.Tensor:
+        if self.buffer is None:
+            self.buffer = _empty(STAGE_BYTES, dtype=torch.uint8, pin_memory=True)
+        return self.buffer
+
+
+def _write_tensor(f: Any, t: torch.Tensor, stage: _Stage) -> None:
+    raw = _bytes_of(t)
+    if raw.device.type != "cuda":
+        f.write(memoryview(raw.numpy()))
+        return
+    buffer = stage.get()
+    for at in range(0, raw.numel(), STAGE_BYTES):
+        n = min(STAGE_BYTES, raw.numel() - at)
+        buffer[:n].copy_(raw[at:at + n])  # synchronous: the buffer is written next
+        f.write(memoryview(buffer[:n].numpy()))
+
+
+def write_leaves(leaves: list[Any], path: Path) -> None:
+    """Write tensors (on any device) and scalars to `path`; torch.save where the format
+    cannot hold them."""
+    if not writable(leaves):
+        torch.save([v.detach().cpu() if isinstance(v, _Tensor) else v for v in leaves], path)
+        return
+    entries: list[dict[str, Any]] = []
+    offset = 0
+    for value in leaves:
+        if isinstance(value, _Tensor):
+            nbytes = value.numel() * value.element_size()
+            entries.append({"dtype": str(value.dtype).removeprefix("torch."),
+                            "shape": list(value.shape), "offset": offset, "nbytes": nbytes})
+            offset = _align(offset + nbytes)
+        elif isinstance(value, float) and not math.isfinite(value):
+            entries.append({"float": repr(value)})  # JSON has no inf or nan
+        else:
+            entries.append({"value": value})
+    header = json.dumps({"leaves": entries}).encode()
+    start = _align(_HEADER.size + len(header))
+    stage = _Stage()
+    with open(path, "wb") as f:
+        f.write(_HEADER.pack(MAGIC, len(header)) + header)
+        for value, entry in zip(leaves, entries, strict=True):
+            if isinstance(value, _Tensor) and entry["nbytes"]:
+                f.seek(start + entry["offset"])
+                _write_tensor(f, value, stage)
+        f.truncate(start + offset)
+
+
+def read_leaves(path: Path, trusted: bool = False,
+                device: torch.device | None = None) -> list[Any]:
+    """The leaves in `path`. `trusted` (a file no candidate can change): mapped, so pages
+    are read as they are used; otherwise read whole, into this process's memory or, with
+    a CUDA `device`, through a pinned buffer straight into the device's."""
+    with open(path, "rb") as f:
+        flat = f.read(len(MAGIC)) == MAGIC
+    if flat:
+        if device is not None and device.type == "cuda" and not trusted:
+            return _read_flat_to(path, device)
+        return _read_flat(path, trusted)
+    leaves = torch.load(path, weights_only=True, mmap=trusted)
+    if not isinstance(leaves, list):
+        raise LeafFileError("the file does not hold a list")
+    return leaves
+
+
+def _header(f: Any, size: int) -> tuple[list[Any], list[Any], int]:
+    """The entries, their checked tensor fields and where the data starts."""
+    _, length = _HEADER.unpack(f.read(_HEADER.size))
+    if length > min(_MAX_HEADER, size - _HEADER.size):
+        raise LeafFileError("header length out of range")
+    try:
+        entries = json.loads(f.read(length))["leaves"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise LeafFileError(f"unreadable header: {err}") from None
+    if not isinstance(entries, list):
+        raise LeafFileError("header holds no list of leaves")
+    start = _align(_HEADER.size + length)
+    return entries, [_checked(e, size - start) for e in entries], start
+
+
+def _read_flat_to(path: Path, device: torch.device) -> list[Any]:
+    size = path.stat().st_size
+    stage = _Stage()
+    leaves: list[Any] = []
+    with open(path, "rb") as f:
+        entries, tensors, start = _header(f, size)
+        for entry, tensor in zip(entries, tensors, strict=True):
+            if tensor is None:
+                leaves.append(_value(entry))
+                continue
+            dtype, shape, offset, nbytes = tensor
+            raw = _empty(nbytes, dtype=torch.uint8, device=device)
+            f.seek(start + offset)
+            for at in range(0, nbytes, STAGE_BYTES):
+                n = min(STAGE_BYTES, nbytes - at)
+                chunk = stage.get()[:n]
+                if f.readinto(memoryview(chunk.numpy())) != n:
+                    raise LeafFileError("the file shrank while it was read")
+                raw[at:at + n].copy_(chunk)  # synchronous: the buffer is refilled next
+            leaves.append(raw.view(dtype).view(shape) if nbytes else
+                          _empty(shape, dtype=dtype, device=device))
+    return leaves
+
+
+def _read_flat(path: Path, trusted: bool) -> list[Any]:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        entries, tensors, start = _header(f, size)
+        if any(t is not None for t in tensors) and size > start:
+            if trusted:
+                data = _from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+            else:
+                data = _empty(size, dtype=torch.uint8)
+                f.seek(0)
+                view, got = memoryview(data.numpy()), 0
+                while got < size:
+                    n = f.readinto(view[got:])
+                    if not n:
+                        raise LeafFileError("the file shrank while it was read")
+                    got += n
+        else:
+            data = _empty(0, dtype=torch.uint8)
+    leaves: list[Any] = []
+    for entry, tensor in zip(entries, tensors, strict=True):
+        if tensor is None:
+            leaves.append(_value(entry))
+            continue
+        dtype, shape, offset, nbytes = tensor
+        if nbytes == 0:
+            leaves.append(torch.empty(shape, dtype=dtype))
+            continue
+        at = start + offset
+        leaves.append(data[at:at + nbytes].view(dtype).view(shape))
+    return leaves
+
+
+def _checked(entry: Any, body: int) -> tuple[torch.dtype, list[int], int, int] | None:
+    """A tensor entry's fields, each checked against the file; None for a scalar."""
+    if not isinstance(entry, dict):
+        raise LeafFileError("a leaf entry is not an object")
+    if "dtype" not in entry:
+        return None
+    dtype = _DTYPES.get(entry.get("dtype")) if isinstance(entry.get("dtype"), str) else None
+    shape, offset, nbytes = entry.get("shape"), entry.get("offset"), entry.get("nbytes")
+    if dtype is None:
+        raise LeafFileError(f"unknown dtype {entry.get('dtype')!r}")
+    if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
+        raise LeafFileError("bad shape")
+    if not (type(offset) is int and type(nbytes) is int and offset >= 0 and nbytes >= 0):
+        raise LeafFileError("bad offset or size")
+    itemsize = _empty(0, dtype=dtype).element_size()
+    if math.prod(shape) * itemsize != nbytes or offset % _ALIGN or offset + nbytes > body:
+        raise LeafFileError("a tensor's size or place does not fit the file")
+    return dtype, shape, offset, nbytes
+
+
+def _value(entry: dict[str, Any]) -> Any:
+    if "float" in entry:
+        text = entry["float"]
+        if text not in ("inf", "-inf", "nan"):
+            raise LeafFileError("bad float")
+        return float(text)
+    value = entry.get("value")
+    if not _scalar(value):
+        raise LeafFileError("a value leaf is not a scalar")
+    return value

@@ -1,0 +1,106 @@
+"""The flat files trial inputs and outputs cross processes in (evaluate/leaf_files.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from pike.evaluate.leaf_files import MAGIC, LeafFileError, read_leaves, write_leaves
+
+
+def _same(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, torch.Tensor):
+            assert isinstance(y, torch.Tensor)
+            assert x.dtype == y.dtype and x.shape == y.shape
+            assert torch.equal(x.cpu(), y.cpu())
+        elif isinstance(x, float) and math.isnan(x):
+            assert isinstance(y, float) and math.isnan(y)
+        else:
+            assert x == y and type(x) is type(y)
+
+
+LEAVES = [
+    torch.randn(3, 5), torch.arange(7, dtype=torch.int64), torch.ones(2, dtype=torch.bfloat16),
+    torch.tensor([True, False]), torch.tensor(2.5), torch.zeros(0, 4),
+    torch.randn(4, 6)[:, ::2],  # not contiguous
+    torch.randn(3, dtype=torch.complex64),
+    3, 2.5, float("inf"), float("nan"), None, True, "text",
+]
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_leaves_come_back_as_written(tmp_path: Path, trusted: bool) -> None:
+    path = tmp_path / "out.pt"
+    write_leaves(LEAVES, path)
+    assert path.read_bytes()[:8] == MAGIC
+    _same(LEAVES, read_leaves(path, trusted=trusted))
+
+
+def test_what_the_format_cannot_hold_goes_through_torch_save(tmp_path: Path) -> None:
+    nested = [torch.ones(2), [torch.zeros(1), 4], {"k": 1}]  # inputs may hold lists
+    path = tmp_path / "in.pt"
+    write_leaves(nested, path)
+    assert path.read_bytes()[:8] != MAGIC
+    back = read_leaves(path)
+    assert torch.equal(back[0], nested[0]) and back[1][1] == 4 and back[2] == {"k": 1}
+
+
+def _forge(path: Path, header: dict, body: bytes = b"") -> None:
+    text = json.dumps(header).encode()
+    start = (16 + len(text) + 63) // 64 * 64
+    raw = struct.pack("<8sQ", MAGIC, len(text)) + text
+    path.write_bytes(raw + b"\0" * (start - len(raw)) + body)
+
+
+@pytest.mark.parametrize("header", [
+    {"leaves": [{"dtype": "float32", "shape": [1000], "offset": 0, "nbytes": 4000}]},  # past end
+    {"leaves": [{"dtype": "float32", "shape": [4], "offset": 0, "nbytes": 8}]},  # size lies
+    {"leaves": [{"dtype": "float32", "shape": [2], "offset": 3, "nbytes": 8}]},  # misaligned
+    {"leaves": [{"dtype": "Tensor", "shape": [2], "offset": 0, "nbytes": 8}]},  # no dtype
+    {"leaves": [{"dtype": "float32", "shape": [-2], "offset": 0, "nbytes": 8}]},
+    {"leaves": [{"dtype": "float32", "shape": [2.0], "offset": 0, "nbytes": 8}]},
+    {"leaves": [{"value": {"a": 1}}]},  # not a scalar
+    {"leaves": [{"float": "1e999"}]},
+    {"leaves": "all"},
+    {"other": []},
+])
+def test_a_forged_header_is_refused_not_trusted(tmp_path: Path, header: dict) -> None:
+    path = tmp_path / "outputs_0.pt"
+    _forge(path, header, body=b"\0" * 64)
+    with pytest.raises(LeafFileError):
+        read_leaves(path)
+
+
+def test_a_header_longer_than_the_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "outputs_0.pt"
+    path.write_bytes(struct.pack("<8sQ", MAGIC, 1 << 40) + b"{}")
+    with pytest.raises(LeafFileError):
+        read_leaves(path)
+
+
+def test_a_file_read_whole_is_the_readers_own_copy(tmp_path: Path) -> None:
+    """A candidate's file is read into the parent's memory: changing or truncating the
+    file afterwards changes nothing the parent holds (a mapping would, or end it)."""
+    path = tmp_path / "outputs_0.pt"
+    write_leaves([torch.ones(1024)], path)
+    back = read_leaves(path)
+    path.write_bytes(b"")
+    assert float(back[0].sum()) == 1024
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_tensors_are_written_and_read_straight_to_the_device(tmp_path: Path) -> None:
+    leaves = [torch.randn(1 << 20, device="cuda"), torch.arange(5, device="cuda"), 7]
+    path = tmp_path / "out.pt"
+    write_leaves(leaves, path)
+    back = read_leaves(path, device=torch.device("cuda"))
+    assert back[0].device.type == "cuda"
+    _same(leaves, back)
