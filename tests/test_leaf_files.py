@@ -69,6 +69,7 @@ def _forge(path: Path, header: dict, body: bytes = b"") -> None:
     {"leaves": [{"value": {"a": 1}}]},  # not a scalar
     {"leaves": [{"float": "1e999"}]},
     {"leaves": "all"},
+    {"leaves": [{"dtype": "float32", "shape": [16], "offset": 0, "nbytes": 64}] * 50},  # one region, many times
     {"other": []},
 ])
 def test_a_forged_header_is_refused_not_trusted(tmp_path: Path, header: dict) -> None:

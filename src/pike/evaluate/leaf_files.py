@@ -149,7 +149,12 @@ def _header(f: Any, size: int) -> tuple[list[Any], list[Any], int]:
     if not isinstance(entries, list):
         raise LeafFileError("header holds no list of leaves")
     start = _align(_HEADER.size + length)
-    return entries, [_checked(e, size - start) for e in entries], start
+    tensors = [_checked(e, size - start) for e in entries]
+    # entries may not share bytes: a file that names one region many times would make
+    # the reader allocate many times its size
+    if sum(t[3] for t in tensors if t is not None) > size - start:
+        raise LeafFileError("tensors overlap in the file")
+    return entries, tensors, start
 
 
 def _read_flat_to(path: Path, device: torch.device) -> list[Any]:
