@@ -103,3 +103,29 @@ def test_a_hung_candidate_on_a_small_task_times_out_within_a_minute(
     # the limit follows the reference's own check (30 s at least; more on a loaded host)
     limit = re.search(r"no progress for ([\d.]+) s", verdict.message)
     assert limit and 30 <= float(limit[1]) < 60, verdict.message
+
+
+def test_a_kept_reference_outlives_the_thread_that_started_it(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    # The death signal fires when the thread that started a child ends: a reference kept
+    # for later candidates, started by a pool's worker, died with that worker.
+    import threading
+
+    from pike.evaluate.judge import release_reference, run_reference
+    started = {}
+
+    def start() -> None:
+        started["ref"] = run_reference(mlp_task, fast_config, "cpu", keep_child=True,
+                                       cache=False)
+
+    worker = threading.Thread(target=start)
+    worker.start()
+    worker.join()
+    reference = started["ref"]
+    try:
+        time.sleep(1.0)
+        assert reference.child is not None and reference.child.alive()
+        assert reference.usable()
+    finally:
+        release_reference(reference)
+        reference.close()

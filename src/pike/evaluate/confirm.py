@@ -59,9 +59,7 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
     failed: list[Confirmation] = []
     try:
         # load, build, warm up and check each again; several at once (`workers`), as the
-        # search did: compiles take most of this. The children are started here, not in
-        # the pool's threads: a child dies with the thread that started it (PDEATHSIG),
-        # and the pool's threads end before the timing.
+        # search did: compiles take most of this
         with hold_for_work(device, config.device_lock), ThreadPoolExecutor(
                 max_workers=max(1, min(len(sources), config.workers)),
                 thread_name_prefix="pike-confirm") as ready:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,11 @@ def network_isolation(mode: str) -> str:
 
 
 _PR_SET_PDEATHSIG = 1
+# Every child is started from this one thread, which lives as long as pike: the death
+# signal (and bwrap's --die-with-parent) fires when the *thread* that started the child
+# ends, so a child started from a pool's worker died with that worker, and a reference
+# kept for later evaluations was found dead once the pool that started it had closed.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pike-spawn")
 
 
 def _child_setup(parent: int) -> Callable[[], None]:
@@ -221,13 +227,14 @@ class ChildProcess:
         seen_request = self.request.writable[0] + "/request.json" if self.sandboxed else str(
             request_path)
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
+            self.proc = _SPAWNER.submit(
+                subprocess.Popen,
                 [*self.prefix, sys.executable, "-m", "pike.evaluate.runner", seen_request,
                  str(child_writes), str(child_reads)],
                 cwd=self.work_dir, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, pass_fds=(child_writes, child_reads),
                 start_new_session=True, preexec_fn=_child_setup(os.getpid()),
-            )
+            ).result()
         os.close(child_writes)
         os.close(child_reads)
         self._from_child = from_child

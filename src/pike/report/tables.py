@@ -99,19 +99,21 @@ def result_table(result: OptimizeResult) -> Table:
 def bench_table(result: CampaignResult) -> Table:
     """`pike bench`'s closing table: one row per task."""
     table = Table(title=f"pike bench: {escape(str(result.run_dir))}", title_justify="left")
-    for column in ("task", "best", "queries", "dollars", "verdicts"):
+    # "judged": the candidates the task's budget bought (its search's evaluations)
+    for column in ("task", "best", "judged", "queries", "dollars", "verdicts"):
         table.add_column(column)
     for outcome in result.outcomes:
         r = outcome.result
         if r is None:
             table.add_row(escape(outcome.task), f"[red]failed[/red]: {escape(outcome.error or '')}",
-                          "", "", "")
+                          "", "", "", "")
             continue
         v = r.best_verdict
         best = f"{v.speedup:.2f}x" if v and v.speedup else "-"
         if v and v.confirmed and v.search_speedup:
             best += f" confirmed (search {v.search_speedup:.2f}x)"
-        table.add_row(escape(r.task), best, str(r.queries), f"${r.dollars:.2f}",
+        table.add_row(escape(r.task), best, str(sum(r.verdicts.values())), str(r.queries),
+                      f"${r.dollars:.2f}",
                       ", ".join(f"{k} {n}" for k, n in sorted(r.verdicts.items())))
     return table
 
