@@ -31,6 +31,7 @@ LEAVES = [
     torch.tensor([True, False]), torch.tensor(2.5), torch.zeros(0, 4),
     torch.randn(4, 6)[:, ::2],  # not contiguous
     torch.randn(3, dtype=torch.complex64),
+    torch.randn(3, dtype=torch.complex64).conj(), -torch.randn(2, dtype=torch.complex64).conj(),
     3, 2.5, float("inf"), float("nan"), None, True, "text",
 ]
 
@@ -69,6 +70,10 @@ def _forge(path: Path, header: dict, body: bytes = b"") -> None:
     {"leaves": [{"value": {"a": 1}}]},  # not a scalar
     {"leaves": [{"float": "1e999"}]},
     {"leaves": "all"},
+    {"leaves": [{"dtype": "bits8", "shape": [8], "offset": 0, "nbytes": 8}]},  # not comparable
+    {"leaves": [{"dtype": "float32", "shape": [1] * 65, "offset": 0, "nbytes": 4}]},
+    {"leaves": [{"dtype": "float32", "shape": [8], "offset": 0, "nbytes": 32},  # partly shared
+                {"dtype": "float32", "shape": [16], "offset": 0, "nbytes": 64}]},
     {"leaves": [{"dtype": "float32", "shape": [16], "offset": 0, "nbytes": 64}] * 50},  # one region, many times
     {"other": []},
 ])
@@ -105,3 +110,35 @@ def test_gpu_tensors_are_written_and_read_straight_to_the_device(tmp_path: Path)
     back = read_leaves(path, device=torch.device("cuda"))
     assert back[0].device.type == "cuda"
     _same(leaves, back)
+
+
+def test_a_sparse_file_cannot_make_the_reader_allocate_its_size(tmp_path: Path) -> None:
+    # A candidate can set its file's size to anything (ftruncate): only the tensors'
+    # bytes are read, and the expected size bounds those.
+    path = tmp_path / "outputs_0.pt"
+    write_leaves([torch.ones(4)], path)
+    with open(path, "r+b") as f:
+        f.truncate(2 << 30)
+    _same(read_leaves(path, max_bytes=1024), [torch.ones(4)])
+    big = tmp_path / "outputs_1.pt"
+    _forge(big, {"leaves": [{"dtype": "float32", "shape": [1 << 28], "offset": 0,
+                             "nbytes": 1 << 30}]})
+    with open(big, "r+b") as f:
+        f.truncate(2 << 30)
+    with pytest.raises(LeafFileError, match="more than"):
+        read_leaves(big, max_bytes=1 << 20)
+
+
+def test_dtypes_no_comparison_supports_go_through_torch_save(tmp_path: Path) -> None:
+    path = tmp_path / "out.pt"
+    odd = torch.zeros(4, dtype=torch.uint8).view(torch.bits8)
+    write_leaves([odd], path)
+    assert path.read_bytes()[:len(MAGIC)] != MAGIC
+    assert read_leaves(path)[0].dtype == torch.bits8
+
+
+def test_outputs_of_a_dtype_torch_cannot_compare_are_not_the_same() -> None:
+    from pike.evaluate.judge import _same_leaves
+    odd = torch.zeros(4, dtype=torch.uint8).view(torch.bits8)
+    assert not _same_leaves([odd], [odd.clone()])
+    assert _same_leaves([torch.ones(3)], [torch.ones(3)])

@@ -63,20 +63,12 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
         with hold_for_work(device, config.device_lock), ThreadPoolExecutor(
                 max_workers=max(1, min(len(sources), config.workers)),
                 thread_name_prefix="pike-confirm") as ready:
-            started = {}
-            for cid, source in sources.items():
-                try:
-                    child = _start_child(task, cid, source, config, device, reference, tmp)
-                except Exception as err:  # one candidate's trouble is not the window's
-                    failed.append(Confirmation(candidate_id=cid,
-                                               error=f"could not be started: {err}"[:300]))
-                    continue
-                started[cid] = (child, ready.submit(_ready_child, child))
-            for cid, (begun, future) in started.items():
+            started = {cid: ready.submit(_ready_child, task, cid, source, config, device,
+                                         reference, tmp) for cid, source in sources.items()}
+            for cid, future in started.items():
                 try:
                     child, problem = future.result()
                 except Exception as err:  # one candidate's trouble is not the window's
-                    finish(begun)
                     child, problem = None, f"could not be readied: {err}"[:300]
                 if child is not None:
                     children[cid] = child
@@ -112,16 +104,17 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
     return found + failed
 
 
-def _start_child(task: Task, cid: int, source: str, cfg: EvalConfig, device: str,
-                 reference: ReferenceRun, tmp: Path) -> ChildProcess:
-    files = candidate_files(task, source, cfg, device, reference, tmp / f"c{cid}")
-    return start_child(files.request, files.work_dir, cfg, files.build_key, files.stage)
-
-
-def _ready_child(child: ChildProcess) -> tuple[ChildProcess | None, str]:
+def _ready_child(task: Task, cid: int, source: str, cfg: EvalConfig, device: str,
+                 reference: ReferenceRun, tmp: Path) -> tuple[ChildProcess | None, str]:
     """A candidate's child through its load, warm-up and trials, ready to be timed."""
+    files = candidate_files(task, source, cfg, device, reference, tmp / f"c{cid}")
+    child = start_child(files.request, files.work_dir, cfg, files.build_key, files.stage)
     report = ChildReport()
-    if wait_ready(child, report) and run_trials(child, report):
-        return child, ""
+    try:
+        if wait_ready(child, report) and run_trials(child, report):
+            return child, ""
+    except BaseException:
+        finish(child)
+        raise
     finish(child)
     return None, (report.failure.message if report.failure else "did not get ready")[:300]

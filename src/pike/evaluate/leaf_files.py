@@ -35,8 +35,13 @@ _MAX_HEADER = 16 << 20
 _from_file = torch.from_file
 _empty = torch.empty
 _Tensor = torch.Tensor
-_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values()
-           if isinstance(d, torch.dtype)}
+# Only plain dtypes, which every comparison supports (torch.equal and isclose raise on
+# bits, sub-byte and quantized types); anything else goes through torch.save.
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex128,
+    torch.complex64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+    torch.bool)}
+_MAX_DIMS = 64
 
 
 class LeafFileError(ValueError):
@@ -49,7 +54,8 @@ def _scalar(value: Any) -> bool:
 
 def writable(leaves: list[Any]) -> bool:
     """Whether `leaves` fit this format (tensors of the usual layout and JSON scalars)."""
-    return all((isinstance(v, _Tensor) and v.layout == torch.strided and not v.is_nested)
+    return all((isinstance(v, _Tensor) and v.layout == torch.strided and not v.is_nested
+                and v.dtype in _DTYPES.values() and v.dim() <= _MAX_DIMS)
                or _scalar(v) for v in leaves)
 
 
@@ -63,7 +69,8 @@ STAGE_BYTES = 64 << 20
 
 
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+    # lazy conjugate and negative views have no bytes of their own until resolved
+    return t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
 
 
 class _Stage:
@@ -120,17 +127,17 @@ def write_leaves(leaves: list[Any], path: Path) -> None:
         f.truncate(start + offset)
 
 
-def read_leaves(path: Path, trusted: bool = False,
-                device: torch.device | None = None) -> list[Any]:
+def read_leaves(path: Path, trusted: bool = False, device: torch.device | None = None,
+                max_bytes: int | None = None) -> list[Any]:
     """The leaves in `path`. `trusted` (a file no candidate can change): mapped, so pages
-    are read as they are used; otherwise read whole, into this process's memory or, with
-    a CUDA `device`, through a pinned buffer straight into the device's."""
+    are read as they are used; otherwise each tensor is read into this process's memory
+    or, with a CUDA `device`, through a pinned buffer straight into the device's.
+    `max_bytes` bounds what an untrusted file's tensors may take: the file can be sparse,
+    its size anything its writer set."""
     with open(path, "rb") as f:
         flat = f.read(len(MAGIC)) == MAGIC
     if flat:
-        if device is not None and device.type == "cuda" and not trusted:
-            return _read_flat_to(path, device)
-        return _read_flat(path, trusted)
+        return _read_flat(path, trusted, device, max_bytes)
     leaves = torch.load(path, weights_only=True, mmap=trusted)
     if not isinstance(leaves, list):
         raise LeafFileError("the file does not hold a list")
@@ -150,66 +157,70 @@ def _header(f: Any, size: int) -> tuple[list[Any], list[Any], int]:
         raise LeafFileError("header holds no list of leaves")
     start = _align(_HEADER.size + length)
     tensors = [_checked(e, size - start) for e in entries]
-    # entries may not share bytes: a file that names one region many times would make
-    # the reader allocate many times its size
-    if sum(t[3] for t in tensors if t is not None) > size - start:
-        raise LeafFileError("tensors overlap in the file")
+    # No two tensors may share bytes: a file that names one region many times would make
+    # the reader allocate many times its size, and outputs would alias each other.
+    end = 0
+    for _, _, offset, nbytes in sorted((t for t in tensors if t is not None and t[3]),
+                                       key=lambda t: t[2]):
+        if offset < end:
+            raise LeafFileError("tensors overlap in the file")
+        end = offset + nbytes
     return entries, tensors, start
 
 
-def _read_flat_to(path: Path, device: torch.device) -> list[Any]:
+def _fill(f: Any, into: memoryview) -> None:
+    got = 0
+    while got < len(into):
+        n = f.readinto(into[got:])
+        if not n:
+            raise LeafFileError("the file shrank while it was read")
+        got += n
+
+
+def _read_tensor(f: Any, nbytes: int, device: torch.device | None, stage: _Stage
+                 ) -> torch.Tensor:
+    """`nbytes` from the file's position, on `device` (the host by default)."""
+    if device is None or device.type != "cuda":
+        raw = _empty(nbytes, dtype=torch.uint8)
+        _fill(f, memoryview(raw.numpy()))
+        return raw
+    raw = _empty(nbytes, dtype=torch.uint8, device=device)
+    for at in range(0, nbytes, STAGE_BYTES):
+        n = min(STAGE_BYTES, nbytes - at)
+        chunk = stage.get()[:n]
+        _fill(f, memoryview(chunk.numpy()))
+        raw[at:at + n].copy_(chunk)  # synchronous: the buffer is refilled next
+    return raw
+
+
+def _read_flat(path: Path, trusted: bool, device: torch.device | None,
+               max_bytes: int | None) -> list[Any]:
     size = path.stat().st_size
     stage = _Stage()
     leaves: list[Any] = []
     with open(path, "rb") as f:
         entries, tensors, start = _header(f, size)
+        wanted = sum(t[3] for t in tensors if t is not None)
+        if not trusted and max_bytes is not None and wanted > max_bytes:
+            raise LeafFileError(f"its tensors take {wanted} bytes, more than the "
+                                f"{max_bytes} expected")
+        mapped = (_from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+                  if trusted and wanted else None)
         for entry, tensor in zip(entries, tensors, strict=True):
             if tensor is None:
                 leaves.append(_value(entry))
                 continue
             dtype, shape, offset, nbytes = tensor
-            raw = _empty(nbytes, dtype=torch.uint8, device=device)
-            f.seek(start + offset)
-            for at in range(0, nbytes, STAGE_BYTES):
-                n = min(STAGE_BYTES, nbytes - at)
-                chunk = stage.get()[:n]
-                if f.readinto(memoryview(chunk.numpy())) != n:
-                    raise LeafFileError("the file shrank while it was read")
-                raw[at:at + n].copy_(chunk)  # synchronous: the buffer is refilled next
-            leaves.append(raw.view(dtype).view(shape) if nbytes else
-                          _empty(shape, dtype=dtype, device=device))
-    return leaves
-
-
-def _read_flat(path: Path, trusted: bool) -> list[Any]:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        entries, tensors, start = _header(f, size)
-        if any(t is not None for t in tensors) and size > start:
-            if trusted:
-                data = _from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+            if nbytes == 0:
+                leaves.append(_empty(shape, dtype=dtype, device=device))
+                continue
+            at = start + offset
+            if mapped is not None:
+                raw = mapped[at:at + nbytes]
             else:
-                data = _empty(size, dtype=torch.uint8)
-                f.seek(0)
-                view, got = memoryview(data.numpy()), 0
-                while got < size:
-                    n = f.readinto(view[got:])
-                    if not n:
-                        raise LeafFileError("the file shrank while it was read")
-                    got += n
-        else:
-            data = _empty(0, dtype=torch.uint8)
-    leaves: list[Any] = []
-    for entry, tensor in zip(entries, tensors, strict=True):
-        if tensor is None:
-            leaves.append(_value(entry))
-            continue
-        dtype, shape, offset, nbytes = tensor
-        if nbytes == 0:
-            leaves.append(torch.empty(shape, dtype=dtype))
-            continue
-        at = start + offset
-        leaves.append(data[at:at + nbytes].view(dtype).view(shape))
+                f.seek(at)
+                raw = _read_tensor(f, nbytes, device, stage)
+            leaves.append(raw.view(dtype).view(shape))
     return leaves
 
 
@@ -223,7 +234,8 @@ def _checked(entry: Any, body: int) -> tuple[torch.dtype, list[int], int, int] |
     shape, offset, nbytes = entry.get("shape"), entry.get("offset"), entry.get("nbytes")
     if dtype is None:
         raise LeafFileError(f"unknown dtype {entry.get('dtype')!r}")
-    if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
+    if not (isinstance(shape, list) and len(shape) <= _MAX_DIMS
+            and all(type(n) is int and n >= 0 for n in shape)):
         raise LeafFileError("bad shape")
     if not (type(offset) is int and type(nbytes) is int and offset >= 0 and nbytes >= 0):
         raise LeafFileError("bad offset or size")

@@ -12,15 +12,17 @@ import functools
 import json
 import logging
 import os
+import queue
 import resource
 import select
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,11 +170,42 @@ def network_isolation(mode: str) -> str:
 
 
 _PR_SET_PDEATHSIG = 1
-# Every child is started from this one thread, which lives as long as pike: the death
-# signal (and bwrap's --die-with-parent) fires when the *thread* that started the child
-# ends, so a child started from a pool's worker died with that worker, and a reference
-# kept for later evaluations was found dead once the pool that started it had closed.
-_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pike-spawn")
+
+
+class _Spawner:
+    """Every child is started from this one daemon thread, which lives as long as pike:
+    the death signal (and bwrap's --die-with-parent) fires when the *thread* that started
+    the child ends, so a child started from a pool's worker died with that worker, and a
+    reference kept for later evaluations was found dead once its pool had closed. A
+    daemon thread, not an executor's: those are stopped at interpreter shutdown before
+    the atexit handlers that stop children in order."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = (
+            queue.SimpleQueue())
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="pike-spawn",
+                                                daemon=True)
+                self._thread.start()
+        done: Future[Any] = Future()
+        self._jobs.put((fn, done))
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            fn, done = self._jobs.get()
+            try:
+                done.set_result(fn())
+            except BaseException as err:  # the caller's to handle, in its own thread
+                done.set_exception(err)
+
+
+_SPAWNER = _Spawner()
 
 
 def _child_setup(parent: int) -> Callable[[], None]:
@@ -227,14 +260,14 @@ class ChildProcess:
         seen_request = self.request.writable[0] + "/request.json" if self.sandboxed else str(
             request_path)
         with open(self.log_path, "wb") as log:
-            self.proc = _SPAWNER.submit(
+            self.proc = _SPAWNER.run(functools.partial(
                 subprocess.Popen,
                 [*self.prefix, sys.executable, "-m", "pike.evaluate.runner", seen_request,
                  str(child_writes), str(child_reads)],
                 cwd=self.work_dir, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, pass_fds=(child_writes, child_reads),
                 start_new_session=True, preexec_fn=_child_setup(os.getpid()),
-            ).result()
+            ))
         os.close(child_writes)
         os.close(child_reads)
         self._from_child = from_child
