@@ -414,13 +414,13 @@ def profile_reference(task: Task, config: EvalConfig | RunConfig | None = None
 def _load_leaves(path: Path, mapped: bool = False, on: torch.device | None = None,
                  like: list[Any] | None = None) -> list[Any]:
     # `mapped` only for the reference's files: pages are read as comparisons touch them
-    # (the timed sets' outputs are only sampled). A candidate's file is read whole, as a
-    # file it could truncate while mapped would end this process with SIGBUS; onto the
-    # GPU that compares it (`on`), where there is one; at most a few times the size of
-    # the expected outputs (`like`), whatever size its header claims.
+    # (the timed sets' outputs are only sampled). A candidate's file is read tensor by
+    # tensor, as a file it could truncate while mapped would end this process with
+    # SIGBUS; onto the GPU that compares it (`on`), where there is one; at most a few
+    # times the size of the expected outputs (`like`), whatever size its header claims.
     bound = None
     if like is not None:
-        expected = sum(x.numel() * x.element_size() for x in like if isinstance(x, torch.Tensor))
+        expected = sum(x.nbytes for x in like if isinstance(x, torch.Tensor))
         bound = _OUTPUT_SIZE_FACTOR * expected + (1 << 20)
     return read_leaves(path, trusted=mapped, device=on, max_bytes=bound)
 

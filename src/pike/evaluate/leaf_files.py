@@ -8,11 +8,12 @@ This format is a JSON header and the raw bytes of each tensor, 64-byte aligned:
 - the writer copies each tensor from the GPU through one pinned buffer into the file (on
   /dev/shm, usually), with no host copy of the whole tensor;
 - the reader maps a file it trusts (the reference's), or reads an untrusted one (a
-  candidate's) whole into its own memory: a mapping of a file the candidate can still
-  truncate would end the parent with SIGBUS.
+  candidate's) tensor by tensor into its own memory: a mapping of a file the candidate
+  can still truncate would end the parent with SIGBUS.
 
-The reader checks every field of the header against the file's size: a candidate writes
-its outputs file and may put anything in it. Lists whose values are not tensors or JSON
+The reader checks every field of the header against the file's size, and the tensors'
+total against what the caller expects: a candidate writes its outputs file and may put
+anything in it. Lists whose values are not tensors or JSON
 scalars (inputs holding other objects) stay with torch.save; `read_leaves` tells the two
 apart by the first bytes, so both sides agree without a flag.
 """
@@ -107,7 +108,7 @@ def write_leaves(leaves: list[Any], path: Path) -> None:
     offset = 0
     for value in leaves:
         if isinstance(value, _Tensor):
-            nbytes = value.numel() * value.element_size()
+            nbytes = value.nbytes
             entries.append({"dtype": str(value.dtype).removeprefix("torch."),
                             "shape": list(value.shape), "offset": offset, "nbytes": nbytes})
             offset = _align(offset + nbytes)
@@ -239,8 +240,7 @@ def _checked(entry: Any, body: int) -> tuple[torch.dtype, list[int], int, int] |
         raise LeafFileError("bad shape")
     if not (type(offset) is int and type(nbytes) is int and offset >= 0 and nbytes >= 0):
         raise LeafFileError("bad offset or size")
-    itemsize = _empty(0, dtype=dtype).element_size()
-    if math.prod(shape) * itemsize != nbytes or offset % _ALIGN or offset + nbytes > body:
+    if math.prod(shape) * dtype.itemsize != nbytes or offset % _ALIGN or offset + nbytes > body:
         raise LeafFileError("a tensor's size or place does not fit the file")
     return dtype, shape, offset, nbytes
 
