@@ -46,6 +46,9 @@ def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: Eva
 def test_rewriting_the_timers_samples_is_caught_by_the_parents_clock(
         mlp_task: Task, fast_config: EvalConfig) -> None:
     fast_config.timing.min_seconds = 0.5
+    # at least 5 calls a block, however loaded the host: it rewrites the samples of the
+    # calls before its own, so a block of one call has nothing to forge
+    fast_config.timing.min_calls = 100
     verdict = evaluate(mlp_task, candidate("rewrites_samples"), fast_config)
     assert verdict.status == "rejected", verdict.message
     assert "do not account for the wall time" in verdict.message
@@ -177,3 +180,40 @@ def test_reused_answers_show_in_the_probes_and_noise_does_not() -> None:
     assert reused_answers_problem(honest, [0.41, 2.4, 0.45]) is None  # one probe hit by load
     assert reused_answers_problem(honest, [3.9, 3.8]) is not None  # every probe slow
     assert reused_answers_problem(honest, [9.0]) is None  # one probe says nothing yet
+
+
+MANY_TINY_OUTPUTS = '''\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return tuple(x + i for i in range(8))
+
+
+def get_inputs():
+    return [torch.randn(4, 4)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_an_honest_candidate_of_microsecond_calls_is_not_taken_for_a_forger(
+        tmp_path: Path, fast_config: EvalConfig) -> None:
+    # Between its timed calls a guarded child samples outputs (here 8 leaves) and looks for
+    # patches after each block: milliseconds the parent's wall clock sees and the calls'
+    # samples do not. Blocks of a few microsecond calls made that look like forged timings
+    # (on a busy CI host: caches_by_pointer got `rejected` instead of `incorrect`) until the
+    # trusted calibration did the same work.
+    task_path = tmp_path / "many_tiny_outputs.py"
+    task_path.write_text(MANY_TINY_OUTPUTS)
+    task = Task.from_file(task_path)
+    honest = MANY_TINY_OUTPUTS.replace("class Model(", "class ModelNew(")
+    config = fast_config.model_copy(update={"timing": fast_config.timing.model_copy(
+        update={"max_calls": 100})})  # 5 calls a block: the time around them dominates
+    for _ in range(2):
+        verdict = evaluate(task, honest, config)
+        assert verdict.status == "ok", verdict.message

@@ -23,7 +23,7 @@ import torch
 
 from pike.evaluate import check
 from pike.evaluate.diagnostics import describe_exception
-from pike.evaluate.guards import Guards
+from pike.evaluate.guards import Guards, rehearse_check_after
 from pike.evaluate.leaf_files import read_leaves, write_leaves
 from pike.evaluate.profile import profile_calls
 from pike.evaluate.protocol import (
@@ -205,6 +205,12 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
             _sync(device)
         with STEPS.span("save_outputs"):
             write_leaves(check.flatten_output(out), outputs_dir / f"{name}.pt")
+    # Small stand-ins for the outputs (same devices, dtypes and dims), so the calibration's
+    # blocks sample outputs as a guarded candidate's blocks do.
+    stand_ins = [torch.zeros((check.SAMPLED_POSITIONS,) + (1,) * (leaf.dim() - 1) if leaf.dim()
+                             else (), dtype=leaf.dtype, device=leaf.device)
+                 if isinstance(leaf, torch.Tensor) else leaf
+                 for leaf in check.flatten_output(out)[:check.SAMPLED_LEAVES]]
     del trial_inputs, out
     chan.send("checked", trials=req.trials, steps=STEPS.rounded())
     torch.set_float32_matmul_precision("highest")  # the task's dtype is the contract
@@ -213,7 +219,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     def make_call(mode: str) -> Callable[[], Any]:
         fn = model
         if mode == "empty":  # calibrates what the timing loop costs around a call
-            return lambda: None
+            return lambda: stand_ins
         if mode.startswith("compile:"):
             torch._dynamo.reset()
             fn = torch.compile(model, mode=mode.split(":", 1)[1])
@@ -226,7 +232,12 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
         chan.send("timed", mode=mode, error=describe_exception(exc).splitlines()[0][:500],
                   seq=seq)
 
-    _serve_timing(req, chan, device, make_call, failed_mode)
+    # A calibration block costs what a guarded candidate's block costs around its calls:
+    # its outputs sampled, and the guards' look for patches and threads after the block.
+    calibration = TimedOutputSamples(InputRotation([[]]))
+    _serve_timing(req, chan, device, make_call, failed_mode,
+                  after_block=lambda mode: rehearse_check_after() if mode == "empty" else None,
+                  samples_for=lambda mode: calibration if mode == "empty" else None)
 
 
 class InputRotation:
@@ -309,13 +320,24 @@ def _sample_leaf(leaf: Any, count: int) -> dict[str, Any]:
     positions = [_draw_below(n) for _ in range(min(count, n))]
     values: list[float] = []
     if positions:
-        flat = torch.tensor(positions)
-        coords = torch.unravel_index(flat, leaf.shape) if leaf.dim() else ()
-        picked = leaf.detach()[coords] if leaf.dim() else leaf.detach().reshape(1)
+        # Coordinates by hand: torch.unravel_index cost 0.1 ms a call on the host, and this
+        # runs between timed calls, in the wall time the parent checks the samples against.
+        picked = (leaf.detach()[torch.tensor(_coordinates(positions, shape)).unbind()]
+                  if leaf.dim() else leaf.detach().reshape(1))
         if picked.is_complex():
             picked = picked.abs()
         values = picked.to("cpu", torch.float64).tolist()
     return {"shape": shape, "dtype": str(leaf.dtype), "positions": positions, "values": values}
+
+
+def _coordinates(positions: list[int], shape: list[int]) -> list[list[int]]:
+    """Row-major flat positions as one list of indices per dimension."""
+    columns: list[list[int]] = [[] for _ in shape]
+    for position in positions:
+        for dim in range(len(shape) - 1, -1, -1):
+            position, index = divmod(position, shape[dim])
+            columns[dim].append(index)
+    return columns
 
 
 # Beyond the configured trials: one with inputs of another distribution (a shifted mean and
@@ -339,9 +361,10 @@ def _shift_distribution(value: Any, spec: ShiftSpec | None) -> Any:
 def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
                   make_call: Callable[[str], Callable[[], Any]],
                   failed_mode: Callable[[str, BaseException, object], None],
-                  after_block: Callable[[], None] = lambda: None,
+                  after_block: Callable[[str], None] = lambda mode: None,
                   final_check: Callable[[], None] = lambda: None,
-                  samples_of_outputs: TimedOutputSamples | None = None) -> None:
+                  samples_for: Callable[[str], TimedOutputSamples | None] = lambda mode: None,
+                  ) -> None:
     """Time blocks of calls as the parent asks, one block per request, until it says stop.
 
     The parent alternates blocks between this child and another one, so that both are
@@ -363,6 +386,7 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
         if not msg or msg.get("event") != "time":
             return
         mode = str(msg["mode"])
+        samples_of_outputs = samples_for(mode)
         try:
             if mode not in calls:
                 calls[mode] = make_call(mode)
@@ -373,7 +397,7 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
         except BaseException as exc:  # candidate code may raise anything
             failed_mode(mode, exc, msg.get("seq"))
             continue
-        after_block()
+        after_block(mode)
         outputs, probes = samples_of_outputs.take() if samples_of_outputs else (None, None)
         chan.send("timed", mode=mode, samples=samples, outputs=outputs, probe_calls=probes,
                   seq=msg.get("seq"))
@@ -485,10 +509,10 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
         write_leaves(check.flatten_output(out), Path(req.outputs_dir) / "outputs_final.pt")
         _reject_violations(guards, "final check")
 
+    sampler = TimedOutputSamples(rotation) if req.guards else None
     _serve_timing(req, chan, device, make_call, failed,
-                  after_block=lambda: _reject_violations(guards, "timing"),
-                  final_check=final_check,
-                  samples_of_outputs=TimedOutputSamples(rotation) if req.guards else None)
+                  after_block=lambda mode: _reject_violations(guards, "timing"),
+                  final_check=final_check, samples_for=lambda mode: sampler)
 
 
 def _staged_inputs(chan: Channel, req: ChildRequest, device: torch.device, phase: str,
