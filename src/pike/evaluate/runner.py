@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import getpass
 import hashlib
 import importlib.util
 import os
 import pickle
 import platform
+import re
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -620,6 +623,7 @@ def _device_name(device: torch.device) -> str:
 def main(argv: list[str]) -> int:
     faulthandler.enable()
     req = ChildRequest.model_validate_json(Path(argv[0]).read_text())
+    _share_precompiled_headers()
     chan = Channel(int(argv[1]), int(argv[2]))
     device = torch.device(req.device)
     if device.type == "cuda":
@@ -638,6 +642,37 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: candidate atexit hooks and threads are not ours
+
+
+def inductor_temp_dir() -> Path:
+    """Where inductor keeps what it means to outlive a cache reset (its precompiled
+    headers): torchinductor_<user> in the temp dir. Worked out as torch does, since
+    importing torch's own function takes 2 s (tests compare the two)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    safe = re.sub(r'[\\/:*?"<>|]', "_", user)
+    return Path(tempfile.gettempdir()) / f"torchinductor_{safe}"
+
+
+def _share_precompiled_headers() -> None:
+    """Inductor precompiles a C++ header for its CPU kernels and keeps it under the temp
+    dir, which is each child's own: every child that compiled for the CPU built the same
+    header again (10 s and more). A link from there into inductor's cache in the shared
+    build cache lets one build serve every child: no new trust, as that cache is already
+    shared (docs/guards.md). Only a saving: nothing fails without it."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not cache:
+        return
+    shared, local = Path(cache) / "precompiled_headers", inductor_temp_dir() / "precompiled_headers"
+    try:
+        shared.mkdir(parents=True, exist_ok=True)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        if not local.exists():
+            local.symlink_to(shared, target_is_directory=True)
+    except OSError as err:
+        print(f"pike: precompiled headers not shared ({err})", file=sys.stderr)
 
 
 def _wait_for_descendants(grace_s: float) -> None:
