@@ -142,3 +142,20 @@ def test_outputs_of_a_dtype_torch_cannot_compare_are_not_the_same() -> None:
     odd = torch.zeros(4, dtype=torch.uint8).view(torch.bits8)
     assert not _same_leaves([odd], [odd.clone()])
     assert _same_leaves([torch.ones(3)], [torch.ones(3)])
+
+
+def test_a_trials_outputs_are_kept_in_short_to_tell_repeats() -> None:
+    # the check keeps the first trial's outputs only to name a repeated answer in its
+    # message: a fingerprint of a few thousand values, not a gigabyte on the GPU
+    from pike.evaluate.judge import _PRINTED_VALUES, _fingerprint, _same_print
+    big = torch.randn(300, 200)
+    shapes, values = _fingerprint([big, 2.0])
+    assert shapes == [(300, 200), None] and values[0].numel() == _PRINTED_VALUES
+    assert _same_print(_fingerprint([big]), _fingerprint([big.clone()]))
+    assert not _same_print(_fingerprint([big]), _fingerprint([big.reshape(200, 300)]))
+    assert not _same_print(_fingerprint([big]), _fingerprint([big + 1]))
+    small = torch.randn(7)
+    changed = small.clone()
+    changed[3] += 1  # every value of a small output counts
+    assert not _same_print(_fingerprint([small]), _fingerprint([changed]))
+    assert not _same_print(_fingerprint([2.0]), _fingerprint([2.0]))  # as before: tensors only

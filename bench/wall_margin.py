@@ -1,0 +1,191 @@
+"""How far a candidate's timing blocks stretch past what it reported: the data behind the
+wall-clock check's margin.
+
+    python bench/wall_margin.py TASK_FILE... [--device cuda] [--repeats 5]
+        [--tag cpu] [--out bench/results]
+
+The parent times each block of a candidate's calls from outside its process and subtracts
+the loop's own cost, which the trusted reference measures (`calibrate`). What is left,
+over what the candidate reported, is a block's *stretch*: about 0 for honest timings,
+`1/f - 1` for a candidate that reports `f` of its true time. A block counts as suspicious
+above the check's margin (3 today), and a window with more than half its blocks
+suspicious is judged forged unless the reference's blocks stretched alike. The margin can
+only be tightened below what honest blocks reach.
+
+For each task, `--repeats` evaluations of
+
+- `honest`: the task's own module as the candidate;
+- `forged-0.6` and `forged-0.25`: the same module, whose forward scales the samples the
+  timing loop already holds by 0.6 (a 1.7x claim) or 0.25 (4x), through the frames above
+  its own; caught only by the wall clock.
+
+The forgers reach the samples of the host's timing loop, which holds them per call; the
+CUDA loop reads its events after the block, so on a GPU only the honest rows measure
+anything. Every block's stretch is recorded, for the candidate and the reference timed beside it,
+with the verdict. Results: bench/results/wall-margin-<tag>.json and .md, with device,
+torch version, date, command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from common import RESULTS, device_name, now, run_script, this_command
+
+from pike.config import EvalConfig
+from pike.evaluate import driver, evaluate, judge
+from pike.evaluate.judge import close_references
+from pike.task import Task
+
+FORGER = '''
+
+class ModelNew(Model):
+    def forward(self, *args):
+        import sys
+        out = super().forward(*args)
+        frame = sys._getframe(0)
+        while frame is not None:  # the nearest list of samples: this block's, on the host
+            samples = frame.f_locals.get("samples")
+            if isinstance(samples, list):
+                done = getattr(self, "_scaled", 0) if samples else 0
+                done = 0 if done > len(samples) else done  # a new block
+                samples[done:] = [s * {factor} for s in samples[done:]]
+                self._scaled = len(samples)
+                break
+            frame = frame.f_back
+        return out
+'''
+
+CANDIDATES = {
+    "honest": lambda task: task.source + "\n\nModelNew = Model\n",
+    "forged-0.6": lambda task: task.source + FORGER.replace("{factor}", "0.6"),
+    "forged-0.25": lambda task: task.source + FORGER.replace("{factor}", "0.25"),
+}
+
+
+def block_stretches(cost: driver.LoopCost, timer: driver.Timer) -> list[float]:
+    """Each block's wall time left after the loop's cost, over what was reported."""
+    stretches = []
+    for wall, samples in timer.blocks:
+        reported = (sum(samples) + statistics.fmean(samples)) / 1e3
+        loop = cost.per_block_s + (len(samples) + 1) * cost.per_call_s
+        stretches.append((wall - loop - driver._SLACK_S) / reported if reported > 0
+                         else math.inf)
+    return stretches
+
+
+def judged_once(task: Task, source: str, cfg: EvalConfig) -> dict:
+    seen: list[dict] = []
+    real = judge.unaccounted_wall_time
+
+    def spy(cost, judged, reference, strict=False):  # type: ignore[no-untyped-def]
+        seen.append({"candidate": block_stretches(cost, judged),
+                     "reference": block_stretches(cost, reference),
+                     "loop_per_block_ms": cost.per_block_s * 1e3,
+                     "loop_per_call_us": cost.per_call_s * 1e6, "strict": strict})
+        return real(cost, judged, reference, strict)
+
+    judge.unaccounted_wall_time = spy
+    try:
+        verdict = evaluate(task, source, cfg)
+    finally:
+        judge.unaccounted_wall_time = real
+    return {"status": verdict.status, "speedup": verdict.speedup,
+            "message": verdict.message[:200] if verdict.message else None, "windows": seen}
+
+
+def quantiles(values: list[float]) -> dict:
+    finite = sorted(v for v in values if math.isfinite(v))
+    if not finite:
+        return {}
+
+    def q(p: float) -> float:
+        return round(finite[min(len(finite) - 1, int(p * len(finite)))], 3)
+
+    return {"n": len(finite), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99),
+            "max": round(finite[-1], 3)}
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    table = []
+    for task in dict.fromkeys(r["task"] for r in rows):
+        for name in CANDIDATES:
+            mine = [r for r in rows if r["task"] == task and r["candidate"] == name]
+            windows = [w for r in mine for w in r["windows"]]
+            table.append({
+                "task": task, "candidate": name,
+                "verdicts": dict(sorted({s: sum(r["status"] == s for r in mine)
+                                         for s in {r["status"] for r in mine}}.items())),
+                "candidate_stretch": quantiles([s for w in windows for s in w["candidate"]]),
+                "reference_stretch": quantiles([s for w in windows for s in w["reference"]]),
+            })
+    return table
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "# Wall-clock margin: how far timing blocks stretch past what was reported",
+        "",
+        f"- device: {result['device_name']} ({result['device']}), torch {result['torch_version']}",
+        f"- date: {result['date']}",
+        f"- command: `{result['command']}`",
+        f"- repeats per candidate: {result['repeats']}; the check's margin now: a block is "
+        "suspicious when its stretch exceeds 3",
+        "",
+        "| task | candidate | verdicts | candidate stretch p50 / p90 / p99 / max (n) "
+        "| reference stretch p50 / p90 / p99 / max |",
+        "|---|---|---|---|---|",
+    ]
+
+    def cell(q: dict) -> str:
+        return (f"{q['p50']} / {q['p90']} / {q['p99']} / {q['max']} ({q['n']})" if q
+                else "-")
+
+    for row in result["summary"]:
+        verdicts = ", ".join(f"{k} {v}" for k, v in row["verdicts"].items())
+        lines.append(f"| {row['task']} | {row['candidate']} | {verdicts} "
+                     f"| {cell(row['candidate_stretch'])} | {cell(row['reference_stretch'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("tasks", nargs="+", type=Path)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--tag", default=None)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args()
+    tag = args.tag or args.device.split(":")[0]
+    cfg = EvalConfig(device=args.device)
+    rows: list[dict] = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    for path in args.tasks:
+        task = Task.from_file(path)
+        for name, make in CANDIDATES.items():
+            for i in range(args.repeats):
+                row = {"task": task.name, "candidate": name, "repeat": i,
+                       **judged_once(task, make(task), cfg)}
+                rows.append(row)
+                print(json.dumps({k: row[k] for k in ("task", "candidate", "repeat", "status",
+                                                     "speedup")}), flush=True)
+        close_references()
+    result = {"benchmark": "wall_margin", "device": args.device,
+              "device_name": device_name(args.device), "torch_version": torch.__version__,
+              "date": now(), "command": this_command(), "repeats": args.repeats,
+              "summary": summary(rows), "rows": rows}
+    (args.out / f"wall-margin-{tag}.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"wall-margin-{tag}.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    run_script(main)
