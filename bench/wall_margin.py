@@ -5,19 +5,20 @@ wall-clock check's margin.
         [--tag cpu] [--out bench/results]
 
 The parent times each block of a candidate's calls from outside its process and subtracts
-the loop's own cost, which the trusted reference measures (`calibrate`). What is left,
-over what the candidate reported, is a block's *stretch*: about 0 for honest timings,
-`1/f - 1` for a candidate that reports `f` of its true time. A block counts as suspicious
-above the check's margin (3 today), and a window with more than half its blocks
-suspicious is judged forged unless the reference's blocks stretched alike. The margin can
-only be tightened below what honest blocks reach.
+the loop's own cost, which the trusted reference measures (`calibrate`), and a slack for
+scheduling. What is left, over what the candidate reported, is a block's *stretch*
+(`driver._stretch`): about 1 for honest timings, `1/f` for a candidate that reports `f` of
+its true time. A block counts as suspicious above the check's margin (3 today), and a
+window with more than half its blocks suspicious is judged forged unless the candidate's
+median stretch is within 3x of the reference's. The margin can only be tightened to where
+honest blocks, and the reference's, do not reach.
 
 For each task, `--repeats` evaluations of
 
 - `honest`: the task's own module as the candidate;
 - `forged-0.6` and `forged-0.25`: the same module, whose forward scales the samples the
-  timing loop already holds by 0.6 (a 1.7x claim) or 0.25 (4x), through the frames above
-  its own; caught only by the wall clock.
+  timing loop already holds by 0.6 (a 1.7x claim, stretch about 1.7) or 0.25 (4x, about
+  4), through the frames above its own; only the wall clock can catch them.
 
 The forgers reach the samples of the host's timing loop, which holds them per call; the
 CUDA loop reads its events after the block, so on a GPU only the honest rows measure
@@ -36,7 +37,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import RESULTS, device_name, now, run_script, this_command
+from common import RESULTS, device_name, notes_section, now, run_script, this_command
 
 from pike.config import EvalConfig
 from pike.evaluate import driver, evaluate, judge
@@ -151,7 +152,7 @@ def markdown(result: dict) -> str:
         verdicts = ", ".join(f"{k} {v}" for k, v in row["verdicts"].items())
         lines.append(f"| {row['task']} | {row['candidate']} | {verdicts} "
                      f"| {cell(row['candidate_stretch'])} | {cell(row['reference_stretch'])} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *notes_section(result)]) + "\n"
 
 
 def main() -> int:

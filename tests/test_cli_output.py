@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -75,7 +76,9 @@ def printed(tmp_path_factory: pytest.TempPathFactory, build_cache: Path,
     fake = FakeOpenAI()
     fake.handler = Scripted(optimize=[WRONG, GOOD])
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "COLUMNS")}
-    commands = {
+    # the commands that read no other command's output run at once (each is mostly waiting
+    # on its evaluation children); those that read a run follow
+    independent = {
         "version": ["--version"],
         "eval": ["eval", MLP, str(CANDIDATES / "fused.py"), "--config", cfg],
         "baseline": ["baseline", MLP, "--modes", "eager", "--config", cfg],
@@ -85,6 +88,9 @@ def printed(tmp_path_factory: pytest.TempPathFactory, build_cache: Path,
         "optimize no key": ["optimize", MLP, "--llm", "openai:gpt-5", "--config", cfg],
         "bench": ["bench", TASKS, "--tasks", "1", "--config", cfg, "--out",
                   str(runs / "bench")],
+        "audit help": ["audit", "--help"],
+    }
+    dependent = {
         "show": ["show", str(runs / "llm")],
         "report": ["report", str(runs / "off"), str(runs / "bench"), "--out",
                    str(root / "report")],
@@ -92,10 +98,14 @@ def printed(tmp_path_factory: pytest.TempPathFactory, build_cache: Path,
         "export set": ["export", str(runs / "off"), "--set", str(root / "set")],
         "audit": ["audit", str(root / "set"), TASKS, "--tasks", "1", "--config", cfg,
                   "--out", str(runs / "audit")],
-        "audit help": ["audit", "--help"],
     }
     try:
-        yield {name: run_piped(args, env, root) for name, args in commands.items()}
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            started = {name: pool.submit(run_piped, args, env, root)
+                       for name, args in independent.items()}
+            printed = {name: future.result() for name, future in started.items()}
+        printed.update({name: run_piped(args, env, root) for name, args in dependent.items()})
+        yield printed
     finally:
         fake.close()
 
