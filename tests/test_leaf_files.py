@@ -159,3 +159,31 @@ def test_a_trials_outputs_are_kept_in_short_to_tell_repeats() -> None:
     changed[3] += 1  # every value of a small output counts
     assert not _same_print(_fingerprint([small]), _fingerprint([changed]))
     assert not _same_print(_fingerprint([2.0]), _fingerprint([2.0]))  # as before: tensors only
+
+
+def test_a_fingerprint_of_a_large_output_stays_inside_it() -> None:
+    # float32 positions rounded past the end of outputs above 2**24 elements
+    from pike.evaluate.judge import _PRINTED_VALUES, _fingerprint, _same_print
+    big = torch.zeros(2**25 + 3, dtype=torch.uint8)
+    big[-1] = 7
+    printed = _fingerprint([big])
+    assert printed is not None and printed[1][0].numel() == _PRINTED_VALUES
+    assert printed[1][0][-1] == 7  # the last position is the last element
+    assert _same_print(printed, _fingerprint([big.clone()]))
+
+
+def test_a_dtype_that_cannot_be_indexed_has_no_fingerprint() -> None:
+    from pike.evaluate.judge import _fingerprint, _same_print
+    odd = torch.zeros(5000, dtype=torch.uint8).view(torch.bits8)
+    assert _fingerprint([odd]) is None
+    assert not _same_print(_fingerprint([odd]), _fingerprint([odd]))
+
+
+def test_calibration_stand_ins_take_a_plain_dtype() -> None:
+    from pike.evaluate.runner import _sample_leaf, _stand_in
+    quantized = torch.quantize_per_tensor(torch.ones(3, 4), 0.1, 0, torch.quint8)
+    for leaf in (quantized, torch.ones(3, 4, dtype=torch.bfloat16), torch.tensor(1.0)):
+        stand_in = _stand_in(leaf)
+        assert stand_in.dim() == leaf.dim() and stand_in.device == leaf.device
+        _sample_leaf(stand_in, 16)  # what the calibration does with it
+    assert _stand_in(2.5) == 2.5

@@ -782,6 +782,7 @@ def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfi
                     on: torch.device) -> Verdict:
     mismatches: list[OutputMismatch] = []
     first: tuple[list[Any], list[Any]] | None = None  # the first trial's outputs, in short
+    first_seen = False
     repeated: list[int] = []  # later trials whose outputs equal the first's
     passed = 0
     max_abs = max_rel = 0.0
@@ -794,8 +795,8 @@ def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfi
         except Exception as err:  # written by the child: anything may be in it
             return Verdict(status="incorrect", phase="check",
                            message=f"trial {trial}: outputs could not be read back ({err})")
-        if first is None:
-            first = _fingerprint(act_leaves)
+        if not first_seen:
+            first, first_seen = _fingerprint(act_leaves), True
         elif _same_print(first, _fingerprint(act_leaves)):
             repeated.append(trial)
         compared = _compare_leaves(exp_leaves, act_leaves, trial, cfg, on)
@@ -833,24 +834,31 @@ def _compare_leaves(expected: list[Any], actual: list[Any], trial: int,
 _PRINTED_VALUES = 4096
 
 
-def _fingerprint(leaves: list[Any]) -> tuple[list[Any], list[Any]]:
+def _fingerprint(leaves: list[Any]) -> tuple[list[Any], list[Any]] | None:
     """Enough of a trial's outputs to tell them from another trial's, without keeping a
     gigabyte output on the GPU for the whole check: each tensor's shape, and its values
     at evenly spread positions (all of them where it has few). Only a failure message's
-    hint ("identical for different inputs") rests on it, never a verdict."""
+    hint ("identical for different inputs") rests on it, never a verdict; None where the
+    values cannot be picked (a dtype torch cannot index, from a candidate's file)."""
     def spread(leaf: torch.Tensor) -> torch.Tensor:
         flat = leaf.detach().reshape(-1)  # read back from a flat file: contiguous, a view
-        if flat.numel() <= _PRINTED_VALUES:
+        n = flat.numel()
+        if n <= _PRINTED_VALUES:
             return flat.clone()
-        return flat[torch.linspace(0, flat.numel() - 1, _PRINTED_VALUES,
-                                   device=flat.device).long()]
+        # integer steps: float32 positions round past the end above 2**24 elements
+        steps = torch.arange(_PRINTED_VALUES, device=flat.device)
+        return flat[steps * (n - 1) // (_PRINTED_VALUES - 1)]
 
-    return ([tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in leaves],
-            [spread(x) if isinstance(x, torch.Tensor) else x for x in leaves])
+    try:
+        return ([tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in leaves],
+                [spread(x) if isinstance(x, torch.Tensor) else x for x in leaves])
+    except (RuntimeError, NotImplementedError, TypeError, IndexError):
+        return None
 
 
-def _same_print(a: tuple[list[Any], list[Any]], b: tuple[list[Any], list[Any]]) -> bool:
-    return a[0] == b[0] and _same_leaves(a[1], b[1])
+def _same_print(a: tuple[list[Any], list[Any]] | None,
+                b: tuple[list[Any], list[Any]] | None) -> bool:
+    return a is not None and b is not None and a[0] == b[0] and _same_leaves(a[1], b[1])
 
 
 def _same_leaves(a: list[Any], b: list[Any]) -> bool:

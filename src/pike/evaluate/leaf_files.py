@@ -42,6 +42,7 @@ _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex128,
     torch.complex64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
     torch.bool)}
+PLAIN_DTYPES = frozenset(_DTYPES.values())
 _MAX_DIMS = 64
 
 
@@ -56,7 +57,7 @@ def _scalar(value: Any) -> bool:
 def writable(leaves: list[Any]) -> bool:
     """Whether `leaves` fit this format (tensors of the usual layout and JSON scalars)."""
     return all((isinstance(v, _Tensor) and v.layout == torch.strided and not v.is_nested
-                and v.dtype in _DTYPES.values() and v.dim() <= _MAX_DIMS)
+                and v.dtype in PLAIN_DTYPES and v.dim() <= _MAX_DIMS)
                or _scalar(v) for v in leaves)
 
 

@@ -27,7 +27,7 @@ import torch
 from pike.evaluate import check
 from pike.evaluate.diagnostics import describe_exception
 from pike.evaluate.guards import Guards, rehearse_check_after
-from pike.evaluate.leaf_files import read_leaves, write_leaves
+from pike.evaluate.leaf_files import PLAIN_DTYPES, read_leaves, write_leaves
 from pike.evaluate.profile import profile_calls
 from pike.evaluate.protocol import (
     DESCENDANTS_GRACE_S,
@@ -210,10 +210,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
             write_leaves(check.flatten_output(out), outputs_dir / f"{name}.pt")
     # Small stand-ins for the outputs (same devices, dtypes and dims), so the calibration's
     # blocks sample outputs as a guarded candidate's blocks do.
-    stand_ins = [torch.zeros((check.SAMPLED_POSITIONS,) + (1,) * (leaf.dim() - 1) if leaf.dim()
-                             else (), dtype=leaf.dtype, device=leaf.device)
-                 if isinstance(leaf, torch.Tensor) else leaf
-                 for leaf in check.flatten_output(out)[:check.SAMPLED_LEAVES]]
+    stand_ins = [_stand_in(leaf) for leaf in check.flatten_output(out)[:check.SAMPLED_LEAVES]]
     del trial_inputs, out
     chan.send("checked", trials=req.trials, steps=STEPS.rounded())
     torch.set_float32_matmul_precision("highest")  # the task's dtype is the contract
@@ -241,6 +238,16 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     _serve_timing(req, chan, device, make_call, failed_mode,
                   after_block=lambda mode: rehearse_check_after() if mode == "empty" else None,
                   samples_for=lambda mode: calibration if mode == "empty" else None)
+
+
+def _stand_in(leaf: Any) -> Any:
+    """A small tensor like `leaf` (device, dims, and its dtype where that is a plain one:
+    a quantized or bits dtype cannot be made or indexed like this, float32 serves)."""
+    if not isinstance(leaf, torch.Tensor):
+        return leaf
+    shape = (check.SAMPLED_POSITIONS,) + (1,) * (leaf.dim() - 1) if leaf.dim() else ()
+    dtype = leaf.dtype if leaf.dtype in PLAIN_DTYPES else torch.float32
+    return torch.zeros(shape, dtype=dtype, device=leaf.device)
 
 
 class InputRotation:
