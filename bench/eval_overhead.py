@@ -8,7 +8,9 @@ build, so every second above the forward passes is the evaluator's. Each task is
 
 - `cold`: alone, with no live reference (the reference is drawn, run and kept first);
 - `warm`: alone again, the reference kept from `cold` (what every later candidate of a
-  search pays);
+  search paid before spare children);
+- `spare`: warm, with a spare child (launched while the previous candidate was judged, as
+  in a search's pool, then given a few seconds) taking the candidate;
 - `pool`: `--pool` copies at once through the evaluation pool (wall time of the batch);
 - `cli` (with --cli): `pike eval TASK CAND --json` in a new process, as a user runs it.
 
@@ -35,7 +37,7 @@ import torch
 from common import RESULTS, device_name, now, run_script, this_command
 
 from pike.config import EvalConfig
-from pike.evaluate import evaluate
+from pike.evaluate import evaluate, spares
 from pike.evaluate.judge import close_references
 from pike.evaluate.pool import LocalPool
 from pike.evaluate.verdict import Verdict
@@ -43,7 +45,7 @@ from pike.task import Task
 
 # The parent's top-level steps: they do not overlap, so their sum against the wall time
 # shows what no step covers. (Child and reference steps happen inside them.)
-TOP_STEPS = ("reference", "wait_for_device", "start_child", "load_build_warm_up", "trials",
+TOP_STEPS = ("launch_child", "reference", "wait_for_device", "start_child", "load_build_warm_up", "trials",
              "compare", "timing", "calibrate_timing_loop", "final_check", "stop_child", "floor", "remove_files")
 
 
@@ -57,6 +59,11 @@ def input_megabytes(task: Task) -> float:
     exec(compile(task.source, str(task.path), "exec"), namespace)
     inputs = namespace["get_inputs"]()
     return sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor)) / 2**20
+
+
+# What a search's pool leaves between two candidates at least (an LLM call, the next
+# candidate's own steps); on a GPU the spare starts with the last candidate, long before.
+SPARE_HEAD_START_S = 3.0
 
 
 def row(mode: str, verdict: Verdict, wall: float) -> dict:
@@ -92,13 +99,18 @@ def bench_task(task: Task, cfg: EvalConfig, pool_size: int, cli: bool, result: d
     """Judge `task` in each mode, adding a row to `result` and saving after each."""
     source = identity_candidate(task)
     close_references()  # cold means cold: no reference kept from an earlier task
-    for mode in ("cold", "warm"):
+    for mode in ("cold", "warm", "spare"):
+        if mode == "spare":  # as in a search: the child was launched during the last one
+            spares.want(1)
+            evaluate(task, source, cfg)  # launches the spare (on the CPU: as it ends)
+            time.sleep(SPARE_HEAD_START_S)
         started = time.monotonic()
         verdict = evaluate(task, source, cfg)
         result["rows"].append(row(mode, verdict, time.monotonic() - started))
         save()
         print(f"{task.name} {mode}: {result['rows'][-1]['wall_s']} s, {verdict.status}",
               flush=True)
+    spares.want(-1)
     if pool_size > 1:
         pool = LocalPool(cfg.model_copy(update={"workers": pool_size}))
         started = time.monotonic()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 import yaml
 
 from pike.config import EvalConfig, LimitsConfig, TimingConfig
+from pike.evaluate import spares
 from pike.task import Task
 
 pytest_plugins = ["tests.fake_openai"]  # the `fake_llm` fixture: a local OpenAI-compatible server
@@ -23,6 +25,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_spare_children_between_tests() -> Iterator[None]:
+    """A pool a test left open would keep launching spare children into later tests,
+    with the environment of the test that launched them."""
+    yield
+    spares.forget_pools()
 
 
 @pytest.fixture(scope="session")

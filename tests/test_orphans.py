@@ -58,6 +58,11 @@ def test_killing_pike_eval_leaves_no_process_and_no_temp_dir(
         time.sleep(0.2)  # the reference's child and the looping candidate's
     children = [p for p in psutil.Process(pike.pid).children(recursive=True)]
     assert len(_runners_under(pike.pid)) == 2, pike.stderr.read() if pike.poll() else ""
+    # The candidate's child is launched before the reference ends; its request is written
+    # when it begins, and then it loops in its first call.
+    while not list(temp.glob("pike-cand-*/work/request.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list(temp.glob("pike-cand-*/work/request.json")), "the candidate never began"
     time.sleep(2.0)
     pike.send_signal(how)
     _, err = pike.communicate(timeout=60)

@@ -159,14 +159,13 @@ def test_a_request_file_names_no_seed_of_the_inputs(mlp_task: Task, fast_config:
     from pike.evaluate import judge
 
     seen: list[dict] = []
-    real = judge.start_child
+    real = judge.begin_child
 
-    def spy(request, *args, **kwargs):  # type: ignore[no-untyped-def]
-        child = real(request, *args, **kwargs)
+    def spy(child, *args, **kwargs):  # type: ignore[no-untyped-def]
+        real(child, *args, **kwargs)
         seen.append(json.loads((child.work_dir / "request.json").read_text()))
-        return child
 
-    monkeypatch.setattr(judge, "start_child", spy)
+    monkeypatch.setattr(judge, "begin_child", spy)
     judge.close_references()
     assert evaluate(mlp_task, candidate("fused"), fast_config).ok
     reference, cand = seen[0], seen[-1]

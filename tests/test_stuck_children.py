@@ -20,6 +20,7 @@ def _bare_child(script: str, tmp_path: Path, phase: str = "check") -> ChildProce
     """A ChildProcess around `python -c script`, in its own session as the evaluator starts
     children, with the evaluator's channel pipes but none of its start-up."""
     child = ChildProcess.__new__(ChildProcess)
+    child.begun = True  # running its script: as far as finish() goes, begun
     from_child, child_writes = os.pipe()
     child.env = {**os.environ, MARKER_VARIABLE: uuid.uuid4().hex}
     child.proc = subprocess.Popen([sys.executable, "-c", script.replace("FD", str(child_writes))],

@@ -36,3 +36,19 @@ def test_a_mixed_batch_gets_each_candidates_own_verdict(mlp_task: Task,
         if verdict.ok:
             assert verdict.device == "cuda:0" and verdict.speedup
             assert verdict.runtime and verdict.runtime.median_ms > 0
+
+
+def test_a_pool_on_the_gpu_keeps_a_spare_child_for_its_next_candidate(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    from pike.evaluate import spares
+    from pike.evaluate.judge import _spare_key
+
+    cfg = fast_config.model_copy(update={"device": "cuda"})
+    key = _spare_key(cfg, "cuda:0")
+    with LocalPool(cfg, workers=1) as pool:
+        assert pool.judge(mlp_task, candidate("fused")).status == "ok"
+        assert len(spares._spares.get(key, [])) == 1  # launched as the candidate began
+        spare = spares._spares[key][0]
+        assert pool.judge(mlp_task, candidate("wrong_values")).status == "incorrect"
+        assert spare not in spares._spares.get(key, [])  # taken by that candidate
+    assert spares._spares == {}

@@ -52,13 +52,23 @@ class ChildReport:
 def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
                 build_key: str, stage: InputStage | None = None,
                 run_limit_s: float | None = None) -> ChildProcess:
-    """Start a sandboxed child; the caller must `finish` it (or call its __exit__).
+    """Start a sandboxed child and hand it its request at once; the caller must `finish`
+    it. `launch_child` and `begin_child` do the same in two steps."""
+    child = launch_child(request, work_dir, cfg, build_key, stage)
+    begin_child(child, cfg, run_limit_s)
+    return child
+
+
+def launch_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
+                 build_key: str, stage: InputStage | None = None) -> ChildProcess:
+    """Start a sandboxed child that imports what it needs and waits: no candidate code
+    runs and no device is touched before `begin_child`, so this needs no device hold.
+    The caller must `finish` it (or call its __exit__).
 
     `request` names host paths; the child gets them as it sees them (under /pike/ in the
-    OS sandbox). A candidate's inputs come through `stage`, phase by phase.
-    `run_limit_s` tightens the check and timing limits (the config's stay ceilings)."""
-    cache_root = cfg.build_cache or Path.home() / ".cache" / "pike" / "build"
-    cache_root.mkdir(parents=True, exist_ok=True)
+    OS sandbox). Its fields other than paths may still change until `begin_child`.
+    A candidate's inputs come through `stage`, phase by phase."""
+    cache_root = build_cache_root(cfg)
     make_child_dirs(work_dir)
     plan = _sandbox_plan(request, work_dir, cache_root, cfg)
     see = plan.inside if plan is not None else os.path.realpath
@@ -71,24 +81,43 @@ def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
                             see(cache_root), cfg.compile_threads)
     device = request.device  # as this process numbers GPUs; the child sees only its own
     _only_one_gpu(request, env)
-    lim = cfg.limits
-    check_s, timing_s = lim.check_seconds, lim.timing_seconds
-    if run_limit_s is not None:
-        check_s, timing_s = min(check_s, run_limit_s), min(timing_s, run_limit_s)
-    phase_limits = {"setup": lim.load_seconds, "load": lim.load_seconds,
-                    "init": lim.load_seconds, "check": check_s,
-                    "timing": timing_s, "cleanup": 10.0,
-                    # advisory passes: a hang here must not hold the device for long
-                    "profile": lim.check_seconds, "work": lim.check_seconds}
     prefix = plan.prefix() if plan is not None else network_prefix(cfg.network_isolation)
-    child = ChildProcess(request, work_dir, env, lim, phase_limits, prefix=prefix,
-                         sandboxed=plan is not None, stage=stage)
+    child = ChildProcess(request, work_dir, env, cfg.limits, _phase_limits(cfg, None),
+                         prefix=prefix, sandboxed=plan is not None, stage=stage)
+    child.see = see
     if plan is not None:
         child.plan_notes = plan.describe()
     child.__enter__()
     if child.proc is not None:
         start_on_build_cores(child.proc.pid, device, cfg.timing_cores)
     return child
+
+
+def build_cache_root(cfg: EvalConfig) -> Path:
+    """The folder shared by every child for compiled extensions, inductor and Triton."""
+    root = cfg.build_cache or Path.home() / ".cache" / "pike" / "build"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def begin_child(child: ChildProcess, cfg: EvalConfig, run_limit_s: float | None = None) -> None:
+    """Hand a launched child its request: it loads, builds and runs from here (hold the
+    device first where it has one). `run_limit_s` tightens the check and timing limits
+    (the config's stay ceilings)."""
+    child.phase_limits = _phase_limits(cfg, run_limit_s)
+    child.begin()
+
+
+def _phase_limits(cfg: EvalConfig, run_limit_s: float | None) -> dict[str, float]:
+    lim = cfg.limits
+    check_s, timing_s = lim.check_seconds, lim.timing_seconds
+    if run_limit_s is not None:
+        check_s, timing_s = min(check_s, run_limit_s), min(timing_s, run_limit_s)
+    return {"setup": lim.load_seconds, "load": lim.load_seconds,
+            "init": lim.load_seconds, "check": check_s,
+            "timing": timing_s, "cleanup": 10.0,
+            # advisory passes: a hang here must not hold the device for long
+            "profile": lim.check_seconds, "work": lim.check_seconds}
 
 
 def _sandbox_plan(request: ChildRequest, work_dir: Path, cache_root: Path,
@@ -187,6 +216,10 @@ def finish(child: ChildProcess, report: ChildReport | None = None) -> None:
     advisory pass such as profiling may have overrun while the verdict stays ok).
     """
     if child.proc is None:
+        return
+    if not child.begun:  # it ran only pike's imports: nothing of a candidate's to look for
+        child.__exit__(None, None, None)
+        child.proc = None
         return
     child.enter_phase("cleanup")  # which also books the time of the phase that ended
     if child.unresponsive:
@@ -320,14 +353,23 @@ def calibrate(trusted: ChildProcess) -> LoopCost:
 _SLACK_S = 0.005  # scheduling noise of one block on a busy host
 
 
+# A block is suspicious when the wall time its calls cannot account for exceeds this many
+# times what it reported; a window whose blocks are mostly suspicious is forged unless its
+# median stretch is within CONTROL_FACTOR of the reference's (a loaded host stretches
+# both). Measured by bench/wall_margin.py (bench/results/wall-margin-*.md).
+WALL_MARGIN = 3.0
+CONTROL_FACTOR = 3.0
+
+
 def _stretch(cost: LoopCost, timer: Timer) -> tuple[int, float]:
-    """(blocks whose wall time exceeds 3x what was reported, median wall/reported ratio)."""
+    """(blocks whose wall time exceeds WALL_MARGIN times what was reported, median
+    wall/reported ratio)."""
     suspicious, ratios = 0, []
     for wall, samples in timer.blocks:
         reported = (sum(samples) + statistics.fmean(samples)) / 1e3  # + the untimed call
         loop = cost.per_block_s + (len(samples) + 1) * cost.per_call_s
         unexplained = wall - loop - _SLACK_S
-        suspicious += unexplained > 3 * reported
+        suspicious += unexplained > WALL_MARGIN * reported
         ratios.append(unexplained / reported if reported > 0 else math.inf)
     return suspicious, statistics.median(ratios) if ratios else 0.0
 
@@ -349,13 +391,13 @@ def unaccounted_wall_time(cost: LoopCost, judged: Timer, reference: Timer,
     _, ref_ratio = _stretch(cost, reference)
     # `strict`: the second look after a window that was clearly forged; a load that now
     # stretches the reference too must not clear it (a forger would wait for one).
-    if not strict and ratio <= 3 * max(ref_ratio, 1.0):
+    if not strict and ratio <= CONTROL_FACTOR * max(ref_ratio, 1.0):
         log.warning("wall-clock check inconclusive: the host is loaded (the reference's "
                     "timing blocks stretched too)")
         return None
     return (f"reported timings that do not account for the wall time of its timing "
-            f"blocks ({suspicious} of {len(judged.blocks)} blocks took over 3x longer "
-            "than the calls it reported)")
+            f"blocks ({suspicious} of {len(judged.blocks)} blocks took over "
+            f"{WALL_MARGIN:g}x longer than the calls it reported)")
 
 
 def time_interleaved(timers: list[Timer], cfg: TimingConfig) -> None:

@@ -10,13 +10,15 @@ from __future__ import annotations
 import atexit
 import hashlib
 import logging
+import os
 import random
 import shutil
 import statistics
 import threading
 import time
 from collections import OrderedDict
-from contextlib import ExitStack
+from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,15 +27,18 @@ import torch
 
 from pike.config import EvalConfig, RunConfig
 from pike.errors import EvaluatorError, TaskError
-from pike.evaluate import check
+from pike.evaluate import check, spares
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import hold, hold_for_work
 from pike.evaluate.driver import (
     ChildReport,
     LoopCost,
     Timer,
+    begin_child,
+    build_cache_root,
     calibrate,
     finish,
+    launch_child,
     request,
     run_trials,
     start_child,
@@ -43,13 +48,14 @@ from pike.evaluate.driver import (
 )
 from pike.evaluate.explain import explain_guards
 from pike.evaluate.leaf_files import read_leaves
-from pike.evaluate.leftovers import make_temp_dir
+from pike.evaluate.leftovers import make_temp_dir, remove_tree
 from pike.evaluate.ncu import attach_kernel_metrics
+from pike.evaluate.os_sandbox import sandbox_problem
 from pike.evaluate.profile import ProfileSummary
 from pike.evaluate.protocol import ChildRequest, ShiftSpec, timed_set_count
 from pike.evaluate.redact import mask_secrets
 from pike.evaluate.runner import EXTRA_TRIALS
-from pike.evaluate.sandbox import ChildProcess
+from pike.evaluate.sandbox import ChildProcess, passed_to_child
 from pike.evaluate.staging import InputStage
 from pike.evaluate.steps import measuring, span
 from pike.evaluate.verdict import OutputMismatch, TimingStats, Verdict
@@ -124,7 +130,11 @@ class ReferenceRun:
 
     def work(self) -> Work | None:
         """The task's FLOPs and minimum bytes, counted once in the reference's child."""
-        with hold(self.device, exclusive=False), self.talking:  # it may count on the GPU
+        # The count runs on the meta device, or falls back to where the models are built:
+        # only that fallback with construct_on 'device' uses the GPU. Holding it always
+        # made a cold evaluation's timing wait seconds for a count that used no GPU.
+        on_gpu = self.cfg is not None and self.cfg.construct_on == "device"
+        with hold(self.device, exclusive=False) if on_gpu else nullcontext(), self.talking:
             if not self._work_asked and self.child is not None:
                 self._work_asked = True
                 reply = request(self.child, "work", "work", "work")
@@ -291,9 +301,11 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
     report = ChildReport()
     ok, child = False, None
     try:
-        # From its start: loading and building use the GPU too (a CUDA context, a prefill).
+        # Its imports need no device; from "begin" on, loading and building use the GPU
+        # too (a CUDA context, a prefill).
+        child = launch_child(request, work_dir, cfg, build_key="reference")
         with hold_for_work(device, cfg.device_lock):
-            child = start_child(request, work_dir, cfg, build_key="reference")
+            begin_child(child, cfg)
             ok = run_trials(child, report)
     finally:
         if child is not None and not (ok and keep_child):
@@ -442,20 +454,35 @@ def evaluate(task: Task, candidate_source: str,
         return Verdict(status="compile_error", phase="load", device=device,
                        message=f"candidate.py:{err.lineno}: SyntaxError: {err.msg}")
     with measuring() as clock:
-        with span("reference"):  # near zero where a live reference of the task is kept
-            reference = run_reference(task, cfg, device, keep_child=cfg.time_candidate)
-        if device.startswith("cuda") and cfg.time_candidate:
-            _count_work_meanwhile(reference)
-        tmp = make_temp_dir("cand")
+        reference: ReferenceRun | None = None
+        launched: spares.Launched | None = None
         try:
-            verdict = _judge_candidate(task, candidate_source, cfg, device, reference, tmp)
+            # The candidate's child imports torch while the reference runs (or while it
+            # waits for the device), or did so while the last candidate was judged (a
+            # spare): seconds off every evaluation.
+            with span("launch_child"):
+                launched = _candidate_child(task, candidate_source, cfg, device)
+            files, child = launched.files, launched.child
+            with span("reference"):  # near zero where a live reference of the task is kept
+                reference = run_reference(task, cfg, device, keep_child=cfg.time_candidate)
+            if device.startswith("cuda") and cfg.time_candidate:
+                _count_work_meanwhile(reference)
+            attach_reference(files, reference, cfg)
+            child.stage = files.stage
+            verdict = _judge_candidate(task, files, child, cfg, device, reference)
             if verdict.ok and verdict.runtime is not None and device.startswith("cuda"):
                 with span("floor"):
                     attach_floor(verdict, reference.work())
         finally:
-            release_reference(reference)
+            if launched is not None and launched.child.proc is not None:
+                finish(launched.child)  # never begun: the reference failed or pike stops
+            if reference is not None:
+                release_reference(reference)
             with span("remove_files"):
-                shutil.rmtree(tmp, ignore_errors=True)
+                if launched is not None:
+                    remove_tree(launched.folder)
+        if not device.startswith("cuda"):  # on the CPU its imports would share the cores
+            spares.replenish(_spare_key(cfg, device), lambda: _launch_candidate(cfg, device))
     verdict.phase_seconds["total"] = time.monotonic() - started
     verdict.steps = {**clock.rounded(), **verdict.steps, **reference.new_steps}
     reference.new_steps = {}  # reported once, by the evaluation that started it
@@ -484,58 +511,111 @@ def _count_work_meanwhile(reference: ReferenceRun) -> None:
 
 @dataclass
 class CandidateFiles:
-    """A candidate's folders under its temp dir, its child's request and its build key."""
+    """A candidate's folders under its temp dir, its child's request and its build key;
+    `stage` once the reference is known (`attach_reference`)."""
 
     work_dir: Path
     outputs_dir: Path
     source_path: Path
-    stage: InputStage
     request: ChildRequest
     build_key: str
+    stage: InputStage | None = None
 
 
 def candidate_files(task: Task, source: str, cfg: EvalConfig, device: str,
                     reference: ReferenceRun, folder: Path) -> CandidateFiles:
     """Write a candidate's source into `folder`/work and make its outputs and staged
     inputs folders; the request its child is started with."""
-    work_dir, outputs_dir = folder / "work", folder / "outputs"
+    files = candidate_folders(cfg, device, folder)
+    fill_candidate(files, task, source, cfg)
+    attach_reference(files, reference, cfg)
+    return files
+
+
+def candidate_folders(cfg: EvalConfig, device: str, folder: Path) -> CandidateFiles:
+    """A candidate's folders and a request with its paths: enough to launch its child,
+    before the candidate (`fill_candidate`) and the reference (`attach_reference`) are
+    known."""
+    work_dir, outputs_dir, inputs_dir = folder / "work", folder / "outputs", folder / "inputs"
     work_dir.mkdir(parents=True)
     outputs_dir.mkdir()
-    source_path = work_dir / "candidate.py"
-    source_path.write_text(source)
-    stage = _input_stage(reference, folder / "inputs", cfg)
+    inputs_dir.mkdir()
     request = ChildRequest(
-        role="candidate", module_path=str(source_path), class_names=["ModelNew", "Model"],
-        inputs_dir=str(stage.folder), outputs_dir=str(outputs_dir), device=device,
-        **_child_protocol(cfg), seed=reference.seed, task_sha256=task.sha256,
-        task_size=task.path.stat().st_size, guards=cfg.guards, warm_up=cfg.warm_up,
+        role="candidate", module_path=str(work_dir / "candidate.py"),
+        class_names=["ModelNew", "Model"], inputs_dir=str(inputs_dir),
+        outputs_dir=str(outputs_dir), device=device, **_child_protocol(cfg), seed=0,
+        guards=cfg.guards, warm_up=cfg.warm_up,
     )
-    return CandidateFiles(work_dir, outputs_dir, source_path, stage, request,
-                          task.sha256[:8] + "-" + _sha(source)[:16])
+    return CandidateFiles(work_dir, outputs_dir, work_dir / "candidate.py", request, "")
 
 
-def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
-                     reference: ReferenceRun, tmp: Path) -> Verdict:
-    files = candidate_files(task, source, cfg, device, reference, tmp)
+def fill_candidate(files: CandidateFiles, task: Task, source: str, cfg: EvalConfig,
+                   see: Callable[[str], str] = os.path.realpath) -> None:
+    """The candidate's part: its source, its task's fingerprint and its build folder
+    (`see`: a host path as its child sees it, for a child already launched)."""
+    files.source_path.write_text(source)
+    files.build_key = task.sha256[:8] + "-" + _sha(source)[:16]
+    files.request.task_sha256, files.request.task_size = task.sha256, task.path.stat().st_size
+    files.request.extensions_dir = see(str(build_cache_root(cfg) / files.build_key))
+
+
+def attach_reference(files: CandidateFiles, reference: ReferenceRun, cfg: EvalConfig) -> None:
+    """The reference's part of a candidate's request: its weights seed, and the stage its
+    inputs come through."""
+    files.request.seed = reference.seed
+    files.stage = _input_stage(reference, files.work_dir.parent / "inputs", cfg)
+
+
+def _candidate_child(task: Task, source: str, cfg: EvalConfig, device: str) -> spares.Launched:
+    """A launched child for this candidate: a waiting spare, or a new one."""
+    key = _spare_key(cfg, device)
+    launched = spares.take(key) or _launch_candidate(cfg, device)
+    if device.startswith("cuda"):  # its imports run on the build cores, beside this one
+        spares.replenish(key, lambda: _launch_candidate(cfg, device))
+    fill_candidate(launched.files, task, source, cfg, launched.child.see)
+    return launched
+
+
+def _launch_candidate(cfg: EvalConfig, device: str) -> spares.Launched:
+    folder = make_temp_dir("cand")
+    try:
+        files = candidate_folders(cfg, device, folder)
+        child = launch_child(files.request, files.work_dir, cfg, build_key="pending")
+    except BaseException:
+        remove_tree(folder)
+        raise
+    return spares.Launched(folder, child, files)
+
+
+def _spare_key(cfg: EvalConfig, device: str) -> str:
+    """Spares serve evaluations with the same settings on the same device, and the same
+    environment as their launch gave them (the variables a child is passed, whether the
+    OS sandbox works)."""
+    passed = sorted((k, v) for k, v in os.environ.items() if passed_to_child(k))
+    return "|".join([device, cfg.model_dump_json(exclude={"device"}),
+                     str(sandbox_problem()), _sha(repr(passed))])
+
+
+def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg: EvalConfig,
+                     device: str, reference: ReferenceRun) -> Verdict:
+    """Judge the candidate in its launched (not yet begun) child, which this finishes."""
     outputs_dir, build_key = files.outputs_dir, files.build_key
     report = ChildReport()
     timers: list[Timer] = []
     correctness: Verdict | None = None
     final: Verdict | None = None
     profile: ProfileSummary | None = None
-    child: ChildProcess | None = None
     usual: float | None = None  # set when the reference's window stayed off its usual time
     try:
-        # Every GPU use holds the device (shared): the child's start (a CUDA context),
-        # load, builds, the warm-up's lazy compiles and autotuning, CUDA-graph capture and
-        # the trials; only timing holds it alone, so none of this reaches a timed window.
+        # Every GPU use holds the device (shared): the child's CUDA context, load, builds,
+        # the warm-up's lazy compiles and autotuning, CUDA-graph capture and the trials;
+        # only timing holds it alone, so none of this reaches a timed window.
         with ExitStack() as device_held:
             with span("wait_for_device"):
                 device_held.enter_context(hold_for_work(device, cfg.device_lock))
             with span("start_child"):
-                child = start_child(files.request, files.work_dir, cfg, build_key, files.stage,
-                                    run_limit_s=fitted_limit(reference.check_seconds)
-                                    if cfg.limits.fitted else None)
+                begin_child(child, cfg, run_limit_s=fitted_limit(reference.check_seconds)
+                            if cfg.limits.fitted else None)
             with span("load_build_warm_up"):
                 trials_ran = wait_ready(child, report)
             with span("trials"):
@@ -572,13 +652,11 @@ def _judge_candidate(task: Task, source: str, cfg: EvalConfig, device: str,
                     attach_kernel_metrics(profile, task.path, files.source_path, device, cfg,
                                           build_key)
     except BaseException:  # an interrupt (Ctrl-C, SIGTERM): no time to ask the child
-        if child is not None:
-            child.unresponsive = True
+        child.unresponsive = True
         raise
     finally:
-        if child is not None:
-            with span("stop_child"):
-                finish(child, report)
+        with span("stop_child"):
+            finish(child, report)
     if timers and timers[0].failure is not None:
         reference.close()
         raise _reference_failed(task, timers[0].failure)

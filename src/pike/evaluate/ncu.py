@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from pike.config import EvalConfig
+from pike.evaluate.driver import build_cache_root
 from pike.evaluate.leftovers import make_temp_dir
 from pike.evaluate.ncu_target import NVTX_RANGE
 from pike.evaluate.profile import KernelMetrics, ProfileSummary
@@ -179,8 +180,7 @@ def _run_isolated(command: list[str], work: Path, cfg: EvalConfig, build_key: st
     """Run the untrusted target under ncu as the judged child runs: no secrets in its
     environment, its own home and temp dir, the shared build cache, a wall-clock limit, and
     nothing left running afterwards."""
-    cache_root = cfg.build_cache or Path.home() / ".cache" / "pike" / "build"
-    cache_root.mkdir(parents=True, exist_ok=True)
+    cache_root = build_cache_root(cfg)
     make_child_dirs(work)
     env = child_environment(str(work), uuid.uuid4().hex, str(cache_root / build_key),
                             str(cache_root))

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from pike.config import EvalConfig
 from pike.errors import ConfigError, PikeError
+from pike.evaluate import spares
 from pike.evaluate.judge import evaluate, keep_references, resolve_device
 from pike.evaluate.verdict import Verdict
 from pike.task import Task
@@ -98,6 +99,9 @@ class LocalPool:
         self._evaluate = evaluator
         self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="pike-eval")
         keep_references(self.workers + 1)  # a live reference child per task in flight
+        # a child per worker launched ahead of its candidate (the evaluator's own children)
+        self._spares = self.workers if evaluator is evaluate else 0
+        spares.want(self._spares)
 
     @property
     def width(self) -> int:
@@ -122,6 +126,8 @@ class LocalPool:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+        spares.want(-self._spares)
+        self._spares = 0
 
     def __enter__(self) -> LocalPool:
         return self

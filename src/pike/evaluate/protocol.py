@@ -1,6 +1,7 @@
 """What the parent and the child process say to each other.
 
-The parent writes a ChildRequest as JSON; the child answers with JSON lines on a pipe of
+The child starts before its request exists (importing torch takes seconds); the parent
+then writes a ChildRequest as JSON and says "begin". The child answers with JSON lines on a pipe of
 its own (not stdout, which candidate code may print to), and waits on a second pipe for
 the parent's word before it starts timing.
 """
@@ -56,6 +57,8 @@ class ChildRequest(BaseModel):
     guards: bool = True
     warm_up: bool = Field(False, description="candidate: one call before 'ready', where lazy "
                           "compilers (Triton, torch.compile) do their work")
+    extensions_dir: str = Field("", description="candidate: where its compiled extensions "
+                                "are built (the child sets TORCH_EXTENSIONS_DIR to it)")
     task_sha256: str = ""
     task_size: int = -1
     input_sets: int = Field(2, description="timing rotates over this many input sets, "

@@ -1,6 +1,7 @@
 """What runs inside the child process: load a module, construct it, run trials, time it.
 
-Run as `python -m pike.evaluate.runner REQUEST_JSON WRITE_FD READ_FD`. The reference role
+Run as `python -m pike.evaluate.runner REQUEST_JSON WRITE_FD READ_FD`; the request file is
+written, and "begin" said on READ_FD, once the parent is ready for the child. The reference role
 draws the trial inputs and records the expected outputs; the candidate role never sees the
 reference class or its outputs, only the inputs and the constructor arguments.
 """
@@ -629,9 +630,16 @@ def _device_name(device: torch.device) -> str:
 
 def main(argv: list[str]) -> int:
     faulthandler.enable()
-    req = ChildRequest.model_validate_json(Path(argv[0]).read_text())
-    _share_precompiled_headers()
     chan = Channel(int(argv[1]), int(argv[2]))
+    # Started ahead of its request (the imports above take seconds): the parent writes
+    # the request and says "begin" when the reference is ready and the device is held.
+    first = chan.receive()
+    if first is None or first.get("event") != "begin":
+        os._exit(0)  # not needed after all: nothing was loaded, nothing to report
+    req = ChildRequest.model_validate_json(Path(argv[0]).read_text())
+    if req.extensions_dir:  # known only now to a child started ahead of its candidate
+        os.environ["TORCH_EXTENSIONS_DIR"] = req.extensions_dir
+    _share_precompiled_headers()
     device = torch.device(req.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)

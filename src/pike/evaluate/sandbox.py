@@ -249,10 +249,14 @@ class ChildProcess:
         # Set once the child overran a phase limit or its memory: it is stuck or runaway,
         # so it will not answer "stop" and is killed at once (driver.finish).
         self.unresponsive = False
+        self.begun = False  # the request is handed over by `begin`
+        self.see: Callable[[str], str] = str  # a host path as the child sees it
 
     def __enter__(self) -> ChildProcess:
+        """Start the process: it imports torch and the runner, then waits for `begin`
+        before it reads its request or touches a device, so it can start while the
+        reference runs, or before the device is held."""
         request_path = self.work_dir / "request.json"
-        request_path.write_text(self.request.model_dump_json())
         from_child, child_writes = os.pipe()
         child_reads, to_child = os.pipe()
         # The request as the child sees it: inside the sandbox the work dir is mounted
@@ -273,6 +277,14 @@ class ChildProcess:
         self._from_child = from_child
         self._chan = Channel(to_child)
         return self
+
+    def begin(self) -> None:
+        """Hand the child its request: from here it loads, builds and runs. The phase's
+        clock starts now; the wait before was the parent's, not the child's."""
+        (self.work_dir / "request.json").write_text(self.request.model_dump_json())
+        self.phase_started = time.monotonic()
+        self.begun = True
+        self.send("begin")
 
     def __exit__(self, *exc: object) -> None:
         self.kill()

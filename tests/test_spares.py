@@ -1,0 +1,116 @@
+"""Children launched ahead of their candidates: a launched child runs nothing of a
+candidate's until it begins, a pool's spare serves only evaluations with its settings and
+each verdict stays its own candidate's, and none outlives its pool or a failed reference."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pike.config import EvalConfig
+from pike.errors import TaskError
+from pike.evaluate import evaluate, spares
+from pike.evaluate.driver import finish
+from pike.evaluate.judge import _launch_candidate, _spare_key
+from pike.evaluate.pool import LocalPool
+from pike.task import Task
+from tests.conftest import candidate
+
+
+def _runners() -> set[int]:
+    found = set()
+    for p in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if p.cmdline()[1:3] == ["-m", "pike.evaluate.runner"]:
+                found.add(p.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _gone(pids: set[int], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pids & _runners():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_launched_child_waits_for_its_request_and_dies_unbegun(
+        fast_config: EvalConfig) -> None:
+    launched = _launch_candidate(fast_config, "cpu")
+    try:
+        time.sleep(4.0)  # long enough for its imports
+        assert launched.child.alive()
+        assert not (launched.files.work_dir / "request.json").exists()
+        assert not launched.files.source_path.exists()
+        pid = launched.child.proc.pid
+    finally:
+        finish(launched.child)
+    assert launched.child.proc is None and _gone({pid})
+
+
+def test_a_pools_spare_takes_the_next_candidate_and_goes_with_the_pool(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    before = _runners()
+    key = _spare_key(fast_config, "cpu")
+    pool = LocalPool(fast_config, workers=1)
+    try:
+        assert pool.judge(mlp_task, candidate("fused")).status == "ok"
+        waiting = spares._spares.get(key, [])
+        assert len(waiting) == 1  # launched as the evaluation ended
+        spare_pid = waiting[0].child.proc.pid
+        time.sleep(1.0)
+        # each candidate gets its own verdict, the first from the spare's child
+        assert pool.judge(mlp_task, candidate("wrong_values")).status == "incorrect"
+        assert spare_pid not in _runners() or _gone({spare_pid})
+        assert pool.judge(mlp_task, candidate("fused")).status == "ok"
+        assert len(spares._spares.get(key, [])) == 1
+    finally:
+        pool.close()
+    assert spares._spares == {}
+    assert _gone(_runners() - before - _cached_references())
+
+
+def _cached_references() -> set[int]:
+    from pike.evaluate.judge import _references
+
+    return {run.child.proc.pid for run in _references.values()
+            if run.child is not None and run.child.proc is not None}
+
+
+def test_a_spare_serves_only_its_own_settings(fast_config: EvalConfig) -> None:
+    other = fast_config.model_copy(update={"trials": fast_config.trials + 1})
+    spares.want(1)
+    try:
+        spares.replenish(_spare_key(fast_config, "cpu"),
+                         lambda: _launch_candidate(fast_config, "cpu"))
+        assert spares.take(_spare_key(other, "cpu")) is None
+        launched = spares.take(_spare_key(fast_config, "cpu"))
+        assert launched is not None
+        assert launched.files.request.trials == fast_config.trials
+        finish(launched.child)
+    finally:
+        spares.want(-1)
+    assert spares._spares == {}
+
+
+def test_a_failing_reference_leaves_no_launched_child(
+        tmp_path: Path, fast_config: EvalConfig) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text(
+        "import torch\n\n"
+        "class Model(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        raise RuntimeError('the reference itself is broken')\n\n"
+        "def get_inputs():\n    return [torch.randn(4)]\n\n"
+        "def get_init_inputs():\n    return []\n")
+    before = _runners()
+    with pytest.raises(TaskError, match="broken"):
+        evaluate(Task.from_file(broken), candidate("fused"), fast_config)
+    assert _gone(_runners() - before)
