@@ -2,7 +2,7 @@
 wall-clock check's margin.
 
     python bench/wall_margin.py TASK_FILE... [--device cuda] [--repeats 5]
-        [--candidates honest,forged-0.6,forged-0.25] [--tag cpu] [--out bench/results]
+        [--candidates honest,forged-0.6,forged-0.45,forged-0.25] [--tag cpu] [--out bench/results]
 
 The parent times each block of a candidate's calls from outside its process and subtracts
 the loop's own cost, which the trusted reference measures (`calibrate`), and a slack for
@@ -16,9 +16,10 @@ honest blocks, and the reference's, do not reach.
 For each task, `--repeats` evaluations of
 
 - `honest`: the task's own module as the candidate;
-- `forged-0.6` and `forged-0.25`: the same module, whose forward scales the samples the
-  timing loop already holds by 0.6 (a 1.7x claim, stretch about 1.7) or 0.25 (4x, about
-  4), through the frames above its own; only the wall clock can catch them.
+- `forged-0.6`, `forged-0.45` and `forged-0.25`: the same module, whose forward scales the
+  samples the timing loop already holds by 0.6 (a 1.7x claim, stretch about 1.7), 0.45
+  (2.2x, about 2.2) or 0.25 (4x, about 4), through the frames above its own; only the
+  wall clock can catch them.
 
 The forgers reach the samples of the host's timing loop, which holds them per call; the
 CUDA loop reads its events after the block, so on a GPU only the honest rows measure
@@ -66,6 +67,7 @@ class ModelNew(Model):
 CANDIDATES = {
     "honest": lambda task: task.source + "\n\nModelNew = Model\n",
     "forged-0.6": lambda task: task.source + FORGER.replace("{factor}", "0.6"),
+    "forged-0.45": lambda task: task.source + FORGER.replace("{factor}", "0.45"),
     "forged-0.25": lambda task: task.source + FORGER.replace("{factor}", "0.25"),
 }
 
