@@ -28,11 +28,13 @@ CONV_AS_IS = (TASKS / "2_ConvBlock.py").read_text() + "\n\nclass ModelNew(Model)
 
 
 class PerTask:
-    """A correct reply for whichever task the prompt shows; every third optimizer reply is
-    wrong, so the error fixer has work."""
+    """A correct reply for whichever task the prompt shows, except each task's first
+    optimizer reply, which is wrong, so the error fixer has work in every task (counting
+    across tasks made that depend on the order the two jobs' calls came in)."""
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s, self.calls = delay_s, 0
+        self.per_task: dict[str, int] = {}
 
     def __call__(self, body: dict[str, Any]) -> Reply:
         prompt = prompt_of(body)
@@ -40,14 +42,16 @@ class PerTask:
             return Reply(content="1. Fuse elementwise ops.\n2. Use a fused kernel.\n",
                          delay_s=self.delay_s)
         self.calls += 1
-        if "failed the evaluator" not in prompt and self.calls % 3 == 0:
-            return Reply(content=fenced(WRONG), delay_s=self.delay_s)
         if "NewGELU" in prompt:
             source = GOOD
         elif "softmax" in prompt:
             source = SDPA
         else:
             source = CONV_AS_IS
+        if "failed the evaluator" not in prompt:
+            self.per_task[source] = self.per_task.get(source, 0) + 1
+            if self.per_task[source] == 1:
+                return Reply(content=fenced(WRONG), delay_s=self.delay_s)
         return Reply(content=fenced(source), delay_s=self.delay_s)
 
 
