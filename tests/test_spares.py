@@ -80,8 +80,15 @@ def test_a_pools_spare_takes_the_next_candidate_and_goes_with_the_pool(
 def _cached_references() -> set[int]:
     from pike.evaluate.judge import _references
 
-    return {run.child.proc.pid for run in _references.values()
-            if run.child is not None and run.child.proc is not None}
+    pids = set()
+    for run in _references.values():
+        if run.child is not None and run.child.proc is not None:
+            pids.add(run.child.proc.pid)  # in the OS sandbox: bwrap, the runner below it
+            try:
+                pids |= {p.pid for p in psutil.Process(run.child.proc.pid).children(True)}
+            except psutil.Error:
+                pass
+    return pids
 
 
 def test_a_spare_serves_only_its_own_settings(fast_config: EvalConfig) -> None:
@@ -114,3 +121,33 @@ def test_a_failing_reference_leaves_no_launched_child(
     with pytest.raises(TaskError, match="broken"):
         evaluate(Task.from_file(broken), candidate("fused"), fast_config)
     assert _gone(_runners() - before)
+
+
+def test_a_childs_build_folder_is_named_as_the_child_sees_it(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    """Filled before its launch (a confirming window's candidates) or after (a spare), the
+    build folder in the request is the child's view of the shared cache: in the OS sandbox
+    a host path there would be outside every folder it may write to."""
+    from pike.evaluate.driver import build_cache_root, launch_child
+    from pike.evaluate.judge import candidate_folders, fill_candidate
+    from pike.evaluate.leftovers import make_temp_dir, remove_tree
+
+    host = str(build_cache_root(fast_config) / "x")
+    for before_launch in (True, False):
+        folder = make_temp_dir("cand")
+        try:
+            files = candidate_folders(fast_config, "cpu", folder)
+            if before_launch:
+                fill_candidate(files, mlp_task, candidate("fused"), fast_config)
+            child = launch_child(files.request, files.work_dir, fast_config, "x")
+            if not before_launch:
+                fill_candidate(files, mlp_task, candidate("fused"), fast_config, child.see)
+            seen = files.request.extensions_dir
+            assert seen.endswith("/" + files.build_key)
+            if child.sandboxed:
+                assert seen.startswith("/pike/") and not seen.startswith(host[:-1])
+            else:
+                assert seen == os.path.realpath(files.request.extensions_dir)
+            finish(child)
+        finally:
+            remove_tree(folder)

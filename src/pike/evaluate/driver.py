@@ -74,6 +74,8 @@ def launch_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
     see = plan.inside if plan is not None else os.path.realpath
     request.module_path = see(request.module_path)
     request.inputs_dir, request.outputs_dir = see(request.inputs_dir), see(request.outputs_dir)
+    if request.extensions_dir:
+        request.extensions_dir = see(request.extensions_dir)
     request.writable = [see(work_dir), see(cache_root)]
     if plan is not None:
         request.writable.append("/dev/shm")  # the sandbox's own, private one

@@ -550,9 +550,10 @@ def candidate_folders(cfg: EvalConfig, device: str, folder: Path) -> CandidateFi
 
 
 def fill_candidate(files: CandidateFiles, task: Task, source: str, cfg: EvalConfig,
-                   see: Callable[[str], str] = os.path.realpath) -> None:
+                   see: Callable[[str], str] = str) -> None:
     """The candidate's part: its source, its task's fingerprint and its build folder
-    (`see`: a host path as its child sees it, for a child already launched)."""
+    (`see`: a host path as its child sees it, for a child already launched; one not yet
+    launched gets its paths mapped by `launch_child`)."""
     files.source_path.write_text(source)
     files.build_key = task.sha256[:8] + "-" + _sha(source)[:16]
     files.request.task_sha256, files.request.task_size = task.sha256, task.path.stat().st_size
