@@ -181,10 +181,13 @@ class ReferenceRun:
         if self.child is not None:
             finish(self.child)
             self.child = None
-        if self.inputs_dir.exists():
-            self.inputs_dir.chmod(0o755)
         for tmp in (self._tmp, *self._spare_tmps):
-            shutil.rmtree(tmp, ignore_errors=True)
+            if not tmp.exists():
+                continue
+            try:  # the inputs are read-only, and a child's caches may hold such files too
+                remove_tree(tmp)
+            except OSError as err:  # at exit: the next pike's sweep removes what is left
+                log.info("could not remove %s: %s", tmp, err)
 
     def __del__(self) -> None:
         try:
