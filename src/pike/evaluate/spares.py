@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pike.evaluate.driver import finish
 from pike.evaluate.leftovers import remove_tree
 from pike.evaluate.sandbox import ChildProcess
 
@@ -104,8 +105,7 @@ def close_all() -> None:
 
 
 def _discard(spare: Launched) -> None:
-    spare.child.__exit__(None, None, None)  # killed: it ran only pike's imports
-    spare.child.proc = None
+    finish(spare.child)  # never begun: killed, it ran only pike's imports
     remove_tree(spare.folder)
 
 
