@@ -92,7 +92,9 @@ def summarize(mode: dict, serial: dict | None) -> dict:
            "statuses": dict(sorted({s: sum(r["status"] == s for r in done)
                                     for s in {r["status"] for r in done}}.items())),
            "fixed_medians_ms": fixed, "fixed_cv": cv(fixed),
-           "fixed_speedup_cv": cv(fixed_speedups)}
+           "fixed_speedup_cv": cv(fixed_speedups),
+           # honest candidates whose times the parent's clock raised (driver.FIGURE_TOLERANCE)
+           "raised": [r["wall_clock_factor"] for r in done if r.get("wall_clock_factor")]}
     if serial is not None and not serial["complete"] and serial["evaluations_per_hour"] \
             and mode["workers"] > 1 and out["evaluations_per_hour"]:
         # serial was cut: compare rates, over the serial candidates judged (the batch's start)
@@ -123,8 +125,8 @@ def write(args: argparse.Namespace, data: dict) -> None:
              f"- batch: {data['candidates']} candidates ({data['mix']}), the fixed candidate "
              f"{data['fixed']} times among them", "",
              "| workers | candidates | wall | evaluations/hour | over serial | same verdicts "
-             "as serial | fixed candidate CV | its speedup's CV | verdicts |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "as serial | fixed candidate CV | its speedup's CV | verdicts | figures raised |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for s in data["summary"]:
         fixed_cv, speedup_cv = (f"{100 * s[k]:.2f}%" if s.get(k) is not None else "-"
                                 for k in ("fixed_cv", "fixed_speedup_cv"))
@@ -135,7 +137,8 @@ def write(args: argparse.Namespace, data: dict) -> None:
                      f" | {s['wall_s']} s | {s['evaluations_per_hour']} "
                      f"| {over} "
                      f"| {s.get('same_verdicts_as_serial', '-')} | {fixed_cv} | {speedup_cv} "
-                     f"| {', '.join(f'{k} {v}' for k, v in s['statuses'].items())} |")
+                     f"| {', '.join(f'{k} {v}' for k, v in s['statuses'].items())} "
+                     f"| {', '.join(map(str, s.get('raised', []))) or 'none'} |")
     lines += notes_section(data)
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
@@ -145,7 +148,8 @@ def row(kind: str, verdict: object, seconds: float) -> dict:
     runtime = getattr(verdict, "runtime", None)
     return {"kind": kind, "status": getattr(verdict, "status", "?"), "seconds": round(seconds, 2),
             "median_ms": runtime.median_ms if runtime is not None else None,
-            "speedup": getattr(verdict, "speedup", None)}
+            "speedup": getattr(verdict, "speedup", None),
+            "wall_clock_factor": getattr(verdict, "wall_clock_factor", None)}
 
 
 def run_mode(task: Task, batch: list[tuple[str, str]], workers: int, cfg: EvalConfig,

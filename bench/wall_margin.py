@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -72,24 +71,13 @@ CANDIDATES = {
 }
 
 
-def block_stretches(cost: driver.LoopCost, timer: driver.Timer) -> list[float]:
-    """Each block's wall time left after the loop's cost, over what was reported."""
-    stretches = []
-    for wall, samples in timer.blocks:
-        reported = (sum(samples) + statistics.fmean(samples)) / 1e3
-        loop = cost.per_block_s + (len(samples) + 1) * cost.per_call_s
-        stretches.append((wall - loop - driver._SLACK_S) / reported if reported > 0
-                         else math.inf)
-    return stretches
-
-
 def judged_once(task: Task, source: str, cfg: EvalConfig) -> dict:
     seen: list[dict] = []
     real = judge.unaccounted_wall_time
 
     def spy(cost, judged, reference, strict=False):  # type: ignore[no-untyped-def]
-        seen.append({"candidate": block_stretches(cost, judged),
-                     "reference": block_stretches(cost, reference),
+        seen.append({"candidate": driver.block_stretches(cost, judged),
+                     "reference": driver.block_stretches(cost, reference),
                      "loop_per_block_ms": cost.per_block_s * 1e3,
                      "loop_per_call_us": cost.per_call_s * 1e6, "strict": strict})
         return real(cost, judged, reference, strict)
@@ -100,6 +88,7 @@ def judged_once(task: Task, source: str, cfg: EvalConfig) -> dict:
     finally:
         judge.unaccounted_wall_time = real
     return {"status": verdict.status, "speedup": verdict.speedup,
+            "wall_clock_factor": verdict.wall_clock_factor,
             "message": verdict.message[:200] if verdict.message else None, "windows": seen}
 
 
@@ -127,6 +116,9 @@ def summary(rows: list[dict]) -> list[dict]:
                                          for s in {r["status"] for r in mine}}.items())),
                 "candidate_stretch": quantiles([s for w in windows for s in w["candidate"]]),
                 "reference_stretch": quantiles([s for w in windows for s in w["reference"]]),
+                "speedups": [round(r["speedup"], 3) for r in mine if r["speedup"]],
+                "raised_by": [r.get("wall_clock_factor") or 1.0 for r in mine
+                              if r["speedup"]],
             })
     return table
 
@@ -140,11 +132,13 @@ def markdown(result: dict) -> str:
         f"- command: `{result['command']}`",
         f"- repeats per candidate: {result['repeats']}; the check's margin now: a block is "
         f"suspicious when its stretch exceeds {driver.WALL_MARGIN:g}, and a mostly "
-        f"suspicious window is forged past {driver.CONTROL_FACTOR:g}x the reference's",
+        f"suspicious window is forged past {driver.CONTROL_FACTOR:g}x the reference's; "
+        f"below that, a figure is raised where the median stretch exceeds "
+        f"{driver.FIGURE_TOLERANCE:g}x the reference's",
         "",
         "| task | candidate | verdicts | candidate stretch p50 / p90 / p99 / max (n) "
-        "| reference stretch p50 / p90 / p99 / max |",
-        "|---|---|---|---|---|",
+        "| reference stretch p50 / p90 / p99 / max | speedups | times raised by |",
+        "|---|---|---|---|---|---|---|",
     ]
 
     def cell(q: dict) -> str:
@@ -154,7 +148,9 @@ def markdown(result: dict) -> str:
     for row in result["summary"]:
         verdicts = ", ".join(f"{k} {v}" for k, v in row["verdicts"].items())
         lines.append(f"| {row['task']} | {row['candidate']} | {verdicts} "
-                     f"| {cell(row['candidate_stretch'])} | {cell(row['reference_stretch'])} |")
+                     f"| {cell(row['candidate_stretch'])} | {cell(row['reference_stretch'])} "
+                     f"| {', '.join(map(str, row.get('speedups', []))) or '-'} "
+                     f"| {', '.join(str(x) for x in row.get('raised_by', [])) or '-'} |")
     return "\n".join([*lines, *notes_section(result)]) + "\n"
 
 

@@ -54,6 +54,43 @@ def test_rewriting_the_timers_samples_is_caught_by_the_parents_clock(
     assert "do not account for the wall time" in verdict.message
 
 
+def test_under_reporting_below_the_margin_is_held_to_the_parents_clock(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    fast_config.timing.min_seconds = 0.5
+    fast_config.timing.min_calls = 100
+    forger = evaluate(mlp_task, candidate("under_reports"), fast_config)
+    if forger.status == "rejected":  # a loaded host can push its blocks past the margin
+        assert "do not account for the wall time" in forger.message
+        return
+    assert forger.ok, forger.message
+    # It claims 1/0.6 = 1.67x its true speed; alone on this host its raised figure came
+    # within 1.1x of the honest twin's (tests/candidates/fused.py). Its speedup is not
+    # compared with the twin's here: on a loaded 2-core host single CPU figures vary 4x.
+    assert forger.wall_clock_factor is not None and forger.wall_clock_factor > 1.1
+    assert forger.runtime is not None and forger.speedup is not None
+    assert "raised" in forger.guards["wall clock"]
+
+
+def test_the_wall_clock_factor_raises_only_what_the_clock_cannot_account_for() -> None:
+    from pike.evaluate.driver import FIGURE_TOLERANCE, LoopCost, Timer, wall_clock_factor
+
+    cost = LoopCost(per_block_s=0.0, per_call_s=0.0)
+
+    def timer(wall_s: float, reported_ms: float) -> Timer:  # 4 blocks of 9 calls
+        samples = [reported_ms / 10] * 9  # with the untimed first call: 10 calls' worth
+        return Timer(child=None, mode="candidate",  # type: ignore[arg-type]
+                     blocks=[(wall_s + 0.005, samples)] * 4)  # + the scheduling slack
+
+    reference = timer(0.010, 10.0)  # stretch 1.0
+    assert wall_clock_factor(cost, timer(0.011, 10.0), reference) == 1.0  # honest: 1.1
+    claimed = timer(0.020, 10.0)  # reports half of its 20 ms
+    assert wall_clock_factor(cost, claimed, reference) == pytest.approx(2.0 / FIGURE_TOLERANCE)
+    # a host that stretches the reference as much stretches the allowance with it
+    assert wall_clock_factor(cost, claimed, timer(0.020, 10.0)) == 1.0
+    # a reference that runs under its own report allows no less than stretch 1
+    assert wall_clock_factor(cost, timer(0.012, 10.0), timer(0.008, 10.0)) == 1.0
+
+
 def test_a_burst_of_load_on_the_candidates_blocks_alone_is_timed_again(
         mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     # On a busy 2-core host a burst can stretch the candidate's blocks and not the

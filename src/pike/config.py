@@ -225,6 +225,14 @@ class SearchConfig(_Strict):
                              "the best correct candidates and eager are timed again in one "
                              "exclusive window; the best and its figures come from there "
                              "(0: the search-time figures)")
+    confirm_within: float = Field(
+        0.2, ge=0, description="also confirm every correct candidate whose search-time "
+        "speedup is within this share of the best's, up to confirm_max: a compiled "
+        "candidate's figure moves by that much between compiles (max-autotune picked "
+        "kernels 22% slower in a busy pool than alone, bench/results/contamination-h200-"
+        "alone.md), so the search's fourth can be the fastest")
+    confirm_max: int = Field(6, ge=0, description="the most candidates one confirming "
+                             "window takes (each is loaded and compiled again)")
     baseline_modes: list[str] = Field(
         default_factory=lambda: ["eager", *(f"compile:{m}" for m in COMPILE_MODES)],
         description="what `pike bench` times once per task, for the report's comparisons")

@@ -25,7 +25,9 @@ from pike.evaluate.driver import (
     run_trials,
     start_child,
     time_interleaved,
+    unaccounted_wall_time,
     wait_ready,
+    wall_clock_factor,
 )
 from pike.evaluate.judge import (
     ReferenceRun,
@@ -85,6 +87,7 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
             with timing_cores(pids, device, config.timing_cores):
                 time_interleaved(timers, config.timing)
             reference.child.enter_phase("idle")
+        cost = reference.loop_cost() if config.guards else None
     finally:
         for child in children.values():
             finish(child)
@@ -97,7 +100,14 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
             why = timer.failure.message if timer.failure else (timer.error or "not timed")
             found.append(Confirmation(candidate_id=cid, error=why[:300]))
             continue
-        ms = statistics.median(timer.samples)
+        # held to the parent's clock as in the search's windows: a candidate can tell
+        # this window from those no better than they from each other
+        forged = cost and unaccounted_wall_time(cost, timer, timers[0])
+        if forged:
+            found.append(Confirmation(candidate_id=cid, error=forged[:300]))
+            continue
+        raised = wall_clock_factor(cost, timer, timers[0]) if cost else 1.0
+        ms = statistics.median(timer.samples) * raised
         found.append(Confirmation(candidate_id=cid, runtime_ms=ms, reference_ms=eager,
                                   speedup=eager / ms))
     found.sort(key=lambda c: (c.speedup is None, -(c.speedup or 0.0), c.candidate_id))

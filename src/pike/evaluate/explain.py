@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pike.config import EvalConfig
-from pike.evaluate.driver import ChildReport, Timer
+from pike.evaluate.driver import FIGURE_TOLERANCE, WALL_MARGIN, ChildReport, Timer
 from pike.evaluate.os_sandbox import sandbox_status
 from pike.evaluate.sandbox import ChildProcess, network_isolation
 from pike.evaluate.verdict import Verdict
@@ -41,6 +41,10 @@ def explain_guards(cfg: EvalConfig, report: ChildReport, correctness: Verdict | 
                                  if checked else "not reached",
         "cached answers": "outputs must change when inputs change" if checked else "not reached",
         "after timing": _after_timing(final),
+        "wall clock": f"pike's own clock around each timing block must account for the "
+                      f"calls the child reported: mostly over {WALL_MARGIN:g}x is rejected; "
+                      f"over {FIGURE_TOLERANCE:g}x the reference's stretch, the candidate's "
+                      "times are raised to what the clock supports" if timers else "not timed",
         "side streams": "each call's time ends after a device-wide synchronize when work ran "
                         "past the end event" if timers else "not timed",
         "backend flags": ", ".join(f"{k}: {v}" for k, v in report.flags.items())

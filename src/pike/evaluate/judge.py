@@ -45,6 +45,7 @@ from pike.evaluate.driver import (
     time_interleaved,
     unaccounted_wall_time,
     wait_ready,
+    wall_clock_factor,
 )
 from pike.evaluate.explain import explain_guards
 from pike.evaluate.leaf_files import read_leaves
@@ -610,6 +611,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
     final: Verdict | None = None
     profile: ProfileSummary | None = None
     usual: float | None = None  # set when the reference's window stayed off its usual time
+    raised = 1.0  # the candidate's reported times, held to the parent's clock
     try:
         # Every GPU use holds the device (shared): the child's CUDA context, load, builds,
         # the warm-up's lazy compiles and autotuning, CUDA-graph capture and the trials;
@@ -646,6 +648,8 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                     timers[1].failure = _timed_dishonestly(reference, timers[1], cfg)
                 if not any(t.failure for t in timers):
                     timers, usual = _steady_window(reference, child, device, cfg, timers)
+                    if cfg.guards:
+                        raised = wall_clock_factor(reference.loop_cost(), timers[1], timers[0])
             if correctness.ok and cfg.guards and not any(t.failure for t in timers):
                 with span("final_check"), hold_for_work(device, cfg.device_lock):
                     final = _final_check(child, reference, outputs_dir, cfg)
@@ -676,7 +680,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
     verdict.guards = explain_guards(cfg, report, correctness, timers, final, child)
     if verdict.ok:
         verdict.profile = profile
-    _attach_timings(verdict, timers)
+    _attach_timings(verdict, timers, raised)
     if usual is not None and verdict.speedup is not None:
         verdict.noisy, verdict.noisy_speedup, verdict.reference_usual_ms = (
             True, verdict.speedup, usual)
@@ -824,14 +828,21 @@ def _candidate_verdict(report: ChildReport, correctness: Verdict | None,
     return verdict
 
 
-def _attach_timings(verdict: Verdict, timers: list[Timer]) -> None:
+def _attach_timings(verdict: Verdict, timers: list[Timer], raised: float = 1.0) -> None:
+    """The window's figures; the candidate's times multiplied by `raised` where its blocks
+    took longer by the parent's clock than it reported (driver.wall_clock_factor)."""
     if not timers:
         return
     reference, candidate = timers
     if reference.samples:
         verdict.reference = TimingStats.from_samples(reference.samples)
     if verdict.ok and candidate.samples:
-        verdict.runtime = TimingStats.from_samples(candidate.samples)
+        if raised > 1.0:
+            log.warning("the candidate's timing blocks took %.2fx longer than it reported, "
+                        "beyond what the reference's did: its times are raised to match",
+                        raised)
+            verdict.wall_clock_factor = round(raised, 4)
+        verdict.runtime = TimingStats.from_samples([s * raised for s in candidate.samples])
     if verdict.runtime and verdict.reference:
         verdict.speedup = verdict.reference.median_ms / verdict.runtime.median_ms
 

@@ -80,6 +80,10 @@ class Verdict(BaseModel):
     noisy: bool = False
     noisy_speedup: float | None = None
     reference_usual_ms: float | None = None
+    wall_clock_factor: float | None = Field(
+        None, description="the candidate's reported times were multiplied by this: its "
+        "timing blocks took longer by the parent's clock than it reported, beyond what the "
+        "reference's blocks did (driver.FIGURE_TOLERANCE)")
     device: str = ""
     device_name: str = ""
     torch_version: str = ""

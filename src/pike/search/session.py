@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from pike.agents import AgentContext
 from pike.agents.roles import describe_device
-from pike.config import RunConfig
+from pike.config import RunConfig, SearchConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate.judge import resolve_device
 from pike.evaluate.pool import Pool, make_pool
@@ -154,9 +154,7 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
 def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
     """Time the search's top candidates and eager again in one window (evaluate/confirm.py)
     and keep the figures in the store; a resumed run with the same top keeps them."""
-    top = sorted((r for r in store.candidates(task.name) if r.role != "reference"
-                  and r.verdict is not None and r.verdict.ok and r.verdict.speedup),
-                 key=lambda r: (-(r.verdict.speedup or 0.0), r.id))[:cfg.search.confirm_top]
+    top = confirm_candidates(store.candidates(task.name), cfg.search)
     if not top:
         return
     ids = [r.id for r in top]
@@ -168,6 +166,20 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
     found = confirm(task, {r.id: r.source for r in top}, cfg.eval)
     store.set_state(task.name, "confirmed", {"candidates": ids,
                                              "figures": [c.model_dump() for c in found]})
+
+
+def confirm_candidates(rows: list[Any], cfg: SearchConfig) -> list[Any]:
+    """Which candidates the confirming window takes: the `confirm_top` best by search-time
+    speedup, and any other within `confirm_within` of the best, `confirm_max` at most."""
+    ranked = sorted((r for r in rows if r.role != "reference" and r.verdict is not None
+                     and r.verdict.ok and r.verdict.speedup),
+                    key=lambda r: (-(r.verdict.speedup or 0.0), r.id))
+    if not ranked or cfg.confirm_top == 0:
+        return []
+    near = (1.0 - cfg.confirm_within) * ranked[0].verdict.speedup
+    chosen = [r for i, r in enumerate(ranked)
+              if i < cfg.confirm_top or r.verdict.speedup >= near]
+    return chosen[:max(cfg.confirm_top, cfg.confirm_max)]
 
 
 def _best_offline(store: RunStore, task: str) -> Any:
