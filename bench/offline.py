@@ -29,7 +29,8 @@ keeps what it finished and `--resume` skips those tasks. `--redo IDS --resume` r
 tasks again: each keeps its old row until its new one is in (a failed redo keeps it, with
 `redo_error`), and a later `--resume` goes on with those not yet run again. Writes
 bench/results/offline-<tag>.json and .md with device, torch version, date, command,
-per-task rows and geomeans.
+per-task rows and geomeans, and bench/results/offline-<tag>-set/: each finished task's
+best file as a solution set (`pike audit` takes it as it is), updated task by task.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from pike.errors import PikeError
 from pike.evaluate import BASELINE_MODES, measure_baselines
 from pike.evaluate.pool import LocalPool
 from pike.search import optimize
+from pike.solution_set import update_set
 from pike.store import RunStore
 from pike.task import Task, load_tasks
 from pike.threads import run_each
@@ -283,7 +285,7 @@ def main() -> int:
     args = p.parse_args()
     cfg = run_config(args)
     tasks = load_tasks(args.folder, task_ids(args))
-    tag = args.tag or args.folder.name
+    tag = args.tag_name = args.tag or args.folder.name
     json_path, md_path = args.out / f"offline-{tag}.json", args.out / f"offline-{tag}.md"
     rows: list[dict] = []
     redone: dict[str, dict] = {}  # the rows --redo replaces, by task
@@ -378,6 +380,9 @@ def _run_queue(pool: cf.ProcessPoolExecutor, queue: list[Task], may_start: Calla
                                    "date": dt.date.today().isoformat(),
                                    "device_name": device_name(args.device),
                                    "torch_version": torch.__version__}
+            if "error" not in row:  # the files behind the row, kept beside the results
+                with RunStore.open(runs / task.name) as store:
+                    update_set(store, args.out / f"offline-{args.tag_name}-set")
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "trace"}), flush=True)
             save()

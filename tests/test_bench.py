@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from pike.errors import StoreError
+from pike.solution_set import read_set
 from pike.store import RunStore
 from tests.conftest import CANDIDATES, EXAMPLES
 from tests.fake_openai import FakeOpenAI, Reply
@@ -122,6 +123,14 @@ def test_bench_survives_a_kill_and_reports_every_figure(
             assert store.candidate(cid).verdict == verdict
         assert any(r.role == "fix" and r.verdict.ok for r in store.candidates())
     assert sorted(p.name for p in (out / "best").iterdir()) == [f"{n}.py" for n in NAMES]
+    # the same files as a solution set, which pike audit takes as it is
+    solutions = read_set(out / "solutions")
+    assert [e.task for e in solutions.tasks] == NAMES
+    for entry in solutions.tasks:
+        assert entry.status == "ok" and entry.file
+        assert (out / "solutions" / entry.file).read_text() == (
+            out / "best" / f"{entry.task}.py").read_text()
+    assert not [p for p in out.iterdir() if p.name.startswith(".solutions")]
 
     shown = pike("show", out)
     assert shown.exit_code == 0, shown.output

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pike.solution_set import read_set
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "tasks"
 
@@ -89,6 +91,12 @@ def test_redo_runs_named_tasks_again_and_keeps_the_rest(tmp_path: Path) -> None:
     rows = {r["task"]: r for r in json.loads(results.read_text())["rows"]}
     assert rows["1_GeluMLP"]["offline_idea"] != "stale" and "settings" in rows["1_GeluMLP"]
     assert rows["2_ConvBlock"]["offline_idea"] == "kept"
+    # the files behind the new row, as a solution set pike audit reads
+    manifest = read_set(tmp_path / "offline-t-set")
+    assert [e.task for e in manifest.tasks] == ["1_GeluMLP"]
+    entry = manifest.tasks[0]
+    assert entry.status == "ok" and entry.speedup_vs_eager == pytest.approx(
+        rows["1_GeluMLP"]["offline_speedup"])
 
 
 def test_a_redo_cut_off_before_the_task_ran_keeps_its_old_row(tmp_path: Path) -> None:

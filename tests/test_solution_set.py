@@ -13,7 +13,14 @@ from pike.audit import audit
 from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import Verdict
-from pike.solution_set import CLAIMED_METHOD, MANIFEST, SolutionSet, read_set, write_set
+from pike.solution_set import (
+    CLAIMED_METHOD,
+    MANIFEST,
+    SolutionSet,
+    read_set,
+    update_set,
+    write_set,
+)
 from pike.store import RunStore
 from pike.task import Task, load_tasks
 from tests.test_audit import MIXED, TASKS, FakeJudge, audit_config, by_task, fake_baseline, fake_ok
@@ -77,6 +84,39 @@ def test_write_set_lists_every_task_and_claims_the_honest_geomean(run: Path,
     assert (entries["3_RowSum"]["status"], entries["4_Negate"]["status"]) == ("error",
                                                                              "no_candidates")
     assert entries["2_Softplus"]["compile_speedups"] == {}
+
+
+def test_update_set_keeps_one_set_over_runs_of_one_task_each(run: Path,
+                                                              tmp_path: Path) -> None:
+    # as bench/offline.py keeps it: each task searched in a run of its own
+    folder = tmp_path / "set"
+    with RunStore.open(run) as store:
+        update_set(store, folder, tasks=["1_Scale", "2_Softplus"])
+    other = tmp_path / "run2"
+    task4 = load_tasks(TASKS, [4])[0]
+    with RunStore.create(other, RunConfig().model_dump(mode="json"), "pike optimize") as store:
+        store.add_task(task4.name, str(task4.path), task4.sha256, task4.source)
+        judged(store, task4.name, "negated = 1\n", fake_ok(4.0))
+        update_set(store, folder)
+    manifest = read_set(folder)
+    assert [e.task for e in manifest.tasks] == ["1_Scale", "2_Softplus", "4_Negate"]
+    assert {e.task: e.source_run for e in manifest.tasks} == {
+        "1_Scale": str(run.resolve()), "2_Softplus": str(run.resolve()),
+        "4_Negate": str(other.resolve())}
+    assert manifest.source_run == ""  # entries of two runs
+    assert manifest.claimed_geomean == pytest.approx((5.0 * 1.0 * 4.0) ** (1 / 3))
+    assert (folder / "4_Negate.py").read_text() == "negated = 1\n"
+    # the task run again with no correct candidate: its entry and file go, the rest stay
+    again = tmp_path / "run3"
+    with RunStore.create(again, RunConfig().model_dump(mode="json"), "pike optimize") as store:
+        store.add_task(task4.name, str(task4.path), task4.sha256, task4.source)
+        judged(store, task4.name, "x = 1\n", Verdict(status="incorrect"))
+        update_set(store, folder)
+    manifest = read_set(folder)
+    assert manifest.entry("4_Negate").status == "failed"
+    assert sorted(p.name for p in folder.iterdir()) == ["1_Scale.py", MANIFEST]
+    assert manifest.claimed_geomean == pytest.approx(5.0 ** (1 / 3))
+    assert not manifest.modified_files(folder)
 
 
 def test_read_set_round_trips_and_refuses_broken_sets(run: Path, tmp_path: Path) -> None:

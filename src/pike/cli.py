@@ -364,6 +364,8 @@ def bench_command(
         os._exit(130)  # worker threads may be mid-evaluation; the store is already durable
     console.print(bench_table(result))
     console.print(f"report: pike report {escape(str(result.run_dir))}")
+    console.print(f"solutions: {escape(str(result.run_dir / 'solutions'))} "
+                  "(re-judge them alone with pike audit)")
 
 
 @command("show")

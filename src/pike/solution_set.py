@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Literal
@@ -69,6 +70,8 @@ class SetEntry(_Strict):
     torch_version: str = ""
     date: str = Field("", description="when the candidate was recorded (ISO 8601, UTC)")
     candidate_id: int | None = None
+    source_run: str = Field("", description="the run folder of candidate_id (a set kept "
+                            "task by task may hold entries of several runs)")
 
 
 class SolutionSet(_Strict):
@@ -77,7 +80,8 @@ class SolutionSet(_Strict):
     format: Literal["pike-solution-set"] = SET_FORMAT
     version: int = SET_VERSION
     created_at: str
-    source_run: str = Field("", description="the run folder the set was exported from")
+    source_run: str = Field("", description="the run folder the set was exported from; "
+                            "empty where its entries come from several (see each entry's)")
     claimed_geomean: float
     claimed_geomean_method: str = CLAIMED_METHOD
     tasks: list[SetEntry]
@@ -118,26 +122,65 @@ def write_set(store: RunStore, out_dir: Path) -> Path:
     if out_dir.is_dir() and (any(out_dir.glob("*.py")) or (out_dir / MANIFEST).exists()):
         raise ConfigError(f"{out_dir}: already holds a solution set or .py files; "
                           "write the set into a new folder")
-    entries: list[SetEntry] = []
-    files: dict[str, str] = {}
-    names = _file_names([t["name"] for t in store.tasks()])
-    for task in store.tasks():
-        entry, source = _entry(store, task, names[task["name"]])
-        entries.append(entry)
-        if entry.file and source is not None:
-            files[entry.file] = source
-    manifest = SolutionSet(
-        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        source_run=str(store.path.parent.resolve()), claimed_geomean=claimed_geomean(entries),
-        tasks=entries)
+    return update_set(store, out_dir)
+
+
+def update_set(store: RunStore, folder: Path, tasks: list[str] | None = None) -> Path:
+    """Put the run's entries for `tasks` (all its tasks by default) into the set in
+    `folder`, made if missing: each replaces its task's entry and file, every other task's
+    stays. A benchmark that runs each task in a run of its own keeps one set this way,
+    task by task. Files are written before the manifest that names them, each whole (a
+    temp file renamed), so a crash leaves the last consistent set. Returns folder."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{folder}: is a file; give a folder for the solution set")
+    before = read_set(folder) if (folder / MANIFEST).exists() else None
+    entries = {e.task: e for e in (before.tasks if before else [])}
+    chosen = [t for t in store.tasks() if tasks is None or t["name"] in tasks]
+    names = _file_names([t["name"] for t in chosen])
+    run = str(store.path.parent.resolve())
+    dropped: list[str] = []
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for name, source in files.items():
-            (out_dir / name).write_text(source)
-        (out_dir / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n")
+        folder.mkdir(parents=True, exist_ok=True)
+        for task in chosen:
+            old = entries.get(task["name"])
+            file_name = old.file if old is not None and old.file else _free_name(
+                names[task["name"]], {e.file for t, e in entries.items()
+                                      if t != task["name"] and e.file})
+            entry, source = _entry(store, task, file_name)
+            entry.source_run = run
+            if source is not None:
+                _write_whole(folder / file_name, source)
+            elif old is not None and old.file:
+                dropped.append(old.file)
+            entries[task["name"]] = entry
+        runs = {e.source_run for e in entries.values()}
+        manifest = SolutionSet(
+            created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            source_run=runs.pop() if len(runs) == 1 else "",
+            claimed_geomean=claimed_geomean(list(entries.values())),
+            tasks=list(entries.values()))
+        _write_whole(folder / MANIFEST, manifest.model_dump_json(indent=2) + "\n")
+        for name in dropped:  # no longer named by the manifest
+            (folder / name).unlink(missing_ok=True)
     except OSError as err:
-        raise ConfigError(f"cannot write the solution set to {out_dir}: {err.strerror}") from None
-    return out_dir
+        raise ConfigError(f"cannot write the solution set to {folder}: {err.strerror}") from None
+    return folder
+
+
+def _free_name(name: str, taken: set[str]) -> str:
+    """`name`, or `name` with a number before .py where another task's file has it (two
+    runs' task names can make the same safe file name)."""
+    stem, k = name.removesuffix(".py"), 2
+    while name in taken:
+        name, k = f"{stem}_{k}.py", k + 1
+    return name
+
+
+def _write_whole(path: Path, text: str) -> None:
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(text)
+    os.replace(part, path)
 
 
 def _entry(store: RunStore, task: dict, file_name: str) -> tuple[SetEntry, str | None]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -23,6 +24,7 @@ from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import measure_baselines
 from pike.evaluate.judge import keep_references
+from pike.evaluate.leftovers import remove_tree
 from pike.evaluate.pool import Pool, make_pool
 from pike.search.session import (
     OptimizeResult,
@@ -32,6 +34,7 @@ from pike.search.session import (
     summary_row,
     task_result,
 )
+from pike.solution_set import write_set
 from pike.store import BASELINE_STATE, DONE_STATE, ERROR_STATE, RunStore
 from pike.task import Task, load_tasks
 from pike.threads import run_each
@@ -137,3 +140,25 @@ def _write_outputs(store: RunStore, outcomes: list[TaskOutcome]) -> None:
             (best_dir / f"{outcome.task}.py").write_text(outcome.result.best_source)
         rows.append(summary_row(store, outcome.result))
     (run_dir / "summary.json").write_text(json.dumps({"tasks": rows}, indent=2))
+    _write_solutions(store, run_dir / SOLUTIONS)
+
+
+# The campaign's best files as a solution set (`pike export --set`'s format, manifest and
+# all), so `pike audit RUN/solutions FOLDER` re-judges exactly what its figures came from.
+SOLUTIONS = "solutions"
+
+
+def _write_solutions(store: RunStore, target: Path) -> None:
+    """Write the set beside, then swap it in: a resumed campaign replaces the set it wrote
+    before, and a crash mid-write leaves the old one whole."""
+    fresh = target.with_name(f".{target.name}-{os.getpid()}")
+    old = target.with_name(f".{target.name}-old-{os.getpid()}")
+    for leftover in (fresh, old):  # of an earlier pike of the same pid, cut off here
+        if leftover.exists():
+            remove_tree(leftover)
+    write_set(store, fresh)
+    if target.exists():
+        target.rename(old)
+    fresh.rename(target)
+    if old.exists():
+        remove_tree(old)
