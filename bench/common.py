@@ -82,6 +82,12 @@ def this_command() -> str:
     return "python " + " ".join(sys.argv)
 
 
+def with_ext(stem: Path, ext: str) -> Path:
+    """`stem` with `ext` appended: Path.with_suffix would cut a tag with a dot ("share-0.1")
+    at its last dot, and two runs' results would overwrite each other."""
+    return stem.with_name(stem.name + ext)
+
+
 def notes_section(data: dict) -> list[str]:
     """A results file's hand-written notes (its JSON's "notes", kept across --resume) as
     the closing lines of its markdown: a blank line, then one bullet each."""

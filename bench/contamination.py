@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import RESULTS, device_name, now, run_script, this_command
+from common import RESULTS, device_name, now, run_script, this_command, with_ext
 
 from pike.config import RunConfig
 from pike.evaluate.confirm import confirm
@@ -204,14 +204,14 @@ def main() -> int:
             "torch_version": torch.__version__, "host": platform.node(), "date": now(),
             "command": this_command(), "task": task.name, "workers": args.workers,
             "candidates": args.candidates, "modes": [], "alone": []}
-    if args.resume and stem.with_suffix(".json").exists():
-        before = json.loads(stem.with_suffix(".json").read_text())
+    if args.resume and with_ext(stem, ".json").exists():
+        before = json.loads(with_ext(stem, ".json").read_text())
         data["modes"] = before["modes"]
         data["earlier_commands"] = [*before.get("earlier_commands", []), before["command"]]
 
     def save() -> None:  # the candidates' sources are kept too: the alone window needs them
-        stem.with_suffix(".json").write_text(json.dumps(data, indent=2))
-        stem.with_suffix(".md").write_text(markdown(data))
+        with_ext(stem, ".json").write_text(json.dumps(data, indent=2))
+        with_ext(stem, ".md").write_text(markdown(data))
 
     done = {m["mode"] for m in data["modes"]}
     for mode in [m for m in args.modes.split(",") if m not in done]:

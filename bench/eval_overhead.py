@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import RESULTS, device_name, now, run_script, this_command
+from common import RESULTS, device_name, now, run_script, this_command, with_ext
 
 from pike.config import EvalConfig
 from pike.evaluate import evaluate, spares
@@ -182,8 +182,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
-        stem.with_suffix(".json").write_text(json.dumps(data, indent=2))
-        stem.with_suffix(".md").write_text(markdown(data))
+        with_ext(stem, ".json").write_text(json.dumps(data, indent=2))
+        with_ext(stem, ".md").write_text(markdown(data))
 
     for path in args.tasks:
         task = Task.from_file(path)

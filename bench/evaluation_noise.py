@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import RESULTS, device_name, notes_section, now, run_script, this_command
+from common import RESULTS, device_name, notes_section, now, run_script, this_command, with_ext
 from throughput import CANDIDATES, FIXED, bench_task, cv
 
 from pike.config import EvalConfig
@@ -44,7 +44,7 @@ def write(out: Path, tag: str, data: dict) -> None:
     data["summary"] = {w: summary(rows) for w, rows in data["settings"].items()}
     stem = out / f"evaluation-noise-{tag}"
     out.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(data, indent=2))
+    with_ext(stem, ".json").write_text(json.dumps(data, indent=2))
 
     def pct(v: float | None) -> str:
         return f"{100 * v:.2f}%" if v is not None else "-"
@@ -62,7 +62,7 @@ def write(out: Path, tag: str, data: dict) -> None:
         lines.append(f"| {w} | {s['evaluations']} | {s['ok']} | {pct(s['candidate_cv'])} | "
                      f"{pct(s['reference_cv'])} | {pct(s['speedup_cv'])} | {medians} |")
     lines += notes_section(data)
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    with_ext(stem, ".md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> int:

@@ -18,7 +18,7 @@ import platform
 from pathlib import Path
 
 import torch
-from common import RESULTS, device_name, now, run_script, task_ids, this_command
+from common import RESULTS, device_name, now, run_script, task_ids, this_command, with_ext
 
 from pike.agents.offline import render
 from pike.config import EvalConfig
@@ -58,8 +58,8 @@ def main() -> int:
             "speedup_alone": verdict.speedup, "speedup_in_bench": before.get("offline_speedup"),
             "eager_ms_alone": verdict.reference.median_ms if verdict.reference else None,
             "eager_ms_in_bench": before.get("eager_ms"), "message": verdict.message[:300]})
-        stem.with_suffix(".json").write_text(json.dumps(result, indent=2))
-        stem.with_suffix(".md").write_text(markdown(result))
+        with_ext(stem, ".json").write_text(json.dumps(result, indent=2))
+        with_ext(stem, ".md").write_text(markdown(result))
         print(json.dumps(result["rows"][-1]), flush=True)
     return 0
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import RESULTS, device_name, notes_section, now, run_script, this_command
+from common import RESULTS, device_name, notes_section, now, run_script, this_command, with_ext
 
 from pike.config import EvalConfig
 from pike.evaluate.pool import LocalPool
@@ -115,7 +115,7 @@ def write(args: argparse.Namespace, data: dict) -> None:
     data["summary"] = [summarize(m, base) for m in data["modes"]]
     stem = args.out / f"throughput-{args.tag}"
     args.out.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(data, indent=2))
+    with_ext(stem, ".json").write_text(json.dumps(data, indent=2))
     lines = [f"# Evaluation throughput ({data['device_name']})", "",
              f"- device: {data['device']}, torch {data['torch_version']}, host {data['host']}, "
              f"{data['cpus']} CPU cores", f"- date: {data['date']}",
@@ -140,7 +140,7 @@ def write(args: argparse.Namespace, data: dict) -> None:
                      f"| {', '.join(f'{k} {v}' for k, v in s['statuses'].items())} "
                      f"| {', '.join(map(str, s.get('raised', []))) or 'none'} |")
     lines += notes_section(data)
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    with_ext(stem, ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 
 

@@ -177,3 +177,26 @@ def test_outputs_compared_on_the_gpu_give_the_hosts_verdict() -> None:
     on_host = check.compare_leaf(expected, actual, 0, 0, 1e-4, 1e-4)
     assert on_gpu.model_dump() == on_host.model_dump() and on_gpu.mismatched == 2
 
+
+
+def test_a_references_expected_outputs_are_kept_on_the_gpu_within_their_share(
+        mlp_task: Task, gpu_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    judge.close_references()
+    first = evaluate(mlp_task, candidate("fused"), gpu_config)
+    wrong = evaluate(mlp_task, candidate("wrong_values"), gpu_config)
+    assert first.ok and wrong.status == "incorrect", (first.message, wrong.message)
+    run = next(iter(judge._references.values()))
+    kept = run._on_device
+    assert kept is not None and kept is not run.expected
+    assert all(x.is_cuda for leaves in kept for x in leaves if isinstance(x, torch.Tensor))
+    assert judge._kept[run._kept_on] == run._kept_bytes > 0
+    judge.close_references()
+    assert judge._kept[run._kept_on] == 0 and run._on_device is None
+    # no room in the share: compared from the mapped files, the same verdicts
+    monkeypatch.setattr(judge, "_KEPT_SHARE", 0.0)
+    again = evaluate(mlp_task, candidate("fused"), gpu_config)
+    assert again.ok
+    run = next(iter(judge._references.values()))
+    assert run._on_device is run.expected and run._kept_bytes == 0
+    judge.close_references()

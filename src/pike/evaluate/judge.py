@@ -108,6 +108,9 @@ class ReferenceRun:
     new_steps: dict[str, float] = field(default_factory=dict)  # its child's, until reported
     _spare_tmps: list[Path] = field(default_factory=list)
 
+    _on_device: list[list[Any]] | None = None  # `expected`, copied to the GPU that compares
+    _kept_bytes: int = 0  # what that copy counts against _KEPT_SHARE, on _kept_on
+    _kept_on: str = ""
     _loop_cost: LoopCost | None = None
     _work: Work | None = None
     _work_asked: bool = False
@@ -178,10 +181,28 @@ class ReferenceRun:
         self._loop_cost, self.renewals = None, self.renewals + 1
         return True
 
+    def expected_on(self, on: torch.device) -> list[list[Any]]:
+        """The expected outputs where comparisons run. On a GPU they are copied there at the
+        first comparison and kept, while every reference's kept copies together stay within
+        _KEPT_SHARE of its memory: each candidate's comparison then reads them from device
+        memory, not from the mapped file through the bus. Otherwise the mapped ones."""
+        if on.type != "cuda":
+            return self.expected
+        with _kept_lock:
+            if self._on_device is None:
+                self._on_device, self._kept_bytes = _copy_within_share(self.expected, on)
+                self._kept_on = str(on)
+            return self._on_device
+
     def close(self) -> None:
         if self.child is not None:
             finish(self.child)
             self.child = None
+        with _kept_lock:
+            if self._kept_bytes:
+                _kept[self._kept_on] -= self._kept_bytes
+                self._on_device, self._kept_bytes = None, 0
+                torch.cuda.empty_cache()
         for tmp in (self._tmp, *self._spare_tmps):
             if not tmp.exists():
                 continue
@@ -195,6 +216,33 @@ class ReferenceRun:
             self.close()
         except Exception:  # interpreter shutdown: the child dies with its session anyway
             pass
+
+
+# The expected outputs kept on a GPU by this process, all references together, may take
+# this share of its memory: the rest is the candidates'. A task whose outputs do not fit
+# is compared from its mapped files, as before.
+_KEPT_SHARE = 0.1
+_kept: dict[str, int] = {}  # bytes kept, by device
+_kept_lock = threading.Lock()
+
+
+def _copy_within_share(expected: list[list[Any]], on: torch.device
+                       ) -> tuple[list[list[Any]], int]:
+    """`expected` copied onto `on` and the bytes that took, where the share allows and the
+    copy succeeds; else `expected` itself and 0. Called under _kept_lock."""
+    key = str(on)
+    size = sum(x.nbytes for leaves in expected for x in leaves if isinstance(x, torch.Tensor))
+    share = _KEPT_SHARE * torch.cuda.get_device_properties(on).total_memory
+    if size == 0 or _kept.get(key, 0) + size > share:
+        return expected, 0
+    try:
+        copied = [[x.to(on) if isinstance(x, torch.Tensor) else x for x in leaves]
+                  for leaves in expected]
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return expected, 0
+    _kept[key] = _kept.get(key, 0) + size
+    return copied, size
 
 
 _references: OrderedDict[str, ReferenceRun] = OrderedDict()
@@ -629,8 +677,8 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
         if trials_ran:
             on = compare_device(device)
             with span("compare"), hold_for_work(device, cfg.device_lock):
-                correctness = _compare_trials(reference.expected[:cfg.trials + cfg.guards],
-                                              outputs_dir, cfg, on)
+                expected = reference.expected_on(on)[:cfg.trials + cfg.guards]
+                correctness = _compare_trials(expected, outputs_dir, cfg, on)
                 _release_compare_memory(on)
             if correctness.ok and cfg.time_candidate and reference.child is not None:
                 timers = _timing_window(reference, child, device, cfg, warmed=False)
@@ -756,7 +804,8 @@ def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path
     except Exception as err:  # written by the child: anything may be in it
         return Verdict(status="incorrect", phase="check",
                        message=f"outputs after timing could not be read back ({err})")
-    bad = [c for c in _compare_leaves(reference.expected[-1], actual, cfg.trials + 1, cfg, on)
+    bad = [c for c in _compare_leaves(reference.expected_on(on)[-1], actual, cfg.trials + 1,
+                                      cfg, on)
            if c.problem]
     del actual
     _release_compare_memory(on)
