@@ -9,7 +9,9 @@ evaluations at once:
 
 - `locked`: pike as it is (every GPU use holds the device, drifting windows timed again);
 - `unlocked`: the control, with `eval.device_lock: timing_only` and
-  `eval.timing.max_reference_drift: None` (only timing holds the device, no drift check).
+  `eval.timing.max_reference_drift: None` (only timing holds the device, no drift check);
+- `serial`: pike as it is with one worker: no neighbours at all, so its spread is what the
+  card and the reference child do on their own, the floor the pool's spread is read against.
 
 For each mode: the reference's median in every verdict (the spread max/min is what
 neighbours did to the windows), noisy verdicts, the search's best and the confirmed best.
@@ -31,7 +33,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import RESULTS, device_name, now, run_script, this_command, with_ext
+from common import RESULTS, device_name, notes_section, now, run_script, this_command, with_ext
 
 from pike.config import RunConfig
 from pike.evaluate.confirm import confirm
@@ -48,7 +50,7 @@ SAME_SPEED = 0.02
 def mode_config(mode: str, args: argparse.Namespace) -> RunConfig:
     cfg = RunConfig()
     cfg.eval.device = args.device
-    cfg.eval.workers = args.workers
+    cfg.eval.workers = 1 if mode == "serial" else args.workers
     cfg.search.offline.max_candidates = args.candidates
     cfg.search.offline.max_seconds = args.max_seconds
     if mode == "unlocked":
@@ -60,7 +62,8 @@ def mode_config(mode: str, args: argparse.Namespace) -> RunConfig:
 def run_mode(task: Task, mode: str, args: argparse.Namespace, runs: Path) -> dict:
     close_references()  # each mode starts its own reference
     started = time.monotonic()
-    result = optimize(task, mode_config(mode, args), out=runs / mode)
+    cfg = mode_config(mode, args)
+    result = optimize(task, cfg, out=runs / mode)
     wall = time.monotonic() - started
     store = RunStore.open(result.run_dir)
     rows = [c for c in store.candidates(task.name) if c.verdict is not None]
@@ -72,7 +75,8 @@ def run_mode(task: Task, mode: str, args: argparse.Namespace, runs: Path) -> dic
     search_best = max(correct, key=lambda c: c.verdict.search_speedup or c.verdict.speedup or 0.0,
                       default=None) if correct else None
     return {
-        "mode": mode, "wall_s": round(wall, 1), "run_dir": str(result.run_dir),
+        "mode": mode, "workers": cfg.eval.workers, "wall_s": round(wall, 1),
+        "run_dir": str(result.run_dir),
         "verdicts": len(rows), "correct": len(correct),
         "noisy": sum(bool(c.verdict and c.verdict.noisy) for c in rows),
         "reference_ms": [round(x, 4) for x in reference_ms],
@@ -152,7 +156,7 @@ def markdown(data: dict) -> str:
         span = f"{min(ref):.3f}..{max(ref):.3f} ms" if ref else "-"
         search, conf = m["search_best"], m["confirmed_best"]
         lines.append(
-            f"| {m['mode']} | {m['wall_s']} s | {m['verdicts']} ({m['correct']}) | {span} "
+            f"| {m['mode']} ({m.get('workers', data['workers'])} w) | {m['wall_s']} s | {m['verdicts']} ({m['correct']}) | {span} "
             f"| {m['reference_spread']} | {m['noisy']} "
             f"| {_pick(search)} | {_pick(conf)} "
             f"| {_x(m.get('best_alone_speedup'))} | {m.get('best_is_alone_fastest')} |")
@@ -163,6 +167,7 @@ def markdown(data: dict) -> str:
         lines.append(f"| {a['idea']} | {a.get('window', 1)} | {_ms(a['runtime_ms'])} "
                      f"| {_ms(a['reference_ms'])} "
                      f"| {_x(a['speedup'])}{' ' + a['error'][:60] if a['error'] else ''} |")
+    lines += notes_section(data)
     return "\n".join(lines) + "\n"
 
 
@@ -208,6 +213,8 @@ def main() -> int:
         before = json.loads(with_ext(stem, ".json").read_text())
         data["modes"] = before["modes"]
         data["earlier_commands"] = [*before.get("earlier_commands", []), before["command"]]
+        if before.get("notes"):  # written by hand
+            data["notes"] = before["notes"]
 
     def save() -> None:  # the candidates' sources are kept too: the alone window needs them
         with_ext(stem, ".json").write_text(json.dumps(data, indent=2))

@@ -3,6 +3,7 @@ candidate queued once more, one verdict per candidate into the store."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from pike.errors import TaskError
 from pike.evaluate import device_lock
 from pike.evaluate import judge as judge_module
 from pike.evaluate import pool as pool_module
-from pike.evaluate.pool import LocalPool, requeue_once
+from pike.evaluate.pool import Lane, LocalPool, requeue_once
 from pike.evaluate.verdict import Verdict
 from pike.search.offline import OfflineSearch
 from pike.store import RunStore
@@ -84,6 +85,43 @@ def test_the_pool_runs_a_batch_at_once_and_yields_each_candidate_once(mlp_task: 
         got = list(pool.judge_many(mlp_task, ["1", "2", "3"]))
     assert sorted(i for i, _ in got) == [0, 1, 2]
     assert {i: v.speedup for i, v in got} == {0: 1.0, 1: 2.0, 2: 3.0}
+
+
+def test_tasks_sharing_a_pool_each_get_their_own_lane(mlp_task: Task) -> None:
+    """pike bench --jobs 2 --workers 2: each task has two candidates in evaluation at once,
+    never more, so neither task's batch waits behind the other's while its budget runs."""
+    other = dataclasses.replace(mlp_task, name="2_Other")
+    together = threading.Barrier(4, timeout=20)  # breaks unless both tasks run two each
+    in_flight: Counter[str] = Counter()
+    most: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def evaluator(task: Task, source: str, cfg: EvalConfig) -> Verdict:
+        with lock:
+            in_flight[task.name] += 1
+            most[task.name] = max(most[task.name], in_flight[task.name])
+        if source in ("1", "2"):
+            together.wait()
+        with lock:
+            in_flight[task.name] -= 1
+        return ok(float(source))
+
+    with LocalPool(EvalConfig(device="cpu"), workers=4, evaluator=evaluator) as pool:
+        lanes = {t.name: Lane(pool, 2) for t in (mlp_task, other)}
+        got: dict[str, list[tuple[int, Verdict]]] = {}
+
+        def run(task: Task) -> None:
+            got[task.name] = list(lanes[task.name].judge_many(task, ["1", "2", "3", "4"]))
+
+        threads = [threading.Thread(target=run, args=(t,)) for t in (mlp_task, other)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert {name: sorted(i for i, _ in pairs) for name, pairs in got.items()} == {
+        mlp_task.name: [0, 1, 2, 3], "2_Other": [0, 1, 2, 3]}
+    assert most == {mlp_task.name: 2, "2_Other": 2}
+    assert lanes[mlp_task.name].width == 2
 
 
 def test_a_lost_evaluation_is_retried_on_another_device(mlp_task: Task,

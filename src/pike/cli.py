@@ -99,8 +99,8 @@ PlannerOpt = Annotated[bool, typer.Option(
 GranularityOpt = Annotated[str | None, typer.Option(
     help="what each query implements with --planner: one (step), several, free")]
 WorkersOpt = Annotated[int | None, typer.Option(
-    min=1, help="candidates evaluated at once: builds and compiles overlap, timing stays "
-    "one at a time per GPU (default 1)")]
+    min=1, help="candidates evaluated at once (per task, with bench): builds and compiles "
+    "overlap, timing stays one at a time per GPU (default 1)")]
 DevicesOpt = Annotated[str | None, typer.Option(
     help="GPUs of this host to spread evaluations over: cuda:0,cuda:1 (one timing lane each)")]
 ClusterOpt = Annotated[str | None, typer.Option(
@@ -322,8 +322,8 @@ def bench_command(
     devices: DevicesOpt = None,
     cluster: ClusterOpt = None,
     ray_address: RayAddressOpt = None,
-    jobs: Annotated[int, typer.Option(min=1, help="tasks at once (timing stays exclusive "
-                                      "per GPU)")] = 1,
+    jobs: Annotated[int, typer.Option(min=1, help="tasks at once, each with --workers "
+                                      "evaluations (timing stays exclusive per GPU)")] = 1,
     device: DeviceOpt = None,
     construct_on: ConstructOnOpt = None,
     out: Annotated[Path | None, typer.Option(help="run dir (default RUNS/bench-<folder>-<time>)")]

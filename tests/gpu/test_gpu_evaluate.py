@@ -200,3 +200,31 @@ def test_a_references_expected_outputs_are_kept_on_the_gpu_within_their_share(
     run = next(iter(judge._references.values()))
     assert run._on_device is run.expected and run._kept_bytes == 0
     judge.close_references()
+
+
+def test_baseline_modes_compile_on_the_build_cores_before_their_window(
+        mlp_task: Task, gpu_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compile modes are built alone on the device (autotuning measures kernels) but
+    with every build core's compile workers, not one, and before the timed blocks."""
+    from pike.evaluate import baseline
+    from pike.evaluate.cores import build_cores
+
+    threads: list[int] = []
+    real = baseline.run_reference
+
+    def spy(task: Task, cfg: EvalConfig, device: str, **kw: object) -> judge.ReferenceRun:
+        threads.append(cfg.compile_threads)
+        return real(task, cfg, device, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(baseline, "run_reference", spy)
+    modes = ["eager", "compile:default", "compile:max-autotune-no-cudagraphs"]
+    started = time.monotonic()
+    base = baseline.measure_baselines(mlp_task, gpu_config, modes)
+    print(f"baselines in {time.monotonic() - started:.1f} s:",
+          {m.mode: (m.build_s, m.stats and round(m.stats.median_ms, 4)) for m in base.modes})
+    assert threads == [max(1, build_cores("cuda:0", gpu_config.timing_cores))]
+    assert [m.mode for m in base.modes] == modes
+    eager, *compiled = base.modes
+    assert all(m.stats and m.stats.median_ms > 0 for m in base.modes), base.modes
+    assert all(m.build_s and eager.build_s is not None and m.build_s > eager.build_s
+               for m in compiled)

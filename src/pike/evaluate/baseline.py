@@ -7,6 +7,7 @@ import datetime as dt
 from pydantic import BaseModel, Field
 
 from pike.config import COMPILE_MODES, EvalConfig, RunConfig
+from pike.evaluate.cores import build_cores
 from pike.evaluate.judge import (
     as_eval_config,
     resolve_device,
@@ -25,6 +26,8 @@ class ModeTiming(BaseModel):
     stats: TimingStats | None = None
     error: str | None = None
     speedup_vs_eager: float | None = None
+    build_s: float | None = Field(None, description="building and warming the mode up before "
+                                  "its timing (a torch.compile mode's compile and autotuning)")
 
 
 class Baseline(BaseModel):
@@ -50,14 +53,22 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     cfg = as_eval_config(config)
     device = resolve_device(cfg.device)
     modes = modes or BASELINE_MODES
+    if device.startswith("cuda") and any(m.startswith("compile:") for m in modes):
+        # The modes compile while the device is held alone, so no other evaluation's
+        # build runs meanwhile: this child may have every build core for its compile
+        # workers (at one, max-autotune's compile held the GPU for minutes).
+        cfg = cfg.model_copy(update={"compile_threads": max(
+            cfg.compile_threads, build_cores(device, cfg.timing_cores))})
     reference = run_reference(task, cfg, device, keep_child=True, cache=False)
     try:
         work = reference.work()
         timers = time_reference_modes(task, reference, modes, cfg, device)
     finally:
         reference.close()
-    results = [ModeTiming(mode=t.mode, stats=TimingStats.from_samples(t.samples))
-               if t.samples and not t.error else ModeTiming(mode=t.mode, error=t.error or "failed")
+    results = [ModeTiming(mode=t.mode, stats=TimingStats.from_samples(t.samples),
+                          build_s=_rounded(t.build_s))
+               if t.samples and not t.error else
+               ModeTiming(mode=t.mode, error=t.error or "failed", build_s=_rounded(t.build_s))
                for t in timers]
     eager = next((r.stats for r in results if r.mode == "eager" and r.stats), None)
     for r in results:
@@ -73,3 +84,7 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
         work=work, floor=floor(work, floor_name) if work else None,
         no_floor=(no_floor_reason(work, floor_name) if work else "the FLOPs could not be counted"),
     )
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return round(seconds, 3) if seconds is not None else None

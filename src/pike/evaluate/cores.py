@@ -46,6 +46,12 @@ def split(timing_cores: int, gpus: int | None = None) -> tuple[list[frozenset[in
     return lanes, frozenset(cores[gpus * timing_cores:])
 
 
+def build_cores(device: str, timing_cores: int) -> int:
+    """How many cores a build on `device` may use: the build cores of a GPU host, else all."""
+    plan = split(timing_cores) if device.startswith("cuda") else None
+    return len(plan[1]) if plan is not None else max(1, len(_host_cores()) or os.cpu_count() or 1)
+
+
 def _gpu_index(device: str) -> int:
     return int(device.partition(":")[2] or 0)
 

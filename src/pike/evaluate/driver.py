@@ -267,6 +267,7 @@ class Timer:
     error: str | None = None  # the mode failed (e.g. torch.compile); others go on
     failure: Verdict | None = None  # the child failed or died while timing
     warmed: bool = False
+    build_s: float | None = None  # building and warming it up before timing (baselines)
     blocks: list[tuple[float, list[float]]] = field(default_factory=list)  # (wall s, samples)
     outputs: list[dict] = field(default_factory=list)  # samples of timed calls' outputs
     probe_samples: list[float] = field(default_factory=list)  # calls on never-seen inputs

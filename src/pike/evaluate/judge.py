@@ -426,15 +426,33 @@ def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
     """Time the reference's modes (eager, torch.compile ...) alternating with each other."""
     assert reference.child is not None
     timers = [Timer(reference.child, mode) for mode in modes]
-    with (hold(device, exclusive=True), reference.talking,
-          timing_cores([_pid(reference.child)], device, cfg.timing_cores)):
-        time_interleaved(timers, cfg.timing)
+    with hold(device, exclusive=True), reference.talking:
+        # Each mode is built (a torch.compile mode compiles and autotunes) before the child
+        # moves onto the timing cores: on the build cores, with the compile workers the
+        # child was started with. Still alone on the device: autotuning measures kernels.
+        for timer in timers:
+            _prepare(timer)
+        with timing_cores([_pid(reference.child)], device, cfg.timing_cores):
+            time_interleaved(timers, cfg.timing)
         reference.child.enter_phase("idle")
     broken = next((t.failure for t in timers if t.failure), None)
     if broken is not None:
         reference.close()
         raise _reference_failed(task, broken)
     return timers
+
+
+def _prepare(timer: Timer) -> None:
+    """Build one mode of a live child and warm it up, untimed; how long it took is kept."""
+    if timer.stopped:
+        return
+    started = time.perf_counter()
+    reply = request(timer.child, "timing", "prepared", "prepare", mode=timer.mode)
+    timer.build_s = time.perf_counter() - started
+    if isinstance(reply, Verdict):
+        timer.failure = reply
+    elif reply.get("error"):
+        timer.error = str(reply["error"])
 
 
 def attach_floor(verdict: Verdict, work: Work | None) -> None:

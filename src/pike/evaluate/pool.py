@@ -84,6 +84,24 @@ def _evaluator_failure(err: BaseException) -> bool:
     return not isinstance(err, PikeError)
 
 
+def _judged(executor: ThreadPoolExecutor | None, judge: Callable[[str], Verdict],
+            sources: Sequence[str]) -> Iterator[tuple[int, Verdict]]:
+    """(index, verdict) pairs as they finish: on `executor`'s threads, or one after another
+    in this thread where there is none or one source (tracebacks stay simple)."""
+    if executor is None or len(sources) <= 1:
+        for i, source in enumerate(sources):
+            yield i, judge(source)
+        return
+    futures: dict[Future[Verdict], int] = {
+        executor.submit(judge, s): i for i, s in enumerate(sources)}
+    try:
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+    finally:  # the caller stopped early (an error, Ctrl-C): drop what has not started
+        for future in futures:
+            future.cancel()
+
+
 class LocalPool:
     """Evaluations in `workers` threads on this host, over `devices` (GPUs or 'cpu')."""
 
@@ -111,18 +129,8 @@ class LocalPool:
         return self._run(task, source)
 
     def judge_many(self, task: Task, sources: Sequence[str]) -> Iterator[tuple[int, Verdict]]:
-        if self.workers == 1 or len(sources) <= 1:  # no threads: tracebacks stay simple
-            for i, source in enumerate(sources):
-                yield i, self._run(task, source)
-            return
-        futures: dict[Future[Verdict], int] = {
-            self._executor.submit(self._run, task, s): i for i, s in enumerate(sources)}
-        try:
-            for future in as_completed(futures):
-                yield futures[future], future.result()
-        finally:  # the caller stopped early (an error, Ctrl-C): drop what has not started
-            for future in futures:
-                future.cancel()
+        yield from _judged(self._executor if self.workers > 1 else None,
+                           lambda s: self._run(task, s), sources)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -158,6 +166,34 @@ class LocalPool:
     def _give(self, device: str) -> None:
         with self._lock:
             self._busy[device] -= 1
+
+
+class Lane:
+    """One task's share of a pool that several tasks use at once: at most `width` of its
+    candidates in evaluation at a time. Through the pool's own queue, the task that
+    batched first would hold the others back while their time budgets ran."""
+
+    def __init__(self, pool: Pool, width: int) -> None:
+        self.pool = pool
+        self._width = max(1, width)
+
+    @property
+    def width(self) -> int:
+        return self._width
+
+    def judge(self, task: Task, source: str) -> Verdict:
+        return self.pool.judge(task, source)
+
+    def judge_many(self, task: Task, sources: Sequence[str]) -> Iterator[tuple[int, Verdict]]:
+        if self._width == 1 or len(sources) <= 1:
+            yield from _judged(None, lambda s: self.pool.judge(task, s), sources)
+            return
+        with ThreadPoolExecutor(min(self._width, len(sources)),
+                                thread_name_prefix="pike-lane") as lane:
+            yield from _judged(lane, lambda s: self.pool.judge(task, s), sources)
+
+    def close(self) -> None:
+        """The pool is its owner's to close."""
 
 
 def make_pool(cfg: EvalConfig) -> Pool:

@@ -38,7 +38,7 @@ from pike.evaluate.protocol import (
     timed_set_count,
 )
 from pike.evaluate.steps import StepClock
-from pike.evaluate.timing import time_block
+from pike.evaluate.timing import time_block, warm_up
 
 _save = torch.save
 # The evaluator's own files live for one evaluation in its own folders; a checksum of
@@ -216,13 +216,18 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     chan.send("checked", trials=req.trials, steps=STEPS.rounded())
     torch.set_float32_matmul_precision("highest")  # the task's dtype is the contract
     rotation = InputRotation(pool[:req.input_sets])  # the probe sets are the candidate's
+    compiled_modes: list[str] = []
 
     def make_call(mode: str) -> Callable[[], Any]:
         fn = model
         if mode == "empty":  # calibrates what the timing loop costs around a call
             return lambda: stand_ins
         if mode.startswith("compile:"):
-            torch._dynamo.reset()
+            # One reset, before the first mode: a reset drops every compiled frame, so one
+            # before each mode made the modes built before it compile again in the window.
+            if not compiled_modes:
+                torch._dynamo.reset()
+            compiled_modes.append(mode)
             fn = torch.compile(model, mode=mode.split(":", 1)[1])
         elif mode != "eager":
             raise ValueError(f"unknown timing mode {mode!r}")
@@ -393,6 +398,18 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
             continue
         if msg and msg.get("event") == "work" and req.role == "reference":
             _serve_work(req, msg, chan)
+            continue
+        if msg and msg.get("event") == "prepare":  # build a mode and warm it up, untimed
+            mode = str(msg["mode"])
+            try:
+                calls[mode] = calls.get(mode) or make_call(mode)
+                warm_up(calls[mode], device, req.timing)
+            except BaseException as exc:  # a torch.compile mode may fail: reported, not raised
+                calls.pop(mode, None)
+                chan.send("prepared", mode=mode, error=describe_exception(exc).splitlines()[0][:500],
+                          seq=msg.get("seq"))
+                continue
+            chan.send("prepared", mode=mode, seq=msg.get("seq"))
             continue
         if not msg or msg.get("event") != "time":
             return

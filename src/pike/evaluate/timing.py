@@ -64,6 +64,11 @@ def time_block(fn: Callable[[], Any], device: torch.device, cfg: TimingConfig, *
     return _time_host(fn, min_calls, min_seconds, max_calls, after)
 
 
+def warm_up(fn: Callable[[], Any], device: torch.device, cfg: TimingConfig) -> None:
+    """The warm-up of a first block, on its own: a torch.compile mode compiles here."""
+    _warm_up(fn, (lambda: _synchronize(device)) if device.type == "cuda" else (lambda: None), cfg)
+
+
 def _enough(count: int, spent_s: float, min_calls: int, min_seconds: float,
             max_calls: int) -> bool:
     if count >= max_calls:

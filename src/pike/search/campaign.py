@@ -25,7 +25,7 @@ from pike.errors import ConfigError, TaskError
 from pike.evaluate import measure_baselines
 from pike.evaluate.judge import keep_references
 from pike.evaluate.leftovers import remove_tree
-from pike.evaluate.pool import Pool, make_pool
+from pike.evaluate.pool import Lane, Pool, make_pool
 from pike.search.session import (
     OptimizeResult,
     search_task,
@@ -87,11 +87,16 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
              on_event: Callable[..., None]) -> list[TaskOutcome]:
     outcomes: dict[str, TaskOutcome] = {}
     keep_references(jobs + 1)
-    # One evaluation pool for all tasks: `eval.workers` bounds the evaluations at once.
-    with closing(make_pool(cfg.eval)) as evaluations:
+    # One evaluation pool for all tasks, `eval.workers` evaluations per task at once: each
+    # task's search gets its own lane of that width, so a task's time budget never runs
+    # while its candidates wait behind another task's.
+    # (A Ray cluster's actors keep their own `eval.workers` each.)
+    width = cfg.eval.workers
+    total = width * jobs if cfg.eval.cluster == "local" else width
+    with closing(make_pool(cfg.eval.model_copy(update={"workers": total}))) as pool:
         # Ctrl-C or a host-level error: queued tasks do not start; what ran is in the store
         # for --resume.
-        for outcome in run_each(lambda t: _one_task(store, t, cfg, evaluations, on_event),
+        for outcome in run_each(lambda t: _one_task(store, t, cfg, Lane(pool, width), on_event),
                                 tasks, jobs, "pike-bench"):
             outcomes[outcome.task] = outcome
     return [outcomes[t.name] for t in tasks]
