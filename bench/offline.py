@@ -14,10 +14,11 @@ compile modes once more with `pike baseline` first (costs a second compile of ea
 Tasks run in `--jobs` processes at once: trials and compiles overlap, timing takes the
 GPU alone (pike.evaluate.device_lock). Within a task, `--workers` candidates of a round are
 evaluated at once by the evaluation pool: their compiles (torch.compile compiles in the
-warm-up call, before the device lock) overlap. The first round's batches go in the order
-the offline agent ranks transformations on CUDA (graphs, then the three compile modes), and
-a batch always finishes, so `--workers 4` or more guarantees every compile baseline is
-judged even when the task's time budget runs out. `--start-before S` starts no task after
+warm-up call, before the device lock) overlap. The first round's candidates go in the order
+the offline agent ranks transformations on CUDA (graphs, then the three compile modes); the
+first `--workers` start at once and a started candidate always finishes, so `--workers 4`
+or more guarantees every compile baseline is judged even when the task's time budget runs
+out. `--start-before S` starts no task after
 S seconds, so a call with a wall-clock limit ends with whole tasks.
 `--fill-compile --resume` judges again the compile baselines of finished tasks that have no
 verdict of their own: modes never judged, and modes that timed out or ran out of memory

@@ -109,3 +109,51 @@ def test_a_small_or_full_tmpfs_is_not_roomy(monkeypatch: pytest.MonkeyPatch) -> 
     assert not leftovers._roomy_tmpfs(Path("/dev/shm"))
     monkeypatch.setattr(leftovers.os, "statvfs", statvfs(10, 64))  # under a quarter free
     assert not leftovers._roomy_tmpfs(Path("/dev/shm"))
+
+
+# ---- a GPU with no room left for the parent's comparison ----------------------------------
+
+
+@pytest.mark.parametrize("short_of_room", ["reading", "comparing"])
+def test_a_comparison_without_room_on_the_gpu_is_made_on_the_host(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, short_of_room: str) -> None:
+    """Other evaluations' memory on a shared GPU is not the candidate's fault: a correct
+    candidate whose outputs the parent cannot fit on the GPU is compared on the host, and
+    stays correct (on an H200 with 16 evaluations at once it was judged `incorrect`)."""
+    from pike.config import EvalConfig
+    from pike.evaluate import judge
+    from pike.evaluate.leaf_files import write_leaves
+
+    expected = [[torch.full((4, 3), float(t))] for t in range(2)]
+    for t, leaves in enumerate(expected):
+        write_leaves(leaves, tmp_path / f"outputs_{t}.pt")
+    gpu = torch.device("cuda")
+    real_load, real_compare = judge._load_leaves, judge._compare_leaves
+    tried_on: list[str] = []
+
+    def load(path: Path, mapped: bool = False, on: torch.device | None = None,
+             like: list | None = None) -> list:
+        tried_on.append(f"read on {on.type if on else None}")
+        if on == gpu and short_of_room == "reading":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 MiB.")
+        return real_load(path, mapped, None, like)  # no GPU here: the bytes land on the host
+
+    def compare(exp: list, act: list, trial: int, cfg: EvalConfig, on: torch.device) -> list:
+        tried_on.append(f"compare on {on.type}")
+        if on == gpu:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 498.00 MiB.")
+        return real_compare(exp, act, trial, cfg, on)
+
+    monkeypatch.setattr(judge, "_load_leaves", load)
+    monkeypatch.setattr(judge, "_compare_leaves", compare)
+    verdict = judge._compare_trials(expected, tmp_path, EvalConfig(trials=2), gpu)
+    assert verdict.status == "ok", verdict.message
+    assert verdict.trials_passed == 2
+    assert tried_on[:3] == (["read on cuda", "read on cpu", "compare on cpu"]
+                            if short_of_room == "reading" else
+                            ["read on cuda", "compare on cuda", "compare on cpu"])
+
+    # a candidate's wrong values are still wrong when compared on the host
+    write_leaves([torch.zeros(4, 3)], tmp_path / "outputs_1.pt")
+    assert judge._compare_trials(expected, tmp_path, EvalConfig(trials=2), gpu).status == \
+        "incorrect"

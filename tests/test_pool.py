@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -142,6 +143,35 @@ def test_a_lost_evaluation_is_retried_on_another_device(mlp_task: Task,
     assert pool._busy == {"cuda:0": 0, "cuda:1": 0}
 
 
+def test_a_candidate_out_of_gpu_memory_beside_others_is_judged_once_more(
+        mlp_task: Task, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two at once on one GPU: the first to finish ran out of memory while the other was
+    on the card, so it is judged again; alone, an out-of-memory verdict stands."""
+    monkeypatch.setattr(pool_module, "resolve_device", lambda d: d)
+    together = threading.Barrier(2, timeout=20)
+    tries: Counter[str] = Counter()
+    oom = Verdict(status="runtime_error", phase="check",
+                  message="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 256 MiB")
+
+    def evaluator(task: Task, source: str, cfg: EvalConfig) -> Verdict:
+        tries[source] += 1
+        if tries[source] == 1 and source in ("crowded", "other"):
+            together.wait()  # both on the GPU at once
+            if source == "crowded":
+                return oom
+            time.sleep(0.5)  # still on the card when "crowded" ends
+            return ok()
+        return oom if source == "alone" else ok()
+
+    with LocalPool(EvalConfig(device="cpu"), workers=2, devices=["cuda:0"],
+                   evaluator=evaluator) as pool:
+        got = dict(pool.judge_many(mlp_task, ["crowded", "other"]))
+        alone = pool.judge(mlp_task, "alone")
+    assert got[0].ok and got[1].ok
+    assert tries == {"crowded": 2, "other": 1, "alone": 1}
+    assert alone.status == "runtime_error"
+
+
 def test_the_least_busy_gpu_gets_the_next_candidate(mlp_task: Task,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pool_module, "resolve_device", lambda d: d)
@@ -180,6 +210,41 @@ def test_the_offline_search_judges_each_round_as_one_batch(mlp_task: Task,
     assert [r.idea for r in rows] == ["inference_mode", "compile:default",
                                       "compile:default + inference_mode"]
     assert all(r.verdict is not None and r.verdict.ok for r in rows)
+
+
+def test_the_offline_search_starts_the_next_candidate_as_soon_as_one_ends(
+        mlp_task: Task, tmp_path: Path) -> None:
+    """Two lanes, three candidates: the first is slow (a long compile) and ends only once
+    the third has been judged, which needs the second's lane to take it at once; judged
+    in fixed batches of two, the third would wait for the first, which waits for it."""
+    third_judged = threading.Event()
+    first_saw_third: list[bool] = []
+    order: list[int] = []
+    lock = threading.Lock()
+
+    def evaluator(task: Task, source: str, cfg: EvalConfig) -> Verdict:
+        with lock:
+            order.append(len(order) + 1)
+            mine = order[-1]
+        if mine == 1:
+            first_saw_third.append(third_judged.wait(10))
+        if mine == 3:
+            third_judged.set()
+        return ok(1.0 + mine / 10)
+
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    store.add_task(mlp_task.name, str(mlp_task.path), mlp_task.sha256, mlp_task.source)
+    with LocalPool(EvalConfig(device="cpu"), workers=2, evaluator=evaluator) as pool:
+        search = OfflineSearch(store, mlp_task.name, mlp_task.source, "cuda",
+                               judge=lambda sources: pool.judge_many(mlp_task, sources),
+                               max_candidates=10, max_seconds=120, batch=2)
+        sets = [("tf32",), ("inference_mode",), ("channels_last",)]
+        results = search._try(sets, 0)
+    assert first_saw_third == [True], "the third candidate waited behind the first"
+    assert all(results[s] is not None and results[s].ok for s in sets)
+    rows = store.candidates(mlp_task.name)
+    assert [r.idea for r in rows] == ["tf32", "inference_mode", "channels_last"]
+    assert [r.branch for r in rows] == [0, 1, 2]
 
 
 # ---- the real evaluator -------------------------------------------------------------------

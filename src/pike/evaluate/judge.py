@@ -817,13 +817,12 @@ def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path
         return reply
     on = compare_device(reference.device)
     try:
-        actual = _load_leaves(outputs_dir / "outputs_final.pt", on=on,
-                              like=reference.expected[-1])
+        expected, actual, here = _read_back(outputs_dir / "outputs_final.pt",
+                                            reference.expected_on(on)[-1], on)
     except Exception as err:  # written by the child: anything may be in it
         return Verdict(status="incorrect", phase="check",
                        message=f"outputs after timing could not be read back ({err})")
-    bad = [c for c in _compare_leaves(reference.expected_on(on)[-1], actual, cfg.trials + 1,
-                                      cfg, on)
+    bad = [c for c in _compare_with_room(expected, actual, cfg.trials + 1, cfg, here)
            if c.problem]
     del actual
     _release_compare_memory(on)
@@ -950,8 +949,8 @@ def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfi
         if trial == cfg.trials and not check.all_finite(exp_leaves, on):
             continue  # the reference itself overflows on shifted inputs: nothing to learn
         try:
-            act_leaves = _load_leaves(outputs_dir / f"outputs_{trial}.pt", on=on,
-                                      like=exp_leaves)
+            exp_here, act_leaves, here = _read_back(outputs_dir / f"outputs_{trial}.pt",
+                                                    exp_leaves, on)
         except Exception as err:  # written by the child: anything may be in it
             return Verdict(status="incorrect", phase="check",
                            message=f"trial {trial}: outputs could not be read back ({err})")
@@ -959,7 +958,7 @@ def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfi
             first, first_seen = _fingerprint(act_leaves), True
         elif _same_print(first, _fingerprint(act_leaves)):
             repeated.append(trial)
-        compared = _compare_leaves(exp_leaves, act_leaves, trial, cfg, on)
+        compared = _compare_with_room(exp_here, act_leaves, trial, cfg, here)
         del act_leaves
         max_abs = max([max_abs, *(c.max_abs_error or 0.0 for c in compared)])
         max_rel = max([max_rel, *(c.max_rel_error or 0.0 for c in compared)])
@@ -980,6 +979,39 @@ def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfi
         message += "; the output is identical for different inputs (a cached or constant result?)"
     return Verdict(status="incorrect", phase="check", message=message,
                    mismatches=mismatches[:20], **errors)
+
+
+_HOST = torch.device("cpu")
+
+
+def _read_back(path: Path, expected: list[Any], on: torch.device
+               ) -> tuple[list[Any], list[Any], torch.device]:
+    """A candidate's outputs of one trial, with the expected ones and where to compare
+    them: on `on`, or on the host where the GPU has no room left for the parent. Other
+    evaluations' memory on a shared GPU is not the candidate's fault (on an H200, 16 of
+    them at once left a comparison 16 MB short and gave correct candidates `incorrect`)."""
+    try:
+        return expected, _load_leaves(path, on=on, like=expected), on
+    except torch.OutOfMemoryError as err:
+        host_expected = _on_host(expected, err)
+        return host_expected, _load_leaves(path, on=_HOST, like=host_expected), _HOST
+
+
+def _compare_with_room(expected: list[Any], actual: list[Any], trial: int, cfg: EvalConfig,
+                       on: torch.device) -> list[OutputMismatch]:
+    """`_compare_leaves` on `on`, or on the host where the GPU runs out of room for it."""
+    try:
+        return _compare_leaves(expected, actual, trial, cfg, on)
+    except torch.OutOfMemoryError as err:
+        return _compare_leaves(_on_host(expected, err), _on_host(actual), trial, cfg, _HOST)
+
+
+def _on_host(leaves: list[Any], err: BaseException | None = None) -> list[Any]:
+    if err is not None:
+        log.info("comparing a trial on the host: the GPU has no room (%s)",
+                 str(err).splitlines()[0][:120])
+        torch.cuda.empty_cache()  # what a failed chunk held
+    return [x.cpu() if isinstance(x, torch.Tensor) else x for x in leaves]
 
 
 def _compare_leaves(expected: list[Any], actual: list[Any], trial: int,

@@ -72,6 +72,12 @@ def requeue_once(attempt: Callable[[int], Verdict],
                 f"the evaluation was lost twice: {one_line(first)}; then {one_line(second)}"))
 
 
+def out_of_device_memory(verdict: Verdict) -> bool:
+    """The candidate failed because the GPU had no memory left (its own or its neighbours')."""
+    return (verdict.status in ("runtime_error", "crashed")
+            and "out of memory" in (verdict.message or "").lower())
+
+
 def one_line(err: BaseException) -> str:
     """An error as one short line, for verdicts and logs."""
     text = str(err).strip().splitlines()
@@ -145,16 +151,29 @@ class LocalPool:
 
     def _run(self, task: Task, source: str) -> Verdict:
         used: list[str] = []
+        crowded: list[bool] = []
 
         def attempt(n: int) -> Verdict:
             device = self._take(avoid=used)
             used.append(device)
             try:
-                return self._evaluate(task, source, self.cfg.model_copy(update={"device": device}))
+                verdict = self._evaluate(task, source,
+                                         self.cfg.model_copy(update={"device": device}))
+                with self._lock:
+                    crowded.append(device.startswith("cuda") and self._busy[device] > 1)
+                return verdict
             finally:
                 self._give(device)
 
-        return requeue_once(attempt, _evaluator_failure)
+        verdict = requeue_once(attempt, _evaluator_failure)
+        if crowded and crowded[-1] and out_of_device_memory(verdict):
+            # The GPU ran out with other evaluations on it: their memory is not this
+            # candidate's fault. Judged once more; a candidate that needs more than the
+            # card runs out again and keeps its verdict.
+            log.warning("a candidate ran out of GPU memory with other evaluations on the "
+                        "GPU; judged once more")
+            verdict = requeue_once(attempt, _evaluator_failure)
+        return verdict
 
     def _take(self, avoid: Sequence[str]) -> str:
         """The least busy device, preferring one this candidate has not been lost on."""

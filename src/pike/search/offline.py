@@ -11,7 +11,9 @@ candidates, wall-clock seconds) is spent. Candidates are recorded like LLM ones 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from pike.agents.offline import applicable, compatible, render
@@ -28,7 +30,7 @@ class OfflineSearch:
         self.store, self.task, self.task_source = store, task_name, task_source
         self.device, self.judge = device, judge
         self.max_candidates, self.max_seconds = max_candidates, max_seconds
-        self.batch = max(1, batch)  # judged at once (the pool's width); budget checked between
+        self.batch = max(1, batch)  # in evaluation at once (the pool's width)
         self.on_event = on_event
         self._started = time.monotonic()
         # a resumed search has the budget that is left, not a new one
@@ -65,28 +67,66 @@ class OfflineSearch:
 
     def _try(self, sets: list[tuple[str, ...]], round_: int
              ) -> dict[tuple[str, ...], Verdict | None]:
-        """Verdicts of these transformation sets (None: no budget left for it), judged
-        `batch` at a time; sets judged before (a resumed search) are not judged again."""
+        """Verdicts of these transformation sets (None: no budget left for it), `batch` in
+        evaluation at a time: each one that ends makes room for the next, so a quick
+        candidate never waits for a slow compile beside it. Sets judged before (a resumed
+        search) are not judged again; the store is written from this thread only."""
         results: dict[tuple[str, ...], Verdict | None] = dict.fromkeys(sets)
         known = {r.idea: r for r in self.store.candidates(self.task) if r.role == "offline"}
-        for start in range(0, len(sets), self.batch):
-            cids: dict[tuple[str, ...], int] = {}
-            for branch, names in enumerate(sets[start:start + self.batch], start):
-                idea = " + ".join(names)
-                if idea in known:
-                    cids[names] = known[idea].id
-                elif self._room():
-                    cids[names] = self.store.add_candidate(
-                        self.task, render(self.task_source, names), parent_id=None,
-                        role="offline", round=round_, branch=branch, idea=idea)
-                    self._made += 1
-            rows = [self.store.candidate(cid) for cid in cids.values()]
-            todo = [r for r in rows if r.verdict is None]  # new, or killed mid-evaluation
-            for i, verdict in self.judge([r.source for r in todo]):
-                self._record(todo[i].id, verdict)
-            for names, cid in cids.items():
-                results[names] = self.store.candidate(cid).verdict
+        waiting = deque(enumerate(sets))
+        running: dict[Future[Verdict], tuple[tuple[str, ...], int]] = {}
+        # one at a time: in this thread, as a search without a pool does (plain tracebacks)
+        lanes = (ThreadPoolExecutor(self.batch, thread_name_prefix="pike-offline")
+                 if self.batch > 1 else None)
+
+        def submit(source: str) -> Future[Verdict]:
+            if lanes is not None:
+                return lanes.submit(self._judge_one, source)
+            done: Future[Verdict] = Future()
+            done.set_result(self._judge_one(source))
+            return done
+
+        try:
+            while waiting or running:
+                while waiting and len(running) < self.batch:
+                    branch, names = waiting.popleft()
+                    cid = self._candidate(names, round_, branch, known)
+                    if cid is None:
+                        continue
+                    row = self.store.candidate(cid)
+                    if row.verdict is not None:
+                        results[names] = row.verdict
+                        continue
+                    running[submit(row.source)] = (names, cid)
+                if not running:
+                    break
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    names, cid = running.pop(future)
+                    self._record(cid, future.result())
+                    results[names] = self.store.candidate(cid).verdict
+        finally:  # an error or Ctrl-C: what has not started is dropped
+            if lanes is not None:
+                lanes.shutdown(wait=False, cancel_futures=True)
         return results
+
+    def _candidate(self, names: tuple[str, ...], round_: int, branch: int,
+                   known: dict[str, Any]) -> int | None:
+        """The candidate of this set: recorded before, new while there is budget, or None."""
+        idea = " + ".join(names)
+        if idea in known:
+            return int(known[idea].id)
+        if not self._room():
+            return None
+        self._made += 1
+        return int(self.store.add_candidate(
+            self.task, render(self.task_source, names), parent_id=None,
+            role="offline", round=round_, branch=branch, idea=idea))
+
+    def _judge_one(self, source: str) -> Verdict:
+        for _, verdict in self.judge([source]):
+            return verdict
+        raise AssertionError("the judge gave no verdict")  # pragma: no cover
 
     def _record(self, cid: int, verdict: Verdict) -> None:
         self.store.set_verdict(cid, verdict)
