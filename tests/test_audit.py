@@ -336,3 +336,51 @@ def test_tasks_audited_at_once_get_the_same_verdicts_in_task_order(
     assert [(t.task, t.status, t.phase) for t in together.tasks] == [
         (t.task, t.status, t.phase) for t in serial.tasks]
     assert together.aggregates.correct == serial.aggregates.correct
+
+
+def test_an_audit_cut_off_goes_on_with_resume_and_keeps_what_it_judged(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long audit spans device calls: cut off after its first task, `resume` measures
+    and judges only the rest, and the result covers every task as one audit would."""
+    from pike.audit import resume_audit
+    from tests.test_optimize import pike
+
+    judge = FakeJudge({"1_Scale": 2.0, "2_Softplus": 4.0, "3_RowSum": 1.0},
+                      {"1_Scale": fake_ok(3.0), "2_Softplus": fake_ok(5.0),
+                       "3_RowSum": Verdict(status="incorrect", trials=2, phase="check")},
+                      ).install(monkeypatch)
+    folder = _files(tmp_path / "set", "task_1.py", "task_2.py", "task_3.py")
+    out = tmp_path / "run"
+    cfg = audit_config(build_cache, ["eager", "compile:default"])
+
+    def stop_after_the_first(kind: str, **data: Any) -> None:
+        if kind == "task_done":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        audit(folder, TASKS, cfg, out=out, ids=[1, 2, 3], on_event=stop_after_the_first)
+    assert (len(judge.modes), len(judge.configs)) == (1, 1)  # the first task only
+
+    result = resume_audit(out)
+    assert (len(judge.modes), len(judge.configs)) == (3, 3)  # the other two, once each
+    t = by_task(result)
+    assert [x.task for x in result.tasks] == ["1_Scale", "2_Softplus", "3_RowSum"]
+    assert [x.status for x in result.tasks] == ["ok", "ok", "incorrect"]
+    assert t["1_Scale"].compile_speedups == {"compile:default": pytest.approx(1.5)}
+    assert result.aggregates.geomean_all == pytest.approx((3.0 * 5.0 * 1.0) ** (1 / 3))
+    assert any(w.startswith("resumed") for w in result.warnings)
+    assert not any(w.startswith("partial") for w in result.warnings)
+    with RunStore.open(out) as store:  # one candidate per file, each judged once
+        assert len(store.candidates()) == 3
+
+    # a finished audit resumed again judges nothing; the CLI says what it needs
+    assert resume_audit(out).aggregates.geomean_all == result.aggregates.geomean_all
+    assert len(judge.configs) == 3
+    cli = pike("audit", "--resume", out, "--json")
+    assert cli.exit_code == 0, cli.output
+    assert len(judge.configs) == 3
+    refused = pike("audit", folder, "--resume", out)
+    assert refused.exit_code == 2 and "drop SOLUTIONS" in refused.output
+    missing = pike("audit", "--resume", tmp_path / "nothing")
+    assert missing.exit_code == 2 and "no pike run" in missing.output
+    assert pike("audit", folder).exit_code == 2

@@ -48,7 +48,7 @@ def test_every_command_and_option_is_documented() -> None:
         for param in command.params:
             if param.param_type_name == "option":
                 assert f"| `{param.opts[0]}`" in section, (name, param.opts)
-    assert "`pike audit [OPTIONS] SOLUTIONS TASKS`" in text
+    assert "`pike audit [OPTIONS] [SOLUTIONS] [TASKS]`" in text
     assert "<task>" not in text  # an HTML tag to Markdown: it would vanish from the page
 
 

@@ -452,10 +452,11 @@ def export_command(
 @command("audit")
 @user_errors
 def audit_command(
-    solutions: Annotated[Path, typer.Argument(metavar="SOLUTIONS",
-                                              help="folder of solution files (task_10.py, "
-                                              "10_*.py, a mapping.yaml, or a pike set)")],
-    tasks_folder: Annotated[Path, typer.Argument(metavar="TASKS", help="folder of task files")],
+    solutions: Annotated[Path | None, typer.Argument(
+        metavar="SOLUTIONS", help="folder of solution files (task_10.py, 10_*.py, a "
+        "mapping.yaml, or a pike set)")] = None,
+    tasks_folder: Annotated[Path | None, typer.Argument(
+        metavar="TASKS", help="folder of task files")] = None,
     tasks: Annotated[str | None, typer.Option(help="only these task ids: 1,4,9")] = None,
     device: DeviceOpt = None,
     construct_on: ConstructOnOpt = None,
@@ -466,16 +467,34 @@ def audit_command(
     allow_changed_tasks: Annotated[bool, typer.Option(
         "--allow-changed-tasks", help="audit a pike set even where a task file changed since "
         "the set was written (marked in the result)")] = False,
+    resume: Annotated[Path | None, typer.Option(
+        help="go on with the audit in this run dir: what it judged is kept")] = None,
     as_json: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
     """Judge every file of a solution set with the full guards, time it against eager and
-    each torch.compile mode, and give aggregates that count failures as 1.0x."""
-    from pike.audit import audit, to_markdown
+    each torch.compile mode, and give aggregates that count failures as 1.0x.
+
+    Cut off (Ctrl-C, a time limit), --resume RUN_DIR goes on where it stopped."""
+    from pike.audit import audit, resume_audit, to_markdown
     from pike.audit.matching import match
     from pike.report.progress import AUDIT_FIELDS, BenchProgress
     from pike.search.session import stamp
 
+    if resume is not None:
+        given = [name for name, value in (("SOLUTIONS", solutions), ("TASKS", tasks_folder),
+                                          ("--tasks", tasks), ("--out", out),
+                                          ("--config", config), ("--device", device))
+                 if value is not None]
+        if given:
+            raise ConfigError(f"--resume goes on with the audit as it was asked: drop "
+                              f"{', '.join(given)}")
+        with BenchProgress(err_console, _stored_task_names(resume), AUDIT_FIELDS) as progress:
+            result = resume_audit(resume, workers=workers, on_event=progress)
+        _print_audit(result, as_json, to_markdown)
+        return
+    if solutions is None or tasks_folder is None:
+        raise ConfigError("give SOLUTIONS and TASKS (or --resume RUN_DIR)")
     cfg = _config(config, device, construct_on)
     if workers is not None:
         cfg.eval.workers = workers
@@ -490,11 +509,24 @@ def audit_command(
         result = audit(solutions, tasks_folder, cfg, out=run_dir, ids=ids,
                        command="pike " + " ".join(sys.argv[1:]),
                        allow_changed_tasks=allow_changed_tasks, on_event=progress)
+    _print_audit(result, as_json, to_markdown)
+
+
+def _stored_task_names(run_dir: Path) -> list[str]:
+    from pike.store import RunStore
+
+    with RunStore.open(run_dir) as store:
+        return [t["name"] for t in store.tasks()]
+
+
+def _print_audit(result: Any, as_json: bool, to_markdown: Callable[[Any], str]) -> None:
     if as_json:
         print(result.model_dump_json(indent=2))
-    else:
-        console.print(escape(to_markdown(result)), highlight=False, soft_wrap=True)
-        console.print(f"run store: {escape(str(run_dir))} (pike report {escape(str(run_dir))})")
+        return
+    run_dir = escape(str(result.run_dir))
+    console.print(escape(to_markdown(result)), highlight=False, soft_wrap=True)
+    console.print(f"run store: {run_dir} (pike report {run_dir}; cut off: "
+                  f"pike audit --resume {run_dir})")
 
 
 @command("report")

@@ -6,8 +6,9 @@ from pike.audit.matching import match_solutions
 from pike.audit.precision import detect_precision
 from pike.audit.result import Aggregates, AuditResult, ModeGeomean, TaskAudit, TrialError
 from pike.audit.run import audit
+from pike.audit.run import resume as resume_audit
 
 __all__ = [
     "Aggregates", "AuditResult", "ModeGeomean", "TaskAudit", "TrialError", "audit",
-    "detect_precision", "match_solutions", "to_markdown",
+    "detect_precision", "match_solutions", "resume_audit", "to_markdown",
 ]

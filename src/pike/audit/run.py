@@ -5,7 +5,9 @@ task's baselines (eager and each torch.compile mode of `search.baseline_modes`) 
 measured once. All of it lands in a run store at `out` like any pike run: candidates with
 role "audit" and the file name as idea, task states "baseline", "missing", "error" and
 "done", so `pike report` and `pike show` read it. `audit.json` (the AuditResult) and
-`audit.md` (to_markdown) are written beside the store.
+`audit.md` (to_markdown) are written beside the store. An audit cut off (Ctrl-C, a
+device call's time limit) goes on with `resume(run_dir)`: what it asked is in the store,
+and every baseline and verdict already recorded is kept, not measured again.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pike.audit.matching import Matching, match
 from pike.audit.precision import detect_precision
 from pike.audit.result import AuditResult, TaskAudit, aggregate, relative, task_audit
 from pike.config import RunConfig
-from pike.errors import TaskError
+from pike.errors import ConfigError, TaskError
 from pike.evaluate import Baseline, evaluate, measure_baselines
 from pike.evaluate.judge import keep_references
 from pike.store import (
@@ -39,6 +41,8 @@ from pike.threads import run_each
 log = logging.getLogger(__name__)
 
 ROLE = "audit"
+# What the audit was asked, kept in the store's state under the run's own (empty) name.
+RUN_STATE, ASKED_STATE = "", "audit"
 RESULT_JSON = "audit.json"
 RESULT_MARKDOWN = "audit.md"
 
@@ -47,9 +51,25 @@ def _no_event(kind: str, **data: Any) -> None:
     pass
 
 
+def resume(run_dir: Path, *, workers: int | None = None,
+           on_event: Callable[..., None] = _no_event) -> AuditResult:
+    """Go on with the audit in `run_dir`, as it was asked; `workers` may change."""
+    with RunStore.open(Path(run_dir)) as store:  # no run there: a StoreError says so
+        asked = store.get_state(RUN_STATE, ASKED_STATE)
+        config, command = RunConfig.model_validate(store.config()), store.command()
+    if not isinstance(asked, dict):
+        raise ConfigError(f"{run_dir} is not an audit pike can resume (it records no audit)")
+    if workers is not None:
+        config.eval.workers = workers
+    return audit(Path(asked["solutions"]), Path(asked["tasks"]), config, out=Path(run_dir),
+                 ids=asked.get("ids"), command=command,
+                 allow_changed_tasks=bool(asked.get("allow_changed_tasks")),
+                 on_event=on_event, _resumed=True)
+
+
 def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out: Path,
           ids: list[int] | None = None, command: str = "", allow_changed_tasks: bool = False,
-          on_event: Callable[..., None] = _no_event) -> AuditResult:
+          on_event: Callable[..., None] = _no_event, _resumed: bool = False) -> AuditResult:
     """Judge each solution file of `solutions` against its task in the folder `tasks`.
 
     Refuses (TaskError) when a solution set's manifest recorded another version of a task
@@ -76,7 +96,14 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
     if ids is None:
         warnings += [f"{name}: matches no task; not audited"
                      for name in matching.unmatched(solutions)]
-    store = RunStore.create(out, cfg.model_dump(mode="json"), command)
+    if _resumed:
+        store = RunStore.open(out)
+        warnings.append("resumed: the baselines and verdicts of earlier calls are kept")
+    else:
+        store = RunStore.create(out, cfg.model_dump(mode="json"), command)
+        store.set_state(RUN_STATE, ASKED_STATE, {
+            "solutions": str(solutions.resolve()), "tasks": str(tasks_dir.resolve()),
+            "ids": ids, "allow_changed_tasks": allow_changed_tasks})
     baselines: dict[str, Baseline] = {}
     finished: dict[int, TaskAudit] = {}
     finishing = threading.Lock()
@@ -97,8 +124,10 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
             event("task_done", audit=done)
 
     try:
+        known = {t["name"] for t in store.tasks()}
         for task in task_list:
-            store.add_task(task.name, str(task.path), task.sha256, task.source)
+            if task.name not in known:
+                store.add_task(task.name, str(task.path), task.sha256, task.source)
         _each_task(one, task_list, cfg.eval.workers)
         run_dir = store.path.parent
     finally:
@@ -174,15 +203,29 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
     except (OSError, UnicodeDecodeError) as err:
         store.set_state(task.name, MISSING_STATE, True)
         return base.model_copy(update={"message": f"cannot read {file.name}: {err}"})
+    recorded_error = store.get_state(task.name, ERROR_STATE)
+    if recorded_error is not None:  # an earlier call of this audit found the reference broken
+        return base.model_copy(update={"status": "error", "message": str(recorded_error)})
+    # What an earlier call of this audit recorded for this very file is kept.
+    recorded = next((r for r in store.candidates(task.name)
+                     if r.role == ROLE and r.source == source), None)
     try:
-        event("task_phase", phase="baseline")
-        baseline = measure_baselines(task, cfg, cfg.search.baseline_modes)
+        kept = store.get_state(task.name, BASELINE_STATE)
+        if kept is not None:
+            baseline = Baseline.model_validate(kept)
+        else:
+            event("task_phase", phase="baseline")
+            baseline = measure_baselines(task, cfg, cfg.search.baseline_modes)
+            store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
         baselines[task.name] = baseline
-        store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
-        candidate_id = store.add_candidate(task.name, source, parent_id=None, role=ROLE,
-                                           round=0, branch=index, idea=file.name)
-        event("task_phase", phase="evaluate")
-        verdict = evaluate(task, source, cfg)
+        candidate_id = recorded.id if recorded is not None else store.add_candidate(
+            task.name, source, parent_id=None, role=ROLE, round=0, branch=index,
+            idea=file.name)
+        if recorded is not None and recorded.verdict is not None:
+            verdict = recorded.verdict
+        else:
+            event("task_phase", phase="evaluate")
+            verdict = evaluate(task, source, cfg)
     except TaskError as err:  # the reference itself fails: nothing to judge against
         log.warning("%s: %s", task.name, err)
         store.set_state(task.name, ERROR_STATE, str(err))
