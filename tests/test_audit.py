@@ -384,3 +384,26 @@ def test_an_audit_cut_off_goes_on_with_resume_and_keeps_what_it_judged(
     missing = pike("audit", "--resume", tmp_path / "nothing")
     assert missing.exit_code == 2 and "no pike run" in missing.output
     assert pike("audit", folder).exit_code == 2
+
+
+def test_a_resumed_audit_measures_again_a_baseline_whose_file_was_not_judged(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cut off between a task's baseline and its file's verdict: the next call may run on
+    another card, so the task is measured again there, baseline and file together."""
+    from pike.audit import resume_audit
+
+    judge = FakeJudge({"1_Scale": 2.0}, {"1_Scale": fake_ok(3.0)}).install(monkeypatch)
+    folder = _files(tmp_path / "set", "task_1.py")
+    out = tmp_path / "run"
+
+    def stop_before_judging(kind: str, **data: Any) -> None:
+        if kind == "task_phase" and data.get("phase") == "evaluate":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        audit(folder, TASKS, audit_config(build_cache, ["eager", "compile:default"]), out=out,
+              ids=[1], on_event=stop_before_judging)
+    assert (len(judge.modes), len(judge.configs)) == (1, 0)
+    result = resume_audit(out)
+    assert (len(judge.modes), len(judge.configs)) == (2, 1)
+    assert [t.status for t in result.tasks] == ["ok"]

@@ -161,7 +161,7 @@ def test_an_audit_shows_its_files_verdicts_not_search_fields(printed: dict[str, 
 
 def test_help_names_the_arguments(printed: dict[str, Printed]) -> None:
     usage = next(line for line in printed["audit help"].lines if "Usage:" in line)
-    assert "pike audit [OPTIONS] SOLUTIONS TASKS" in usage
+    assert "pike audit [OPTIONS] [SOLUTIONS] [TASKS]" in usage  # or --resume RUN_DIR
     assert "{" not in usage
 
 

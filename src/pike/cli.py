@@ -44,8 +44,8 @@ from pike.task import load_task, load_tasks
 
 
 class _Command(TyperCommand):
-    """Usage lines name the arguments as the help lists them (`pike audit [OPTIONS]
-    SOLUTIONS TASKS`): typer's own wraps required ones in braces, which reads as a set."""
+    """Usage lines name the arguments as the help lists them (`pike eval [OPTIONS]
+    TASK CANDIDATE`): typer's own wraps required ones in braces, which reads as a set."""
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []

@@ -209,8 +209,11 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
     # What an earlier call of this audit recorded for this very file is kept.
     recorded = next((r for r in store.candidates(task.name)
                      if r.role == ROLE and r.source == source), None)
+    judged = recorded is not None and recorded.verdict is not None
     try:
-        kept = store.get_state(task.name, BASELINE_STATE)
+        # A task's figures come from one call: a baseline whose file was not judged in its
+        # call is measured again, as the next call may run on another card.
+        kept = store.get_state(task.name, BASELINE_STATE) if judged else None
         if kept is not None:
             baseline = Baseline.model_validate(kept)
         else:
@@ -221,7 +224,8 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
         candidate_id = recorded.id if recorded is not None else store.add_candidate(
             task.name, source, parent_id=None, role=ROLE, round=0, branch=index,
             idea=file.name)
-        if recorded is not None and recorded.verdict is not None:
+        if judged:
+            assert recorded is not None and recorded.verdict is not None
             verdict = recorded.verdict
         else:
             event("task_phase", phase="evaluate")
@@ -241,6 +245,10 @@ def _result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matching,
             audits: list[TaskAudit], baselines: dict[str, Baseline], cfg: RunConfig,
             warnings: list[str]) -> AuditResult:
     env = _environment(list(baselines.values()))
+    cards = sorted({b.device_name for b in baselines.values() if b.device_name})
+    if len(cards) > 1:  # a resumed audit whose calls ran on different cards
+        warnings = [*warnings, f"tasks were measured on {len(cards)} devices: "
+                    f"{', '.join(cards)}; each task's figures come from one of them"]
     claim = (matching.claim.geomean, matching.claim.source) if matching.claim else None
     ev = cfg.eval
     protocol = (f"{ev.trials} trials with fresh seeded inputs, plus shifted-input and "
