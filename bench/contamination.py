@@ -7,7 +7,10 @@ One offline search of TASK_FILE (its transformations include torch.compile's
 max-autotune and reduce-overhead modes and CUDA graphs) per mode, with `--workers`
 evaluations at once:
 
-- `locked`: pike as it is (every GPU use holds the device, drifting windows timed again);
+- `locked`: pike as it is (`eval.device_lock: pause_others`: a timed window stops every
+  other candidate's child, drifting windows are timed again);
+- `shared`: the lock before pausing (`eval.device_lock: every_gpu_use`: a child's start,
+  load, builds, warm-up and trials hold the device shared, so a timer waits for them);
 - `unlocked`: the control, with `eval.device_lock: timing_only` and
   `eval.timing.max_reference_drift: None` (only timing holds the device, no drift check);
 - `serial`: pike as it is with one worker: no neighbours at all, so its spread is what the
@@ -29,6 +32,7 @@ import argparse
 import json
 import platform
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,6 +57,10 @@ def mode_config(mode: str, args: argparse.Namespace) -> RunConfig:
     cfg.eval.workers = 1 if mode == "serial" else args.workers
     cfg.search.offline.max_candidates = args.candidates
     cfg.search.offline.max_seconds = args.max_seconds
+    if mode == "shared":
+        cfg.eval.device_lock = "every_gpu_use"
+    if args.fresh_cache:  # no mode finds the compiles of the one before it in the cache
+        cfg.eval.build_cache = Path(tempfile.mkdtemp(prefix=f"pike-cache-{mode}-"))
     if mode == "unlocked":
         cfg.eval.device_lock = "timing_only"
         cfg.eval.timing.max_reference_drift = None
@@ -79,6 +87,10 @@ def run_mode(task: Task, mode: str, args: argparse.Namespace, runs: Path) -> dic
         "run_dir": str(result.run_dir),
         "verdicts": len(rows), "correct": len(correct),
         "noisy": sum(bool(c.verdict and c.verdict.noisy) for c in rows),
+        # each verdict's wall time, and the part its child spent stopped for others' windows
+        "eval_s": [round(c.verdict.phase_seconds.get("total", 0.0), 2) for c in rows if c.verdict],
+        "paused_s": [round(c.verdict.phase_seconds.get("paused", 0.0), 2) for c in rows
+                     if c.verdict],
         "reference_ms": [round(x, 4) for x in reference_ms],
         "reference_spread": round(max(reference_ms) / min(reference_ms), 4) if reference_ms else None,
         "candidates": [{"id": c.id, "idea": c.idea, "status": c.verdict.status if c.verdict else None,
@@ -148,15 +160,17 @@ def markdown(data: dict) -> str:
              *(f"- earlier call: `{c}`" for c in data.get("earlier_commands", [])),
              f"- task: {data['task']}; {data['workers']} workers, up to {data['candidates']} "
              "offline candidates per mode", "",
-             "| mode | wall | verdicts (correct) | reference median min..max | spread | noisy "
+             "| mode | wall | verdicts (correct) | evaluation s, median (max) | stopped s, total "
+             "| reference median min..max | spread | noisy "
              "| search's best | confirmed best | its speedup alone | = alone fastest |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in data["modes"]:
         ref = m["reference_ms"]
         span = f"{min(ref):.3f}..{max(ref):.3f} ms" if ref else "-"
         search, conf = m["search_best"], m["confirmed_best"]
         lines.append(
-            f"| {m['mode']} ({m.get('workers', data['workers'])} w) | {m['wall_s']} s | {m['verdicts']} ({m['correct']}) | {span} "
+            f"| {m['mode']} ({m.get('workers', data['workers'])} w) | {m['wall_s']} s | {m['verdicts']} ({m['correct']}) "
+            f"| {_seconds(m.get('eval_s'))} | {sum(m.get('paused_s') or [0]):.1f} | {span} "
             f"| {m['reference_spread']} | {m['noisy']} "
             f"| {_pick(search)} | {_pick(conf)} "
             f"| {_x(m.get('best_alone_speedup'))} | {m.get('best_is_alone_fastest')} |")
@@ -169,6 +183,10 @@ def markdown(data: dict) -> str:
                      f"| {_x(a['speedup'])}{' ' + a['error'][:60] if a['error'] else ''} |")
     lines += notes_section(data)
     return "\n".join(lines) + "\n"
+
+
+def _seconds(values: list[float] | None) -> str:
+    return f"{statistics.median(values):.1f} ({max(values):.1f})" if values else "-"
 
 
 def _pick(named: dict | None) -> str:
@@ -196,6 +214,10 @@ def main() -> int:
                    help="keep the modes the results file has; run the rest, then the alone window")
     p.add_argument("--alone-group", type=int, default=6,
                    help="candidates per exclusive window when timed alone")
+    p.add_argument("--fresh-cache", action="store_true",
+                   help="each mode compiles into an empty build cache of its own (inductor, "
+                        "Triton, extensions): otherwise a later mode reuses the compiles "
+                        "of an earlier one and looks faster")
     p.add_argument("--skip-alone", action="store_true",
                    help="run the modes only (the alone window in a later --resume call)")
     p.add_argument("--out", type=Path, default=RESULTS)

@@ -287,6 +287,46 @@ def test_compile_speedups_guards_and_reference_errors(
     assert summary["errors"] == 1
 
 
+def test_the_geomean_over_each_tasks_fastest_compile_mode_and_who_falls_below_it() -> None:
+    from pike.audit.result import TaskAudit, aggregate
+
+    stats = TimingStats.from_samples([1.0])
+
+    def baseline(name: str, speedups: dict[str, float | None]) -> Baseline:
+        modes = [ModeTiming(mode="eager", stats=stats, speedup_vs_eager=1.0)]
+        modes += [ModeTiming(mode=m, stats=stats, speedup_vs_eager=x) if x else
+                  ModeTiming(mode=m, error="compile failed") for m, x in speedups.items()]
+        return Baseline(task=name, task_path=name, task_sha256="0", device="cuda:0",
+                        device_name="fake", torch_version="0", host="h", date="d", modes=modes)
+
+    a, b, c, d = "1_A", "2_B", "3_C", "4_D"
+    baselines = {a: baseline(a, {"compile:default": 2.0, "compile:max-autotune": 4.0}),
+                 b: baseline(b, {"compile:default": 2.0, "compile:max-autotune": None}),
+                 c: baseline(c, {"compile:default": 2.0}),
+                 d: baseline(d, {"compile:default": None})}
+    tasks = [
+        # 6x eager: 3x over default, 1.5x over max-autotune, its fastest mode
+        TaskAudit(task=a, status="ok", speedup=6.0,
+                  compile_speedups={"compile:default": 3.0, "compile:max-autotune": 1.5}),
+        # the failed mode does not count: 0.9x over default, its fastest working mode
+        TaskAudit(task=b, status="ok", speedup=1.8, compile_speedups={"compile:default": 0.9}),
+        TaskAudit(task=c, status="incorrect"),  # counts 1.0x: the user keeps torch.compile
+        TaskAudit(task=d, status="ok", speedup=2.0),  # no working mode: not in the geomean
+    ]
+    agg = aggregate(tasks, baselines, None)
+    assert agg.best_compile is not None
+    assert (agg.best_compile.mode, agg.best_compile.tasks) == ("best", 3)
+    assert agg.best_compile.geomean == pytest.approx((1.5 * 0.9 * 1.0) ** (1 / 3))
+    assert agg.below_best_compile == {b: pytest.approx(0.9)}
+    result = AuditResult(solutions="s", tasks_dir="t", matched_by="file names", run_dir="r",
+                         device="cuda:0",
+                         device_name="fake", torch_version="0", host="h", date="d",
+                         protocol="p", tasks=tasks, aggregates=agg)
+    text = to_markdown(result)
+    assert "fastest torch.compile mode: 1.11× (3 tasks" in text
+    assert "slower than their task's fastest torch.compile mode: 2_B 0.9×" in text
+
+
 def test_cli_audits_exports_a_set_and_reports(mixed: Any, tmp_path: Path,
                                               build_cache: Path) -> None:
     from tests.test_optimize import pike

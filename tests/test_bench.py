@@ -204,3 +204,54 @@ def test_resume_refuses_options_it_would_ignore(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "drop --llm, --planner" in result.output
     result = pike("optimize", "--replay", tmp_path, "--construct-on", "device")
     assert result.exit_code == 2 and "drop --construct-on" in result.output
+
+
+def test_redo_runs_a_task_again_and_fill_baselines_measures_a_failed_mode_again(
+        run_config: Path, tmp_path: Path) -> None:
+    import shutil
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("1_GeluMLP.py", "3_GeluMLPAgain.py"):  # a second task, as small
+        shutil.copy(TASKS / "1_GeluMLP.py", tasks / name)
+    cfg = yaml.safe_load(run_config.read_text())
+    cfg["search"]["baseline_modes"] = ["eager"]
+    cfg["search"]["offline"] = {"max_candidates": 2}
+    run_config.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "campaign"
+    done = pike("bench", tasks, "--config", run_config, "--out", out)
+    assert done.exit_code == 0, done.output
+    gelu, attention = "1_GeluMLP", "3_GeluMLPAgain"
+    with RunStore.open(out) as store:
+        first = {t: [c.id for c in store.candidates(t)] for t in (gelu, attention)}
+        assert all(first.values())
+        kept_baseline = store.get_state(gelu, "baseline")
+        failed = dict(store.get_state(attention, "baseline"))  # type: ignore[arg-type]
+        # a mode cut off beside other tasks' work, as a stored baseline can hold
+        failed["modes"] = [{"mode": "eager", "error": "timed out"}]
+        store.set_state(attention, "baseline", failed)
+
+    filled = pike("bench", "--resume", out, "--fill-baselines")
+    assert filled.exit_code == 0, filled.output
+    with RunStore.open(out) as store:
+        baseline = store.get_state(attention, "baseline")
+        assert baseline["modes"][0]["stats"] and not baseline["modes"][0]["error"]  # type: ignore[index]
+        assert store.get_state(gelu, "baseline") == kept_baseline  # no gap: not measured again
+        assert {t: [c.id for c in store.candidates(t)] for t in first} == first
+
+    redone = pike("bench", "--resume", out, "--redo", "1")
+    assert redone.exit_code == 0, redone.output
+    with RunStore.open(out) as store:
+        again = [c.id for c in store.candidates(gelu)]
+        assert again and min(again) > max(first[attention] + first[gelu])  # all new
+        assert store.get_state(gelu, "done") is True
+        assert store.get_state(gelu, "baseline") != kept_baseline  # measured again
+        assert [c.id for c in store.candidates(attention)] == first[attention]
+    assert (out / "solutions" / "manifest.json").exists()
+
+    unknown = pike("bench", "--resume", out, "--redo", "7")
+    assert unknown.exit_code == 2 and "no such task in this campaign" in unknown.output
+    with RunStore.open(out) as store:
+        assert [c.id for c in store.candidates(gelu)] == again  # nothing dropped
+    alone = pike("bench", tasks, "--redo", "1")
+    assert alone.exit_code == 2 and "give --resume RUN_DIR" in alone.output

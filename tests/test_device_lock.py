@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -87,13 +92,15 @@ def test_visible_devices_map_to_the_physical_gpu(monkeypatch, tmp_path):
     assert (tmp_path / "cuda-5.lock").exists()
 
 
-@pytest.mark.parametrize("scope", ["every_gpu_use", "timing_only"])
+@pytest.mark.parametrize("scope", ["pause_others", "every_gpu_use", "timing_only"])
 def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeypatch, scope):
-    """A child's launch (imports only) holds nothing; from its begin, its load, builds and
-    warm-up, and the trials, hold the device shared;
-    timing and the wall-clock calibration hold it alone; no hold nests in another (with the
-    turnstile, a nested shared hold deadlocks against a waiting timer). With
-    eval.device_lock timing_only (bench/contamination.py's control) only timing holds it."""
+    """A child's launch (imports only) holds nothing; with every_gpu_use, from its begin,
+    its load, builds and warm-up, and the trials, hold the device shared; with pause_others
+    (the default) they hold nothing, and the child is listed for timers to stop before it
+    begins, with its own pid kept out of its windows' stops; timing and the wall-clock
+    calibration hold it alone; no hold nests in another (with the turnstile, a nested
+    shared hold deadlocks against a waiting timer). With eval.device_lock timing_only
+    (bench/contamination.py's control) only timing holds it."""
     from contextlib import contextmanager
 
     from pike.evaluate import device_lock, evaluate, judge
@@ -103,10 +110,14 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
     state: dict[str, str | None] = {"held": None}
     seen: list[tuple[str, str | None]] = []
 
+    listed: list[int] = []
+    kept: list[list[int]] = []
+
     @contextmanager
-    def recording_hold(device, *, exclusive):
+    def recording_hold(device, *, exclusive, keep=()):
         assert state["held"] is None, f"a hold nested in a {state['held']} one"
         state["held"] = "exclusive" if exclusive else "shared"
+        kept.append(list(keep))
         try:
             yield
         finally:
@@ -118,8 +129,14 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
             return fn(*args, **kwargs)
         return call
 
+    def recording_list(device, pid, scope):
+        seen.append(("list_child", state["held"]))
+        listed.append(pid)
+        return False  # the CPU device: nothing to stop
+
     monkeypatch.setattr(judge, "hold", recording_hold)
     monkeypatch.setattr(device_lock, "hold", recording_hold)
+    monkeypatch.setattr(device_lock, "list_child", recording_list)
     steps = ("launch_child", "begin_child", "wait_ready", "run_trials", "time_interleaved",
              "calibrate")
     for name in steps:
@@ -129,9 +146,191 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
                        candidate("fused"), fast_protocol().model_copy(update={"device_lock": scope}))
     assert verdict.ok, verdict.message
     alone = {"time_interleaved", "calibrate"}
-    assert {name for name, _ in seen} == set(steps)
-    work = "shared" if scope == "every_gpu_use" else None
-    for name, held in seen:
+    assert {name for name, _ in seen} == {*steps, "list_child"}
+    names = [name for name, _ in seen]
+    # the candidate's child (begun after the reference's) runs no code unlisted
+    assert names.index("list_child") == len(names) - 1 - names[::-1].index("begin_child") - 1
+    assert len(listed) == 1 and [listed[0]] in kept  # its own window does not stop it
+    listed_at = names.index("list_child")
+    for at, (name, held) in enumerate(seen):
+        # the reference's child (before the candidate's listing) holds the device shared
+        # but with timing_only; a candidate's holds it shared only with every_gpu_use
+        work = (None if scope == "timing_only" else "shared" if scope == "every_gpu_use"
+                or at < listed_at else None)
         # a launched child only imports until it begins: no device, so no hold
-        expected = None if name == "launch_child" else "exclusive" if name in alone else work
+        expected = (None if name in ("launch_child", "list_child") else
+                    "exclusive" if name in alone else work)
         assert held == expected, (name, held)
+
+
+# --- pausing: a timer stops the other listed children for its window -------------------
+
+_PARENT_OF_ONE = (
+    "import subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.01)'])\n"
+    "while True: time.sleep(0.01)\n")
+
+
+@pytest.fixture
+def children():
+    import psutil
+
+    started: list[subprocess.Popen] = []
+
+    def start() -> psutil.Process:
+        proc = subprocess.Popen([sys.executable, "-c", _PARENT_OF_ONE])
+        started.append(proc)
+        root = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 10
+        while not root.children() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert root.children(), "the grandchild did not start"
+        return root
+
+    yield start
+    for proc in started:
+        for p in __import__("psutil").Process(proc.pid).children(recursive=True):
+            p.kill()
+        proc.kill()
+        proc.wait()
+
+
+def _status(p) -> str:
+    return p.status()
+
+
+def test_a_timer_stops_every_listed_child_tree_but_its_own_and_lets_them_go_on(children):
+    import psutil
+
+    from pike.evaluate import device_lock
+
+    other, timed = children(), children()
+    for root in (other, timed):
+        assert device_lock.list_child("cuda:0", root.pid, "pause_others")
+    others = [other, *other.children(recursive=True)]
+    with hold("cuda:0", exclusive=True, keep=[timed.pid]):
+        assert all(_status(p) == psutil.STATUS_STOPPED for p in others)
+        assert device_lock.stopped(other.pid) and device_lock.timed_now("cuda:0")
+        assert all(_status(p) != psutil.STATUS_STOPPED
+                   for p in [timed, *timed.children(recursive=True)])
+        # its parent, looking, sees a timer's stop: not the child's time, left stopped
+        assert device_lock.resume_unless_timed("cuda:0", other.pid)
+        assert device_lock.stopped(other.pid)
+    assert not any(_status(p) == psutil.STATUS_STOPPED for p in others)
+    assert not device_lock.timed_now("cuda:0")
+    device_lock.unlist_child("cuda:0", other.pid)
+    with hold("cuda:0", exclusive=True, keep=[timed.pid]):
+        assert not device_lock.stopped(other.pid)  # unlisted: no longer stopped
+
+
+def test_other_scopes_list_nothing_and_a_shared_hold_stops_nothing(children):
+    from pike.evaluate import device_lock
+
+    child = children()
+    assert not device_lock.list_child("cuda:0", child.pid, "every_gpu_use")
+    assert not device_lock.list_child("cpu", child.pid, "pause_others")
+    with hold("cuda:0", exclusive=True):
+        assert not device_lock.stopped(child.pid)
+    assert device_lock.list_child("cuda:0", child.pid, "pause_others")
+    with hold("cuda:0", exclusive=False):
+        assert not device_lock.stopped(child.pid)
+        assert not device_lock.timed_now("cuda:0")
+
+
+def test_no_child_is_listed_while_a_timer_holds_the_device(children):
+    """A child listed in the middle of a window would run unstopped in it."""
+    from pike.evaluate import device_lock
+
+    child = children()
+    events: list[str] = []
+    release = threading.Event()
+    timer = _holder("cuda:0", True, events, "timer", release)
+    _wait_for(events, "timer in")
+    lister = threading.Thread(target=lambda: events.append(
+        f"listed {device_lock.list_child('cuda:0', child.pid, 'pause_others')}"), daemon=True)
+    lister.start()
+    time.sleep(0.3)
+    assert "listed True" not in events
+    release.set()
+    _wait_for(events, "listed True")
+    timer.join(5)
+    lister.join(5)
+
+
+def test_a_child_left_stopped_by_a_timer_that_died_is_let_go_by_its_parent(children):
+    """A timer in another process killed with SIGKILL mid-window: its lock goes with it,
+    and the child's own parent, finding it stopped with no timer, lets it go on."""
+    import psutil
+
+    from pike.evaluate import device_lock
+
+    child = children()
+    device_lock.list_child("cuda:0", child.pid, "pause_others")
+    timer = subprocess.Popen([sys.executable, "-c", (
+        "import time\n"
+        "from pike.evaluate.device_lock import hold\n"
+        "with hold('cuda:0', exclusive=True):\n"
+        "    print('in', flush=True)\n"
+        "    time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    assert timer.stdout is not None and timer.stdout.readline().strip() == "in"
+    assert device_lock.stopped(child.pid)
+    assert device_lock.resume_unless_timed("cuda:0", child.pid)  # the timer is alive
+    timer.kill()
+    timer.wait()
+    assert not device_lock.resume_unless_timed("cuda:0", child.pid)
+    deadline = time.monotonic() + 5
+    while device_lock.stopped(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not any(p.status() == psutil.STATUS_STOPPED
+                   for p in [child, *child.children(recursive=True)])
+
+
+def _listening_child(proc: subprocess.Popen, limit_s: float):
+    """A ChildProcess around `proc` that reads the messages written to the returned fd."""
+    from pike.evaluate.sandbox import ChildProcess
+
+    read_fd, write_fd = os.pipe()
+    child = ChildProcess.__new__(ChildProcess)
+    child.proc, child._from_child, child._buffer = proc, read_fd, b""
+    child.phase, child.phase_started, child.phase_seconds = "check", time.monotonic(), {}
+    child.phase_limits = {"load": limit_s, "check": limit_s}
+    child.memory_limit, child.stage, child.unresponsive = 2**40, None, False
+    child.log_path = Path(os.devnull)
+    child.pausable_on = "cuda:0"
+    return child, write_fd
+
+
+def test_the_time_a_timer_keeps_a_child_stopped_does_not_count_against_its_limit():
+    from pike.evaluate import device_lock
+    from pike.evaluate.sandbox import PhaseTimeout
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        child, write_fd = _listening_child(proc, limit_s=1.0)
+        device_lock.list_child("cuda:0", proc.pid, "pause_others")
+
+        def window_then_answer() -> None:
+            with hold("cuda:0", exclusive=True):
+                time.sleep(2.0)  # twice the child's limit
+            time.sleep(0.3)
+            os.write(write_fd, b'{"event": "ready"}\n')
+
+        threading.Thread(target=window_then_answer, daemon=True).start()
+        event = child.receive()
+        assert not isinstance(event, PhaseTimeout), event
+        assert event == {"event": "ready"}
+        assert 1.5 < child.phase_seconds["paused"] < 3.0
+        os.close(write_fd)
+        os.close(child._from_child)
+
+        # stopped with no timer (by itself): let go on, and its limit runs as always
+        child, write_fd = _listening_child(proc, limit_s=0.5)
+        proc.send_signal(signal.SIGSTOP)
+        event = child.receive()
+        assert isinstance(event, PhaseTimeout)
+        assert not device_lock.stopped(proc.pid)
+        os.close(write_fd)
+        os.close(child._from_child)
+    finally:
+        proc.kill()
+        proc.wait()

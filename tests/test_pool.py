@@ -250,17 +250,20 @@ def test_the_offline_search_starts_the_next_candidate_as_soon_as_one_ends(
 # ---- the real evaluator -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("scope", ["pause_others", "every_gpu_use"])
 def test_the_candidate_holds_the_device_from_its_start(mlp_task: Task, fast_config: EvalConfig,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every GPU use holds the lock: the candidate's start, load, build and warm-up call hold
-    it shared with its trials (one hold), timing holds it alone."""
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         scope: str) -> None:
+    """With every_gpu_use the candidate's start, load, build and warm-up call hold the
+    device shared with its trials (one hold); with pause_others (the default) they hold
+    nothing, since timers stop the listed child instead; timing holds it alone."""
     order: list[str] = []
     real_hold, real_ready = judge_module.hold, judge_module.wait_ready
 
     @contextmanager
-    def hold(device: str, *, exclusive: bool) -> Iterator[None]:
+    def hold(device: str, *, exclusive: bool, keep: Any = ()) -> Iterator[None]:
         order.append("exclusive" if exclusive else "shared")
-        with real_hold(device, exclusive=exclusive):
+        with real_hold(device, exclusive=exclusive, keep=keep):
             yield
 
     def wait_ready(child: Any, report: Any) -> bool:
@@ -272,12 +275,15 @@ def test_the_candidate_holds_the_device_from_its_start(mlp_task: Task, fast_conf
     monkeypatch.setattr(device_lock, "hold", hold)  # the shared holds go through it
     monkeypatch.setattr(judge_module, "wait_ready", wait_ready)
     judge_module.close_references()
-    verdict = judge_module.evaluate(mlp_task, GOOD, fast_config)
+    verdict = judge_module.evaluate(mlp_task, GOOD, fast_config.model_copy(
+        update={"device_lock": scope}))
     assert verdict.ok, verdict.message
     # the reference's start and trials (shared), the candidate's start to trials (shared,
-    # ready within it), comparing its outputs (shared: on a GPU it is GPU work), then
-    # timing (alone: the window, the wall-clock calibration)
-    assert order[:5] == ["shared", "shared", "ready:queued", "shared", "exclusive"], order
+    # ready within it, with every_gpu_use), comparing its outputs (shared: on a GPU it is
+    # GPU work), then timing (alone: the window, the wall-clock calibration)
+    candidate = ["shared"] if scope == "every_gpu_use" else []
+    assert order[:4 + len(candidate)] == ["shared", *candidate, "ready:queued", "shared",
+                                          "exclusive"], order
     assert "queued" in verdict.phase_seconds
 
 

@@ -330,17 +330,26 @@ def bench_command(
     = None,
     resume: Annotated[Path | None, typer.Option(help="continue the campaign in this dir")]
     = None,
+    redo: Annotated[str | None, typer.Option(
+        help="with --resume: run these task ids again from the start, baselines, search and "
+        "budget (what they recorded is dropped): 12,40")] = None,
+    fill_baselines: Annotated[bool, typer.Option(
+        "--fill-baselines", help="with --resume: measure again the baselines of finished "
+        "tasks where a mode is missing or failed")] = False,
     config: ConfigOpt = None,
 ) -> None:
     """Run one strategy over every task of FOLDER, each with its own budget, in one run store.
 
     Baselines (eager and each torch.compile mode) are measured once per task and kept.
-    After a crash or Ctrl-C, --resume RUN_DIR continues without redoing or re-spending."""
+    After a crash or Ctrl-C, --resume RUN_DIR continues without redoing or re-spending;
+    --redo IDS runs tasks again, --fill-baselines measures failed baselines again."""
     from pike.report.progress import BenchProgress
     from pike.search.campaign import bench
 
     if resume and folder:
         raise PikeError("--resume continues a campaign as it was started: give no FOLDER")
+    if (redo or fill_baselines) and not resume:
+        raise PikeError("--redo and --fill-baselines act on a campaign: give --resume RUN_DIR")
     flags = SearchFlags(llm, fixer_llm, budget_queries, budget_dollars, backend, strategy,
                         preset, seed_offline, seed_from, fix_seeds, planner, plan_granularity,
                         profile_feedback, workers, devices, cluster, ray_address,
@@ -357,7 +366,8 @@ def bench_command(
         with BenchProgress(err_console, names or stored, StatusFields.for_run(run_cfg)) as progress:
             result = bench(folder, cfg, ids=ids, out=out, resume=resume, jobs=jobs,
                            command="pike " + " ".join(sys.argv[1:]),
-                           placement=placement_given(cfg, flags), on_event=progress)
+                           placement=placement_given(cfg, flags), redo=_ids(redo),
+                           fill_baselines=fill_baselines, on_event=progress)
     except KeyboardInterrupt:
         err_console.print("interrupted: everything judged so far is in the run store; "
                           "continue with [bold]pike bench --resume RUN_DIR[/bold]")

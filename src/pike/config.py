@@ -123,14 +123,18 @@ class EvalConfig(_Strict):
                                  "the child shuts them down before it ends")
     warm_up: bool = Field(True, description="call a candidate once on the first trial's "
                           "inputs before its trials: lazy compiles (Triton, torch.compile) "
-                          "and autotuning happen there, under the device's shared lock like "
-                          "the trials, and a failure there is a check-phase verdict")
-    device_lock: Literal["every_gpu_use", "timing_only"] = Field(
-        "every_gpu_use", description="every_gpu_use: a child's start, load, builds, warm-up, "
-        "trials and final check hold the device shared and timing holds it alone, so no "
-        "evaluation's GPU work reaches another's timed window. timing_only: only timing is "
-        "locked; for measuring what the full lock buys (bench/contamination.py), since "
-        "neighbours' compiles and trials can then slow a window")
+                          "and autotuning happen there, like the trials out of other evaluations' "
+                          "timed windows, and a failure there is a check-phase verdict")
+    device_lock: Literal["pause_others", "every_gpu_use", "timing_only"] = Field(
+        "pause_others", description="pause_others: timing holds the device alone and stops "
+        "(SIGSTOP) every other candidate's child for its window, whatever that child is "
+        "doing (a compile, trials, a thread it left running), then lets it go on; the "
+        "parent's comparisons and the reference children hold the device shared. "
+        "every_gpu_use: a child's start, load, builds, warm-up and trials hold the device "
+        "shared instead, so a timer waits for every compile on the card to end. "
+        "timing_only: only timing is locked; for measuring what the lock buys "
+        "(bench/contamination.py), since neighbours' compiles and trials can then slow a "
+        "window")
     time_candidate: bool = Field(True, description="skip timing to only check correctness")
     build_cache: Path | None = Field(
         None, description="where compiled extensions are cached; None = ~/.cache/pike/build"

@@ -572,6 +572,23 @@ class RunStore:
                 (task, key, encoded),
             )
 
+    def forget_task(self, task: str) -> dict[str, int]:
+        """Drop everything recorded for `task` but the task itself (candidates, LLM calls
+        and their reservations, resume markers and baselines), for a campaign that runs it
+        again from the start; how many rows of each went."""
+        gone = {}
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")  # all or nothing: no half-forgotten budget
+            try:
+                for table in ("candidates", "llm_calls", "pending_calls", "state"):
+                    gone[table] = db.execute(f"DELETE FROM {table} WHERE task = ?",
+                                             (task,)).rowcount
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return gone
+
     def get_state(self, task: str, key: str, default: object = None) -> object:
         with self._db() as db:
             row = db.execute(

@@ -52,3 +52,58 @@ def test_a_pool_on_the_gpu_keeps_a_spare_child_for_its_next_candidate(
         assert pool.judge(mlp_task, candidate("wrong_values")).status == "incorrect"
         assert spare not in spares._spares.get(key, [])  # taken by that candidate
     assert spares._spares == {}
+
+
+_BUSY_ON_THE_GPU = """
+import sys, time, torch
+x = torch.randn(2048, 2048, device="cuda")
+done = 0
+while True:
+    for _ in range(5):
+        x = torch.tanh(x @ x)
+    torch.cuda.synchronize()
+    done += 1
+    with open(sys.argv[1], "w") as f:
+        f.write(str(done))
+"""
+
+
+def test_a_timer_stops_a_neighbour_busy_on_the_gpu_and_it_goes_on_after(tmp_path, monkeypatch):
+    """A listed process launching CUDA work in a loop makes no progress while a timer holds
+    the device, and goes on, without a CUDA error, once the window ends."""
+    import subprocess
+    import sys
+    import time
+
+    from pike.evaluate import device_lock
+
+    monkeypatch.setenv("PIKE_LOCK_DIR", str(tmp_path / "locks"))
+    counter = tmp_path / "done"
+    busy = subprocess.Popen([sys.executable, "-c", _BUSY_ON_THE_GPU, str(counter)],
+                            stderr=subprocess.PIPE, text=True)
+
+    def progress() -> int:
+        try:
+            return int(counter.read_text() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    try:
+        deadline = time.monotonic() + 60
+        while progress() < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert progress() >= 3, "the busy process did not start its GPU work"
+        assert device_lock.list_child("cuda:0", busy.pid, "pause_others")
+        with device_lock.hold("cuda:0", exclusive=True):
+            time.sleep(0.3)  # a pass it had begun ends and is written
+            at_start = progress()
+            time.sleep(2.0)
+            assert progress() == at_start  # no GPU work of its own during the window
+            assert device_lock.stopped(busy.pid)
+        after = progress()
+        time.sleep(2.0)
+        assert progress() > after and busy.poll() is None
+    finally:
+        busy.kill()
+        _, err = busy.communicate()
+    assert "Error" not in err, err[-2000:]

@@ -43,6 +43,14 @@ def _summary(result: AuditResult) -> list[str]:
     for mode in agg.modes:
         lines.append(f"- Geomean over torch.compile {_mode(mode.mode)}: {_x(mode.geomean)} "
                      f"({mode.tasks} tasks; no correct file counts 1.0×)")
+    if agg.best_compile is not None:
+        lines.append(f"- Geomean over each task's fastest torch.compile mode: "
+                     f"{_x(agg.best_compile.geomean)} ({agg.best_compile.tasks} tasks; no correct "
+                     "file counts 1.0×)")
+    if agg.below_best_compile:
+        slower = ", ".join(f"{task} {_x(over)}" for task, over in
+                           sorted(agg.below_best_compile.items(), key=lambda kv: kv[1]))
+        lines.append(f"- Correct but slower than their task's fastest torch.compile mode: {slower}")
     if agg.claimed_geomean is not None:
         lines.append(f"- Claimed geomean: {_x(agg.claimed_geomean)} ({_inline(agg.claimed_source or '')}); "
                      f"the measured all-task geomean is {agg.geomean_all / agg.claimed_geomean:.2f}× "

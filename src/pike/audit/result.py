@@ -73,6 +73,11 @@ class Aggregates(BaseModel):
     geomean_all: float = Field(description="over ALL tasks, failing and missing count 1.0x")
     geomean_correct: float | None = Field(None, description="over correct (timed) files only")
     modes: list[ModeGeomean] = Field(default_factory=list)
+    best_compile: ModeGeomean | None = Field(
+        None, description="over each task's fastest torch.compile mode (mode 'best')")
+    below_best_compile: dict[str, float] = Field(
+        default_factory=dict, description="correct files slower than their task's fastest "
+        "torch.compile mode: task -> speedup over it")
     claimed_geomean: float | None = None
     claimed_source: str | None = None
 
@@ -140,6 +145,9 @@ def aggregate(tasks: list[TaskAudit], baselines: dict[str, Baseline],
         geomean_all=geomean([t.counted_speedup() for t in tasks]),
         geomean_correct=geomean(timed) if timed else None,
         modes=_mode_geomeans(tasks, baselines),
+        best_compile=_best_mode_geomean(tasks, baselines),
+        below_best_compile={t.task: over for t in tasks
+                            if (over := _over_best_mode(t, baselines)) is not None and over < 1.0},
         claimed_geomean=claim[0] if claim else None, claimed_source=claim[1] if claim else None)
 
 
@@ -152,6 +160,27 @@ def _mode_geomeans(tasks: list[TaskAudit], baselines: dict[str, Baseline]) -> li
                 modes.setdefault(m.mode, []).append(task.compile_speedups.get(m.mode, 1.0))
     return [ModeGeomean(mode=mode, geomean=geomean(values), tasks=len(values))
             for mode, values in modes.items()]
+
+
+def _over_best_mode(task: TaskAudit, baselines: dict[str, Baseline]) -> float | None:
+    """The correct file's speedup over its task's fastest working torch.compile mode."""
+    baseline = baselines.get(task.task)
+    working = [m.mode for m in baseline.modes if m.mode != "eager" and m.speedup_vs_eager
+               and not m.error] if baseline else []
+    over = [task.compile_speedups[m] for m in working if m in task.compile_speedups]
+    return min(over) if task.ok and over else None
+
+
+def _best_mode_geomean(tasks: list[TaskAudit], baselines: dict[str, Baseline]
+                       ) -> ModeGeomean | None:
+    values = []
+    for task in tasks:
+        baseline = baselines.get(task.task)
+        if baseline and any(m.mode != "eager" and m.speedup_vs_eager and not m.error
+                            for m in baseline.modes):
+            over = _over_best_mode(task, baselines)
+            values.append(over if over is not None else 1.0)
+    return ModeGeomean(mode="best", geomean=geomean(values), tasks=len(values)) if values else None
 
 
 def relative(path: Path, folder: Path) -> str:

@@ -17,13 +17,15 @@ from pydantic import BaseModel
 
 from pike.config import EvalConfig
 from pike.evaluate.cores import timing_cores
-from pike.evaluate.device_lock import hold, hold_for_work
+from pike.evaluate.device_lock import hold, hold_for_build
 from pike.evaluate.driver import (
     ChildReport,
     Timer,
+    begin_child,
     finish,
+    launch_child,
+    list_for_timers,
     run_trials,
-    start_child,
     time_interleaved,
     unaccounted_wall_time,
     wait_ready,
@@ -62,7 +64,7 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
     try:
         # load, build, warm up and check each again; several at once (`workers`), as the
         # search did: compiles take most of this
-        with hold_for_work(device, config.device_lock), ThreadPoolExecutor(
+        with hold_for_build(device, config.device_lock), ThreadPoolExecutor(
                 max_workers=max(1, min(len(sources), config.workers)),
                 thread_name_prefix="pike-confirm") as ready:
             started = {cid: ready.submit(_ready_child, task, cid, source, config, device,
@@ -78,7 +80,8 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
                     failed.append(Confirmation(candidate_id=cid, error=problem))
         for child in children.values():
             child.permit("timing")
-        with hold(device, exclusive=True), reference.talking:
+        with hold(device, exclusive=True, keep=[c.proc.pid for c in children.values()
+                                                if c.proc is not None]), reference.talking:
             # read under `talking`: a drifting window elsewhere may renew the child
             assert reference.child is not None
             timers = [Timer(reference.child, "eager"),
@@ -118,9 +121,11 @@ def _ready_child(task: Task, cid: int, source: str, cfg: EvalConfig, device: str
                  reference: ReferenceRun, tmp: Path) -> tuple[ChildProcess | None, str]:
     """A candidate's child through its load, warm-up and trials, ready to be timed."""
     files = candidate_files(task, source, cfg, device, reference, tmp / f"c{cid}")
-    child = start_child(files.request, files.work_dir, cfg, files.build_key, files.stage)
+    child = launch_child(files.request, files.work_dir, cfg, files.build_key, files.stage)
     report = ChildReport()
     try:
+        list_for_timers(child, device, cfg.device_lock)
+        begin_child(child, cfg)
         if wait_ready(child, report) and run_trials(child, report):
             return child, ""
     except BaseException:

@@ -11,17 +11,38 @@ turnstile, and a timer keeps it closed while it waits for the shared holders to 
 The locks are files under the cache dir keyed by the device as this host names it
 (CUDA_VISIBLE_DEVICES included), so processes of one user on one host agree. CPU
 evaluations are not locked: the host's cores are not one device.
+
+Pausing (`eval.device_lock: pause_others`, the default): a candidate's child is put on
+the device's list for its whole life instead of holding the device shared while it loads,
+builds and runs its trials, and a timer stops (SIGSTOP) every listed child's process tree
+but its own for its window, then lets them go on (SIGCONT). A compile of a minute no
+longer keeps every timer waiting for it, and a child can reach no other window with work
+started outside its phases (a thread it left running). What cannot be stopped still holds
+the device shared: the parent's own GPU work (comparisons) and the reference children.
+A child stopped by a timer that died is let go by its own parent (`resume_unless_timed`);
+its phase limits do not count the time it was stopped (sandbox.ChildProcess).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
-from collections.abc import Iterator
+import signal
+import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+# After stopping the others, kernels they had queued still run: a moment for them to end
+# (the reference's drift check catches what a longer queue leaves in the window).
+_SETTLE_S = 0.02
 
 
 def lock_dir() -> Path:
@@ -50,8 +71,10 @@ def _flock(path: Path, mode: int) -> Iterator[None]:
 
 
 @contextmanager
-def hold(device: str, *, exclusive: bool) -> Iterator[None]:
-    """Hold `device` for trials (shared) or for timing (exclusive); no-op off CUDA."""
+def hold(device: str, *, exclusive: bool, keep: Iterable[int] = ()) -> Iterator[None]:
+    """Hold `device` for trials (shared) or for timing (exclusive); no-op off CUDA. An
+    exclusive holder stops the listed children (see `list_child`) but those in `keep` (the
+    pids of the children it times) until it lets the device go."""
     if not device.startswith("cuda"):
         yield
         return
@@ -59,7 +82,11 @@ def hold(device: str, *, exclusive: bool) -> Iterator[None]:
     turnstile, device_lock = folder / f"{key}.turnstile", folder / f"{key}.lock"
     if exclusive:
         with _flock(turnstile, fcntl.LOCK_EX), _flock(device_lock, fcntl.LOCK_EX):
-            yield
+            stopped = _stop_listed(_listed_dir(device), set(keep))
+            try:
+                yield
+            finally:
+                _signal_all(stopped, signal.SIGCONT)
         return
     with _flock(turnstile, fcntl.LOCK_EX):
         fd = os.open(device_lock, os.O_RDWR | os.O_CREAT, 0o600)
@@ -71,8 +98,132 @@ def hold(device: str, *, exclusive: bool) -> Iterator[None]:
 
 
 def hold_for_work(device: str, scope: str) -> contextlib.AbstractContextManager[None]:
-    """The shared hold around GPU work that is not timing (start, load, builds, trials),
-    or nothing where `eval.device_lock` is timing_only (to measure what the hold buys)."""
+    """The shared hold around GPU work that is not timing and cannot be stopped (the
+    parent's comparisons, a profiler's pass), or nothing where `eval.device_lock` is
+    timing_only (to measure what the hold buys)."""
     if scope == "timing_only":
         return contextlib.nullcontext()
     return hold(device, exclusive=False)
+
+
+def hold_for_build(device: str, scope: str) -> contextlib.AbstractContextManager[None]:
+    """What a candidate child's start, load, builds, warm-up and trials hold: the device
+    shared where `eval.device_lock` is every_gpu_use; nothing otherwise (pausing stops
+    the child for a timer instead, `list_child`)."""
+    if scope == "every_gpu_use":
+        return hold(device, exclusive=False)
+    return contextlib.nullcontext()
+
+
+def _listed_dir(device: str) -> Path:
+    path = lock_dir() / f"{_key(device)}.children"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def list_child(device: str, pid: int, scope: str) -> bool:
+    """Put the child `pid` on `device`'s list, so that timers stop it for their windows,
+    where `eval.device_lock` is pause_others (False and nothing otherwise). Listing passes
+    the turnstile: no child is listed while a timer waits or times, so none runs unstopped
+    in a window that began before it was listed."""
+    if scope != "pause_others" or not device.startswith("cuda"):
+        return False
+    with _flock(lock_dir() / f"{_key(device)}.turnstile", fcntl.LOCK_EX):
+        (_listed_dir(device) / str(pid)).write_text(str(_started(pid)))
+    return True
+
+
+def unlist_child(device: str, pid: int) -> None:
+    (_listed_dir(device) / str(pid)).unlink(missing_ok=True)
+
+
+def _started(pid: int) -> float:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return 0.0
+
+
+def _trees(roots: list[int]) -> dict[int, psutil.Process]:
+    """The processes of the trees under `roots`, roots included, from one pass over the
+    host's processes (a child's tree: bwrap, the runner, compile workers, what it
+    started)."""
+    below: dict[int, list[psutil.Process]] = {}
+    found: dict[int, psutil.Process] = {}
+    for p in psutil.process_iter(["ppid"]):
+        below.setdefault(p.info["ppid"], []).append(p)
+        if p.pid in roots:
+            found[p.pid] = p
+    todo = list(found)
+    while todo:
+        for p in below.get(todo.pop(), []):
+            if p.pid not in found:
+                found[p.pid] = p
+                todo.append(p.pid)
+    return found
+
+
+def _stop_listed(folder: Path, keep: set[int]) -> list[psutil.Process]:
+    """SIGSTOP the trees of the listed children but `keep`; entries of ended processes
+    (or of a reused pid) are dropped."""
+    roots = []
+    for entry in folder.iterdir():
+        try:
+            pid, started = int(entry.name), float(entry.read_text() or 0)
+        except (ValueError, OSError):
+            continue
+        if pid in keep:
+            continue
+        if not psutil.pid_exists(pid) or abs(_started(pid) - started) > 0.01:
+            entry.unlink(missing_ok=True)
+            continue
+        roots.append(pid)
+    stopped: dict[int, psutil.Process] = {}
+    # again until no process is new: one may start between a tree's listing and its stop
+    for _ in range(8):
+        late = {pid: p for pid, p in _trees(roots).items() if pid not in stopped}
+        if not late:
+            break
+        _signal_all(list(late.values()), signal.SIGSTOP)
+        stopped.update(late)
+    if stopped:
+        time.sleep(_SETTLE_S)
+    return list(stopped.values())
+
+
+def _signal_all(procs: list[psutil.Process], sig: int) -> None:
+    for p in procs:
+        try:
+            p.send_signal(sig)  # psutil checks the pid still names the same process
+        except psutil.Error:
+            pass
+
+
+def timed_now(device: str) -> bool:
+    """Whether a timer holds `device` alone at this moment."""
+    fd = os.open(lock_dir() / f"{_key(device)}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also lets go of the shared hold at once
+    return False
+
+
+def stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
+
+
+def resume_unless_timed(device: str, pid: int) -> bool:
+    """For a child's parent that finds it stopped: True while a timer holds the device
+    (the stop is the timer's, and its time is not the child's); otherwise the child's
+    tree is let go on (its timer died, or it stopped itself) and False."""
+    if timed_now(device):
+        return True
+    log.info("child %d found stopped with no timer on %s: letting it go on", pid, device)
+    _signal_all(list(_trees([pid]).values()), signal.SIGCONT)
+    return False

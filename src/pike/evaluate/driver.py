@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pike.config import EvalConfig, TimingConfig
+from pike.evaluate import device_lock
 from pike.evaluate.cores import start_on_build_cores
 from pike.evaluate.os_sandbox import INSIDE_ROOT, Mount, SandboxPlan, sandbox_active
 from pike.evaluate.protocol import DESCENDANTS_GRACE_S, ChildRequest
@@ -108,6 +109,14 @@ def begin_child(child: ChildProcess, cfg: EvalConfig, run_limit_s: float | None 
     (the config's stay ceilings)."""
     child.phase_limits = _phase_limits(cfg, run_limit_s)
     child.begin()
+
+
+def list_for_timers(child: ChildProcess, device: str, scope: str) -> None:
+    """From now until `finish`, other evaluations' timers stop this child for their
+    windows, where `eval.device_lock` is pause_others (device_lock.list_child); call it
+    before the child begins, so no candidate code runs unlisted."""
+    if child.proc is not None and device_lock.list_child(device, child.proc.pid, scope):
+        child.pausable_on = device
 
 
 def _phase_limits(cfg: EvalConfig, run_limit_s: float | None) -> dict[str, float]:
@@ -223,6 +232,10 @@ def finish(child: ChildProcess, report: ChildReport | None = None) -> None:
         child.__exit__(None, None, None)
         child.proc = None
         return
+    if child.pausable_on is not None:  # no timer stops it from here; one that has, ends
+        device_lock.unlist_child(child.pausable_on, child.proc.pid)
+        if not child.unresponsive:
+            child.wait_unpaused()
     child.enter_phase("cleanup")  # which also books the time of the phase that ended
     if child.unresponsive:
         escaped = child.kill_group()

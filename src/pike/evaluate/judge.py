@@ -29,7 +29,7 @@ from pike.config import EvalConfig, RunConfig
 from pike.errors import EvaluatorError, TaskError
 from pike.evaluate import check, spares
 from pike.evaluate.cores import timing_cores
-from pike.evaluate.device_lock import hold, hold_for_work
+from pike.evaluate.device_lock import hold, hold_for_build, hold_for_work
 from pike.evaluate.driver import (
     ChildReport,
     LoopCost,
@@ -39,6 +39,7 @@ from pike.evaluate.driver import (
     calibrate,
     finish,
     launch_child,
+    list_for_timers,
     request,
     run_trials,
     start_child,
@@ -679,12 +680,14 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
     usual: float | None = None  # set when the reference's window stayed off its usual time
     raised = 1.0  # the candidate's reported times, held to the parent's clock
     try:
-        # Every GPU use holds the device (shared): the child's CUDA context, load, builds,
-        # the warm-up's lazy compiles and autotuning, CUDA-graph capture and the trials;
-        # only timing holds it alone, so none of this reaches a timed window.
+        # None of the child's GPU work reaches another's timed window: with pause_others
+        # (the default) the timer stops this child, listed before it begins, whatever it
+        # is doing; with every_gpu_use its start, load, builds, the warm-up's lazy compiles
+        # and autotuning, CUDA-graph capture and the trials hold the device shared.
         with ExitStack() as device_held:
             with span("wait_for_device"):
-                device_held.enter_context(hold_for_work(device, cfg.device_lock))
+                list_for_timers(child, device, cfg.device_lock)
+                device_held.enter_context(hold_for_build(device, cfg.device_lock))
             with span("start_child"):
                 begin_child(child, cfg, run_limit_s=fitted_limit(reference.check_seconds)
                             if cfg.limits.fitted else None)
@@ -841,7 +844,7 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
     child.permit("timing")
     with ExitStack() as alone:
         with span("wait_for_device"):
-            alone.enter_context(hold(device, exclusive=True))
+            alone.enter_context(hold(device, exclusive=True, keep=[_pid(child) or -1]))
             alone.enter_context(reference.talking)
         # The reference's child is read under `talking`: another evaluation may renew it.
         if renew:

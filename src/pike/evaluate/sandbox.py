@@ -31,6 +31,7 @@ import psutil
 
 from pike.config import LimitsConfig
 from pike.errors import EvaluatorError
+from pike.evaluate import device_lock
 from pike.evaluate.protocol import Channel, ChildRequest
 from pike.evaluate.staging import InputStage
 
@@ -227,6 +228,10 @@ def _child_setup(parent: int) -> Callable[[], None]:
 class ChildProcess:
     """One sandboxed child; use as a context manager so it never outlives its evaluation."""
 
+    # The GPU whose timers may stop this child (device_lock.list_child); its phase limits
+    # then count only the time it was let run.
+    pausable_on: str | None = None
+
     def __init__(self, request: ChildRequest, work_dir: Path, env: dict[str, str],
                  limits: LimitsConfig, phase_limits: dict[str, float],
                  prefix: list[str] | None = None, sandboxed: bool = False,
@@ -331,15 +336,22 @@ class ChildProcess:
     def _receive_one(self) -> Event:
         assert self.proc is not None
         limit = self.phase_limits.get(self.phase, self.phase_limits["load"])
-        deadline = self.phase_started + limit
+        looked = time.monotonic()
         while b"\n" not in self._buffer:
+            deadline = self.phase_started + limit
             if self._read_some(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic()))):
                 continue
             if self.proc.poll() is not None:
                 if self._read_some(0):
                     continue
                 return ChildExit(self._exit_status(), self.output_tail())
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if self._stopped_by_a_timer():  # another evaluation's window: not its time
+                self.phase_started += now - looked
+                self.phase_seconds["paused"] = self.phase_seconds.get("paused", 0.0) + (
+                    now - looked)
+            looked = now
+            if now >= self.phase_started + limit:
                 self.unresponsive = True
                 return PhaseTimeout(self.phase, limit)
             used = self._tree_rss()
@@ -354,6 +366,21 @@ class ChildProcess:
         if message.get("event") == "phase":
             self.enter_phase(str(message["phase"]))
         return message
+
+    def _stopped_by_a_timer(self) -> bool:
+        assert self.proc is not None
+        if self.pausable_on is None or not device_lock.stopped(self.proc.pid):
+            return False
+        return device_lock.resume_unless_timed(self.pausable_on, self.proc.pid)
+
+    def wait_unpaused(self, timeout: float = 600.0) -> None:
+        """Before it is told to stop: wait out a timer that has it stopped (a stopped
+        child answers nothing); let it go on where no timer has it."""
+        if self.proc is None:
+            return
+        started = time.monotonic()
+        while self._stopped_by_a_timer() and time.monotonic() - started < timeout:
+            time.sleep(_POLL_SECONDS)
 
     def _read_some(self, timeout: float) -> bool:
         ready, _, _ = select.select([self._from_child], [], [], timeout)

@@ -57,13 +57,24 @@ class CampaignResult(BaseModel):
 def bench(folder: Path | None, config: RunConfig | None = None, *,
           ids: list[int] | None = None, out: Path | None = None, resume: Path | None = None,
           jobs: int = 1, command: str = "", placement: dict[str, Any] | None = None,
+          redo: list[int] | None = None, fill_baselines: bool = False,
           on_event: Callable[..., None] = lambda kind, **data: None) -> CampaignResult:
     """Run the configured strategy over the tasks of `folder` (or continue `resume`, with
-    `placement` fields of pool.PLACEMENT over its recorded config)."""
+    `placement` fields of pool.PLACEMENT over its recorded config). With `resume`: the
+    tasks of ids `redo` run again from the start (what they had is dropped), and with
+    `fill_baselines` finished tasks whose baselines lack a mode or have a failed one are
+    measured again."""
+    if (redo or fill_baselines) and resume is None:
+        raise ConfigError("--redo and --fill-baselines act on a campaign: give --resume RUN_DIR")
     if resume is not None:
         store = RunStore.open(resume)
         cfg = RunConfig.model_validate(store.config())
         tasks = stored_tasks(store)
+        try:
+            _forget(store, tasks, redo or [], on_event)
+        except BaseException:
+            store.close()
+            raise
     else:
         if folder is None:
             raise ConfigError("give a task folder to bench (or --resume RUN_DIR)")
@@ -76,15 +87,40 @@ def bench(folder: Path | None, config: RunConfig | None = None, *,
     if placement:
         cfg.eval = cfg.eval.model_copy(update=placement)
     try:
-        outcomes = _run_all(store, tasks, cfg, max(1, jobs), on_event)
+        outcomes = _run_all(store, tasks, cfg, max(1, jobs), on_event, fill_baselines)
         _write_outputs(store, outcomes)
         return CampaignResult(run_dir=store.path.parent, outcomes=outcomes)
     finally:
         store.close()
 
 
+def _forget(store: RunStore, tasks: list[Task], redo: list[int],
+            on_event: Callable[..., None]) -> None:
+    """Drop what the tasks of ids `redo` recorded, so they run again from the start; a
+    redo cut off goes on with the next --resume, as any task not done does."""
+    by_id = {t.id: t for t in tasks if t.id is not None}
+    unknown = [i for i in redo if i not in by_id]
+    if unknown:
+        raise ConfigError(f"--redo {','.join(map(str, unknown))}: no such task in this campaign "
+                          f"(its ids: {','.join(map(str, sorted(by_id)))})")
+    for i in dict.fromkeys(redo):
+        gone = store.forget_task(by_id[i].name)
+        log.info("%s: run again; dropped %d candidates and %d LLM calls", by_id[i].name,
+                 gone["candidates"], gone["llm_calls"])
+        on_event("task_phase", task=by_id[i].name, phase="redo")
+
+
+def baseline_gaps(baseline: object, modes: list[str]) -> list[str]:
+    """The modes of `modes` a stored baseline lacks or failed in (all of them if none)."""
+    if not isinstance(baseline, dict):
+        return list(modes)
+    measured = {m.get("mode"): m for m in baseline.get("modes", [])}
+    return [m for m in modes if m not in measured or measured[m].get("error")
+            or not measured[m].get("stats")]
+
+
 def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
-             on_event: Callable[..., None]) -> list[TaskOutcome]:
+             on_event: Callable[..., None], fill_baselines: bool = False) -> list[TaskOutcome]:
     outcomes: dict[str, TaskOutcome] = {}
     keep_references(jobs + 1)
     # One evaluation pool for all tasks, `eval.workers` evaluations per task at once: each
@@ -96,18 +132,22 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
     with closing(make_pool(cfg.eval.model_copy(update={"workers": total}))) as pool:
         # Ctrl-C or a host-level error: queued tasks do not start; what ran is in the store
         # for --resume.
-        for outcome in run_each(lambda t: _one_task(store, t, cfg, Lane(pool, width), on_event),
+        for outcome in run_each(lambda t: _one_task(store, t, cfg, Lane(pool, width), on_event,
+                                                    fill_baselines),
                                 tasks, jobs, "pike-bench"):
             outcomes[outcome.task] = outcome
     return [outcomes[t.name] for t in tasks]
 
 
 def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
-              on_event: Callable[..., None]) -> TaskOutcome:
+              on_event: Callable[..., None], fill_baselines: bool = False) -> TaskOutcome:
     def event(kind: str, **data: Any) -> None:
         on_event(kind, task=task.name, **data)
 
-    if store.get_state(task.name, DONE_STATE):
+    done = store.get_state(task.name, DONE_STATE)
+    if done and fill_baselines and not store.get_state(task.name, ERROR_STATE):
+        _fill_baseline(store, task, cfg, event)
+    if done:
         event("task_done", resumed=True)
         return TaskOutcome(task=task.name, result=task_result(store, task.name),
                            error=store.get_state(task.name, ERROR_STATE))
@@ -130,6 +170,30 @@ def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
     store.set_state(task.name, DONE_STATE, True)
     event("task_done", result=result)
     return TaskOutcome(task=task.name, result=result)
+
+
+def _fill_baseline(store: RunStore, task: Task, cfg: RunConfig,
+                   event: Callable[..., None]) -> None:
+    """Measure a finished task's baselines again where a mode is missing or failed (a
+    compile that timed out beside other tasks' work, say). All modes are measured again,
+    in one window with eager, since each speedup is over that window's eager; the stored
+    baseline is replaced only where the new one fills a gap the old one had."""
+    modes = cfg.search.baseline_modes
+    old = store.get_state(task.name, BASELINE_STATE)
+    gaps = baseline_gaps(old, modes)
+    if not gaps:
+        return
+    event("task_phase", phase="baseline")
+    try:
+        fresh = measure_baselines(task, cfg, modes).model_dump(mode="json")
+    except TaskError as err:  # the reference failed this time: the old baseline stays
+        log.warning("%s: baselines not measured again: %s", task.name, err)
+        return
+    if len(baseline_gaps(fresh, modes)) < len(gaps):
+        store.set_state(task.name, BASELINE_STATE, fresh)
+    else:
+        log.warning("%s: measured again, the baselines still lack %s", task.name,
+                    ", ".join(gaps))
 
 
 def _write_outputs(store: RunStore, outcomes: list[TaskOutcome]) -> None:
