@@ -13,6 +13,9 @@ from pike.evaluate.guards import Guards
 from pike.task import Task
 from tests.conftest import candidate
 
+# reused answers are told by their speed: beside another test process the margin goes
+pytestmark = pytest.mark.timing
+
 
 @pytest.mark.parametrize(("name", "status", "words"), [
     ("caches_by_pointer", "incorrect", ""),

@@ -10,7 +10,8 @@ from tests.conftest import ROOT
 README = ROOT / "README.md"
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
 FIGURE = re.compile(r"\b\d+(?:\.\d+)?x\b|\b\d+ of \d+\b")
-TEST_COMMAND = "pip install -e '.[dev]' && pytest -q -n 2 --dist loadfile"
+TEST_COMMAND = ("pip install -e '.[dev]' && pytest -q -n 2 --dist loadfile -m 'not timing' "
+                "&& pytest -q -m timing")
 
 
 def local_links(text: str) -> list[tuple[str, str]]:
