@@ -151,22 +151,24 @@ def aggregate(tasks: list[TaskAudit], baselines: dict[str, Baseline],
         claimed_geomean=claim[0] if claim else None, claimed_source=claim[1] if claim else None)
 
 
+def _working_modes(baseline: Baseline | None) -> list[str]:
+    """The torch.compile modes of a task's baseline that ran and were timed."""
+    return [m.mode for m in baseline.modes if m.mode != "eager" and m.speedup_vs_eager
+            and not m.error] if baseline else []
+
+
 def _mode_geomeans(tasks: list[TaskAudit], baselines: dict[str, Baseline]) -> list[ModeGeomean]:
     modes: dict[str, list[float]] = {}
     for task in tasks:
-        baseline = baselines.get(task.task)
-        for m in baseline.modes if baseline else []:
-            if m.mode != "eager" and m.speedup_vs_eager and not m.error:
-                modes.setdefault(m.mode, []).append(task.compile_speedups.get(m.mode, 1.0))
+        for mode in _working_modes(baselines.get(task.task)):
+            modes.setdefault(mode, []).append(task.compile_speedups.get(mode, 1.0))
     return [ModeGeomean(mode=mode, geomean=geomean(values), tasks=len(values))
             for mode, values in modes.items()]
 
 
 def _over_best_mode(task: TaskAudit, baselines: dict[str, Baseline]) -> float | None:
     """The correct file's speedup over its task's fastest working torch.compile mode."""
-    baseline = baselines.get(task.task)
-    working = [m.mode for m in baseline.modes if m.mode != "eager" and m.speedup_vs_eager
-               and not m.error] if baseline else []
+    working = _working_modes(baselines.get(task.task))
     over = [task.compile_speedups[m] for m in working if m in task.compile_speedups]
     return min(over) if task.ok and over else None
 
@@ -175,9 +177,7 @@ def _best_mode_geomean(tasks: list[TaskAudit], baselines: dict[str, Baseline]
                        ) -> ModeGeomean | None:
     values = []
     for task in tasks:
-        baseline = baselines.get(task.task)
-        if baseline and any(m.mode != "eager" and m.speedup_vs_eager and not m.error
-                            for m in baseline.modes):
+        if _working_modes(baselines.get(task.task)):
             over = _over_best_mode(task, baselines)
             values.append(over if over is not None else 1.0)
     return ModeGeomean(mode="best", geomean=geomean(values), tasks=len(values)) if values else None

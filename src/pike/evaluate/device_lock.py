@@ -60,6 +60,11 @@ def _key(device: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"cuda-{physical}")
 
 
+def _lock_file(device: str, kind: str) -> Path:
+    """The device's `lock`, `turnstile` or `children` (the listed children's folder)."""
+    return lock_dir() / f"{_key(device)}.{kind}"
+
+
 @contextmanager
 def _flock(path: Path, mode: int) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -78,8 +83,7 @@ def hold(device: str, *, exclusive: bool, keep: Iterable[int] = ()) -> Iterator[
     if not device.startswith("cuda"):
         yield
         return
-    folder, key = lock_dir(), _key(device)
-    turnstile, device_lock = folder / f"{key}.turnstile", folder / f"{key}.lock"
+    turnstile, device_lock = _lock_file(device, "turnstile"), _lock_file(device, "lock")
     if exclusive:
         with _flock(turnstile, fcntl.LOCK_EX), _flock(device_lock, fcntl.LOCK_EX):
             stopped = _stop_listed(_listed_dir(device), set(keep))
@@ -116,7 +120,7 @@ def hold_for_build(device: str, scope: str) -> contextlib.AbstractContextManager
 
 
 def _listed_dir(device: str) -> Path:
-    path = lock_dir() / f"{_key(device)}.children"
+    path = _lock_file(device, "children")
     path.mkdir(exist_ok=True)
     return path
 
@@ -128,7 +132,7 @@ def list_child(device: str, pid: int, scope: str) -> bool:
     in a window that began before it was listed."""
     if scope != "pause_others" or not device.startswith("cuda"):
         return False
-    with _flock(lock_dir() / f"{_key(device)}.turnstile", fcntl.LOCK_EX):
+    with _flock(_lock_file(device, "turnstile"), fcntl.LOCK_EX):
         (_listed_dir(device) / str(pid)).write_text(str(_started(pid)))
     return True
 
@@ -201,7 +205,7 @@ def _signal_all(procs: list[psutil.Process], sig: int) -> None:
 
 def timed_now(device: str) -> bool:
     """Whether a timer holds `device` alone at this moment."""
-    fd = os.open(lock_dir() / f"{_key(device)}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(_lock_file(device, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
