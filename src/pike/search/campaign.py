@@ -1,9 +1,11 @@
 """`bench()`: one strategy over many tasks, unattended, in one run store.
 
 Each task gets its own budget (the ledger is per task), its baselines (eager and each
-torch.compile mode) measured once and kept in the store, and its own search. Tasks run in
-`jobs` threads at once: the evaluator's device lock keeps timing alone on each GPU, and
-LLM calls are I/O. Every step is in the store before it counts, so a campaign killed at
+torch.compile mode) measured once and kept in the store, and its own search. Every task's
+baselines are measured before any search starts: they hold the GPU alone for tens of
+seconds (max-autotune measures kernels), and a search beside them would spend its time
+budget with its candidates stopped. Tasks run in `jobs` threads at once: the evaluator's
+device lock keeps timing alone on each GPU, and LLM calls are I/O. Every step is in the store before it counts, so a campaign killed at
 any point resumes where it stopped: finished tasks are skipped, a task cut off mid-search
 continues with the calls and verdicts it already has.
 """
@@ -129,9 +131,14 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
     # (A Ray cluster's actors keep their own `eval.workers` each.)
     width = cfg.eval.workers
     total = width * jobs if cfg.eval.cluster == "local" else width
+    # Ctrl-C or a host-level error: queued tasks do not start; what ran is in the store
+    # for --resume.
+    unmeasured = [t for t in tasks if store.get_state(t.name, DONE_STATE) is None
+                  and store.get_state(t.name, BASELINE_STATE) is None]
+    for _ in run_each(lambda t: _measure_baseline(store, t, cfg, on_event), unmeasured, jobs,
+                      "pike-baseline"):
+        pass
     with closing(make_pool(cfg.eval.model_copy(update={"workers": total}))) as pool:
-        # Ctrl-C or a host-level error: queued tasks do not start; what ran is in the store
-        # for --resume.
         for outcome in run_each(lambda t: _one_task(store, t, cfg, Lane(pool, width), on_event,
                                                     fill_baselines),
                                 tasks, jobs, "pike-bench"):
@@ -152,24 +159,41 @@ def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
         return TaskOutcome(task=task.name, result=task_result(store, task.name),
                            error=store.get_state(task.name, ERROR_STATE))
     try:
-        if store.get_state(task.name, BASELINE_STATE) is None:
-            event("task_phase", phase="baseline")
-            baseline = measure_baselines(task, cfg, cfg.search.baseline_modes)
-            store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
         event("task_phase", phase="search")
         result = search_task(store, task, cfg, None, event, evaluations)
     except TaskError as err:  # the task's reference fails: report it, go on with the rest
-        log.warning("%s: %s", task.name, err)
-        store.set_state(task.name, ERROR_STATE, str(err))
-        store.set_state(task.name, DONE_STATE, True)
-        event("task_done", error=str(err))
-        return TaskOutcome(task=task.name, result=task_result(store, task.name),
-                           error=str(err))
+        return _failed(store, task, err, event)
     # Other errors (no GPU, a bad seed set) are the host's or the user's: they end the
     # campaign with their message, and the task stays open for --resume.
     store.set_state(task.name, DONE_STATE, True)
     event("task_done", result=result)
     return TaskOutcome(task=task.name, result=result)
+
+
+def _measure_baseline(store: RunStore, task: Task, cfg: RunConfig,
+                      on_event: Callable[..., None]) -> None:
+    """The task's baselines, stored; a task whose reference fails here is done, with its
+    error (the search would fail the same way)."""
+    def event(kind: str, **data: Any) -> None:
+        on_event(kind, task=task.name, **data)
+
+    event("task_phase", phase="baseline")
+    try:
+        baseline = measure_baselines(task, cfg, cfg.search.baseline_modes)
+    except TaskError as err:
+        _failed(store, task, err, event)
+        return
+    store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
+    event("task_phase", phase="waiting")  # for a search slot
+
+
+def _failed(store: RunStore, task: Task, err: TaskError,
+            event: Callable[..., None]) -> TaskOutcome:
+    log.warning("%s: %s", task.name, err)
+    store.set_state(task.name, ERROR_STATE, str(err))
+    store.set_state(task.name, DONE_STATE, True)
+    event("task_done", error=str(err))
+    return TaskOutcome(task=task.name, result=task_result(store, task.name), error=str(err))
 
 
 def _fill_baseline(store: RunStore, task: Task, cfg: RunConfig,
