@@ -1,0 +1,94 @@
+"""bench/offline.py, run as a user runs it: `pike bench` with the offline strategy, then
+`pike audit` of its solution set; cut off with Ctrl-C, the same command goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "tasks"
+
+
+def _command(results: Path, config: Path, *extra: str) -> list[str]:
+    return [sys.executable, "bench/offline.py", str(EXAMPLES), "--tag", "t", "--ids", "1",
+            "--device", "cpu", "--jobs", "1", "--workers", "1", "--max-seconds", "60",
+            "--max-candidates", "2", "--results", str(results), "--config", str(config),
+            *extra]
+
+
+def _config(tmp_path: Path, build_cache: Path) -> Path:
+    path = tmp_path / "protocol.yaml"
+    path.write_text(yaml.safe_dump({
+        "eval": {"trials": 2, "build_cache": str(build_cache),
+                 "timing": {"warmup_calls": 1, "warmup_seconds": 0.0, "min_calls": 5,
+                            "min_seconds": 0.02, "rounds": 2},
+                 "limits": {"load_seconds": 120, "check_seconds": 30, "timing_seconds": 60}},
+        "search": {"baseline_modes": ["eager"]}}))
+    return path
+
+
+def _pikes_of(run_dir: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(str(run_dir) in part for part in proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+@pytest.mark.slow
+def test_a_cut_off_headline_goes_on_with_the_same_command_and_ends_audited(
+        tmp_path: Path, build_cache: Path) -> None:
+    results, config = tmp_path / "results", _config(tmp_path, build_cache)
+    run_dir = results / "offline-t-run"
+    driver = subprocess.Popen(_command(results, config), cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not (run_dir / "run.sqlite").exists():  # Ctrl-C once the campaign has started
+        assert driver.poll() is None and time.monotonic() < deadline, driver.stderr.read()
+        time.sleep(0.2)
+    time.sleep(1.0)
+    driver.send_signal(signal.SIGINT)
+    assert driver.wait(timeout=120) != 0
+    assert "run the same command again" in driver.stderr.read()
+    assert not _pikes_of(run_dir)  # the campaign's pike ended with it
+    assert not (results / "offline-t.md").exists()
+
+    done = subprocess.run(_command(results, config), cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads((results / "offline-t.json").read_text())
+    commands = [c["command"] for c in data["calls"]]
+    assert commands[0].startswith("pike bench ") and "--out" in commands[0]
+    assert commands[1].startswith(f"pike bench --resume {run_dir}")
+    assert commands[2].startswith("pike audit ") and "--workers 1" in commands[2]
+    [row] = data["rows"]
+    assert row["task"] == "1_GeluMLP" and row["judged"] >= 1
+    assert row["audit_status"] == "ok" and row["audit_speedup"] > 0
+    assert data["audit"]["tasks"] == 1 and data["audit"]["correct"] == 1
+    markdown = (results / "offline-t.md").read_text()
+    assert "Audited (the figure to quote)" in markdown and "pike audit" in markdown
+
+    # run again: nothing left to judge; the audit, already done, is resumed, not redone
+    again = subprocess.run(_command(results, config), cwd=ROOT, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    calls = json.loads((results / "offline-t.json").read_text())["calls"]
+    assert calls[-1]["command"].startswith("pike audit --resume")
+    assert json.loads((results / "offline-t.json").read_text())["rows"] == data["rows"]
+
+
+def test_redo_needs_a_campaign_that_has_run(tmp_path: Path) -> None:
+    done = subprocess.run(_command(tmp_path, tmp_path / "none.yaml", "--redo", "1"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert done.returncode != 0 and "run without them first" in done.stderr
