@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -146,7 +147,7 @@ def test_a_comparison_without_room_on_the_gpu_is_made_on_the_host(
 
     monkeypatch.setattr(judge, "_load_leaves", load)
     monkeypatch.setattr(judge, "_compare_leaves", compare)
-    verdict = judge._compare_trials(expected, tmp_path, EvalConfig(trials=2), gpu)
+    verdict = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=2), gpu).verdict()
     assert verdict.status == "ok", verdict.message
     assert verdict.trials_passed == 2
     assert tried_on[:3] == (["read on cuda", "read on cpu", "compare on cpu"]
@@ -155,5 +156,98 @@ def test_a_comparison_without_room_on_the_gpu_is_made_on_the_host(
 
     # a candidate's wrong values are still wrong when compared on the host
     write_leaves([torch.zeros(4, 3)], tmp_path / "outputs_1.pt")
-    assert judge._compare_trials(expected, tmp_path, EvalConfig(trials=2), gpu).status == \
-        "incorrect"
+    assert judge.TrialComparison(expected, tmp_path, EvalConfig(trials=2),
+                                 gpu).verdict().status == "incorrect"
+
+
+def _trials(tmp_path: Path, count: int) -> list[list[torch.Tensor]]:
+    from pike.evaluate.leaf_files import write_leaves
+
+    expected = [[torch.full((4, 3), float(t) + 0.5)] for t in range(count)]
+    for t, leaves in enumerate(expected):
+        write_leaves(leaves, tmp_path / f"outputs_{t}.pt")
+    return expected
+
+
+def test_trials_compared_as_the_child_saves_them_are_each_compared_once_and_all_judged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child's word that a trial is saved only decides when the parent looks: out of
+    order, repeated, or never said, every trial is compared once, in order, and judged."""
+    from pike.config import EvalConfig
+    from pike.evaluate import judge
+
+    expected = _trials(tmp_path, 4)
+    compared: list[int] = []
+    real = judge._compare_with_room
+
+    def counted(exp: list, act: list, trial: int, cfg: EvalConfig, on: torch.device) -> list:
+        compared.append(trial)
+        return real(exp, act, trial, cfg, on)
+
+    monkeypatch.setattr(judge, "_compare_with_room", counted)
+    comparison = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=3),
+                                       torch.device("cpu"))
+    comparison.add(1)
+    assert compared == [0, 1]  # the first trial's fingerprint comes first
+    comparison.add(1)
+    comparison.add(0)
+    assert compared == [0, 1]
+    verdict = comparison.verdict()  # trials 2 and 3 (the shifted one) were never said
+    assert compared == [0, 1, 2, 3]
+    assert verdict.status == "ok" and verdict.trials_passed == 3
+
+    # a wrong trial compared early is still named; a cached answer is still called one
+    from pike.evaluate.leaf_files import write_leaves
+    for t in range(4):
+        write_leaves(expected[0], tmp_path / f"outputs_{t}.pt")
+    comparison = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=3),
+                                       torch.device("cpu"))
+    comparison.add(2)
+    verdict = comparison.verdict()
+    assert verdict.status == "incorrect" and "trial 1" in verdict.message
+    assert "identical for different inputs" in verdict.message
+
+
+def test_an_unreadable_trial_ends_the_comparison(tmp_path: Path) -> None:
+    from pike.config import EvalConfig
+    from pike.evaluate import judge
+
+    expected = _trials(tmp_path, 3)
+    (tmp_path / "outputs_1.pt").write_bytes(b"not a tensor file")
+    comparison = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=2),
+                                       torch.device("cpu"))
+    comparison.add(2)
+    verdict = comparison.verdict()
+    assert verdict.status == "incorrect" and "trial 1: outputs could not be read back" in \
+        verdict.message
+
+
+def test_the_parent_compares_a_trial_while_the_child_runs_the_next(
+        monkeypatch: pytest.MonkeyPatch, fast_config: Any, mlp_task: Any) -> None:
+    """With pausing (the default), a candidate's trial is compared when its child says it
+    is saved, before the child's trials end; the verdict is the same."""
+    from pike.evaluate import driver, judge
+    from tests.conftest import candidate
+
+    seen: list[tuple[int, bool]] = []
+    real_add = judge.TrialComparison.add
+    checked = {"done": False}
+    real_pump = driver._pump
+
+    def add(self: Any, trial: int) -> None:
+        seen.append((trial, checked["done"]))
+        real_add(self, trial)
+
+    def pump(child: Any, report: Any, until: str, on_saved: Any = None) -> bool:
+        ran = real_pump(child, report, until, on_saved)
+        if child.request.role == "candidate" and until == "checked":
+            checked["done"] = True
+        return ran
+
+    monkeypatch.setattr(judge.TrialComparison, "add", add)
+    monkeypatch.setattr(driver, "_pump", pump)
+    verdict = judge.evaluate(mlp_task, candidate("fused"),
+                             fast_config.model_copy(update={"device_lock": "pause_others"}))
+    assert verdict.ok, verdict.message
+    early = [t for t, after_checked in seen if not after_checked]
+    assert early[:2] == [0, 1], seen  # said by the child while its trials ran

@@ -16,6 +16,7 @@ import signal
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,19 +169,23 @@ def wait_ready(child: ChildProcess, report: ChildReport) -> bool:
     return ready
 
 
-def run_trials(child: ChildProcess, report: ChildReport) -> bool:
+def run_trials(child: ChildProcess, report: ChildReport,
+               on_saved: Callable[[int], None] | None = None) -> bool:
     """Let the child run its trials (a candidate child: after `wait_ready`, which it is told
-    to go on from here); False (and report.failure) if it failed."""
+    to go on from here); False (and report.failure) if it failed. `on_saved(i)` is called
+    as the child says trial i's outputs are written (it may say anything: a hint of when
+    to look, never what is there)."""
     if child.request.role == "candidate":
         # The wait for the device ("queued") has no limit; the trials' own starts now, or a
         # long wait would count against them.
         child.enter_phase("check")
         child.permit("check")
         child.send("go")
-    return _pump(child, report, "checked")
+    return _pump(child, report, "checked", on_saved)
 
 
-def _pump(child: ChildProcess, report: ChildReport, until: str) -> bool:
+def _pump(child: ChildProcess, report: ChildReport, until: str,
+          on_saved: Callable[[int], None] | None = None) -> bool:
     while True:
         event = child.receive()
         if not isinstance(event, dict):
@@ -198,6 +203,8 @@ def _pump(child: ChildProcess, report: ChildReport, until: str) -> bool:
             report.flags = {str(k): str(v) for k, v in (event.get("flags") or {}).items()}
             report.steps = _steps(event.get("steps"))
             return True
+        elif kind == "saved" and on_saved is not None and type(event.get("trial")) is int:
+            on_saved(event["trial"])
         elif kind == "done":
             report.failure = Verdict(status="crashed", phase=child.phase,
                                      message="the child ended without running the trials")

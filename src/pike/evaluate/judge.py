@@ -693,13 +693,15 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                             if cfg.limits.fitted else None)
             with span("load_build_warm_up"):
                 trials_ran = wait_ready(child, report)
-            with span("trials"):
-                trials_ran = trials_ran and run_trials(child, report)
-        if trials_ran:
             on = compare_device(device)
+            comparison = TrialComparison(reference.expected_on(on)[:cfg.trials + cfg.guards],
+                                         outputs_dir, cfg, on)
+            with span("trials"):  # with the comparisons made while the child runs them
+                trials_ran = trials_ran and run_trials(
+                    child, report, on_saved=_compare_early(comparison, child, device, cfg))
+        if trials_ran:
             with span("compare"), hold_for_work(device, cfg.device_lock):
-                expected = reference.expected_on(on)[:cfg.trials + cfg.guards]
-                correctness = _compare_trials(expected, outputs_dir, cfg, on)
+                correctness = comparison.verdict()
                 _release_compare_memory(on)
             if correctness.ok and cfg.time_candidate and reference.child is not None:
                 timers = _timing_window(reference, child, device, cfg, warmed=False)
@@ -940,48 +942,97 @@ def _release_compare_memory(on: torch.device) -> None:
         torch.cuda.empty_cache()  # what the chunks held goes back to the candidates
 
 
-def _compare_trials(expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfig,
-                    on: torch.device) -> Verdict:
-    mismatches: list[OutputMismatch] = []
-    first: tuple[list[Any], list[Any]] | None = None  # the first trial's outputs, in short
-    first_seen = False
-    repeated: list[int] = []  # later trials whose outputs equal the first's
-    passed = 0
-    max_abs = max_rel = 0.0
-    for trial, exp_leaves in enumerate(expected):
-        if trial == cfg.trials and not check.all_finite(exp_leaves, on):
-            continue  # the reference itself overflows on shifted inputs: nothing to learn
+def _compare_early(comparison: TrialComparison, child: ChildProcess, device: str,
+                   cfg: EvalConfig) -> Callable[[int], None] | None:
+    """What compares a trial the child has saved, while it runs the next. Not with
+    every_gpu_use: the child's trials already hold the device shared there, and a second
+    shared hold could wait behind a timer that waits for the first."""
+    if cfg.device_lock == "every_gpu_use":
+        return None
+
+    def compare(trial: int) -> None:
+        if 0 <= trial < len(comparison.expected):
+            asked = time.monotonic()
+            with hold_for_work(device, cfg.device_lock):
+                # a wait for the hold is other evaluations' timed windows, which stop
+                # this child too; its check limit is not read meanwhile, so it is told
+                child.not_its_time(time.monotonic() - asked)
+                comparison.add(trial)
+
+    return compare
+
+
+class TrialComparison:
+    """A candidate's trials compared with the expected outputs, each as soon as the child
+    says its file is written (`add`), so the parent compares trial i while the child runs
+    trial i+1; `verdict` compares whatever is left and judges all of them. What the child
+    says only decides when a trial is compared, never whether: every trial is compared
+    once, in the verdict at the latest."""
+
+    def __init__(self, expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfig,
+                 on: torch.device) -> None:
+        self.expected, self.outputs_dir, self.cfg, self.on = expected, outputs_dir, cfg, on
+        self.compared: set[int] = set()
+        self.mismatches: list[OutputMismatch] = []
+        self.first: tuple[list[Any], list[Any]] | None = None  # trial 0's outputs, in short
+        self.repeated: list[int] = []  # later trials whose outputs equal the first's
+        self.passed = 0
+        self.max_abs = self.max_rel = 0.0
+        self.unreadable: Verdict | None = None
+
+    def add(self, trial: int) -> None:
+        """Compare trial `trial` (and every earlier one not compared yet: the fingerprint
+        of the first trial is taken before later ones are matched against it)."""
+        for t in range(min(trial + 1, len(self.expected))):
+            if t not in self.compared and self.unreadable is None:
+                self.compared.add(t)
+                self._one(t)
+
+    def _one(self, trial: int) -> None:
+        exp_leaves = self.expected[trial]
+        if trial == self.cfg.trials and not check.all_finite(exp_leaves, self.on):
+            return  # the reference itself overflows on shifted inputs: nothing to learn
         try:
-            exp_here, act_leaves, here = _read_back(outputs_dir / f"outputs_{trial}.pt",
-                                                    exp_leaves, on)
+            exp_here, act_leaves, here = _read_back(self.outputs_dir / f"outputs_{trial}.pt",
+                                                    exp_leaves, self.on)
         except Exception as err:  # written by the child: anything may be in it
-            return Verdict(status="incorrect", phase="check",
-                           message=f"trial {trial}: outputs could not be read back ({err})")
-        if not first_seen:
-            first, first_seen = _fingerprint(act_leaves), True
-        elif _same_print(first, _fingerprint(act_leaves)):
-            repeated.append(trial)
-        compared = _compare_with_room(exp_here, act_leaves, trial, cfg, here)
+            self.unreadable = Verdict(
+                status="incorrect", phase="check",
+                message=f"trial {trial}: outputs could not be read back ({err})")
+            return
+        if trial == 0:
+            self.first = _fingerprint(act_leaves)
+        elif _same_print(self.first, _fingerprint(act_leaves)):
+            self.repeated.append(trial)
+        compared = _compare_with_room(exp_here, act_leaves, trial, self.cfg, here)
         del act_leaves
-        max_abs = max([max_abs, *(c.max_abs_error or 0.0 for c in compared)])
-        max_rel = max([max_rel, *(c.max_rel_error or 0.0 for c in compared)])
+        self.max_abs = max([self.max_abs, *(c.max_abs_error or 0.0 for c in compared)])
+        self.max_rel = max([self.max_rel, *(c.max_rel_error or 0.0 for c in compared)])
         trial_bad = [c for c in compared if c.problem]
-        mismatches.extend(trial_bad)
-        passed += not trial_bad and trial < cfg.trials
-    errors = {"trials_passed": passed, "max_abs_error": max_abs, "max_rel_error": max_rel}
-    if not mismatches:
-        return Verdict(status="ok", **errors)
-    first_bad = mismatches[0]
-    which = (f"trial {first_bad.trial}" if first_bad.trial < cfg.trials else
-             "the trial with inputs of another distribution (a drawn scale and shift)")
-    failed = len({m.trial for m in mismatches})
-    message = (f"{failed} of {len(expected)} trials failed; {which}, "
-               f"output {first_bad.output}: {first_bad.problem}")
-    # identical outputs for inputs whose expected outputs differ: a cached answer
-    if any(not _same_leaves(expected[0], expected[t]) for t in repeated):
-        message += "; the output is identical for different inputs (a cached or constant result?)"
-    return Verdict(status="incorrect", phase="check", message=message,
-                   mismatches=mismatches[:20], **errors)
+        self.mismatches.extend(trial_bad)
+        self.passed += not trial_bad and trial < self.cfg.trials
+
+    def verdict(self) -> Verdict:
+        self.add(len(self.expected) - 1)
+        if self.unreadable is not None:
+            return self.unreadable
+        errors = {"trials_passed": self.passed, "max_abs_error": self.max_abs,
+                  "max_rel_error": self.max_rel}
+        if not self.mismatches:
+            return Verdict(status="ok", **errors)
+        mismatches = sorted(self.mismatches, key=lambda m: m.trial)
+        first_bad = mismatches[0]
+        which = (f"trial {first_bad.trial}" if first_bad.trial < self.cfg.trials else
+                 "the trial with inputs of another distribution (a drawn scale and shift)")
+        failed = len({m.trial for m in mismatches})
+        message = (f"{failed} of {len(self.expected)} trials failed; {which}, "
+                   f"output {first_bad.output}: {first_bad.problem}")
+        # identical outputs for inputs whose expected outputs differ: a cached answer
+        if any(not _same_leaves(self.expected[0], self.expected[t]) for t in self.repeated):
+            message += ("; the output is identical for different inputs (a cached or "
+                        "constant result?)")
+        return Verdict(status="incorrect", phase="check", message=message,
+                       mismatches=mismatches[:20], **errors)
 
 
 _HOST = torch.device("cpu")

@@ -507,6 +507,8 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
             out = _run_guarded_call(req, model, inputs, device)
         with STEPS.span("save_outputs"):
             write_leaves(check.flatten_output(out), Path(req.outputs_dir) / f"outputs_{trial}.pt")
+        del out
+        chan.send("saved", trial=trial)  # the parent compares it while the next one runs
     _reject_violations(guards, "check")
     _reject_reference_code(req, model)
     flags = {k: f"{a} -> {b}" for k, (a, b) in guards.changed_flags().items()}

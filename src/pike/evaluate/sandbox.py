@@ -347,9 +347,7 @@ class ChildProcess:
                 return ChildExit(self._exit_status(), self.output_tail())
             now = time.monotonic()
             if self._stopped_by_a_timer():  # another evaluation's window: not its time
-                self.phase_started += now - looked
-                self.phase_seconds["paused"] = self.phase_seconds.get("paused", 0.0) + (
-                    now - looked)
+                self.not_its_time(now - looked)
             looked = now
             if now >= self.phase_started + limit:
                 self.unresponsive = True
@@ -366,6 +364,13 @@ class ChildProcess:
         if message.get("event") == "phase":
             self.enter_phase(str(message["phase"]))
         return message
+
+    def not_its_time(self, seconds: float) -> None:
+        """`seconds` of the current phase that another evaluation's timed window took
+        (this child stopped, or its parent waiting for the device): they count against no
+        limit of its own."""
+        self.phase_started += seconds
+        self.phase_seconds["paused"] = self.phase_seconds.get("paused", 0.0) + seconds
 
     def _stopped_by_a_timer(self) -> bool:
         assert self.proc is not None
