@@ -403,3 +403,45 @@ def test_a_resumed_run_may_take_a_new_pool_but_keeps_its_search_options(
     assert widths == [2]
     refused = pike("optimize", "--resume", out, "--workers", "2", "--budget-queries", "9")
     assert refused.exit_code != 0 and "drop --budget-queries" in refused.output
+
+
+def test_baseline_modes_that_measure_nothing_build_beside_others(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task's baselines hold the device alone only where they must: max-autotune's build
+    (it measures kernels) and the timing; eager and the other compile modes are built
+    before, as a candidate's build is, their child listed for other timers to stop."""
+    order: list[str] = []
+    real_hold = judge_module.hold
+
+    @contextmanager
+    def hold(device: str, *, exclusive: bool, keep: Any = ()) -> Iterator[None]:
+        order.append("exclusive" if exclusive else "shared")
+        with real_hold(device, exclusive=exclusive, keep=keep):
+            yield
+        order.append("released")
+
+    def prepare(timer: Any) -> None:
+        order.append(f"build {timer.mode}")
+
+    def timing(timers: list, cfg: Any) -> None:
+        order.append("timing")
+
+    listed: list[int] = []
+    monkeypatch.setattr(judge_module, "hold", hold)
+    monkeypatch.setattr(judge_module, "_prepare", prepare)
+    monkeypatch.setattr(judge_module, "time_interleaved", timing)
+    monkeypatch.setattr(judge_module, "list_for_timers",
+                        lambda child, device, scope: listed.append(child.proc.pid))
+    cfg = fast_config.model_copy(update={"device_lock": "pause_others"})
+    reference = judge_module.run_reference(mlp_task, cfg, "cpu", keep_child=True, cache=False)
+    try:
+        judge_module.time_reference_modes(
+            mlp_task, reference, ["eager", "compile:default",
+                                  "compile:max-autotune-no-cudagraphs",
+                                  "compile:reduce-overhead"], cfg, "cpu")
+    finally:
+        reference.close()
+    assert order == ["build eager", "build compile:default", "build compile:reduce-overhead",
+                     "exclusive", "build compile:max-autotune-no-cudagraphs", "timing",
+                     "released"]
+    assert len(listed) == 1  # the reference child, for those builds

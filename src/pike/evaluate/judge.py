@@ -17,8 +17,8 @@ import statistics
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from contextlib import ExitStack, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from pike.config import EvalConfig, RunConfig
 from pike.errors import EvaluatorError, TaskError
 from pike.evaluate import check, spares
 from pike.evaluate.cores import timing_cores
-from pike.evaluate.device_lock import hold, hold_for_build, hold_for_work
+from pike.evaluate.device_lock import hold, hold_for_build, hold_for_work, unlist_child
 from pike.evaluate.driver import (
     ChildReport,
     LoopCost,
@@ -427,12 +427,20 @@ def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
     """Time the reference's modes (eager, torch.compile ...) alternating with each other."""
     assert reference.child is not None
     timers = [Timer(reference.child, mode) for mode in modes]
-    with hold(device, exclusive=True), reference.talking:
-        # Each mode is built (a torch.compile mode compiles and autotunes) before the child
-        # moves onto the timing cores: on the build cores, with the compile workers the
-        # child was started with. Still alone on the device: autotuning measures kernels.
+    # Each mode is built (a torch.compile mode compiles, max-autotune also autotunes)
+    # before the child moves onto the timing cores: on the build cores, with the compile
+    # workers the child was started with. Modes that measure nothing while they build go
+    # first, beside other evaluations, as a candidate's build does: the child listed, so
+    # other timers stop it (pause_others), or the device held shared (every_gpu_use).
+    with _built_beside_others(reference.child, device, cfg.device_lock), reference.talking:
         for timer in timers:
-            _prepare(timer)
+            if not _autotunes(timer.mode):
+                _prepare(timer)
+    with hold(device, exclusive=True), reference.talking:
+        # autotuning measures kernels: alone on the device, as timing is
+        for timer in timers:
+            if _autotunes(timer.mode):
+                _prepare(timer)
         with timing_cores([_pid(reference.child)], device, cfg.timing_cores):
             time_interleaved(timers, cfg.timing)
         reference.child.enter_phase("idle")
@@ -441,6 +449,22 @@ def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
         reference.close()
         raise _reference_failed(task, broken)
     return timers
+
+
+def _autotunes(mode: str) -> bool:
+    return "max-autotune" in mode
+
+
+@contextmanager
+def _built_beside_others(child: ChildProcess, device: str, scope: str) -> Iterator[None]:
+    with hold_for_build(device, scope):
+        list_for_timers(child, device, scope)
+        try:
+            yield
+        finally:
+            if child.pausable_on is not None and child.proc is not None:
+                unlist_child(device, child.proc.pid)
+                child.pausable_on = None
 
 
 def _prepare(timer: Timer) -> None:
