@@ -60,7 +60,7 @@ from pike.evaluate.runner import EXTRA_TRIALS
 from pike.evaluate.sandbox import ChildProcess, passed_to_child
 from pike.evaluate.staging import InputStage
 from pike.evaluate.steps import measuring, span
-from pike.evaluate.verdict import OutputMismatch, TimingStats, Verdict
+from pike.evaluate.verdict import OutputMismatch, TimingStats, Verdict, says_out_of_memory
 from pike.floor import Work, floor, times_floor
 from pike.task import Task
 
@@ -338,7 +338,30 @@ def release_reference(run: ReferenceRun) -> None:
         run.users = max(0, run.users - 1)
 
 
+# A reference that ran out of GPU memory beside other evaluations (a campaign's other
+# tasks, their candidates) runs once more after this wait: their memory is not the task's
+# fault, and one that needs more than the card runs out again and fails its task.
+_OUT_OF_MEMORY_WAIT_S = 15.0
+
+
 def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> ReferenceRun:
+    run = _reference_attempt(task, cfg, device, keep_child)
+    if isinstance(run, ReferenceRun):
+        return run
+    if run is None or not device.startswith("cuda") or not says_out_of_memory(run.message):
+        raise _reference_failed(task, run)
+    log.warning("%s: the reference ran out of GPU memory; run once more in %.0f s (other "
+                "evaluations on the GPU may have held it)", task.name, _OUT_OF_MEMORY_WAIT_S)
+    time.sleep(_OUT_OF_MEMORY_WAIT_S)
+    run = _reference_attempt(task, cfg, device, keep_child)
+    if isinstance(run, ReferenceRun):
+        return run
+    raise _reference_failed(task, run)
+
+
+def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: bool
+                       ) -> ReferenceRun | Verdict | None:
+    """The reference run, or the failure that ended it (None: no failure was reported)."""
     tmp = make_temp_dir("ref")
     inputs_dir, expected_dir, work_dir = tmp / "inputs", tmp / "expected", tmp / "work"
     for d in (inputs_dir, expected_dir, work_dir):
@@ -365,7 +388,7 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
             finish(child)
     if not ok:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise _reference_failed(task, report.failure)
+        return report.failure
     with span("load_expected"):
         expected = [_load_leaves(expected_dir / f"outputs_{i}.pt", mapped=True)
                     for i in range(cfg.trials + EXTRA_TRIALS)]

@@ -25,7 +25,7 @@ from pike.config import EvalConfig
 from pike.errors import ConfigError, PikeError
 from pike.evaluate import spares
 from pike.evaluate.judge import evaluate, keep_references, resolve_device
-from pike.evaluate.verdict import Verdict
+from pike.evaluate.verdict import Verdict, says_out_of_memory
 from pike.task import Task
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def requeue_once(attempt: Callable[[int], Verdict],
 def out_of_device_memory(verdict: Verdict) -> bool:
     """The candidate failed because the GPU had no memory left (its own or its neighbours')."""
     return (verdict.status in ("runtime_error", "crashed")
-            and "out of memory" in (verdict.message or "").lower())
+            and says_out_of_memory(verdict.message))
 
 
 def one_line(err: BaseException) -> str:

@@ -107,3 +107,9 @@ class Verdict(BaseModel):
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+def says_out_of_memory(message: str | None) -> bool:
+    """The failure's message says the GPU had no memory left (its own use or its
+    neighbours': on a GPU shared by several evaluations the two read the same)."""
+    return "out of memory" in (message or "").lower()

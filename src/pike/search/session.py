@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 from collections import Counter
 from collections.abc import Callable
 from contextlib import closing
@@ -18,7 +19,7 @@ from pike.config import RunConfig, SearchConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate.judge import resolve_device
 from pike.evaluate.pool import Pool, make_pool
-from pike.evaluate.verdict import Verdict
+from pike.evaluate.verdict import Verdict, says_out_of_memory
 from pike.llm import LLMClient, Pricing, resolve_spec
 from pike.search.branching import BranchingSearch, Seed
 from pike.search.evolve import EvolveSearch
@@ -27,6 +28,8 @@ from pike.search.offline import OfflineSearch
 from pike.search.querier import Querier, RecordedCall, ReplayExhausted
 from pike.store import RunStore
 from pike.task import Task
+
+log = logging.getLogger(__name__)
 
 _OUTPUT_TOKENS_GUESS = 8192  # what a reply may cost before we know its length
 
@@ -163,7 +166,14 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
         return
     from pike.evaluate.confirm import confirm
 
-    found = confirm(task, {r.id: r.source for r in top}, cfg.eval)
+    sources = {r.id: r.source for r in top}
+    found = confirm(task, sources, cfg.eval)
+    if any(says_out_of_memory(c.error) for c in found):
+        # its children were loaded beside other evaluations: one window more, as a
+        # candidate that ran out in a crowded pool is judged once more
+        log.warning("%s: a confirmed candidate ran out of GPU memory; the window is timed "
+                    "once more", task.name)
+        found = confirm(task, sources, cfg.eval)
     store.set_state(task.name, "confirmed", {"candidates": ids,
                                              "figures": [c.model_dump() for c in found]})
 

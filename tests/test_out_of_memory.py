@@ -1,0 +1,121 @@
+"""A GPU crowded by other evaluations: a reference or a confirming window that ran out of
+its memory runs once more instead of failing its task or losing its figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from pike.config import EvalConfig, RunConfig
+from pike.errors import TaskError
+from pike.evaluate import confirm as confirming
+from pike.evaluate import judge
+from pike.evaluate.confirm import Confirmation
+from pike.evaluate.verdict import TimingStats, Verdict, says_out_of_memory
+from pike.search.session import confirm_best
+from pike.store import RunStore
+from pike.task import Task
+
+OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.97 GiB. GPU 0 has "
+       "a total capacity of 79.18 GiB of which 54.50 MiB is free.")
+
+
+def test_the_words_of_an_out_of_memory_failure_are_recognised() -> None:
+    assert says_out_of_memory(OOM)
+    assert says_out_of_memory("RuntimeError: CUDA error: out of memory")
+    assert not says_out_of_memory("exited with status 1 during phase 'setup'")
+    assert not says_out_of_memory(None)
+
+
+@pytest.fixture()
+def attempts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """What each reference attempt gives, in order (a failure Verdict or a run)."""
+    answers: list[Any] = []
+    calls: list[str] = []
+
+    def attempt(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> Any:
+        calls.append(device)
+        return answers.pop(0)
+
+    monkeypatch.setattr(judge, "_reference_attempt", attempt)
+    monkeypatch.setattr(judge, "_OUT_OF_MEMORY_WAIT_S", 0.0)
+    answers_and_calls: list[Any] = [answers, calls]
+    return answers_and_calls
+
+
+def _failure(message: str) -> Verdict:
+    return Verdict(status="runtime_error", phase="check", message=message)
+
+
+def test_a_reference_out_of_gpu_memory_runs_once_more(mlp_task: Task,
+                                                      attempts: list[Any]) -> None:
+    answers, calls = attempts
+    run = mock.Mock(spec=judge.ReferenceRun)
+    answers += [_failure(OOM), run]
+    assert judge._start_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True) is run
+    assert calls == ["cuda:0", "cuda:0"]
+
+
+def test_a_reference_out_of_gpu_memory_twice_fails_its_task(mlp_task: Task,
+                                                            attempts: list[Any]) -> None:
+    answers, calls = attempts
+    answers += [_failure(OOM), _failure(OOM), mock.Mock(spec=judge.ReferenceRun)]
+    with pytest.raises(TaskError, match="out of memory"):
+        judge._start_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize(("device", "message"), [("cuda:0", "ZeroDivisionError: division by "
+                                                  "zero"), ("cpu", OOM)])
+def test_any_other_reference_failure_is_not_run_again(mlp_task: Task, attempts: list[Any],
+                                                      device: str, message: str) -> None:
+    answers, calls = attempts
+    answers += [_failure(message), mock.Mock(spec=judge.ReferenceRun)]
+    with pytest.raises(TaskError, match=message.split(":")[0]):
+        judge._start_reference(mlp_task, EvalConfig(), device, keep_child=True)
+    assert calls == [device]
+
+
+def _store_with_candidates(task: Task, tmp_path: Path) -> tuple[RunStore, list[int]]:
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    store.add_task(task.name, str(task.path), task.sha256, task.source)
+    stats = TimingStats.from_samples([1.0])
+    ids = []
+    for speedup in (2.0, 1.9):
+        cid = store.add_candidate(task.name, task.source, parent_id=None, role="optimize",
+                                  round=0, branch=0)
+        store.set_verdict(cid, Verdict(status="ok", runtime=stats, reference=stats,
+                                       speedup=speedup))
+        ids.append(cid)
+    return store, ids
+
+
+@pytest.mark.parametrize(("first_error", "windows"), [(OOM, 2), ("exited with status 1", 1)])
+def test_a_confirming_window_out_of_gpu_memory_is_timed_once_more(
+        mlp_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        first_error: str, windows: int) -> None:
+    store, ids = _store_with_candidates(mlp_task, tmp_path)
+    timed: list[list[int]] = []
+
+    def window(task: Task, sources: dict[int, str], cfg: EvalConfig) -> list[Confirmation]:
+        timed.append(sorted(sources))
+        if len(timed) == 1:
+            return [Confirmation(candidate_id=ids[1], runtime_ms=1.0, reference_ms=1.5,
+                                 speedup=1.5),
+                    Confirmation(candidate_id=ids[0], error=first_error)]
+        return [Confirmation(candidate_id=i, runtime_ms=1.0, reference_ms=s, speedup=s)
+                for i, s in zip(ids, (2.1, 1.8), strict=True)]
+
+    monkeypatch.setattr(confirming, "confirm", window)
+    cfg = RunConfig()
+    cfg.search.confirm_top = 2
+    confirm_best(store, mlp_task, cfg)
+    assert timed == [sorted(ids)] * windows
+    kept = store.get_state(mlp_task.name, "confirmed")
+    if windows == 2:  # the second window's figures, every candidate in it
+        assert [f["speedup"] for f in kept["figures"]] == [2.1, 1.8]
+    else:  # a failure of the candidate's own stays its figure
+        assert kept["figures"][1]["error"] == first_error
