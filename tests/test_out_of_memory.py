@@ -119,3 +119,15 @@ def test_a_confirming_window_out_of_gpu_memory_is_timed_once_more(
         assert [f["speedup"] for f in kept["figures"]] == [2.1, 1.8]
     else:  # a failure of the candidate's own stays its figure
         assert kept["figures"][1]["error"] == first_error
+
+
+def test_a_confirming_failure_keeps_the_line_that_names_the_error() -> None:
+    # A child's message is its exit, its stderr's warnings and traceback, and last the
+    # error: cut to its head, a GPU out of memory read as any crash and was not retried.
+    noise = "RuntimeWarning: 'pike.evaluate.runner' found in sys.modules\n" * 10
+    message = f"exited with status 1 during phase 'check'\n{noise}Traceback ...\n{OOM}"
+    short = confirming._short(message)
+    assert len(short) <= 300
+    assert short.startswith("exited with status 1 during phase 'check'")
+    assert says_out_of_memory(short)
+    assert confirming._short("exited with status 1") == "exited with status 1"

@@ -20,3 +20,16 @@ def test_inductors_temp_dir_is_where_torch_puts_its_precompiled_headers(
     monkeypatch.setenv("LOGNAME", user)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert inductor_temp_dir() == Path(default_cache_dir())
+
+
+def test_the_child_starts_without_a_warning_in_every_failure_message() -> None:
+    # The child runs as `python -m pike.evaluate.runner`; where importing the package
+    # had already imported the runner, runpy warned on stderr, and those lines filled the
+    # 300 characters a confirming window keeps of a failure before its error.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "pike.evaluate.runner"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0  # no request given
+    assert "RuntimeWarning" not in done.stderr, done.stderr[:500]

@@ -73,7 +73,7 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
                 try:
                     child, problem = future.result()
                 except Exception as err:  # one candidate's trouble is not the window's
-                    child, problem = None, f"could not be readied: {err}"[:300]
+                    child, problem = None, _short(f"could not be readied: {err}")
                 if child is not None:
                     children[cid] = child
                 else:
@@ -101,13 +101,13 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
     for cid, timer in zip(children, timers[1:], strict=True):
         if timer.failure is not None or not timer.samples or eager is None:
             why = timer.failure.message if timer.failure else (timer.error or "not timed")
-            found.append(Confirmation(candidate_id=cid, error=why[:300]))
+            found.append(Confirmation(candidate_id=cid, error=_short(why)))
             continue
         # held to the parent's clock as in the search's windows: a candidate can tell
         # this window from those no better than they from each other
         forged = cost and unaccounted_wall_time(cost, timer, timers[0])
         if forged:
-            found.append(Confirmation(candidate_id=cid, error=forged[:300]))
+            found.append(Confirmation(candidate_id=cid, error=_short(forged)))
             continue
         raised = wall_clock_factor(cost, timer, timers[0]) if cost else 1.0
         ms = statistics.median(timer.samples) * raised
@@ -132,4 +132,14 @@ def _ready_child(task: Task, cid: int, source: str, cfg: EvalConfig, device: str
         finish(child)
         raise
     finish(child)
-    return None, (report.failure.message if report.failure else "did not get ready")[:300]
+    return None, _short(report.failure.message if report.failure else "did not get ready")
+
+
+def _short(message: str, keep: int = 300) -> str:
+    """The failure's first line and its last characters: a child's message is its exit
+    and its stderr, whose last line names the error (a GPU out of memory, which
+    session.confirm_best times once more) after a traceback and any warnings."""
+    if len(message) <= keep:
+        return message
+    first = message.splitlines()[0][:keep // 3]
+    return f"{first}\n...\n{message[-(keep - len(first) - 5):]}"

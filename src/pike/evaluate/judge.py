@@ -54,9 +54,8 @@ from pike.evaluate.leftovers import make_temp_dir, remove_tree
 from pike.evaluate.ncu import attach_kernel_metrics
 from pike.evaluate.os_sandbox import sandbox_problem
 from pike.evaluate.profile import ProfileSummary
-from pike.evaluate.protocol import ChildRequest, ShiftSpec, timed_set_count
+from pike.evaluate.protocol import EXTRA_TRIALS, ChildRequest, ShiftSpec, timed_set_count
 from pike.evaluate.redact import mask_secrets
-from pike.evaluate.runner import EXTRA_TRIALS
 from pike.evaluate.sandbox import ChildProcess, passed_to_child
 from pike.evaluate.staging import InputStage
 from pike.evaluate.steps import measuring, span

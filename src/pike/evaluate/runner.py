@@ -356,13 +356,6 @@ def _coordinates(positions: list[int], shape: list[int]) -> list[list[int]]:
     return columns
 
 
-# Beyond the configured trials: one with inputs of another distribution (a shifted mean and
-# a larger scale, so shortcuts that assume randn inputs fail) and one run after timing,
-# with new values written into the very tensors that were timed (so answers cached by
-# pointer, shape or call count fail).
-EXTRA_TRIALS = 2
-
-
 def _shift_distribution(value: Any, spec: ShiftSpec | None) -> Any:
     if spec is None or not (isinstance(value, torch.Tensor) and value.is_floating_point()):
         return value
