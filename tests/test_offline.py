@@ -319,3 +319,35 @@ def test_on_a_gpu_a_batch_judges_cheap_candidates_beside_one_build(task: Task) -
         "compile:default", "compile:max-autotune-no-cudagraphs", "compile:reduce-overhead"}
     assert applicable(task.source, "cpu") == [n for n in ALL if n in applicable(task.source,
                                                                               "cpu")]
+
+
+@pytest.mark.parametrize(("paused", "judged"), [(0.0, 3), (40.0, 8)])
+def test_the_time_budget_leaves_out_the_seconds_other_timers_stopped_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, paused: float, judged: int) -> None:
+    # Each evaluation takes 50 s of wall clock; stopped for 40 s of them by other tasks'
+    # timing windows, it spent 10 s of a 120 s budget, and the search goes on.
+    from pike.evaluate.verdict import Verdict
+    from pike.search import offline as offline_search
+
+    now = [1000.0]
+    monkeypatch.setattr(offline_search, "_clock", lambda: now[0])
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
+
+    def judge(sources: list[str]) -> Any:
+        for _ in sources:
+            now[0] += 50.0
+            yield 0, Verdict(status="ok", speedup=1.0,
+                             phase_seconds={"paused": paused, "total": 50.0})
+
+    offline_search.OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=judge,
+                                 max_candidates=8, max_seconds=120.0).run()
+    verdicts = [r for r in store.candidates(MLP.name) if r.verdict is not None]
+    assert len(verdicts) == judged
+    spent = store.get_state(MLP.name, "offline_seconds")
+    assert spent == pytest.approx(judged * (50.0 - paused))
+    # a resumed search counts what the first one spent, not the wall time since it began
+    now[0] += 1000.0
+    resumed = offline_search.OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=judge,
+                                           max_candidates=9, max_seconds=120.0)
+    assert resumed._spent() == pytest.approx(spent)

@@ -176,7 +176,10 @@ class OfflineConfig(_Strict):
     """The offline strategy: program transformations, no LLM."""
 
     max_candidates: int = Field(24, ge=1, description="transformation sets judged at most")
-    max_seconds: float = Field(900.0, gt=0, description="wall-clock budget of the search")
+    max_seconds: float = Field(
+        900.0, gt=0, description="the search's budget in wall-clock seconds, less the time its "
+        "evaluations stood stopped by other evaluations' timing windows (shared over its "
+        "lanes); candidates started within it are judged to the end")
 
 
 class EvolveConfig(_Strict):

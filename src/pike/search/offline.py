@@ -4,7 +4,10 @@ Round 1 judges every applicable transformation alone. Each later round tries the
 so far plus one more compatible transformation that was correct alone (one that breaks the
 tolerance alone, such as fp16 on a deep network, breaks it in company too), and keeps the
 fastest if it beats the best by more than the noise margin. It stops when nothing improves or a budget (number of
-candidates, wall-clock seconds) is spent. Candidates are recorded like LLM ones (role
+candidates, seconds) is spent. The seconds are wall-clock time less the time its
+evaluations were stopped by other evaluations' timing windows (`paused` in their verdicts,
+shared over its lanes): beside three other tasks on one GPU a 120 s budget was half spent
+with its candidates stopped. Candidates are recorded like LLM ones (role
 'offline', idea = the transformation set), so reports, resume and `--seed-offline` work.
 """
 
@@ -21,6 +24,7 @@ from pike.evaluate.verdict import Verdict
 from pike.search.base import Judge
 
 _IMPROVES = 0.98  # a new set must be 2% faster than the best to count as better
+_clock = time.monotonic
 
 
 class OfflineSearch:
@@ -32,7 +36,8 @@ class OfflineSearch:
         self.max_candidates, self.max_seconds = max_candidates, max_seconds
         self.batch = max(1, batch)  # in evaluation at once (the pool's width)
         self.on_event = on_event
-        self._started = time.monotonic()
+        self._started = _clock()
+        self._stopped = 0.0  # seconds its lanes stood stopped by other timers, per lane
         # a resumed search has the budget that is left, not a new one
         self._made = sum(1 for r in store.candidates(task_name) if r.role == "offline")
         spent = store.get_state(task_name, "offline_seconds") or 0.0
@@ -63,7 +68,10 @@ class OfflineSearch:
 
     def _room(self) -> bool:
         return (self._made < self.max_candidates
-                and time.monotonic() - self._started < self.max_seconds)
+                and self._spent() < self.max_seconds)
+
+    def _spent(self) -> float:
+        return _clock() - self._started - self._stopped
 
     def _try(self, sets: list[tuple[str, ...]], round_: int
              ) -> dict[tuple[str, ...], Verdict | None]:
@@ -130,7 +138,8 @@ class OfflineSearch:
 
     def _record(self, cid: int, verdict: Verdict) -> None:
         self.store.set_verdict(cid, verdict)
-        self.store.set_state(self.task, "offline_seconds", time.monotonic() - self._started)
+        self._stopped += verdict.phase_seconds.get("paused", 0.0) / self.batch
+        self.store.set_state(self.task, "offline_seconds", self._spent())
         self.on_event("verdict", candidate=cid, verdict=verdict)
 
     @staticmethod
