@@ -32,7 +32,7 @@ import json
 import math
 import platform
 import re
-import tempfile
+import shutil
 import time
 from pathlib import Path
 
@@ -113,6 +113,7 @@ def one_task(task: Task, cfg: RunConfig, offline: bool, runs: Path) -> dict:
         row["eager_launches_per_call"] = profile.kernel_launches_per_call
     if offline:
         try:
+            shutil.rmtree(runs / task.name, ignore_errors=True)  # a failed task's earlier run
             result = optimize(task, cfg, out=runs / task.name)
             v = result.best_verdict
             if v is not None and v.ok and v.runtime is not None:
@@ -357,8 +358,10 @@ def main() -> int:
         notes = before.get("notes", [])
         earlier_calls = [*before.get("earlier_calls", []),
                          *([before["command"]] if before.get("command") else [])]
-    runs = Path(tempfile.mkdtemp(prefix="pike-floor-bench-"))
     args.out.mkdir(parents=True, exist_ok=True)
+    # the offline searches' stores and best files, kept beside the figures they give
+    # (a temp dir here was left behind by every call, and took the files with it)
+    runs = args.out / f"floor-{tag}-runs"
     todo = [t for t in tasks if not any(r["task"] == t.name for r in rows)]
     not_run = list(dict.fromkeys([*not_run_before, *(t.name for t in tasks)]))
 

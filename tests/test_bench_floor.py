@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -180,8 +181,13 @@ def test_a_resumed_call_on_some_ids_keeps_the_others_as_they_were(
          "rows": [floor_row("1_A", 0.2, 0.01), {"task": "4_D", "error": "baseline: OOM"},
                   {"task": "10_E", "error": "baseline: no diffusers"}],
          "not_run": ["2_B", "3_C"], "notes": ["written by hand"]}))
-    monkeypatch.setattr(bench_floor, "one_task",
-                        lambda task, *rest: floor_row(task.name, 0.5, 0.1))
+    runs_dirs: set[Path] = set()
+
+    def one_task(task: Any, cfg: Any, offline: bool, runs: Path) -> dict:
+        runs_dirs.add(runs)
+        return floor_row(task.name, 0.5, 0.1)
+
+    monkeypatch.setattr(bench_floor, "one_task", one_task)
     monkeypatch.setattr(sys, "argv", ["bench/floor.py", str(tasks), "--ids", "4,2", "--resume",
                                       "--modes", "none", "--tag", "t", "--out", str(tmp_path)])
     assert bench_floor.main() == 0
@@ -192,3 +198,5 @@ def test_a_resumed_call_on_some_ids_keeps_the_others_as_they_were(
     assert result["not_run"] == ["3_C"]
     assert result["notes"] == ["written by hand"]
     assert "- Note: written by hand" in (tmp_path / "floor-t.md").read_text()
+    # the offline searches' runs are kept beside the figures, not in a temp dir left behind
+    assert runs_dirs == {tmp_path / "floor-t-runs"}
