@@ -4,6 +4,7 @@ then its best files re-judged alone with `pike audit`.
     python bench/offline.py TASK_FOLDER --tag TAG [--ids 1,4,9] [--device cuda]
         [--jobs 4] [--workers 4] [--max-seconds 120] [--max-candidates 24]
         [--redo IDS] [--fill-baselines] [--no-audit] [--results DIR] [--config FILE]
+        [--stop-after SECONDS]
 
 Runs `pike bench` with the offline strategy (no LLM) into DIR/offline-TAG-run/, then
 `pike audit` of that campaign's solution set (DIR/offline-TAG-run/solutions), one task at
@@ -84,16 +85,20 @@ def _arguments() -> argparse.Namespace:
     p.add_argument("--no-audit", action="store_true", help="the campaign only")
     p.add_argument("--results", type=Path, default=RESULTS, help="where results are written")
     p.add_argument("--config", type=Path, default=None, help="RunConfig YAML for both steps")
+    p.add_argument("--stop-after", type=float, default=None,
+                   help="the campaign starts nothing new after this many seconds (pike bench "
+                   "--stop-after): a device session's limit; the same command goes on")
     return p.parse_args()
 
 
 def _bench_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
     base = [sys.executable, "-m", "pike", "bench"]
+    limit = ["--stop-after", str(args.stop_after)] if args.stop_after is not None else []
     if (run_dir / "run.sqlite").exists():
         extra = [*(["--redo", args.redo] if args.redo else []),
                  *(["--fill-baselines"] if args.fill_baselines else [])]
         return [*base, "--resume", str(run_dir), "--jobs", str(args.jobs),
-                "--workers", str(args.workers), *extra]
+                "--workers", str(args.workers), *extra, *limit]
     if args.redo or args.fill_baselines:
         sys.exit("--redo and --fill-baselines act on a campaign that has run: run without them first")
     config = run_dir.with_name(run_dir.name + "-config.yaml")
@@ -104,7 +109,7 @@ def _bench_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
     config.write_text(yaml.safe_dump(settings))
     return [*base, str(args.folder), *(["--tasks", args.ids] if args.ids else []),
             "--strategy", "offline", "--jobs", str(args.jobs), "--workers", str(args.workers),
-            "--device", args.device, "--config", str(config), "--out", str(run_dir)]
+            "--device", args.device, "--config", str(config), "--out", str(run_dir), *limit]
 
 
 def _audit_command(args: argparse.Namespace, solutions: Path, audit_dir: Path) -> list[str]:

@@ -299,6 +299,10 @@ def optimize_command(
     _print_result(result)
 
 
+# pike bench --stop-after: unfinished, by request (sysexits' EX_TEMPFAIL: try again later)
+STOPPED_AT_TIME_LIMIT = 75
+
+
 @command("bench")
 @user_errors
 def bench_command(
@@ -336,6 +340,10 @@ def bench_command(
     fill_baselines: Annotated[bool, typer.Option(
         "--fill-baselines", help="with --resume: measure again the baselines of finished "
         "tasks where a mode is missing or failed")] = False,
+    stop_after: Annotated[float | None, typer.Option(
+        min=0, help="start nothing new after this many seconds (a device session's or a job's "
+        "time limit): what runs ends and is kept, the tasks not finished stay open for "
+        "--resume, and the exit status is 75")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Run one strategy over every task of FOLDER, each with its own budget, in one run store.
@@ -367,7 +375,8 @@ def bench_command(
             result = bench(folder, cfg, ids=ids, out=out, resume=resume, jobs=jobs,
                            command="pike " + " ".join(sys.argv[1:]),
                            placement=placement_given(cfg, flags), redo=_ids(redo),
-                           fill_baselines=fill_baselines, on_event=progress)
+                           fill_baselines=fill_baselines, stop_after=stop_after,
+                           on_event=progress)
     except KeyboardInterrupt:
         err_console.print("interrupted: everything judged so far is in the run store; "
                           "continue with [bold]pike bench --resume RUN_DIR[/bold]")
@@ -376,6 +385,11 @@ def bench_command(
     console.print(f"report: pike report {escape(str(result.run_dir))}")
     console.print(f"solutions: {escape(str(result.run_dir / 'solutions'))} "
                   "(re-judge them alone with pike audit)")
+    if result.open_tasks:
+        err_console.print(f"stopped at the time limit: {len(result.open_tasks)} of "
+                          f"{len(result.outcomes)} tasks not finished; continue with "
+                          f"[bold]pike bench --resume {escape(str(result.run_dir))}[/bold]")
+        raise typer.Exit(STOPPED_AT_TIME_LIMIT)
 
 
 @command("show")

@@ -28,6 +28,7 @@ from pike.evaluate import measure_baselines
 from pike.evaluate.judge import keep_references
 from pike.evaluate.leftovers import remove_tree
 from pike.evaluate.pool import Lane, Pool, make_pool
+from pike.search import drain
 from pike.search.session import (
     OptimizeResult,
     search_task,
@@ -54,18 +55,22 @@ class TaskOutcome(BaseModel):
 class CampaignResult(BaseModel):
     run_dir: Path
     outcomes: list[TaskOutcome]
+    # tasks the time limit (stop_after) left unfinished, for --resume
+    open_tasks: list[str] = []
 
 
 def bench(folder: Path | None, config: RunConfig | None = None, *,
           ids: list[int] | None = None, out: Path | None = None, resume: Path | None = None,
           jobs: int = 1, command: str = "", placement: dict[str, Any] | None = None,
           redo: list[int] | None = None, fill_baselines: bool = False,
+          stop_after: float | None = None,
           on_event: Callable[..., None] = lambda kind, **data: None) -> CampaignResult:
     """Run the configured strategy over the tasks of `folder` (or continue `resume`, with
     `placement` fields of pool.PLACEMENT over its recorded config). With `resume`: the
     tasks of ids `redo` run again from the start (what they had is dropped), and with
     `fill_baselines` finished tasks whose baselines lack a mode or have a failed one are
-    measured again."""
+    measured again. After `stop_after` seconds nothing new starts (search/drain.py): the
+    result's `open_tasks` are those left for --resume."""
     if (redo or fill_baselines) and resume is None:
         raise ConfigError("--redo and --fill-baselines act on a campaign: give --resume RUN_DIR")
     if resume is not None:
@@ -89,9 +94,12 @@ def bench(folder: Path | None, config: RunConfig | None = None, *,
     if placement:
         cfg.eval = cfg.eval.model_copy(update=placement)
     try:
-        outcomes = _run_all(store, tasks, cfg, max(1, jobs), on_event, fill_baselines)
+        with drain.stop_after(stop_after):
+            outcomes = _run_all(store, tasks, cfg, max(1, jobs), on_event, fill_baselines)
         _write_outputs(store, outcomes)
-        return CampaignResult(run_dir=store.path.parent, outcomes=outcomes)
+        open_tasks = [t.name for t in tasks if not store.get_state(t.name, DONE_STATE)]
+        return CampaignResult(run_dir=store.path.parent, outcomes=outcomes,
+                              open_tasks=open_tasks)
     finally:
         store.close()
 
@@ -152,17 +160,22 @@ def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
         on_event(kind, task=task.name, **data)
 
     done = store.get_state(task.name, DONE_STATE)
-    if done and fill_baselines and not store.get_state(task.name, ERROR_STATE):
+    if done and fill_baselines and not store.get_state(task.name, ERROR_STATE) \
+            and not drain.due():
         _fill_baseline(store, task, cfg, event)
     if done:
         event("task_done", resumed=True)
         return TaskOutcome(task=task.name, result=task_result(store, task.name),
                            error=store.get_state(task.name, ERROR_STATE))
+    if drain.due():
+        return _left_open(store, task, event)
     try:
         event("task_phase", phase="search")
         result = search_task(store, task, cfg, None, event, evaluations)
     except TaskError as err:  # the task's reference fails: report it, go on with the rest
         return _failed(store, task, err, event)
+    if drain.due():  # its search stopped starting work, or its confirming window did not run
+        return _left_open(store, task, event)
     # Other errors (no GPU, a bad seed set) are the host's or the user's: they end the
     # campaign with their message, and the task stays open for --resume.
     store.set_state(task.name, DONE_STATE, True)
@@ -177,6 +190,9 @@ def _measure_baseline(store: RunStore, task: Task, cfg: RunConfig,
     def event(kind: str, **data: Any) -> None:
         on_event(kind, task=task.name, **data)
 
+    if drain.due():
+        return
+
     event("task_phase", phase="baseline")
     try:
         baseline = measure_baselines(task, cfg, cfg.search.baseline_modes)
@@ -185,6 +201,12 @@ def _measure_baseline(store: RunStore, task: Task, cfg: RunConfig,
         return
     store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
     event("task_phase", phase="waiting")  # for a search slot
+
+
+def _left_open(store: RunStore, task: Task, event: Callable[..., None]) -> TaskOutcome:
+    """A task the time limit stopped: what it has is kept, and --resume finishes it."""
+    event("task_phase", phase="stopped")
+    return TaskOutcome(task=task.name, result=task_result(store, task.name))
 
 
 def _failed(store: RunStore, task: Task, err: TaskError,

@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
+from pike.search.drain import due
+
 
 class SpendSource(Protocol):
     def spent(self, task: str) -> tuple[int, float]: ...
@@ -35,6 +37,8 @@ class Ledger:
         """Count one call of about this cost in the store before it is sent; its
         reservation's id, or None when the budget has no room."""
         with self._lock:
+            if due():  # a campaign's time limit: no new query
+                return None
             queries, dollars = self.spent()
             if self.budget_queries is not None and queries + 1 > self.budget_queries:
                 return None
@@ -50,6 +54,8 @@ class Ledger:
             return self.store.settle_call(pending_id, self.task, call)
 
     def has_room(self) -> bool:
+        if due():
+            return False
         with self._lock:
             queries, dollars = self.spent()
             if self.budget_queries is not None and queries >= self.budget_queries:

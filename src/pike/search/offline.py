@@ -22,6 +22,7 @@ from typing import Any
 from pike.agents.offline import applicable, compatible, render
 from pike.evaluate.verdict import Verdict
 from pike.search.base import Judge
+from pike.search.drain import due
 
 _IMPROVES = 0.98  # a new set must be 2% faster than the best to count as better
 _clock = time.monotonic
@@ -68,7 +69,7 @@ class OfflineSearch:
 
     def _room(self) -> bool:
         return (self._made < self.max_candidates
-                and self._spent() < self.max_seconds)
+                and self._spent() < self.max_seconds and not due())
 
     def _spent(self) -> float:
         return _clock() - self._started - self._stopped

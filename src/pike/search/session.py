@@ -22,6 +22,7 @@ from pike.evaluate.pool import Pool, make_pool
 from pike.evaluate.verdict import Verdict, says_out_of_memory
 from pike.llm import LLMClient, Pricing, resolve_spec
 from pike.search.branching import BranchingSearch, Seed
+from pike.search.drain import due
 from pike.search.evolve import EvolveSearch
 from pike.search.ledger import Ledger
 from pike.search.offline import OfflineSearch
@@ -100,7 +101,8 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
     if not cfg.llm.model or cfg.search.seed_offline:  # replays too: it needs no LLM
         _offline(store, task, cfg, device, pool, on_event)
         if not cfg.llm.model:
-            confirm_best(store, task, cfg)
+            if not due():  # past a campaign's time limit the task stays open instead
+                confirm_best(store, task, cfg)
             return task_result(store, task.name, False)
         best = _best_offline(store, task.name)
         if best is not None:
@@ -150,7 +152,8 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
         search.run()
     except ReplayExhausted:
         exhausted = True  # the recorded run ended here; so does the replay
-    confirm_best(store, task, cfg)
+    if not due():
+        confirm_best(store, task, cfg)
     return task_result(store, task.name, exhausted)
 
 

@@ -1,0 +1,119 @@
+"""`pike bench --stop-after`: past the time limit nothing new starts, what ran is kept, the
+unfinished tasks stay open, and --resume finishes them without judging anything again."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pike.search import campaign, drain
+from pike.search import offline as offline_search
+from pike.search.ledger import Ledger
+from pike.store import RunStore
+from tests.conftest import EXAMPLES
+from tests.test_optimize import pike
+
+GELU = EXAMPLES / "tasks" / "1_GeluMLP.py"
+FIRST, SECOND = "1_GeluMLP", "2_GeluMLPAgain"
+
+
+@pytest.fixture
+def two_tasks(tmp_path: Path, run_config: Path) -> tuple[Path, Path]:
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    shutil.copy(GELU, tasks / f"{FIRST}.py")
+    shutil.copy(GELU, tasks / f"{SECOND}.py")
+    cfg = yaml.safe_load(run_config.read_text())
+    cfg["search"]["baseline_modes"] = ["eager"]
+    cfg["search"]["offline"] = {"max_candidates": 2}
+    run_config.write_text(yaml.safe_dump(cfg))
+    return tasks, run_config
+
+
+def _candidates(out: Path) -> dict[str, list[int]]:
+    with RunStore.open(out) as store:
+        return {t: [c.id for c in store.candidates(t) if c.verdict is not None]
+                for t in (FIRST, SECOND)}
+
+
+def test_a_limit_already_past_starts_nothing_and_resume_does_it_all(
+        two_tasks: tuple[Path, Path], tmp_path: Path) -> None:
+    tasks, config = two_tasks
+    out = tmp_path / "campaign"
+    stopped = pike("bench", tasks, "--config", config, "--out", out, "--stop-after", "0")
+    assert stopped.exit_code == 75, stopped.output
+    assert "2 of 2 tasks not finished" in stopped.output and "--resume" in stopped.output
+    with RunStore.open(out) as store:
+        for task in (FIRST, SECOND):
+            assert store.get_state(task, "baseline") is None
+            assert not store.get_state(task, "done")
+    assert _candidates(out) == {FIRST: [], SECOND: []}
+    finished = pike("bench", "--resume", out)
+    assert finished.exit_code == 0, finished.output
+    assert all(_candidates(out).values())
+
+
+def test_work_past_the_limit_is_kept_and_not_judged_again(
+        two_tasks: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The limit passes while the first task's search runs: its judged candidates and its
+    # confirming window are kept, the task stays open, the second task does not start.
+    tasks, config = two_tasks
+    real_search = campaign.search_task
+
+    def search_then_time_is_up(*args: Any, **kwargs: Any) -> Any:
+        result = real_search(*args, **kwargs)
+        drain._deadline = 0.0  # long past (the campaign's own limit is reset as it ends)
+        return result
+
+    monkeypatch.setattr(campaign, "search_task", search_then_time_is_up)
+    out = tmp_path / "campaign"
+    stopped = pike("bench", tasks, "--config", config, "--out", out, "--jobs", "1",
+                   "--stop-after", "3600")
+    assert stopped.exit_code == 75, stopped.output
+    assert "2 of 2 tasks not finished" in stopped.output
+    before = _candidates(out)
+    assert before[FIRST] and not before[SECOND]
+    with RunStore.open(out) as store:
+        assert not store.get_state(FIRST, "done") and not store.get_state(SECOND, "done")
+        assert store.get_state(SECOND, "baseline") is not None  # measured before any search
+    assert drain._deadline is None  # the limit ended with the campaign
+
+    monkeypatch.setattr(campaign, "search_task", real_search)
+    finished = pike("bench", "--resume", out, "--jobs", "1")
+    assert finished.exit_code == 0, finished.output
+    after = _candidates(out)
+    assert after[FIRST] == before[FIRST]  # nothing judged again
+    assert after[SECOND]
+    with RunStore.open(out) as store:
+        assert store.get_state(FIRST, "done") and store.get_state(SECOND, "done")
+
+
+def test_past_the_limit_no_candidate_or_query_starts(tmp_path: Path) -> None:
+    from pike.evaluate.verdict import Verdict
+    from pike.task import Task
+
+    task = Task.from_file(GELU)
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    store.add_task(task.name, str(task.path), task.sha256, task.source)
+    judged: list[int] = []
+
+    def judge(sources: list[str]) -> Any:
+        for _ in sources:
+            judged.append(1)
+            if len(judged) == 2:
+                drain._deadline = 0.0
+            yield 0, Verdict(status="ok", speedup=1.0)
+
+    try:
+        offline_search.OfflineSearch(store, task.name, task.source, "cuda:0", judge=judge,
+                                     max_candidates=8, max_seconds=1e9).run()
+        assert len(judged) == 2
+        ledger = Ledger(store, task.name, budget_queries=100, budget_dollars=None)
+        assert not ledger.has_room() and ledger.reserve(0.01) is None
+    finally:
+        drain._deadline = None
+    assert ledger.has_room()
