@@ -46,7 +46,12 @@ def main() -> int:
     run_dir, audit_dir = args.results / f"offline-{args.tag}-run", args.results / f"offline-{args.tag}-audit"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     state = _state(run_dir)
-    rc = _run(_bench_command(args, run_dir), state, run_dir)
+    # a redo that a stopped call already made is not made again by the same command
+    redo = args.redo if args.redo and state.get("redo_made") != args.redo else None
+    rc = _run(_bench_command(args, run_dir, redo), state, run_dir)
+    if redo or state.get("redo_made"):
+        state["redo_made"] = args.redo if rc in _STOPPED else None
+        _save(run_dir, state)
     if rc != 0:
         print(f"pike bench stopped (exit {rc}); run the same command again to go on",
               file=sys.stderr)
@@ -91,11 +96,15 @@ def _arguments() -> argparse.Namespace:
     return p.parse_args()
 
 
-def _bench_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
+# pike bench stopped after it began: its time limit (--stop-after), or Ctrl-C / SIGTERM
+_STOPPED = (75, 130)
+
+
+def _bench_command(args: argparse.Namespace, run_dir: Path, redo: str | None) -> list[str]:
     base = [sys.executable, "-m", "pike", "bench"]
     limit = ["--stop-after", str(args.stop_after)] if args.stop_after is not None else []
     if (run_dir / "run.sqlite").exists():
-        extra = [*(["--redo", args.redo] if args.redo else []),
+        extra = [*(["--redo", redo] if redo else []),
                  *(["--fill-baselines"] if args.fill_baselines else [])]
         return [*base, "--resume", str(run_dir), "--jobs", str(args.jobs),
                 "--workers", str(args.workers), *extra, *limit]

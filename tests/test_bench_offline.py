@@ -92,3 +92,30 @@ def test_redo_needs_a_campaign_that_has_run(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert done.returncode != 0 and "run without them first" in done.stderr
+
+
+def test_a_redo_made_by_a_stopped_call_is_not_made_again_by_the_same_command(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # "Run the same command again" after a time limit must go on with the redone tasks,
+    # not drop what they judged since and start them over once more.
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the script imports its `common`
+    spec = importlib.util.spec_from_file_location("offline_driver", ROOT / "bench" / "offline.py")
+    assert spec is not None and spec.loader is not None
+    driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(driver)
+    run_dir = tmp_path / "offline-t-run"
+    run_dir.mkdir()
+    (run_dir / "run.sqlite").write_bytes(b"")  # a campaign that has run
+    commands: list[list[str]] = []
+    codes = iter([75, 75])
+    monkeypatch.setattr(driver, "_run", lambda command, state, where: (
+        commands.append(command), next(codes))[1])
+    argv = ["bench/offline.py", str(tmp_path / "tasks"), "--tag", "t", "--results",
+            str(tmp_path), "--redo", "4", "--stop-after", "60", "--no-audit"]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert driver.main() == 75
+    assert driver.main() == 75
+    assert "--redo" in commands[0] and "--redo" not in commands[1]
+    assert all(c[c.index("--stop-after") + 1] == "60.0" for c in commands)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pike.search import campaign, drain
+from pike.search import drain
 from pike.search import offline as offline_search
 from pike.search.ledger import Ledger
 from pike.store import RunStore
@@ -59,45 +59,49 @@ def test_a_limit_already_past_starts_nothing_and_resume_does_it_all(
 
 def test_work_past_the_limit_is_kept_and_not_judged_again(
         two_tasks: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The limit passes while the first task's search runs: its judged candidates and its
-    # confirming window are kept, the task stays open, the second task does not start.
+    # The limit passes as the first task's first verdict is recorded: that verdict is
+    # kept, the search starts nothing more and skips its confirming window, the task stays
+    # open, and the second task does not start.
     tasks, config = two_tasks
-    real_search = campaign.search_task
+    real_record = offline_search.OfflineSearch._record
 
-    def search_then_time_is_up(*args: Any, **kwargs: Any) -> Any:
-        result = real_search(*args, **kwargs)
+    def record_then_time_is_up(self: Any, cid: int, verdict: Any) -> None:
+        real_record(self, cid, verdict)
         drain._deadline = 0.0  # long past (the campaign's own limit is reset as it ends)
-        return result
 
-    monkeypatch.setattr(campaign, "search_task", search_then_time_is_up)
+    monkeypatch.setattr(offline_search.OfflineSearch, "_record", record_then_time_is_up)
     out = tmp_path / "campaign"
     stopped = pike("bench", tasks, "--config", config, "--out", out, "--jobs", "1",
-                   "--stop-after", "3600")
+                   "--workers", "1", "--stop-after", "3600")
     assert stopped.exit_code == 75, stopped.output
     assert "2 of 2 tasks not finished" in stopped.output
-    before = _candidates(out)
-    assert before[FIRST] and not before[SECOND]
+    assert drain._deadline is None  # the limit ended with the campaign
     with RunStore.open(out) as store:
+        before = {c.id: c.verdict for c in store.candidates(FIRST) if c.verdict is not None}
+        assert len(before) == 1 and not store.candidates(SECOND)
+        assert store.get_state(FIRST, "confirmed") is None
         assert not store.get_state(FIRST, "done") and not store.get_state(SECOND, "done")
         assert store.get_state(SECOND, "baseline") is not None  # measured before any search
-    assert drain._deadline is None  # the limit ended with the campaign
 
-    monkeypatch.setattr(campaign, "search_task", real_search)
+    monkeypatch.setattr(offline_search.OfflineSearch, "_record", real_record)
     finished = pike("bench", "--resume", out, "--jobs", "1")
     assert finished.exit_code == 0, finished.output
-    after = _candidates(out)
-    assert after[FIRST] == before[FIRST]  # nothing judged again
-    assert after[SECOND]
     with RunStore.open(out) as store:
+        after = {c.id: c.verdict for c in store.candidates(FIRST) if c.verdict is not None}
+        assert {i: after[i] for i in before} == before  # kept as it was, not judged again
+        assert len(after) == 2  # and the search went on to its budget
         assert store.get_state(FIRST, "done") and store.get_state(SECOND, "done")
+        assert [c for c in store.candidates(SECOND) if c.verdict is not None]
 
 
-def test_past_the_limit_no_candidate_or_query_starts(tmp_path: Path) -> None:
+def test_past_the_limit_no_candidate_or_query_starts(tmp_path: Path,
+                                                     request: pytest.FixtureRequest) -> None:
     from pike.evaluate.verdict import Verdict
     from pike.task import Task
 
     task = Task.from_file(GELU)
     store = RunStore.create(tmp_path / "run", {}, "test")
+    request.addfinalizer(store.close)
     store.add_task(task.name, str(task.path), task.sha256, task.source)
     judged: list[int] = []
 

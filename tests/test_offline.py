@@ -323,7 +323,8 @@ def test_on_a_gpu_a_batch_judges_cheap_candidates_beside_one_build(task: Task) -
 
 @pytest.mark.parametrize(("paused", "judged"), [(0.0, 3), (40.0, 8)])
 def test_the_time_budget_leaves_out_the_seconds_other_timers_stopped_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, paused: float, judged: int) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+        paused: float, judged: int) -> None:
     # Each evaluation takes 50 s of wall clock; stopped for 40 s of them by other tasks'
     # timing windows, it spent 10 s of a 120 s budget, and the search goes on.
     from pike.evaluate.verdict import Verdict
@@ -340,6 +341,7 @@ def test_the_time_budget_leaves_out_the_seconds_other_timers_stopped_it(
             yield 0, Verdict(status="ok", speedup=1.0,
                              phase_seconds={"paused": paused, "total": 50.0})
 
+    request.addfinalizer(store.close)
     offline_search.OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=judge,
                                  max_candidates=8, max_seconds=120.0).run()
     verdicts = [r for r in store.candidates(MLP.name) if r.verdict is not None]

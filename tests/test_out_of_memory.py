@@ -55,7 +55,7 @@ def test_a_reference_out_of_gpu_memory_runs_once_more(mlp_task: Task,
     answers, calls = attempts
     run = mock.Mock(spec=judge.ReferenceRun)
     answers += [_failure(OOM), run]
-    assert judge._start_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True) is run
+    assert judge.run_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True, cache=False) is run
     assert calls == ["cuda:0", "cuda:0"]
 
 
@@ -64,7 +64,7 @@ def test_a_reference_out_of_gpu_memory_twice_fails_its_task(mlp_task: Task,
     answers, calls = attempts
     answers += [_failure(OOM), _failure(OOM), mock.Mock(spec=judge.ReferenceRun)]
     with pytest.raises(TaskError, match="out of memory"):
-        judge._start_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True)
+        judge.run_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True, cache=False)
     assert len(calls) == 2
 
 
@@ -75,7 +75,7 @@ def test_any_other_reference_failure_is_not_run_again(mlp_task: Task, attempts: 
     answers, calls = attempts
     answers += [_failure(message), mock.Mock(spec=judge.ReferenceRun)]
     with pytest.raises(TaskError, match=message.split(":")[0]):
-        judge._start_reference(mlp_task, EvalConfig(), device, keep_child=True)
+        judge.run_reference(mlp_task, EvalConfig(), device, keep_child=True, cache=False)
     assert calls == [device]
 
 
@@ -112,9 +112,10 @@ def test_a_confirming_window_out_of_gpu_memory_is_timed_once_more(
     monkeypatch.setattr(confirming, "confirm", window)
     cfg = RunConfig()
     cfg.search.confirm_top = 2
-    confirm_best(store, mlp_task, cfg)
+    with store:
+        confirm_best(store, mlp_task, cfg)
+        kept = store.get_state(mlp_task.name, "confirmed")
     assert timed == [sorted(ids)] * windows
-    kept = store.get_state(mlp_task.name, "confirmed")
     if windows == 2:  # the second window's figures, every candidate in it
         assert [f["speedup"] for f in kept["figures"]] == [2.1, 1.8]
     else:  # a failure of the candidate's own stays its figure
@@ -131,3 +132,21 @@ def test_a_confirming_failure_keeps_the_line_that_names_the_error() -> None:
     assert short.startswith("exited with status 1 during phase 'check'")
     assert says_out_of_memory(short)
     assert confirming._short("exited with status 1") == "exited with status 1"
+
+
+def test_the_wait_before_the_second_reference_run_holds_no_lock(
+        mlp_task: Task, attempts: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Other tasks look up their own kept references under the cache's lock meanwhile.
+    answers, calls = attempts
+    run = mock.Mock(spec=judge.ReferenceRun)
+    run.users = 0
+    answers += [_failure(OOM), run]
+    held_while_waiting: list[bool] = []
+
+    def wait(seconds: float) -> None:
+        held_while_waiting.append(judge._references_lock.locked())
+
+    monkeypatch.setattr(judge, "_wait", wait)
+    monkeypatch.setattr(judge, "_references", type(judge._references)())
+    assert judge.run_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True) is run
+    assert held_while_waiting == [False] and len(calls) == 2

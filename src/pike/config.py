@@ -177,9 +177,10 @@ class OfflineConfig(_Strict):
 
     max_candidates: int = Field(24, ge=1, description="transformation sets judged at most")
     max_seconds: float = Field(
-        900.0, gt=0, description="the search's budget in wall-clock seconds, less the time its "
-        "evaluations stood stopped by other evaluations' timing windows (shared over its "
-        "lanes); candidates started within it are judged to the end")
+        900.0, gt=0, description="the search's budget in seconds its evaluation lanes ran: "
+        "wall-clock time less the time its evaluations stood stopped by timing windows "
+        "(other tasks', and with several workers its own others'), shared over its lanes; "
+        "candidates started within it are judged to the end")
 
 
 class EvolveConfig(_Strict):

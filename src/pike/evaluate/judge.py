@@ -305,7 +305,20 @@ def draw_protocol(cfg: EvalConfig) -> DrawnProtocol:
 
 def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
                   cache: bool = True) -> ReferenceRun:
-    """Run (or reuse) the task's reference: trial inputs, expected outputs, a live child."""
+    """Run (or reuse) the task's reference: trial inputs, expected outputs, a live child.
+    One that ran out of GPU memory runs once more, after a wait outside the cache's lock."""
+    try:
+        return _run_or_reuse(task, cfg, device, keep_child, cache)
+    except ReferenceOutOfMemory:
+        log.warning("%s: the reference ran out of GPU memory; run once more in %.0f s (other "
+                    "evaluations on the GPU may have held it)", task.name,
+                    _OUT_OF_MEMORY_WAIT_S)
+    _wait(_OUT_OF_MEMORY_WAIT_S)
+    return _run_or_reuse(task, cfg, device, keep_child, cache)
+
+
+def _run_or_reuse(task: Task, cfg: EvalConfig, device: str, keep_child: bool,
+                  cache: bool) -> ReferenceRun:
     # timing too: the child times the reference with the settings it was started with
     protocol = cfg.model_dump_json(include={*_CHILD_PROTOCOL, "limits", "seed", "sandbox"})
     key = "|".join([task.sha256, device, protocol, str(keep_child)])
@@ -341,21 +354,21 @@ def release_reference(run: ReferenceRun) -> None:
 # tasks, their candidates) runs once more after this wait: their memory is not the task's
 # fault, and one that needs more than the card runs out again and fails its task.
 _OUT_OF_MEMORY_WAIT_S = 15.0
+_wait = time.sleep
+
+
+class ReferenceOutOfMemory(TaskError):
+    """The reference ran out of GPU memory (run_reference runs it once more)."""
 
 
 def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> ReferenceRun:
     run = _reference_attempt(task, cfg, device, keep_child)
     if isinstance(run, ReferenceRun):
         return run
-    if run is None or not device.startswith("cuda") or not says_out_of_memory(run.message):
-        raise _reference_failed(task, run)
-    log.warning("%s: the reference ran out of GPU memory; run once more in %.0f s (other "
-                "evaluations on the GPU may have held it)", task.name, _OUT_OF_MEMORY_WAIT_S)
-    time.sleep(_OUT_OF_MEMORY_WAIT_S)
-    run = _reference_attempt(task, cfg, device, keep_child)
-    if isinstance(run, ReferenceRun):
-        return run
-    raise _reference_failed(task, run)
+    failed = _reference_failed(task, run)
+    if run is not None and device.startswith("cuda") and says_out_of_memory(run.message):
+        raise ReferenceOutOfMemory(str(failed))
+    raise failed
 
 
 def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: bool

@@ -174,7 +174,7 @@ def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
         result = search_task(store, task, cfg, None, event, evaluations)
     except TaskError as err:  # the task's reference fails: report it, go on with the rest
         return _failed(store, task, err, event)
-    if drain.due():  # its search stopped starting work, or its confirming window did not run
+    if result.stopped:  # the time limit cut its search, or came before its confirming window
         return _left_open(store, task, event)
     # Other errors (no GPU, a bad seed set) are the host's or the user's: they end the
     # campaign with their message, and the task stays open for --resume.

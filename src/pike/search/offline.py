@@ -4,10 +4,12 @@ Round 1 judges every applicable transformation alone. Each later round tries the
 so far plus one more compatible transformation that was correct alone (one that breaks the
 tolerance alone, such as fp16 on a deep network, breaks it in company too), and keeps the
 fastest if it beats the best by more than the noise margin. It stops when nothing improves or a budget (number of
-candidates, seconds) is spent. The seconds are wall-clock time less the time its
-evaluations were stopped by other evaluations' timing windows (`paused` in their verdicts,
+candidates, seconds) is spent. The seconds are those its lanes ran: wall-clock time less
+the time its evaluations stood stopped by timing windows (`paused` in their verdicts,
 shared over its lanes): beside three other tasks on one GPU a 120 s budget was half spent
-with its candidates stopped. Candidates are recorded like LLM ones (role
+with its candidates stopped. A window timing one of its own candidates stops its other
+lanes too, so with several lanes a search alone on a GPU also runs somewhat past its
+seconds of wall time. Candidates are recorded like LLM ones (role
 'offline', idea = the transformation set), so reports, resume and `--seed-offline` work.
 """
 

@@ -44,6 +44,8 @@ class OptimizeResult(BaseModel):
     dollars: float
     verdicts: dict[str, int]
     replay_exhausted: bool = False
+    # a campaign's time limit (search/drain.py) stopped it before its end: not finished
+    stopped: bool = False
     best_candidate: int | None = None
 
 
@@ -100,9 +102,10 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
     seeds: list[Seed] = []
     if not cfg.llm.model or cfg.search.seed_offline:  # replays too: it needs no LLM
         _offline(store, task, cfg, device, pool, on_event)
+        if due():  # past a campaign's time limit: the task stays open, nothing more starts
+            return task_result(store, task.name, stopped=True)
         if not cfg.llm.model:
-            if not due():  # past a campaign's time limit the task stays open instead
-                confirm_best(store, task, cfg)
+            confirm_best(store, task, cfg)
             return task_result(store, task.name, False)
         best = _best_offline(store, task.name)
         if best is not None:
@@ -148,12 +151,15 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
     search.fix_first = failing_seeds
     search.planner, search.plan_granularity = cfg.search.planner, cfg.search.plan_granularity
     exhausted = False
+    if due():  # its seeds or profile ran past the limit: the pending ones wait for --resume
+        return task_result(store, task.name, stopped=True)
     try:
         search.run()
     except ReplayExhausted:
         exhausted = True  # the recorded run ended here; so does the replay
-    if not due():
-        confirm_best(store, task, cfg)
+    if due():
+        return task_result(store, task.name, exhausted, stopped=True)
+    confirm_best(store, task, cfg)
     return task_result(store, task.name, exhausted)
 
 
@@ -171,7 +177,7 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
 
     sources = {r.id: r.source for r in top}
     found = confirm(task, sources, cfg.eval)
-    if any(says_out_of_memory(c.error) for c in found):
+    if any(says_out_of_memory(c.error) for c in found) and not due():
         # its children were loaded beside other evaluations: one window more, as a
         # candidate that ran out in a crowded pool is judged once more
         log.warning("%s: a confirmed candidate ran out of GPU memory; the window is timed "
@@ -269,7 +275,8 @@ def _clients(cfg: RunConfig, replaying: bool) -> tuple[dict[str, Any], Pricing]:
             "fix": fixer}, pricing
 
 
-def task_result(store: RunStore, task: str, exhausted: bool = False) -> OptimizeResult:
+def task_result(store: RunStore, task: str, exhausted: bool = False, *,
+                stopped: bool = False) -> OptimizeResult:
     """What the store holds for one task: its best correct candidate, spend and verdicts."""
     best = store.best(task)  # the confirmed best, where the search's top was confirmed
     verdict = best.verdict if best else None
@@ -279,7 +286,7 @@ def task_result(store: RunStore, task: str, exhausted: bool = False) -> Optimize
                           best_source=best.source if best else None,
                           best_verdict=verdict, queries=queries, best_candidate=best.id
                           if best else None, dollars=dollars, verdicts=dict(counts),
-                          replay_exhausted=exhausted)
+                          replay_exhausted=exhausted, stopped=stopped)
 
 
 def summary_row(store: RunStore, result: OptimizeResult) -> dict[str, Any]:
