@@ -119,7 +119,9 @@ def test_exploit_only_parents_are_elites_and_the_budget_holds(
         assert r.parent_id in {p.id for p in search.archive(r.round)}
     for r in rows.values():
         if r.role == "fix":
-            assert rows[r.parent_id].verdict.status == "incorrect"
+            # the fixer takes failing candidates only: the wrong reply's `incorrect`, or on
+            # a loaded 2-core CI host a correct one `rejected` by the wall-clock guard
+            assert rows[r.parent_id].verdict.status in ("incorrect", "rejected")
 
 
 def test_crossover_prompts_carry_two_parents_and_replay_reproduces(
