@@ -67,6 +67,11 @@ def cpu_config(path: Path, build_cache: Path) -> Path:
     return path
 
 
+# `pike eval`'s exit 0 rests on an `ok` verdict, which rests on this host's timing (the
+# wall-clock guard rejected the honest candidate beside another test process in CI): alone
+pytestmark = pytest.mark.timing
+
+
 @pytest.fixture(scope="module")
 def printed(tmp_path_factory: pytest.TempPathFactory, build_cache: Path,
             ) -> Iterator[dict[str, Printed]]:
