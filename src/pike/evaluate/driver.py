@@ -447,14 +447,15 @@ def unaccounted_wall_time(cost: LoopCost, judged: Timer, reference: Timer,
             f"{WALL_MARGIN:g}x longer than the calls it reported)")
 
 
-def time_interleaved(timers: list[Timer], cfg: TimingConfig) -> None:
-    """Time every timer in `cfg.rounds` blocks, alternating the order each round (ABBA)."""
+def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = False) -> None:
+    """Time every timer in `cfg.rounds` blocks, alternating the order each round (ABBA;
+    BAAB where `flipped`, so that a window timed again puts other timers mid-window)."""
     rounds = cfg.rounds
     per_block = {"min_calls": math.ceil(cfg.min_calls / rounds),
                  "min_seconds": cfg.min_seconds / rounds,
                  "max_calls": max(1, cfg.max_calls // rounds)}
     for i in range(rounds):
-        for timer in timers if i % 2 == 0 else reversed(timers):
+        for timer in timers if (i + flipped) % 2 == 0 else reversed(timers):
             if not timer.stopped:
                 _time_one_block(timer, **per_block)
         if any(t.failure is not None for t in timers):
