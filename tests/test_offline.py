@@ -199,6 +199,76 @@ def test_fused_attention_keeps_the_written_mask_where_scores_are_not_square() ->
     torch.testing.assert_close(ns["_attention"](q, k, v, 0.5, masked), expected)
 
 
+MULTIHEAD = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, embed, heads, drop):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(embed, heads, dropout=drop)
+        self.norm = nn.LayerNorm(embed)
+
+    def forward(self, x):
+        y = x.permute(1, 0, 2)  # (length, batch, embed)
+        OUTPUT
+        return self.norm(out + y).permute(1, 0, 2)
+
+
+def get_inputs():
+    return [torch.randn(2, 40, 32)]
+
+
+def get_init_inputs():
+    return [32, 4, DROP]
+"""
+WEIGHTS_DROPPED = "out, _ = self.attn(y, y, y)"
+
+
+def _multihead_task(tmp_path: Path, output: str = WEIGHTS_DROPPED, drop: str = "0.0") -> Task:
+    path = tmp_path / "1_Multihead.py"
+    path.write_text(MULTIHEAD.replace("OUTPUT", output).replace("DROP", drop))
+    return Task.from_file(path)
+
+
+@pytest.mark.parametrize("output", [WEIGHTS_DROPPED, "out = self.attn(y, y, y)[0]",
+                                    "out = self.attn(y, y, y, need_weights=True)[0]"])
+def test_sdpa_calls_multihead_attention_without_the_weights_nobody_uses(
+        tmp_path: Path, output: str) -> None:
+    task = _multihead_task(tmp_path, output)
+    assert "sdpa" in applicable(task.source, "cpu")
+    reference, candidate = build(task, ("sdpa",))
+    assert candidate.attentions_rewritten == 1
+    assert "need_weights = False" in candidate.inner.code
+    for length in (40, 7):
+        x = torch.randn(3, length, 32)
+        torch.testing.assert_close(candidate(x), reference(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("output", "drop"), [
+    ("out, weights = self.attn(y, y, y)\n        out = out + weights.sum()", "0.0"),
+    ("pair = self.attn(y, y, y)\n        out = pair[0] + pair[1].mean()", "0.0"),
+    ("out = self.attn(y, y, y, None, False)[0]", "0.0"),  # need_weights by position
+    (WEIGHTS_DROPPED, "0.1"),  # a random dropout: left as written
+])
+def test_sdpa_leaves_multihead_attention_whose_weights_are_used(
+        tmp_path: Path, output: str, drop: str) -> None:
+    reference, candidate = build(_multihead_task(tmp_path, output, drop), ("sdpa",))
+    assert candidate.attentions_rewritten == 0
+    assert candidate.inner.__class__.__name__ == "Model"
+    if drop == "0.0":
+        x = torch.randn(2, 40, 32)
+        torch.testing.assert_close(candidate(x), reference(x))
+
+
+def test_multihead_sdpa_candidate_passes_the_evaluator(tmp_path: Path,
+                                                       fast_config: EvalConfig) -> None:
+    task = _multihead_task(tmp_path)
+    verdict = evaluate(task, render(task.source, ("sdpa", "inference_mode")), fast_config)
+    assert verdict.status == "ok", verdict.message
+
+
 def test_sdpa_candidate_passes_the_evaluator(fast_config: EvalConfig) -> None:
     verdict = evaluate(ATTENTION, render(ATTENTION.source, ("sdpa", "inference_mode")),
                        fast_config)

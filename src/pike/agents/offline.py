@@ -19,6 +19,7 @@ _CONV = re.compile(r"\bConv[123]d\b|\bconv[123]d\b")
 # attention written out: a softmax and a matrix product (the rewrite itself checks exactly)
 _SOFTMAX = re.compile(r"\bsoftmax\b")
 _MATMUL = re.compile(r"@|\bmatmul\b")
+_MULTIHEAD = re.compile(r"\bMultiheadAttention\b")
 # On a GPU a search cut short by its budget should already have judged what pays most
 # (measured on level3-pike: graphs on host-bound models, compile on kernel-bound ones; on
 # KernelBench level 2: TF32 and autocast on GEMMs and convolutions, 5x to 7x), and the
@@ -43,7 +44,8 @@ def applicable(task_source: str, device: str) -> list[str]:
             continue
         if name in ("channels_last", "cudnn_benchmark") and not conv:
             continue
-        if name == "sdpa" and not (_SOFTMAX.search(task_source) and _MATMUL.search(task_source)):
+        if name == "sdpa" and not (_SOFTMAX.search(task_source) and _MATMUL.search(task_source)
+                                   or _MULTIHEAD.search(task_source)):
             continue
         names.append(name)
     return _spread_builds(names) if on_cuda else names
