@@ -134,3 +134,27 @@ def test_a_kept_reference_outlives_the_thread_that_started_it(
     finally:
         release_reference(reference)
         reference.close()
+
+
+def test_a_reference_whose_outputs_cannot_be_read_leaves_no_child_or_folder(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import judge
+
+    folders: list[Path] = []
+
+    def recorded(kind: str) -> Path:
+        folders.append(make_temp_dir(kind))
+        return folders[-1]
+
+    def unreadable(*args: object, **kwargs: object) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(judge, "make_temp_dir", recorded)
+    monkeypatch.setattr(judge, "_load_leaves", unreadable)
+    with pytest.raises(OSError, match="No space left"):
+        judge.run_reference(mlp_task, fast_config, "cpu", keep_child=True, cache=False)
+    assert folders and not any(f.exists() for f in folders)
+    deadline = time.monotonic() + 10
+    while _runners_under(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _runners_under(os.getpid())

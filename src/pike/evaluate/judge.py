@@ -401,11 +401,18 @@ def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: boo
     if not ok:
         shutil.rmtree(tmp, ignore_errors=True)
         return report.failure
-    with span("load_expected"):
-        expected = [_load_leaves(expected_dir / f"outputs_{i}.pt", mapped=True)
-                    for i in range(cfg.trials + EXTRA_TRIALS)]
-        timed = [_load_leaves(expected_dir / f"pool_{k}.pt", mapped=True)
-                 for k in range(timed_set_count(cfg.timing.input_sets))]
+    try:
+        with span("load_expected"):
+            expected = [_load_leaves(expected_dir / f"outputs_{i}.pt", mapped=True)
+                        for i in range(cfg.trials + EXTRA_TRIALS)]
+            timed = [_load_leaves(expected_dir / f"pool_{k}.pt", mapped=True)
+                     for k in range(timed_set_count(cfg.timing.input_sets))]
+    except BaseException:  # unreadable outputs, a full disk, Ctrl-C: nothing may outlive it
+        if child is not None and keep_child:
+            child.unresponsive = True  # killed, not asked: it is being thrown away
+            finish(child)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _make_read_only(inputs_dir)
     shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
     assert child is not None
