@@ -83,6 +83,13 @@ def test_work_past_the_limit_is_kept_and_not_judged_again(
         assert not store.get_state(FIRST, "done") and not store.get_state(SECOND, "done")
         assert store.get_state(SECOND, "baseline") is not None  # measured before any search
 
+    # A call that starts nothing still shows what the calls before it judged.
+    again = pike("bench", "--resume", out, "--stop-after", "0")
+    assert again.exit_code == 75, again.output
+    line = next(x for x in again.output.splitlines() if f"] {FIRST}:" in x)
+    status = next(iter(before.values())).status
+    assert f"verdicts: {status} 1" in line, again.output
+
     monkeypatch.setattr(offline_search.OfflineSearch, "_record", real_record)
     finished = pike("bench", "--resume", out, "--jobs", "1")
     assert finished.exit_code == 0, finished.output

@@ -73,6 +73,9 @@ class TaskStatus:
             self.budget = ledger.describe()
         if kind == "round":
             self.round = data["round"]
+        elif kind == "resumed":  # what earlier calls of a resumed campaign judged
+            self.counts.update(data["verdicts"])
+            self.best, self.round = data["best"], data["round"]
         elif kind == "verdict":
             return self._verdict(data["verdict"], data["candidate"])
         elif kind == "rescued":
