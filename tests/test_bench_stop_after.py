@@ -128,3 +128,32 @@ def test_past_the_limit_no_candidate_or_query_starts(tmp_path: Path,
     finally:
         drain._deadline = None
     assert ledger.has_room()
+
+
+
+def test_threads_a_failed_campaign_leaves_behind_start_nothing_more() -> None:
+    # A task's error (or Ctrl-C) ends the campaign while another task's thread is still in
+    # an evaluation or an LLM call: from then on that thread is told to start nothing,
+    # while the failing thread and any thread started later (a new campaign, a search in
+    # the same process) are not.
+    import threading
+
+    release, seen = threading.Event(), []
+
+    def other_task() -> None:
+        release.wait(30)
+        seen.append(drain.due())
+
+    with pytest.raises(RuntimeError), drain.stop_after(None):
+        stray = threading.Thread(target=other_task, name="pike-bench_1")
+        stray.start()
+        raise RuntimeError("the first task failed")
+    release.set()
+    stray.join(30)
+    assert seen == [True]
+    assert not drain.due()
+    later: list[bool] = []
+    fresh = threading.Thread(target=lambda: later.append(drain.due()))
+    fresh.start()
+    fresh.join(30)
+    assert later == [False]
