@@ -374,6 +374,16 @@ def test_sdpa_with_cuda_graph_matches_the_reference_on_cuda() -> None:
         torch.testing.assert_close(candidate(x), reference(x), atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.gpu
+def test_multihead_sdpa_with_cuda_graph_matches_the_reference_on_cuda(tmp_path: Path) -> None:
+    reference, candidate = build(_multihead_task(tmp_path), ("sdpa", "cuda_graph"))
+    reference, candidate = reference.cuda(), candidate.cuda()
+    assert candidate.attentions_rewritten == 1
+    for length in (256, 64, 256):
+        x = torch.randn(2, length, 32, device="cuda")
+        torch.testing.assert_close(candidate(x), reference(x), atol=1e-3, rtol=1e-3)
+
+
 @pytest.mark.parametrize("task", [MLP, CONV, ATTENTION], ids=["gemm", "conv", "attention"])
 def test_on_a_gpu_a_batch_judges_cheap_candidates_beside_one_build(task: Task) -> None:
     # A compile candidate holds its lane several times as long as a flag or a wrapper:
