@@ -433,3 +433,56 @@ def test_the_time_budget_leaves_out_the_seconds_other_timers_stopped_it(
     resumed = offline_search.OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=judge,
                                            max_candidates=9, max_seconds=120.0)
     assert resumed._spent() == pytest.approx(spent)
+
+
+def test_the_baselines_fastest_compile_mode_is_judged_first_among_the_builds() -> None:
+    from pike.search.session import compile_speedups
+
+    stored = {"modes": [
+        {"mode": "eager", "speedup_vs_eager": 1.0},
+        {"mode": "compile:default", "speedup_vs_eager": 0.4},
+        {"mode": "compile:max-autotune-no-cudagraphs", "error": "timeout"},
+        {"mode": "compile:reduce-overhead", "speedup_vs_eager": 6.6}]}
+    speedups = compile_speedups(stored)
+    assert speedups == {"compile:default": 0.4, "compile:reduce-overhead": 6.6}
+    assert compile_speedups(None) == {} and compile_speedups({"modes": "junk"}) == {}
+    plain = applicable(MLP.source, "cuda:0")
+    ranked = applicable(MLP.source, "cuda:0", speedups)
+    assert sorted(plain) == sorted(ranked)
+    builds = [n for n in ranked if n.startswith("compile:")]
+    # fastest first; the one that failed in the baseline last
+    assert builds == ["compile:reduce-overhead", "compile:default",
+                      "compile:max-autotune-no-cudagraphs"]
+    # the spread is kept: the first build still comes after two cheap candidates
+    assert [n.startswith("compile:") for n in ranked[:3]] == [False, False, True]
+    assert ([n for n in ranked if not n.startswith("compile:")]
+            == [n for n in plain if not n.startswith("compile:")])
+
+
+def test_a_campaigns_offline_search_takes_its_stored_baseline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.search import session
+    from pike.store import BASELINE_STATE
+
+    seen: dict[str, Any] = {}
+
+    class Recorder:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            seen.update(kwargs)
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(session, "OfflineSearch", Recorder)
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
+    store.set_state(MLP.name, BASELINE_STATE, {"modes": [
+        {"mode": "compile:default", "speedup_vs_eager": 1.7}]})
+    cfg = session.RunConfig()
+
+    class OnePool:
+        width = 1
+
+    session._offline(store, MLP, cfg, "cuda:0", OnePool(), lambda kind, **data: None)
+    assert seen["compile_speedups"] == {"compile:default": 1.7}
+    store.close()

@@ -33,8 +33,10 @@ _clock = time.monotonic
 class OfflineSearch:
     def __init__(self, store: Any, task_name: str, task_source: str, device: str,
                  judge: Judge, max_candidates: int, max_seconds: float, batch: int = 1,
-                 on_event: Callable[..., None] = lambda kind, **data: None) -> None:
+                 on_event: Callable[..., None] = lambda kind, **data: None,
+                 compile_speedups: dict[str, float] | None = None) -> None:
         self.store, self.task, self.task_source = store, task_name, task_source
+        self.compile_speedups = compile_speedups
         self.device, self.judge = device, judge
         self.max_candidates, self.max_seconds = max_candidates, max_seconds
         self.batch = max(1, batch)  # in evaluation at once (the pool's width)
@@ -47,7 +49,7 @@ class OfflineSearch:
         self._started -= float(spent)
 
     def run(self) -> None:
-        names = applicable(self.task_source, self.device)
+        names = applicable(self.task_source, self.device, self.compile_speedups)
         self.on_event("round", round=0, branches=len(names))
         results = self._try([(n,) for n in names], 0)
         best = self._fastest(results)

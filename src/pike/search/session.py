@@ -27,7 +27,7 @@ from pike.search.evolve import EvolveSearch
 from pike.search.ledger import Ledger
 from pike.search.offline import OfflineSearch
 from pike.search.querier import Querier, RecordedCall, ReplayExhausted
-from pike.store import RunStore
+from pike.store import BASELINE_STATE, RunStore
 from pike.task import Task
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,19 @@ def _offline(store: RunStore, task: Task, cfg: RunConfig, device: str, pool: Poo
                   judge=lambda sources: pool.judge_many(task, sources),
                   max_candidates=cfg.search.offline.max_candidates,
                   max_seconds=cfg.search.offline.max_seconds, batch=pool.width,
-                  on_event=on_event).run()
+                  on_event=on_event,
+                  compile_speedups=compile_speedups(store.get_state(task.name, BASELINE_STATE))
+                  ).run()
+
+
+def compile_speedups(baseline: object) -> dict[str, float]:
+    """Each torch.compile mode's speedup over eager in a stored baseline (a campaign
+    measures every task's before its search); empty where there is none."""
+    if not isinstance(baseline, dict):
+        return {}
+    return {m["mode"]: float(m["speedup_vs_eager"]) for m in baseline.get("modes", [])
+            if isinstance(m, dict) and str(m.get("mode", "")).startswith("compile:")
+            and isinstance(m.get("speedup_vs_eager"), (int, float))}
 
 
 def _reference_profile(store: RunStore, task: Task, cfg: RunConfig) -> str:
