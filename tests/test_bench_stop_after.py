@@ -157,3 +157,26 @@ def test_threads_a_failed_campaign_leaves_behind_start_nothing_more() -> None:
     fresh.start()
     fresh.join(30)
     assert later == [False]
+
+
+def test_the_cli_says_the_other_tasks_finish_their_evaluations_after_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from pike.errors import EvaluatorError
+    from pike.search import campaign
+
+    release = threading.Event()
+
+    def failing_bench(*args: Any, **kwargs: Any) -> None:
+        threading.Thread(target=release.wait, args=(30,), name="pike-bench_9").start()
+        raise EvaluatorError("no CUDA device is visible")
+
+    monkeypatch.setattr(campaign, "bench", failing_bench)
+    try:
+        result = pike("bench", GELU.parent, "--out", tmp_path / "campaign")
+    finally:
+        release.set()
+    assert result.exit_code == 2, result.output
+    assert "no CUDA device is visible" in result.output
+    assert "the other tasks start nothing more" in result.output
