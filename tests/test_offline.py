@@ -250,6 +250,9 @@ def test_sdpa_calls_multihead_attention_without_the_weights_nobody_uses(
     ("out, weights = self.attn(y, y, y)\n        out = out + weights.sum()", "0.0"),
     ("pair = self.attn(y, y, y)\n        out = pair[0] + pair[1].mean()", "0.0"),
     ("out = self.attn(y, y, y, None, False)[0]", "0.0"),  # need_weights by position
+    # a mask: fully masked rows are NaN with the weights, 0 without; is_causal would drop it
+    ("out = self.attn(y, y, y, attn_mask=torch.zeros(y.size(0), y.size(0)))[0]", "0.0"),
+    ("out = self.attn(y, y, y, key_padding_mask=None)[0]", "0.0"),
     (WEIGHTS_DROPPED, "0.1"),  # a random dropout: left as written
 ])
 def test_sdpa_leaves_multihead_attention_whose_weights_are_used(
@@ -260,6 +263,21 @@ def test_sdpa_leaves_multihead_attention_whose_weights_are_used(
     if drop == "0.0":
         x = torch.randn(2, 40, 32)
         torch.testing.assert_close(candidate(x), reference(x))
+
+
+def test_sdpa_leaves_multihead_attention_with_hooks_as_written(tmp_path: Path) -> None:
+    task = _multihead_task(tmp_path)
+    ns: dict[str, Any] = {"__name__": "pike_offline_test"}
+    exec(compile(render(task.source, ("sdpa",)), "offline.py", "exec"), ns)
+    original = ns["Model"].__init__
+
+    def hooked(self: Any, *args: Any) -> None:
+        original(self, *args)
+        self.attn.register_forward_hook(lambda module, inputs, output: None)
+
+    ns["Model"].__init__ = hooked
+    candidate = ns["ModelNew"](*ns["get_init_inputs"]())
+    assert candidate.attentions_rewritten == 0
 
 
 def test_multihead_sdpa_candidate_passes_the_evaluator(tmp_path: Path,

@@ -136,8 +136,10 @@ def test_a_kept_reference_outlives_the_thread_that_started_it(
         reference.close()
 
 
-def test_a_reference_whose_outputs_cannot_be_read_leaves_no_child_or_folder(
-        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("step", ["_load_leaves", "run_trials", "_make_read_only"])
+def test_a_reference_cut_short_leaves_no_child_or_folder(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch,
+        step: str) -> None:
     from pike.evaluate import judge
 
     folders: list[Path] = []
@@ -149,12 +151,24 @@ def test_a_reference_whose_outputs_cannot_be_read_leaves_no_child_or_folder(
     def unreadable(*args: object, **kwargs: object) -> None:
         raise OSError("No space left on device")
 
+    launched: list[int] = []
+    launch = judge.launch_child
+
+    def recorded_launch(*args: object, **kwargs: object) -> object:
+        child = launch(*args, **kwargs)
+        launched.append(child.proc.pid)
+        return child
+
     monkeypatch.setattr(judge, "make_temp_dir", recorded)
-    monkeypatch.setattr(judge, "_load_leaves", unreadable)
+    monkeypatch.setattr(judge, step, unreadable)
+    monkeypatch.setattr(judge, "launch_child", recorded_launch)
     with pytest.raises(OSError, match="No space left"):
         judge.run_reference(mlp_task, fast_config, "cpu", keep_child=True, cache=False)
     assert folders and not any(f.exists() for f in folders)
+    # its own child (other tests' kept children may share this process)
+    assert len(launched) == 1
     deadline = time.monotonic() + 10
-    while _runners_under(os.getpid()) and time.monotonic() < deadline:
+    while psutil.pid_exists(launched[0]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _runners_under(os.getpid())
+    assert not psutil.pid_exists(launched[0]) or psutil.Process(launched[0]).status() == \
+        psutil.STATUS_ZOMBIE

@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -382,15 +381,6 @@ def bench_command(
         err_console.print("interrupted: everything judged so far is in the run store; "
                           "continue with [bold]pike bench --resume RUN_DIR[/bold]")
         os._exit(130)  # worker threads may be mid-evaluation; the store is already durable
-    except PikeError:
-        # One task's error ended the campaign; the others start nothing more (drain), but
-        # pike exits only once the evaluations they are in have ended and been recorded.
-        if any(t.name.startswith(("pike-bench", "pike-baseline"))
-               for t in threading.enumerate()):
-            err_console.print("stopping: the other tasks start nothing more and finish the "
-                              "evaluations they are in, kept for --resume (Ctrl-C stops "
-                              "them at once)")
-        raise
     console.print(bench_table(result))
     console.print(f"report: pike report {escape(str(result.run_dir))}")
     console.print(f"solutions: {escape(str(result.run_dir / 'solutions'))} "

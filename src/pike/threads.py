@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TypeVar
@@ -11,17 +12,24 @@ Result = TypeVar("Result")
 
 
 def run_each(fn: Callable[[Item], Result], items: Iterable[Item], workers: int,
-             name: str) -> Iterator[Result]:
-    """`fn(item)` for every item, `workers` at once; results in the order they finish.
+             name: str, stop: Callable[[BaseException], None] | None = None
+             ) -> Iterator[Result]:
+    """`fn(item)` for every item, `workers` at once, each in a copy of the caller's context
+    (so a campaign's drain reaches its threads); results in the order they finish.
 
-    On an error or Ctrl-C, items not started yet never start (each would spend budget or
-    device time); the error propagates, and what ran is wherever `fn` recorded it.
+    On an error, items not started yet never start (each would spend budget or device
+    time), `stop` tells the running ones to start nothing more, and they are waited for,
+    so that what they finish is recorded before the caller closes its store; then the
+    error propagates. On Ctrl-C nothing is waited for.
     """
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix=name)
     try:
-        for future in as_completed([pool.submit(fn, item) for item in items]):
+        futures = [pool.submit(contextvars.copy_context().run, fn, item) for item in items]
+        for future in as_completed(futures):
             yield future.result()
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
+    except BaseException as err:
+        if stop is not None:
+            stop(err)
+        pool.shutdown(wait=not isinstance(err, KeyboardInterrupt), cancel_futures=True)
         raise
     pool.shutdown()

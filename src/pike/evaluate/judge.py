@@ -373,55 +373,60 @@ def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool)
 
 def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: bool
                        ) -> ReferenceRun | Verdict | None:
-    """The reference run, or the failure that ended it (None: no failure was reported)."""
+    """The reference run, or the failure that ended it (None: no failure was reported).
+    Whatever ends it early (an error, Ctrl-C) leaves no child and no folder behind."""
     tmp = make_temp_dir("ref")
-    inputs_dir, expected_dir, work_dir = tmp / "inputs", tmp / "expected", tmp / "work"
-    for d in (inputs_dir, expected_dir, work_dir):
-        d.mkdir()
-    drawn = draw_protocol(cfg)
-    request = ChildRequest(
-        role="reference", module_path=str(task.path), class_names=["Model"],
-        inputs_dir=str(inputs_dir), outputs_dir=str(expected_dir), device=device,
-        **_child_protocol(cfg), seed=drawn.weights, task_sha256=task.sha256,
-        trial_seeds=drawn.trials, pool_seeds=drawn.timed, shift=drawn.shift,
-    )
-    pristine = request.model_copy(deep=True)  # start_child rewrites paths to the child's view
-    report = ChildReport()
-    ok, child = False, None
+    child: ChildProcess | None = None
+    run: ReferenceRun | None = None
     try:
-        # Its imports need no device; from "begin" on, loading and building use the GPU
-        # too (a CUDA context, a prefill).
-        child = launch_child(request, work_dir, cfg, build_key="reference")
-        with hold_for_work(device, cfg.device_lock):
-            begin_child(child, cfg)
-            ok = run_trials(child, report)
-    finally:
-        if child is not None and not (ok and keep_child):
-            finish(child)
-    if not ok:
-        shutil.rmtree(tmp, ignore_errors=True)
-        return report.failure
-    try:
+        inputs_dir, expected_dir, work_dir = tmp / "inputs", tmp / "expected", tmp / "work"
+        for d in (inputs_dir, expected_dir, work_dir):
+            d.mkdir()
+        drawn = draw_protocol(cfg)
+        request = ChildRequest(
+            role="reference", module_path=str(task.path), class_names=["Model"],
+            inputs_dir=str(inputs_dir), outputs_dir=str(expected_dir), device=device,
+            **_child_protocol(cfg), seed=drawn.weights, task_sha256=task.sha256,
+            trial_seeds=drawn.trials, pool_seeds=drawn.timed, shift=drawn.shift,
+        )
+        pristine = request.model_copy(deep=True)  # start_child rewrites paths to the child's view
+        report = ChildReport()
+        ok = False
+        try:
+            # Its imports need no device; from "begin" on, loading and building use the GPU
+            # too (a CUDA context, a prefill).
+            child = launch_child(request, work_dir, cfg, build_key="reference")
+            with hold_for_work(device, cfg.device_lock):
+                begin_child(child, cfg)
+                ok = run_trials(child, report)
+        finally:
+            if child is not None and not (ok and keep_child):
+                finish(child)
+        if not ok:
+            return report.failure
         with span("load_expected"):
             expected = [_load_leaves(expected_dir / f"outputs_{i}.pt", mapped=True)
                         for i in range(cfg.trials + EXTRA_TRIALS)]
             timed = [_load_leaves(expected_dir / f"pool_{k}.pt", mapped=True)
                      for k in range(timed_set_count(cfg.timing.input_sets))]
-    except BaseException:  # unreadable outputs, a full disk, Ctrl-C: nothing may outlive it
-        if child is not None and keep_child:
-            child.unresponsive = True  # killed, not asked: it is being thrown away
-            finish(child)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _make_read_only(inputs_dir)
-    shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
-    assert child is not None
-    child.enter_phase("idle")
-    return ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp,
-                        seed=drawn.weights, device=device, timed_expected=timed,
-                        check_seconds=child.phase_seconds.get("check", 0.0),
-                        request=pristine, cfg=cfg,
-                        new_steps={f"reference.{k}": v for k, v in report.steps.items()})
+        _make_read_only(inputs_dir)
+        shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
+        assert child is not None
+        child.enter_phase("idle")
+        run = ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp,
+                           seed=drawn.weights, device=device, timed_expected=timed,
+                           check_seconds=child.phase_seconds.get("check", 0.0),
+                           request=pristine, cfg=cfg,
+                           new_steps={f"reference.{k}": v for k, v in report.steps.items()})
+        return run
+    finally:
+        if run is None:  # failed or cut short: the run owns neither child nor folder
+            try:
+                if child is not None and child.proc is not None:
+                    child.unresponsive = True  # killed, not asked: it may be mid-request
+                    finish(child)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 # A candidate may take this many times the reference's own check phase to check or to

@@ -162,14 +162,24 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
     unmeasured = [t for t in tasks if store.get_state(t.name, DONE_STATE) is None
                   and store.get_state(t.name, BASELINE_STATE) is None]
     for _ in run_each(lambda t: _measure_baseline(store, t, cfg, on_event), unmeasured, jobs,
-                      "pike-baseline"):
+                      "pike-baseline", stop=_stop_the_others):
         pass
     with closing(make_pool(cfg.eval.model_copy(update={"workers": total}))) as pool:
         for outcome in run_each(lambda t: _one_task(store, t, cfg, Lane(pool, width), on_event,
                                                     fill_baselines),
-                                tasks, jobs, "pike-bench"):
+                                tasks, jobs, "pike-bench", stop=_stop_the_others):
             outcomes[outcome.task] = outcome
     return [outcomes[t.name] for t in tasks]
+
+
+def _stop_the_others(err: BaseException) -> None:
+    """One task's error ends the campaign: the others start nothing more and are waited
+    for, so that the evaluations they are in are recorded for --resume."""
+    if not isinstance(err, KeyboardInterrupt):
+        log.warning("the campaign ends (%s): the other tasks start nothing more and finish "
+                    "the evaluations they are in (Ctrl-C stops them at once)",
+                    str(err).splitlines()[0][:200] if str(err) else type(err).__name__)
+    drain.halt()
 
 
 def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,

@@ -11,38 +11,52 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 _deadline: float | None = None
-_halted: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+# The campaign this thread works for, as its threads see it (threads.run_each carries the
+# caller's context into each item): set once the campaign ends in an error.
+_halt: ContextVar[threading.Event | None] = ContextVar("pike_campaign_halt", default=None)
 
 
 @contextmanager
 def stop_after(seconds: float | None) -> Iterator[None]:
-    """Nothing new starts once `seconds` have passed (None: no limit).
+    """Nothing new starts once `seconds` have passed (None: no limit), nor, in this
+    campaign's threads, once the block ends in an error or `halt()` is called.
 
-    Nor, in the threads it leaves behind, after the block ends in an error: a task's error
-    or Ctrl-C ends the campaign while other tasks' threads are still in an evaluation or
-    an LLM call, and those must not go on to start more (budget and device time spent for
-    a campaign that has ended). Only the threads alive at that moment are held, so a later
-    campaign or search in the same process starts as usual.
+    A task's error or Ctrl-C ends the campaign while other tasks' threads are still in an
+    evaluation or an LLM call; those must not go on to start more (budget and device time
+    spent for a campaign that has ended). The halt is the campaign's own: a later campaign,
+    or a search on another thread of the same process, starts as usual.
     """
     global _deadline
-    _deadline = None if seconds is None else time.monotonic() + seconds
+    halted = threading.Event()
+    token = _halt.set(halted)
+    if seconds is not None:
+        _deadline = time.monotonic() + seconds
     try:
         yield
     except BaseException:
-        me = threading.current_thread()
-        _halted.update(t for t in threading.enumerate() if t is not me)
+        halted.set()
         raise
     finally:
-        _deadline = None
+        _halt.reset(token)
+        if seconds is not None:
+            _deadline = None
+
+
+def halt() -> None:
+    """This campaign starts nothing more (its threads finish what they are in)."""
+    halted = _halt.get()
+    if halted is not None:
+        halted.set()
 
 
 def due() -> bool:
-    """The time limit has passed, or this thread outlived its campaign: start nothing new."""
-    if threading.current_thread() in _halted:
+    """The time limit has passed, or this thread's campaign has ended: start nothing new."""
+    halted = _halt.get()
+    if halted is not None and halted.is_set():
         return True
     return _deadline is not None and time.monotonic() >= _deadline
