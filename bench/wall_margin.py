@@ -2,7 +2,8 @@
 wall-clock check's margin.
 
     python bench/wall_margin.py TASK_FILE... [--device cuda] [--repeats 5]
-        [--candidates honest,forged-0.6,forged-0.45,forged-0.25] [--tag cpu] [--out bench/results]
+        [--candidates honest,forged-0.6,forged-0.45,forged-0.25] [--busy-threads N]
+        [--tag cpu] [--out bench/results]
 
 The parent times each block of a candidate's calls from outside its process and subtracts
 the loop's own cost, which the trusted reference measures (`calibrate`), and a slack for
@@ -21,6 +22,11 @@ For each task, `--repeats` evaluations of
   (2.2x, about 2.2) or 0.25 (4x, about 4), through the frames above its own; only the
   wall clock can catch them.
 
+`--busy-threads N` keeps N threads of the judging process busy in pure Python meanwhile:
+the load a campaign's other tasks put on pike's own process (their searches, comparisons
+and bookkeeping share its GIL), under which the parent's clock must still measure the
+child's blocks and not its own waits.
+
 The forgers reach the samples of the host's timing loop, which holds them per call; the
 CUDA loop reads its events after the block, so on a GPU only the honest rows measure
 anything. Every block's stretch is recorded, for the candidate and the reference timed beside it,
@@ -34,6 +40,9 @@ import argparse
 import json
 import math
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -92,6 +101,30 @@ def judged_once(task: Task, source: str, cfg: EvalConfig) -> dict:
             "message": verdict.message[:200] if verdict.message else None, "windows": seen}
 
 
+@contextmanager
+def busy_threads(count: int) -> Iterator[None]:
+    """`count` threads of this process looping in pure Python (they hold the GIL in turns
+    with every other thread) for the `with` block."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        x = 0
+        while not stop.is_set():
+            for i in range(10_000):
+                x += i * i
+
+    threads = [threading.Thread(target=spin, name=f"busy-{i}", daemon=True)
+               for i in range(count)]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+
 def quantiles(values: list[float]) -> dict:
     finite = sorted(v for v in values if math.isfinite(v))
     if not finite:
@@ -130,6 +163,8 @@ def markdown(result: dict) -> str:
         f"- device: {result['device_name']} ({result['device']}), torch {result['torch_version']}",
         f"- date: {result['date']}",
         f"- command: `{result['command']}`",
+        f"- threads of the judging process kept busy in pure Python meanwhile: "
+        f"{result.get('busy_threads', 0)}",
         f"- repeats per candidate: {result['repeats']}; the check's margin now: a block is "
         f"suspicious when its stretch exceeds {driver.WALL_MARGIN:g}, and a mostly "
         f"suspicious window is forged past {driver.CONTROL_FACTOR:g}x the reference's; "
@@ -162,6 +197,8 @@ def main() -> int:
     p.add_argument("--candidates", default=",".join(CANDIDATES),
                    help="which rows (on a GPU the forgers cannot reach the samples, so "
                         "`honest` alone measures all there is)")
+    p.add_argument("--busy-threads", type=int, default=0,
+                   help="threads of this process looping in pure Python while it judges")
     p.add_argument("--tag", default=None)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
@@ -174,8 +211,9 @@ def main() -> int:
         for name in args.candidates.split(","):
             make = CANDIDATES[name]
             for i in range(args.repeats):
-                row = {"task": task.name, "candidate": name, "repeat": i,
-                       **judged_once(task, make(task), cfg)}
+                with busy_threads(args.busy_threads):
+                    judged = judged_once(task, make(task), cfg)
+                row = {"task": task.name, "candidate": name, "repeat": i, **judged}
                 rows.append(row)
                 print(json.dumps({k: row[k] for k in ("task", "candidate", "repeat", "status",
                                                      "speedup")}), flush=True)
@@ -183,6 +221,7 @@ def main() -> int:
     result = {"benchmark": "wall_margin", "device": args.device,
               "device_name": device_name(args.device), "torch_version": torch.__version__,
               "date": now(), "command": this_command(), "repeats": args.repeats,
+              "busy_threads": args.busy_threads,
               "summary": summary(rows), "rows": rows}
     (args.out / f"wall-margin-{tag}.json").write_text(json.dumps(result, indent=2))
     (args.out / f"wall-margin-{tag}.md").write_text(markdown(result))

@@ -330,7 +330,10 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
     reply = request(timer.child, "timing", "timed", "time", mode=timer.mode,
                     warm_up=warm_up, min_calls=min_calls, min_seconds=min_seconds,
                     max_calls=max_calls)
-    wall = time.perf_counter() - started
+    # Up to when the answer could first be read: what this thread did after that (other
+    # threads holding the GIL, the memory watch) is not the child's time.
+    arrived = timer.child.line_ready_at
+    wall = (arrived if arrived > started else time.perf_counter()) - started
     timer.warmed = True
     if isinstance(reply, Verdict):
         timer.failure = reply
@@ -366,7 +369,8 @@ def calibrate(trusted: ChildProcess) -> LoopCost:
         started = time.perf_counter()
         _time_one_block(timer, min_calls=max(calls, 1), min_seconds=0.0,
                         max_calls=max(calls, 1))
-        walls[calls] = time.perf_counter() - started
+        # measured as the blocks it is subtracted from are (to their answer's arrival)
+        walls[calls] = timer.blocks[-1][0] if timer.blocks else time.perf_counter() - started
         if timer.stopped:
             return LoopCost(0.0, 0.0)
     per_call = max(0.0, (walls[200] - walls[10]) / 190)
