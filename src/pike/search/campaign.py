@@ -28,7 +28,7 @@ from pike.errors import ConfigError, TaskError
 from pike.evaluate import measure_baselines
 from pike.evaluate.judge import keep_references
 from pike.evaluate.leftovers import remove_tree
-from pike.evaluate.pool import Lane, Pool, make_pool
+from pike.evaluate.pool import Lane, Pool, make_pool, one_line
 from pike.search import drain
 from pike.search.session import (
     OptimizeResult,
@@ -177,8 +177,7 @@ def _stop_the_others(err: BaseException) -> None:
     for, so that the evaluations they are in are recorded for --resume."""
     if not isinstance(err, KeyboardInterrupt):
         log.warning("the campaign ends (%s): the other tasks start nothing more and finish "
-                    "the evaluations they are in (Ctrl-C stops them at once)",
-                    str(err).splitlines()[0][:200] if str(err) else type(err).__name__)
+                    "the evaluations they are in (Ctrl-C stops them at once)", one_line(err))
     drain.halt()
 
 
