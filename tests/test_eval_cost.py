@@ -251,3 +251,74 @@ def test_the_parent_compares_a_trial_while_the_child_runs_the_next(
     assert verdict.ok, verdict.message
     early = [t for t, after_checked in seen if not after_checked]
     assert early[:2] == [0, 1], seen  # said by the child while its trials ran
+
+
+def test_a_read_trial_file_is_passed_on_to_a_later_trial_never_over_one_begun(
+        tmp_path: Path) -> None:
+    """Once read, trial t's file becomes trial t+2's (then the check after timing's), for
+    the child to write over in place; a file the child has begun is never replaced, and
+    the last trial's file is removed."""
+    from pike.config import EvalConfig
+    from pike.evaluate import judge
+    from pike.evaluate.leaf_files import write_leaves
+
+    expected = _trials(tmp_path, 4)  # three trials and the shifted one
+    inodes = {t: (tmp_path / f"outputs_{t}.pt").stat().st_ino for t in range(4)}
+    (tmp_path / "outputs_2.pt").unlink()  # the child has not reached trial 2 yet
+    (tmp_path / "outputs_3.pt").write_bytes(b"begun")  # but has begun trial 3
+    comparison = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=3),
+                                       torch.device("cpu"))
+    comparison.add(1)
+    assert not (tmp_path / "outputs_0.pt").exists() and not (tmp_path / "outputs_1.pt").exists()
+    assert (tmp_path / "outputs_2.pt").stat().st_ino == inodes[0]
+    assert (tmp_path / "outputs_3.pt").read_bytes() == b"begun"
+
+    write_leaves(expected[2], tmp_path / "outputs_2.pt", in_place=True)
+    write_leaves(expected[3], tmp_path / "outputs_3.pt", in_place=True)
+    verdict = comparison.verdict()
+    assert verdict.status == "ok" and verdict.trials_passed == 3, verdict.message
+    assert (tmp_path / "outputs_final.pt").stat().st_ino == inodes[0]  # trial 2's, read
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs_final.pt"]
+
+
+def test_a_passed_on_file_the_child_does_not_write_over_fails_its_trial(
+        tmp_path: Path) -> None:
+    """A child that says it saved a trial without writing it leaves the earlier trial's
+    outputs in the passed-on file: they are judged against the new trial's expected
+    outputs, as a missing file would be, and never pass."""
+    from pike.config import EvalConfig
+    from pike.evaluate import judge
+
+    expected = _trials(tmp_path, 4)
+    for t in (2, 3):
+        (tmp_path / f"outputs_{t}.pt").unlink()
+    comparison = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=3),
+                                       torch.device("cpu"))
+    comparison.add(1)  # trial 0's file is now trial 2's, trial 1's trial 3's
+    verdict = comparison.verdict()
+    assert verdict.status == "incorrect"
+    assert {m.trial for m in verdict.mismatches} == {2, 3}
+
+
+def test_the_candidate_child_writes_its_trials_over_the_files_passed_on(
+        monkeypatch: pytest.MonkeyPatch, fast_config: Any, mlp_task: Any) -> None:
+    """End to end: the last trials' files are passed on (the check after timing always
+    gets one: it is written long after the trials are compared) and the verdict, its
+    check after timing included, is the same."""
+    import os
+
+    from pike.evaluate import judge
+    from tests.conftest import candidate
+
+    passed_on: list[str] = []
+    real_link = os.link
+
+    def link(src: Any, dst: Any, **kwargs: Any) -> None:
+        real_link(src, dst, **kwargs)
+        passed_on.append(Path(dst).name)
+
+    monkeypatch.setattr(judge.os, "link", link)
+    verdict = judge.evaluate(mlp_task, candidate("fused"),
+                             fast_config.model_copy(update={"device_lock": "pause_others"}))
+    assert verdict.ok, verdict.message
+    assert "outputs_final.pt" in passed_on, passed_on

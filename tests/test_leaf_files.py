@@ -187,3 +187,18 @@ def test_calibration_stand_ins_take_a_plain_dtype() -> None:
         assert stand_in.dim() == leaf.dim() and stand_in.device == leaf.device
         _sample_leaf(stand_in, 16)  # what the calibration does with it
     assert _stand_in(2.5) == 2.5
+
+
+def test_a_file_written_in_place_keeps_its_pages_and_holds_only_the_new_leaves(
+        tmp_path: Path) -> None:
+    """The child writes a trial's outputs over a file the parent passed on: the same file
+    (its pages reused), and nothing of the old leaves left in it or read back."""
+    path, fresh = tmp_path / "out.pt", tmp_path / "fresh.pt"
+    write_leaves([torch.randn(64, 64), torch.randn(300), "old"], path)
+    inode = path.stat().st_ino
+    new = [torch.randn(8, 8), 7]
+    write_leaves(new, path, in_place=True)
+    write_leaves(new, fresh)
+    assert path.stat().st_ino == inode
+    assert path.read_bytes() == fresh.read_bytes()
+    _same(new, read_leaves(path))

@@ -499,7 +499,8 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
         with _armed(guards), STEPS.span("forward"):
             out = _run_guarded_call(req, model, inputs, device)
         with STEPS.span("save_outputs"):
-            write_leaves(check.flatten_output(out), Path(req.outputs_dir) / f"outputs_{trial}.pt")
+            write_leaves(check.flatten_output(out), Path(req.outputs_dir) / f"outputs_{trial}.pt",
+                         in_place=True)  # a file the parent has read and passed on
         del out
         chan.send("saved", trial=trial)  # the parent compares it while the next one runs
     _reject_violations(guards, "check")
@@ -529,7 +530,8 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
             final = rotation.sets[0]
         with _armed(guards):
             out = _run_guarded_call(req, model, final, device)
-        write_leaves(check.flatten_output(out), Path(req.outputs_dir) / "outputs_final.pt")
+        write_leaves(check.flatten_output(out), Path(req.outputs_dir) / "outputs_final.pt",
+                     in_place=True)
         _reject_violations(guards, "final check")
 
     sampler = TimedOutputSamples(rotation) if req.guards else None
