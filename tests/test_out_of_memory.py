@@ -93,19 +93,32 @@ def _store_with_candidates(task: Task, tmp_path: Path) -> tuple[RunStore, list[i
     return store, ids
 
 
-@pytest.mark.parametrize(("first_error", "windows"), [(OOM, 2), ("exited with status 1", 1)])
+CRASH = ("exited with status 1 during phase 'check'\n:128: RuntimeWarning: "
+         "'pike.evaluate.runner' found in sys.modules\nTraceback (most recent call last):")
+
+
+@pytest.mark.parametrize(("first_error", "failing", "windows"), [
+    (OOM, 0, 2), (OOM, 1, 2),
+    # a crash of the faster candidate would change the best: a window more (on the H100
+    # pike's own compile:default crashed there and a file half its speed became the best)
+    (CRASH, 0, 2),
+    # a crash below the confirmed best changes nothing: its failure stays its figure
+    (CRASH, 1, 1),
+])
 def test_a_confirming_window_out_of_gpu_memory_is_timed_once_more(
         mlp_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        first_error: str, windows: int) -> None:
-    store, ids = _store_with_candidates(mlp_task, tmp_path)
+        caplog: pytest.LogCaptureFixture, first_error: str, failing: int, windows: int
+        ) -> None:
+    store, ids = _store_with_candidates(mlp_task, tmp_path)  # 2.0x and 1.9x when searched
     timed: list[list[int]] = []
+    other = ids[1 - failing]
 
     def window(task: Task, sources: dict[int, str], cfg: EvalConfig) -> list[Confirmation]:
         timed.append(sorted(sources))
         if len(timed) == 1:
-            return [Confirmation(candidate_id=ids[1], runtime_ms=1.0, reference_ms=1.5,
+            return [Confirmation(candidate_id=other, runtime_ms=1.0, reference_ms=1.5,
                                  speedup=1.5),
-                    Confirmation(candidate_id=ids[0], error=first_error)]
+                    Confirmation(candidate_id=ids[failing], error=first_error)]
         return [Confirmation(candidate_id=i, runtime_ms=1.0, reference_ms=s, speedup=s)
                 for i, s in zip(ids, (2.1, 1.8), strict=True)]
 
@@ -115,11 +128,39 @@ def test_a_confirming_window_out_of_gpu_memory_is_timed_once_more(
     with store:
         confirm_best(store, mlp_task, cfg)
         kept = store.get_state(mlp_task.name, "confirmed")
+        best = store.best(mlp_task.name)
     assert timed == [sorted(ids)] * windows
     if windows == 2:  # the second window's figures, every candidate in it
         assert [f["speedup"] for f in kept["figures"]] == [2.1, 1.8]
+        assert best is not None and best.id == ids[0]
     else:  # a failure of the candidate's own stays its figure
         assert kept["figures"][1]["error"] == first_error
+        assert best is not None and best.id == ids[0]
+    assert "failed in the confirming window" not in caplog.text or windows == 2
+
+
+def test_a_faster_candidate_failing_both_windows_is_named_and_the_best_is_a_confirmed_one(
+        mlp_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    store, ids = _store_with_candidates(mlp_task, tmp_path)
+    timed: list[int] = []
+
+    def window(task: Task, sources: dict[int, str], cfg: EvalConfig) -> list[Confirmation]:
+        timed.append(1)
+        return [Confirmation(candidate_id=ids[1], runtime_ms=1.0, reference_ms=1.5,
+                             speedup=1.5),
+                Confirmation(candidate_id=ids[0], error=CRASH)]
+
+    monkeypatch.setattr(confirming, "confirm", window)
+    cfg = RunConfig()
+    cfg.search.confirm_top = 2
+    with store:
+        confirm_best(store, mlp_task, cfg)
+        best = store.best(mlp_task.name)
+    assert len(timed) == 2
+    assert best is not None and best.id == ids[1] and best.verdict.confirmed
+    assert (f"candidate {ids[0]} (2.00x in its search window) failed in the confirming "
+            "window (exited with status 1 during phase 'check')") in caplog.text
 
 
 def test_a_confirming_failure_keeps_the_line_that_names_the_error() -> None:

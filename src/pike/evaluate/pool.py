@@ -78,10 +78,11 @@ def out_of_device_memory(verdict: Verdict) -> bool:
             and says_out_of_memory(verdict.message))
 
 
-def one_line(err: BaseException) -> str:
-    """An error as one short line, for verdicts and logs."""
+def one_line(err: BaseException | str) -> str:
+    """An error (or an error's message) as one short line, for verdicts and logs."""
     text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
+    first = text[0] if text else ""
+    return (first if isinstance(err, str) else f"{type(err).__name__}: {first}")[:300]
 
 
 def _evaluator_failure(err: BaseException) -> bool:
