@@ -177,3 +177,37 @@ def test_a_process_that_ends_soon_after_the_last_call_is_not_left_behind(
     # compile_threads 4: torch.compile candidates were rejected for it before)
     verdict = evaluate(mlp_task, candidate("child_exits_late"), fast_config)
     assert verdict.status == "ok", verdict.message
+
+
+def test_a_crashed_childs_output_is_kept_outside_the_scratch_and_named_in_its_verdict(
+        mlp_task: Task, fast_config: EvalConfig, tmp_path: object,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child's output file is a nameless one in the temp folder: a scratch filled by
+    other evaluations' tensors cannot cut it, the child's folder holds no log, and once
+    the child is gone nothing of it is left."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    crash = candidate("fused").replace(
+        "class ModelNew", "import os as _os, sys as _sys\n\n"
+        "def _die():\n"
+        "    _sys.stderr.write('pike-test: the last words of the child\\n')\n"
+        "    _sys.stderr.flush()\n"
+        "    _os._exit(3)\n\n\n"
+        "class ModelNew", 1).replace("def forward(self, x):", "def forward(self, x):\n"
+                                     "        _die()", 1)
+    from pike.evaluate.sandbox import ChildProcess
+
+    where: list[str] = []
+    real = ChildProcess.output_tail
+
+    def output_tail(self: ChildProcess, limit: int = 2000) -> str:
+        where.append(os.readlink(f"/proc/self/fd/{self._log.fileno()}"))
+        return real(self, limit)
+
+    monkeypatch.setattr(ChildProcess, "output_tail", output_tail)
+    verdict = evaluate(mlp_task, crash, fast_config)
+    assert verdict.status == "crashed" and "exited with status 3" in verdict.message
+    assert verdict.message.rstrip().endswith("pike-test: the last words of the child")
+    assert where and all(w.startswith(str(tmp_path)) and w.endswith("(deleted)")
+                         for w in where), where

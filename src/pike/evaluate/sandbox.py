@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -247,7 +248,8 @@ class ChildProcess:
         self.phase = "setup"
         self.phase_started = time.monotonic()
         self.phase_seconds: dict[str, float] = {}
-        self.log_path = work_dir / "child.log"
+        self.log_path = work_dir / "child.log"  # where no log file is open (tests)
+        self._log: Any = None
         self.proc: subprocess.Popen[bytes] | None = None
         self._chan: Channel | None = None
         self._from_child = -1
@@ -271,15 +273,19 @@ class ChildProcess:
         # elsewhere (the ChildRequest's paths are already the child's).
         seen_request = self.request.writable[0] + "/request.json" if self.sandboxed else str(
             request_path)
-        with open(self.log_path, "wb") as log:
-            self.proc = _SPAWNER.run(functools.partial(
-                subprocess.Popen,
-                [*self.prefix, sys.executable, "-m", "pike.evaluate.runner", seen_request,
-                 str(child_writes), str(child_reads)],
-                cwd=self.work_dir, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, pass_fds=(child_writes, child_reads),
-                start_new_session=True, preexec_fn=_child_setup(os.getpid()),
-            ))
+        # The child's output goes to a nameless file in the temp folder, not the scratch
+        # one, where a scratch (/dev/shm) filled by other evaluations' tensors would cut
+        # it: on the H100 a crashed child's message ended before its error line, likely
+        # so. Nothing of it survives a kill, and the child sees only its descriptor.
+        self._log = tempfile.TemporaryFile(prefix="pike-child-")
+        self.proc = _SPAWNER.run(functools.partial(
+            subprocess.Popen,
+            [*self.prefix, sys.executable, "-m", "pike.evaluate.runner", seen_request,
+             str(child_writes), str(child_reads)],
+            cwd=self.work_dir, env=self.env, stdin=subprocess.DEVNULL, stdout=self._log,
+            stderr=subprocess.STDOUT, pass_fds=(child_writes, child_reads),
+            start_new_session=True, preexec_fn=_child_setup(os.getpid()),
+        ))
         os.close(child_writes)
         os.close(child_reads)
         self._from_child = from_child
@@ -296,6 +302,8 @@ class ChildProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+        if self._log is not None:
+            self._log.close()
         os.close(self._from_child)
         if self._chan is not None:
             try:
@@ -494,7 +502,11 @@ class ChildProcess:
 
     def output_tail(self, limit: int = 2000) -> str:
         try:
-            data = self.log_path.read_bytes()[-limit:]
+            if self._log is not None and not self._log.closed:
+                size = os.fstat(self._log.fileno()).st_size
+                data = os.pread(self._log.fileno(), limit, max(0, size - limit))
+            else:
+                data = self.log_path.read_bytes()[-limit:]
         except OSError:
             return ""
         return data.decode(errors="replace").strip()
