@@ -255,9 +255,9 @@ def test_the_parent_compares_a_trial_while_the_child_runs_the_next(
 
 def test_a_read_trial_file_is_passed_on_to_a_later_trial_never_over_one_begun(
         tmp_path: Path) -> None:
-    """Once read, trial t's file becomes trial t+2's (then the check after timing's), for
-    the child to write over in place; a file the child has begun is never replaced, and
-    the last trial's file is removed."""
+    """Once read, trial t's file becomes the first later one the child has not begun (from
+    t+2, the check after timing's last), for the child to write over in place; a file the
+    child has begun is never replaced, and a file with nowhere to go is removed."""
     from pike.config import EvalConfig
     from pike.evaluate import judge
     from pike.evaluate.leaf_files import write_leaves
@@ -272,12 +272,13 @@ def test_a_read_trial_file_is_passed_on_to_a_later_trial_never_over_one_begun(
     assert not (tmp_path / "outputs_0.pt").exists() and not (tmp_path / "outputs_1.pt").exists()
     assert (tmp_path / "outputs_2.pt").stat().st_ino == inodes[0]
     assert (tmp_path / "outputs_3.pt").read_bytes() == b"begun"
+    assert (tmp_path / "outputs_final.pt").stat().st_ino == inodes[1]  # 3 was begun
 
     write_leaves(expected[2], tmp_path / "outputs_2.pt", in_place=True)
     write_leaves(expected[3], tmp_path / "outputs_3.pt", in_place=True)
     verdict = comparison.verdict()
     assert verdict.status == "ok" and verdict.trials_passed == 3, verdict.message
-    assert (tmp_path / "outputs_final.pt").stat().st_ino == inodes[0]  # trial 2's, read
+    assert (tmp_path / "outputs_final.pt").stat().st_ino == inodes[1]  # kept for it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs_final.pt"]
 
 

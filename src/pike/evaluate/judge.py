@@ -1096,19 +1096,24 @@ class TrialComparison:
         self.passed += not trial_bad and trial < self.cfg.trials
 
     def _pass_on(self, trial: int) -> None:
-        """Give a read trial's file to one the child writes later (two trials on, then the
-        check after timing), which it writes over in place: on /dev/shm that skips making
-        and zeroing fresh pages, a third of writing a gigabyte of outputs. Two, since the
-        child may already be writing the next one. The link never replaces a file the
-        child has begun; the last trial's file is removed. Only the child's own bytes
-        move: it wrote the file and may write anything into the next one anyway."""
-        names = [f"outputs_{t}.pt" for t in range(2, len(self.expected))]
+        """Give a read trial's file to one the child writes later, which it writes over in
+        place: on /dev/shm that skips making and zeroing fresh pages, a third of writing a
+        gigabyte of outputs. The first later name the child has not begun, from two trials
+        on (it may be writing the next one already), the check after timing's last: a
+        link never replaces a file. Only the child's own bytes move: it wrote the file and
+        may write anything into the next one anyway."""
+        later = [f"outputs_{t}.pt" for t in range(trial + 2, len(self.expected))]
         if self.cfg.guards:
-            names.append("outputs_final.pt")
+            later.append("outputs_final.pt")
         read = self.outputs_dir / f"outputs_{trial}.pt"
-        with suppress(OSError):  # the child's folder: it may have moved things
-            if trial < len(names):
-                os.link(read, self.outputs_dir / names[trial], follow_symlinks=False)
+        for name in later:
+            try:
+                os.link(read, self.outputs_dir / name, follow_symlinks=False)
+            except FileExistsError:
+                continue  # begun by the child, or given a file already
+            except OSError:
+                pass  # the child's folder: it may have moved things
+            break
         with suppress(OSError):
             read.unlink()
 
