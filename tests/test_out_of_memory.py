@@ -160,7 +160,29 @@ def test_a_faster_candidate_failing_both_windows_is_named_and_the_best_is_a_conf
     assert len(timed) == 2
     assert best is not None and best.id == ids[1] and best.verdict.confirmed
     assert (f"candidate {ids[0]} (2.00x in its search window) failed in the confirming "
-            "window (exited with status 1 during phase 'check')") in caplog.text
+            "window (exited with status 1 during phase 'check' ... Traceback (most recent "
+            "call last):); the best is the fastest one confirmed") in caplog.text
+
+
+def test_when_no_candidate_is_confirmed_the_warning_says_the_search_figures_stand(
+        mlp_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    store, ids = _store_with_candidates(mlp_task, tmp_path)
+
+    def window(task: Task, sources: dict[int, str], cfg: EvalConfig) -> list[Confirmation]:
+        return [Confirmation(candidate_id=ids[1], error="exited with status 1"),
+                Confirmation(candidate_id=ids[0], error=CRASH)]  # the higher, named
+
+    monkeypatch.setattr(confirming, "confirm", window)
+    cfg = RunConfig()
+    cfg.search.confirm_top = 2
+    with store:
+        confirm_best(store, mlp_task, cfg)
+        best = store.best(mlp_task.name)
+    assert best is not None and not best.verdict.confirmed and best.id == ids[0]
+    assert (f"candidate {ids[0]} (2.00x in its search window) failed in the confirming "
+            "window") in caplog.text
+    assert "no candidate was confirmed: the search's own figures stand" in caplog.text
 
 
 def test_a_confirming_failure_keeps_the_line_that_names_the_error() -> None:

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import psutil
+import pytest
 
 from pike.evaluate.driver import ChildReport, finish, run_trials
 from pike.evaluate.sandbox import MARKER_VARIABLE, ChildProcess
@@ -81,3 +82,23 @@ def test_a_long_wait_for_the_device_does_not_time_out_the_trials(tmp_path: Path)
     finally:
         child.proc.kill()
         child.proc.wait()
+
+
+def test_a_child_that_cannot_start_leaves_no_descriptor_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its pipes and its output file are closed when the start itself fails."""
+    from pike.evaluate import sandbox
+
+    child = sandbox.ChildProcess.__new__(sandbox.ChildProcess)
+    child.work_dir, child.request, child.sandboxed = tmp_path, None, False
+    child.prefix, child.env, child._log = [], {}, None
+
+    def cannot(*args: object, **kwargs: object) -> None:
+        raise OSError("no such interpreter")
+
+    monkeypatch.setattr(sandbox._SPAWNER, "run", cannot)
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="no such interpreter"):
+        child.__enter__()
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert child._log.closed

@@ -277,17 +277,25 @@ class ChildProcess:
         # one, where a scratch (/dev/shm) filled by other evaluations' tensors would cut
         # it: on the H100 a crashed child's message ended before its error line, likely
         # so. Nothing of it survives a kill, and the child sees only its descriptor.
-        self._log = tempfile.TemporaryFile(prefix="pike-child-")
-        self.proc = _SPAWNER.run(functools.partial(
-            subprocess.Popen,
-            [*self.prefix, sys.executable, "-m", "pike.evaluate.runner", seen_request,
-             str(child_writes), str(child_reads)],
-            cwd=self.work_dir, env=self.env, stdin=subprocess.DEVNULL, stdout=self._log,
-            stderr=subprocess.STDOUT, pass_fds=(child_writes, child_reads),
-            start_new_session=True, preexec_fn=_child_setup(os.getpid()),
-        ))
-        os.close(child_writes)
-        os.close(child_reads)
+        try:
+            self._log = tempfile.TemporaryFile(prefix="pike-child-")
+            self.proc = _SPAWNER.run(functools.partial(
+                subprocess.Popen,
+                [*self.prefix, sys.executable, "-m", "pike.evaluate.runner", seen_request,
+                 str(child_writes), str(child_reads)],
+                cwd=self.work_dir, env=self.env, stdin=subprocess.DEVNULL, stdout=self._log,
+                stderr=subprocess.STDOUT, pass_fds=(child_writes, child_reads),
+                start_new_session=True, preexec_fn=_child_setup(os.getpid()),
+            ))
+        except BaseException:  # no child: nothing of its start may stay open
+            for fd in (from_child, to_child):
+                os.close(fd)
+            if self._log is not None:
+                self._log.close()
+            raise
+        finally:
+            os.close(child_writes)
+            os.close(child_reads)
         self._from_child = from_child
         self._chan = Channel(to_child)
         return self

@@ -190,25 +190,37 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
         # pike's own compile:default (2.38x) crashed there beside three other tasks, its
         # message cut short, and a 1.27x file became the task's best. A window more.
         log.warning("%s: candidate %d failed in the confirming window (%s); the window is "
-                    "timed once more", task.name, failed[0], one_line(failed[1]))
+                    "timed once more", task.name, failed[0], _error_line(failed[1]))
         found = confirm(task, sources, cfg.eval)
     failed = _failed_above_the_best(found, searched)
     if failed:
+        after = ("the best is the fastest one confirmed" if any(c.speedup for c in found)
+                 else "no candidate was confirmed: the search's own figures stand")
         log.warning("%s: candidate %d (%.2fx in its search window) failed in the confirming "
-                    "window (%s); the best is the fastest one confirmed", task.name,
-                    failed[0], searched[failed[0]], one_line(failed[1]))
+                    "window (%s); %s", task.name, failed[0], searched[failed[0]],
+                    _error_line(failed[1]), after)
     store.set_state(task.name, "confirmed", {"candidates": ids,
                                              "figures": [c.model_dump() for c in found]})
 
 
 def _failed_above_the_best(found: list[Any], searched: dict[int, float]
                            ) -> tuple[int, str] | None:
-    """The first candidate that failed in the confirming window although its search-time
-    figure is above that of the confirmed best (or any, where none was confirmed): a
-    failure that changes which file is the task's best."""
+    """Of the candidates that failed in the confirming window although their search-time
+    figure is above that of the confirmed best (or any, where none was confirmed), the
+    one with the highest: a failure that changes which file is the task's best."""
     best = next((searched.get(c.candidate_id, 0.0) for c in found if c.speedup), 0.0)
-    return next(((c.candidate_id, c.error) for c in found
-                 if not c.speedup and searched.get(c.candidate_id, 0.0) > best), None)
+    above = [c for c in found if not c.speedup and searched.get(c.candidate_id, 0.0) > best]
+    first = max(above, key=lambda c: searched.get(c.candidate_id, 0.0), default=None)
+    return (first.candidate_id, first.error) if first else None
+
+
+def _error_line(message: str) -> str:
+    """A failure's first line and, where it goes on, its last (a child's message ends with
+    its error, after its stderr's traceback)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return one_line(message)
+    return f"{one_line(lines[0])} ... {one_line(lines[-1])}"
 
 
 def confirm_candidates(rows: list[Any], cfg: SearchConfig) -> list[Any]:
