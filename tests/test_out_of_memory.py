@@ -139,6 +139,18 @@ def test_a_confirming_window_out_of_gpu_memory_is_timed_once_more(
     assert "failed in the confirming window" not in caplog.text or windows == 2
 
 
+def _confirm_with(store: RunStore, task: Task, window: Any,
+                  monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`confirm_best` of the two best candidates with `window` as the confirming window;
+    the task's best afterwards."""
+    monkeypatch.setattr(confirming, "confirm", window)
+    cfg = RunConfig()
+    cfg.search.confirm_top = 2
+    with store:
+        confirm_best(store, task, cfg)
+        return store.best(task.name)
+
+
 def test_a_faster_candidate_failing_both_windows_is_named_and_the_best_is_a_confirmed_one(
         mlp_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -151,12 +163,7 @@ def test_a_faster_candidate_failing_both_windows_is_named_and_the_best_is_a_conf
                              speedup=1.5),
                 Confirmation(candidate_id=ids[0], error=CRASH)]
 
-    monkeypatch.setattr(confirming, "confirm", window)
-    cfg = RunConfig()
-    cfg.search.confirm_top = 2
-    with store:
-        confirm_best(store, mlp_task, cfg)
-        best = store.best(mlp_task.name)
+    best = _confirm_with(store, mlp_task, window, monkeypatch)
     assert len(timed) == 2
     assert best is not None and best.id == ids[1] and best.verdict.confirmed
     assert (f"candidate {ids[0]} (2.00x in its search window) failed in the confirming "
@@ -173,12 +180,7 @@ def test_when_no_candidate_is_confirmed_the_warning_says_the_search_figures_stan
         return [Confirmation(candidate_id=ids[1], error="exited with status 1"),
                 Confirmation(candidate_id=ids[0], error=CRASH)]  # the higher, named
 
-    monkeypatch.setattr(confirming, "confirm", window)
-    cfg = RunConfig()
-    cfg.search.confirm_top = 2
-    with store:
-        confirm_best(store, mlp_task, cfg)
-        best = store.best(mlp_task.name)
+    best = _confirm_with(store, mlp_task, window, monkeypatch)
     assert best is not None and not best.verdict.confirmed and best.id == ids[0]
     assert (f"candidate {ids[0]} (2.00x in its search window) failed in the confirming "
             "window") in caplog.text
