@@ -323,3 +323,22 @@ def test_the_candidate_child_writes_its_trials_over_the_files_passed_on(
                              fast_config.model_copy(update={"device_lock": "pause_others"}))
     assert verdict.ok, verdict.message
     assert "outputs_final.pt" in passed_on, passed_on
+
+
+def test_outputs_linked_to_the_expected_ones_are_refused_not_compared(tmp_path: Path) -> None:
+    """A child that links its outputs file to the parent's own expected outputs (which a
+    reader following links would compare with themselves) gets `incorrect`."""
+    from pike.config import EvalConfig
+    from pike.evaluate import judge
+    from pike.evaluate.leaf_files import write_leaves
+
+    expected = _trials(tmp_path, 3)
+    answers = tmp_path / "expected_0.pt"
+    write_leaves(expected[0], answers)
+    (tmp_path / "outputs_0.pt").unlink()
+    (tmp_path / "outputs_0.pt").symlink_to(answers)
+    verdict = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=2),
+                                    torch.device("cpu")).verdict()
+    assert verdict.status == "incorrect"
+    assert "trial 0: outputs could not be read back (the file is a symbolic link)" in \
+        verdict.message

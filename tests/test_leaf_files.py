@@ -202,3 +202,35 @@ def test_a_file_written_in_place_keeps_its_pages_and_holds_only_the_new_leaves(
     assert path.stat().st_ino == inode
     assert path.read_bytes() == fresh.read_bytes()
     _same(new, read_leaves(path))
+
+
+def test_a_candidates_file_is_read_only_as_the_one_name_of_a_regular_file(
+        tmp_path: Path) -> None:
+    """A candidate writes its outputs folder: a symbolic or hard link to a file of the
+    parent (the reference's outputs) would be read as its answer, a FIFO would block the
+    reader. Each is refused, at once; the parent's own (trusted) files read as before."""
+    import os
+
+    answers = tmp_path / "expected.pt"
+    write_leaves(LEAVES, answers)
+    (tmp_path / "symlink.pt").symlink_to(answers)
+    os.link(answers, tmp_path / "hardlink.pt")
+    os.mkfifo(tmp_path / "fifo.pt")
+    (tmp_path / "folder.pt").mkdir()
+    for name, words in [("symlink.pt", "symbolic link"), ("hardlink.pt", "another name"),
+                        ("fifo.pt", "not a regular file"), ("folder.pt", "not a regular")]:
+        with pytest.raises(LeafFileError, match=words):
+            read_leaves(tmp_path / name)
+    _same(LEAVES, read_leaves(answers, trusted=True))
+    (tmp_path / "hardlink.pt").unlink()
+    _same(LEAVES, read_leaves(answers))  # one name again
+
+
+def test_the_child_does_not_write_its_outputs_through_a_link_it_planted(
+        tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("keep")
+    (tmp_path / "outputs_2.pt").symlink_to(target)
+    with pytest.raises(OSError):
+        write_leaves([torch.ones(3)], tmp_path / "outputs_2.pt", in_place=True)
+    assert target.read_text() == "keep"

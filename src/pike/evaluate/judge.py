@@ -1106,16 +1106,22 @@ class TrialComparison:
         if self.cfg.guards:
             later.append("outputs_final.pt")
         read = self.outputs_dir / f"outputs_{trial}.pt"
+        given: Path | None = None
         for name in later:
             try:
                 os.link(read, self.outputs_dir / name, follow_symlinks=False)
+                given = self.outputs_dir / name
             except FileExistsError:
                 continue  # begun by the child, or given a file already
             except OSError:
                 pass  # the child's folder: it may have moved things
             break
-        with suppress(OSError):
+        try:
             read.unlink()
+        except OSError:
+            if given is not None:  # a file of two names is refused when read: keep one
+                with suppress(OSError):
+                    given.unlink()
 
     def verdict(self) -> Verdict:
         self.add(len(self.expected) - 1)

@@ -20,9 +20,11 @@ apart by the first bytes, so both sides agree without a flag.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -124,7 +126,7 @@ def write_leaves(leaves: list[Any], path: Path, in_place: bool = False) -> None:
     header = json.dumps({"leaves": entries}).encode()
     start = _align(_HEADER.size + len(header))
     stage = _Stage()
-    flags = os.O_RDWR | os.O_CREAT | (0 if in_place else os.O_TRUNC)
+    flags = os.O_RDWR | os.O_CREAT | (os.O_NOFOLLOW if in_place else os.O_TRUNC)
     with os.fdopen(os.open(path, flags, 0o644), "r+b") as f:
         f.write(_HEADER.pack(MAGIC, len(header)) + header)
         at = _HEADER.size + len(header)
@@ -144,15 +146,44 @@ def read_leaves(path: Path, trusted: bool = False, device: torch.device | None =
     are read as they are used; otherwise each tensor is read into this process's memory
     or, with a CUDA `device`, through a pinned buffer straight into the device's.
     `max_bytes` bounds what an untrusted file's tensors may take: the file can be sparse,
-    its size anything its writer set."""
-    with open(path, "rb") as f:
-        flat = f.read(len(MAGIC)) == MAGIC
-    if flat:
-        return _read_flat(path, trusted, device, max_bytes)
-    leaves = torch.load(path, weights_only=True, mmap=trusted)
+    its size anything its writer set. An untrusted file is opened once, and only as the
+    one name of a regular file (`_open_untrusted`)."""
+    if trusted:
+        with open(path, "rb") as f:
+            flat = f.read(len(MAGIC)) == MAGIC
+        leaves = (_read_flat(path, None, True, device, max_bytes) if flat
+                  else torch.load(path, weights_only=True, mmap=True))
+    else:
+        with _open_untrusted(path) as f:
+            flat = f.read(len(MAGIC)) == MAGIC
+            f.seek(0)
+            leaves = (_read_flat(path, f, False, device, max_bytes) if flat
+                      else torch.load(f, weights_only=True))
     if not isinstance(leaves, list):
         raise LeafFileError("the file does not hold a list")
     return leaves
+
+
+def _open_untrusted(path: Path) -> Any:
+    """A candidate's file, open for reading, refused unless it is a regular file with no
+    other name: its writer could leave a symbolic link or a hard link to a file of this
+    process (the reference's outputs, say) or a FIFO that blocks the reader."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise LeafFileError("the file is a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LeafFileError("not a regular file")
+        if st.st_nlink != 1:
+            raise LeafFileError("the file has another name (a hard link)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def _header(f: Any, size: int) -> tuple[list[Any], list[Any], int]:
@@ -204,12 +235,13 @@ def _read_tensor(f: Any, nbytes: int, device: torch.device | None, stage: _Stage
     return raw
 
 
-def _read_flat(path: Path, trusted: bool, device: torch.device | None,
+def _read_flat(path: Path, opened: Any, trusted: bool, device: torch.device | None,
                max_bytes: int | None) -> list[Any]:
-    size = path.stat().st_size
+    """A flat file's leaves, from `opened` where the caller holds it open already."""
     stage = _Stage()
     leaves: list[Any] = []
-    with open(path, "rb") as f:
+    with opened or open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         entries, tensors, start = _header(f, size)
         wanted = sum(t[3] for t in tensors if t is not None)
         if not trusted and max_bytes is not None and wanted > max_bytes:
