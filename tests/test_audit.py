@@ -324,7 +324,25 @@ def test_the_geomean_over_each_tasks_fastest_compile_mode_and_who_falls_below_it
                          protocol="p", tasks=tasks, aggregates=agg)
     text = to_markdown(result)
     assert "fastest torch.compile mode: 1.11× (3 tasks" in text
-    assert "slower than their task's fastest torch.compile mode: 2_B 0.9×" in text
+    assert "slower than their task's fastest torch.compile mode: 2_B 0.9×\n" in text
+
+    # an offline file of that very mode: the page says the two are builds of one code
+    tasks[1].transformations = ["compile:default"]
+    assert tasks[1].is_its_fastest_compile_mode()
+    assert ("slower than their task's fastest torch.compile mode: 2_B 0.9× (the file is "
+            "that mode, compiled again)") in to_markdown(result)
+    tasks[0].transformations = ["compile:default"]  # not its fastest mode (max-autotune)
+    assert not tasks[0].is_its_fastest_compile_mode()
+
+
+def test_an_offline_files_marker_names_its_transformations() -> None:
+    from pike.agents.offline import named_in, render
+
+    source = render("import torch\n\nclass Model(torch.nn.Module):\n    pass\n",
+                    ("compile:max-autotune-no-cudagraphs", "tf32"))
+    assert named_in(source) == ["tf32", "compile:max-autotune-no-cudagraphs"]
+    assert named_in("class ModelNew: pass\n") == []
+    assert named_in("# ---- pike offline transformation: rm -rf ----\n") == []
 
 
 def test_cli_audits_exports_a_set_and_reports(mixed: Any, tmp_path: Path,

@@ -78,6 +78,17 @@ def compatible(names: tuple[str, ...]) -> bool:
             and not ("cuda_graph" in names and "compile:reduce-overhead" in names))
 
 
+# the line templates/offline.j2 writes above ModelNew
+_MARKER = re.compile(r"^# ---- pike offline transformation: (.+) ----$", re.MULTILINE)
+
+
+def named_in(source: str) -> list[str]:
+    """The transformations an offline file says it applies (its marker line); none for any
+    other file."""
+    found = _MARKER.search(source)
+    return [n for n in found.group(1).split(" + ") if n in ALL] if found else []
+
+
 def render(task_source: str, names: tuple[str, ...]) -> str:
     """The ModelNew source for a set of transformations (in a canonical order)."""
     ordered = tuple(n for n in ALL if n in names)

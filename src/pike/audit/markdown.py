@@ -48,7 +48,10 @@ def _summary(result: AuditResult) -> list[str]:
                      f"{_x(agg.best_compile.geomean)} ({agg.best_compile.tasks} tasks; no correct "
                      "file counts 1.0×)")
     if agg.below_best_compile:
-        slower = ", ".join(f"{task} {_x(over)}" for task, over in
+        same = {t.task for t in result.tasks if t.is_its_fastest_compile_mode()}
+        slower = ", ".join(f"{task} {_x(over)}" + (" (the file is that mode, compiled again)"
+                                                   if task in same else "")
+                           for task, over in
                            sorted(agg.below_best_compile.items(), key=lambda kv: kv[1]))
         lines.append(f"- Correct but slower than their task's fastest torch.compile mode: {slower}")
     if agg.claimed_geomean is not None:

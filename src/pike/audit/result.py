@@ -44,6 +44,9 @@ class TaskAudit(BaseModel):
     compile_speedups: dict[str, float] = Field(
         default_factory=dict, description="mode -> speedup over that torch.compile mode")
     precision: list[str] = Field(default_factory=list, description="see audit/precision.py")
+    transformations: list[str] = Field(
+        default_factory=list, description="the offline transformations the file says it "
+        "applies (its marker line), e.g. a torch.compile mode")
     claimed_speedup: float | None = Field(None, description="what the set's manifest says")
     task_changed: bool = Field(False, description="the task file differs from the manifest's")
     candidate_id: int | None = None
@@ -51,6 +54,14 @@ class TaskAudit(BaseModel):
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    def is_its_fastest_compile_mode(self) -> bool:
+        """The file is the very torch.compile mode it is compared with (an offline file
+        of that mode): a figure below 1.0x there compares two builds of the same code."""
+        if not self.compile_speedups:
+            return False
+        fastest = min(self.compile_speedups, key=lambda m: self.compile_speedups[m])
+        return fastest in self.transformations
 
     def counted_speedup(self) -> float:
         """What the task adds to the all-task geomean: 1.0x unless correct and timed."""

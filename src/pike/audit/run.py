@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pike.agents.offline import named_in
 from pike.audit.markdown import to_markdown
 from pike.audit.matching import Matching, match
 from pike.audit.precision import detect_precision
@@ -238,6 +239,7 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
     done = task_audit(base, verdict, baseline)
     done.candidate_id = candidate_id
     done.precision = detect_precision(source, task.source, verdict)
+    done.transformations = named_in(source)
     return done
 
 
