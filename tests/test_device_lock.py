@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -295,7 +294,7 @@ def _listening_child(proc: subprocess.Popen, limit_s: float):
     child.phase, child.phase_started, child.phase_seconds = "check", time.monotonic(), {}
     child.phase_limits = {"load": limit_s, "check": limit_s}
     child.memory_limit, child.stage, child.unresponsive = 2**40, None, False
-    child.log_path, child._log = Path(os.devnull), None
+    child._log = None
     child.pausable_on = "cuda:0"
     return child, write_fd
 

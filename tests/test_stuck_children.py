@@ -34,7 +34,7 @@ def _bare_child(script: str, tmp_path: Path, phase: str = "check") -> ChildProce
     child.memory_limit = 1 << 40
     child.unresponsive = False
     child.stage, child.sandboxed, child.plan_notes = None, False, {}
-    child.log_path, child._log = tmp_path / "child.log", None
+    child._log = None
     child.send = lambda event, **fields: None  # type: ignore[method-assign]
     return child
 

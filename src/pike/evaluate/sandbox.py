@@ -248,8 +248,7 @@ class ChildProcess:
         self.phase = "setup"
         self.phase_started = time.monotonic()
         self.phase_seconds: dict[str, float] = {}
-        self.log_path = work_dir / "child.log"  # where no log file is open (tests)
-        self._log: Any = None
+        self._log: Any = None  # the child's output (stdout and stderr), once started
         self.proc: subprocess.Popen[bytes] | None = None
         self._chan: Channel | None = None
         self._from_child = -1
@@ -509,12 +508,11 @@ class ChildProcess:
                 if p.pid != own and not (outside_group and _group_of(p) in (own, None))]
 
     def output_tail(self, limit: int = 2000) -> str:
+        if self._log is None or self._log.closed:
+            return ""
         try:
-            if self._log is not None and not self._log.closed:
-                size = os.fstat(self._log.fileno()).st_size
-                data = os.pread(self._log.fileno(), limit, max(0, size - limit))
-            else:
-                data = self.log_path.read_bytes()[-limit:]
+            size = os.fstat(self._log.fileno()).st_size
+            data = os.pread(self._log.fileno(), limit, max(0, size - limit))
         except OSError:
             return ""
         return data.decode(errors="replace").strip()
