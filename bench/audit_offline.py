@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 from common import RESULTS, apply_modes, device_name, modes_argument, run_script
+from offline_set import rendered_best
 
-from pike.agents.offline import render
 from pike.audit import audit, to_markdown
 from pike.config import EvalConfig, RunConfig
 from pike.evaluate.runner import import_file, trial_seed
-from pike.task import Task, load_tasks
+from pike.task import Task
 
 # Appended to a rendered ModelNew: each subclasses it and spoils the result one way.
 BREAKS = {
@@ -79,19 +79,13 @@ def seed_dependent_index(task: Task, seed: int, trials: int, scan: int = 4096) -
 def build_sets(results: dict, tasks_dir: Path, work: Path,
                cfg: EvalConfig) -> tuple[Path, Path, dict]:
     """The set and its broken copy under `work`; which task got which break."""
-    tasks = {t.name: t for t in load_tasks(tasks_dir)}
     good, broken = work / "offline-set", work / "offline-set-broken"
     good.mkdir(parents=True, exist_ok=True)
     broken.mkdir(parents=True, exist_ok=True)
-    rows = sorted((r for r in results["rows"] if r.get("offline_idea")),
-                  key=lambda r: tasks[r["task"]].id if r["task"] in tasks else 0)
     breaks: dict[str, str] = {}
-    for row in rows:
-        task = tasks.get(row["task"])
-        if task is None:
+    for task, _, source in rendered_best(results, tasks_dir):
+        if source is None:
             continue
-        names = tuple(n.strip() for n in row["offline_idea"].split("+"))
-        source = render(task.source, names)
         (good / f"{task.name}.py").write_text(source)
         kind = list(BREAKS)[len(breaks)] if len(breaks) < len(BREAKS) else None
         spoiler = BREAKS.get(kind or "", "")

@@ -465,3 +465,86 @@ def test_a_resumed_audit_measures_again_a_baseline_whose_file_was_not_judged(
     result = resume_audit(out)
     assert (len(judge.modes), len(judge.configs)) == (2, 1)
     assert [t.status for t in result.tasks] == ["ok"]
+
+
+def test_tasks_spread_over_gpus_each_measured_and_judged_on_one_alone(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--devices`: a task's baselines and file are timed on one GPU, never beside another
+    task there, and every GPU is used; a resumed audit may be given other GPUs."""
+    import threading
+    import time
+
+    from pike.audit import resume_audit
+
+    names = ["1_Scale", "2_Softplus", "3_RowSum", "10_Square"]
+    judge = FakeJudge(dict.fromkeys(names, 2.0), {n: fake_ok(3.0) for n in names})
+    where: dict[str, set[str]] = {}
+    running: dict[str, int] = {}
+    overlaps: list[str] = []
+    lock = threading.Lock()
+
+    def on_card(task: Task, cfg: RunConfig) -> None:
+        device = cfg.eval.device or ""
+        with lock:
+            where.setdefault(task.name, set()).add(device)
+            running[device] = running.get(device, 0) + 1
+            if running[device] > 1:
+                overlaps.append(device)
+        time.sleep(0.05)
+        with lock:
+            running[device] -= 1
+
+    measure, evaluate = judge.measure, judge.evaluate
+
+    def measured(task: Task, cfg: RunConfig, modes: list[str]) -> Baseline:
+        on_card(task, cfg)
+        return measure(task, cfg, modes).model_copy(update={"device": cfg.eval.device})
+
+    def judged(task: Task, source: str, cfg: RunConfig) -> Verdict:
+        on_card(task, cfg)
+        return evaluate(task, source, cfg)
+
+    monkeypatch.setattr(audit_run, "measure_baselines", measured)
+    monkeypatch.setattr(audit_run, "evaluate", judged)
+    folder = _files(tmp_path / "set", "task_1.py", "task_2.py", "task_3.py", "task_10.py")
+    cfg = audit_config(build_cache, ["eager", "compile:default"])
+    cfg.eval.devices = ["cuda:0", "cuda:1"]
+    out = tmp_path / "run"
+
+    done: list[str] = []
+
+    def stop_after_two(kind: str, **data: Any) -> None:
+        if kind == "task_done":
+            done.append(data["task"])
+            if len(done) == 2:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        audit(folder, TASKS, cfg, out=out, ids=[1, 2, 3, 10], on_event=stop_after_two)
+    assert not overlaps
+    assert all(len(cards) == 1 for cards in where.values())  # a task's figures, one card
+    assert set().union(*where.values()) == {"cuda:0", "cuda:1"}
+    assert all(c.eval.devices == [] for c in judge.configs)
+
+    partial = AuditResult.model_validate_json((out / "audit.json").read_text())
+    assert any("spread over 2 GPUs (cuda:0, cuda:1), one task on each at a time" in w
+               for w in partial.warnings)
+    first_call = {n: set(cards) for n, cards in where.items()}
+    result = resume_audit(out, devices=["cuda:2"])
+    for name in names:
+        if name in done:  # judged in the first call: kept, not measured again
+            assert where[name] == first_call[name]
+        else:  # the rest, and any cut off before its file's verdict, on the new GPU
+            assert "cuda:2" in where[name]
+            assert where[name] - first_call.get(name, set()) == {"cuda:2"}
+    assert [t.status for t in result.tasks] == ["ok"] * 4
+    assert result.device.startswith("cuda:0, cuda:1")
+    assert not any("spread over" in w for w in result.warnings)  # the resumed call: one GPU
+
+    # the command line checks the GPUs it is given before any work, resumed or not
+    from tests.test_optimize import pike
+
+    for args in (("audit", folder, TASKS, "--devices", "cuda:99,cuda:98"),
+                 ("audit", "--resume", out, "--devices", "cuda:99")):
+        refused = pike(*args)
+        assert refused.exit_code == 2 and "cuda:99 asked for" in refused.output, args

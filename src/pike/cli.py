@@ -22,7 +22,7 @@ from pike.config import CONSTRUCT_ON, RunConfig
 from pike.errors import ConfigError, PikeError, TaskError
 from pike.evaluate import BASELINE_MODES, Baseline, evaluate, measure_baselines
 from pike.evaluate.leftovers import sweep_orphaned_dirs
-from pike.preflight import check_devices, check_new_run_dir, check_run
+from pike.preflight import check_device, check_devices, check_new_run_dir, check_run
 from pike.report.progress import StatusFields
 from pike.report.tables import (
     baselines_heading,
@@ -39,6 +39,7 @@ from pike.search_flags import (
     placement_given,
     runs_as_recorded,
     search_config,
+    split_devices,
 )
 from pike.task import load_task, load_tasks
 
@@ -486,6 +487,9 @@ def audit_command(
     construct_on: ConstructOnOpt = None,
     workers: Annotated[int | None, typer.Option(
         min=1, help="tasks audited at once (timing stays one at a time per GPU)")] = None,
+    devices: Annotated[str | None, typer.Option(
+        help="GPUs of this host to spread the tasks over: cuda:0,cuda:1 (each task measured "
+        "on one; at least one task per GPU at once)")] = None,
     out: Annotated[Path | None, typer.Option(help="run dir (default RUNS/audit-<set>-<time>)")]
     = None,
     allow_changed_tasks: Annotated[bool, typer.Option(
@@ -499,7 +503,8 @@ def audit_command(
     """Judge every file of a solution set with the full guards, time it against eager and
     each torch.compile mode, and give aggregates that count failures as 1.0x.
 
-    Cut off (Ctrl-C, a time limit), --resume RUN_DIR goes on where it stopped."""
+    Cut off (Ctrl-C, a time limit), --resume RUN_DIR goes on where it stopped (--workers and
+    --devices may change then)."""
     from pike.audit import audit, resume_audit, to_markdown
     from pike.audit.matching import match
     from pike.report.progress import AUDIT_FIELDS, BenchProgress
@@ -513,8 +518,11 @@ def audit_command(
         if given:
             raise ConfigError(f"--resume goes on with the audit as it was asked: drop "
                               f"{', '.join(given)}")
+        gpus = split_devices(devices) if devices is not None else None
+        for gpu in gpus or []:
+            check_device(gpu)
         with BenchProgress(err_console, _stored_task_names(resume), AUDIT_FIELDS) as progress:
-            result = resume_audit(resume, workers=workers, on_event=progress)
+            result = resume_audit(resume, workers=workers, devices=gpus, on_event=progress)
         _print_audit(result, as_json, to_markdown)
         return
     if solutions is None or tasks_folder is None:
@@ -522,6 +530,8 @@ def audit_command(
     cfg = _config(config, device, construct_on)
     if workers is not None:
         cfg.eval.workers = workers
+    if devices is not None:
+        cfg.eval.devices = split_devices(devices)
     ids = _ids(tasks)
     task_list = load_tasks(tasks_folder, ids)
     names = [t.name for t in task_list]

@@ -74,12 +74,17 @@ def as_run_will(cfg: RunConfig, flags: SearchFlags,
     return kept, names
 
 
+def split_devices(devices: str) -> list[str]:
+    """--devices cuda:0,cuda:1 as a list."""
+    return [d.strip() for d in devices.split(",") if d.strip()]
+
+
 def _pool_flags(cfg: RunConfig, flags: SearchFlags) -> None:
     """Where and how many evaluations run at once."""
     if flags.workers is not None:
         cfg.eval.workers = flags.workers
     if flags.devices is not None:
-        cfg.eval.devices = [d.strip() for d in flags.devices.split(",") if d.strip()]
+        cfg.eval.devices = split_devices(flags.devices)
     if flags.ray_address is not None:
         cfg.eval.ray_address = flags.ray_address
         cfg.eval.cluster = "ray"

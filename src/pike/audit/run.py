@@ -16,7 +16,8 @@ import datetime as dt
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,10 @@ def _no_event(kind: str, **data: Any) -> None:
     pass
 
 
-def resume(run_dir: Path, *, workers: int | None = None,
+def resume(run_dir: Path, *, workers: int | None = None, devices: list[str] | None = None,
            on_event: Callable[..., None] = _no_event) -> AuditResult:
-    """Go on with the audit in `run_dir`, as it was asked; `workers` may change."""
+    """Go on with the audit in `run_dir`, as it was asked; `workers` and the GPUs to spread
+    tasks over (`devices`: the next call may hold another number of them) may change."""
     with RunStore.open(Path(run_dir)) as store:  # no run there: a StoreError says so
         asked = store.get_state(RUN_STATE, ASKED_STATE)
         config, command = RunConfig.model_validate(store.config()), store.command()
@@ -62,6 +64,8 @@ def resume(run_dir: Path, *, workers: int | None = None,
         raise ConfigError(f"{run_dir} is not an audit pike can resume (it records no audit)")
     if workers is not None:
         config.eval.workers = workers
+    if devices is not None:
+        config.eval.devices = devices
     return audit(Path(asked["solutions"]), Path(asked["tasks"]), config, out=Path(run_dir),
                  ids=asked.get("ids"), command=command,
                  allow_changed_tasks=bool(asked.get("allow_changed_tasks")),
@@ -75,11 +79,16 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
 
     Refuses (TaskError) when a solution set's manifest recorded another version of a task
     file, unless allow_changed_tasks, which audits anyway and marks those tasks.
+    With several GPUs in `eval.devices`, tasks are spread over them: each task's baselines
+    and file are measured on one GPU, the least busy when the task starts, and at least one
+    task runs per GPU.
     on_event(kind, task=..., **data) is called with "task_phase" (phase "baseline" or
     "evaluate") and "task_done" (audit=TaskAudit).
     """
     solutions, tasks_dir = Path(solutions), Path(tasks)
     cfg, warnings = _audit_config(config or RunConfig())
+    lanes = _DeviceLanes(cfg)
+    warnings += lanes.notes()
     task_list = load_tasks(tasks_dir, ids)
     matching = match(solutions, task_list)
     warnings += matching.notes
@@ -112,8 +121,9 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
     def one(index: int, task: Task) -> None:
         event = _task_events(on_event, task.name)
         base = _base(task, matching, solutions, changed)
-        done = _audit_task(store, task, matching.files[task.name], base, index, cfg,
-                           baselines, event)
+        with lanes.take() as task_cfg:
+            done = _audit_task(store, task, matching.files[task.name], base, index, task_cfg,
+                               baselines, event)
         with finishing:
             finished[index] = done
             store.set_state(task.name, DONE_STATE, True)  # as `pike bench` marks it
@@ -129,7 +139,7 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
         for task in task_list:
             if task.name not in known:
                 store.add_task(task.name, str(task.path), task.sha256, task.source)
-        _each_task(one, task_list, cfg.eval.workers)
+        _each_task(one, task_list, lanes.workers)
         run_dir = store.path.parent
     finally:
         store.close()
@@ -149,6 +159,43 @@ def _each_task(one: Callable[[int, Task], None], tasks: list[Task], workers: int
     keep_references(workers + 1)
     for _ in run_each(lambda item: one(*item), list(enumerate(tasks)), workers, "pike-audit"):
         pass
+
+
+class _DeviceLanes:
+    """The GPUs an audit spreads its tasks over (`eval.devices`); one task's figures all come
+    from one of them, so its ratios are of timings on one card."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self._cfg = cfg
+        self.devices = list(dict.fromkeys(cfg.eval.devices))
+        self._busy = dict.fromkeys(self.devices, 0)
+        self._lock = threading.Lock()
+        # Fewer tasks at once than GPUs would leave GPUs idle.
+        self.workers = max(cfg.eval.workers, len(self.devices))
+
+    def notes(self) -> list[str]:
+        if len(self.devices) < 2:
+            return []
+        at_once = ("one task on each at a time" if self.workers == len(self.devices) else
+                   f"{self.workers} tasks at once, timing one at a time on each")
+        return [f"tasks spread over {len(self.devices)} GPUs ({', '.join(self.devices)}), "
+                f"{at_once}: each task's baselines and file are measured on one of them"]
+
+    @contextmanager
+    def take(self) -> Iterator[RunConfig]:
+        """The config for one task: on the least busy GPU (the first on a tie)."""
+        if not self.devices:
+            yield self._cfg
+            return
+        with self._lock:
+            device = min(self._busy, key=lambda d: self._busy[d])
+            self._busy[device] += 1
+        try:
+            yield self._cfg.model_copy(update={"eval": self._cfg.eval.model_copy(
+                update={"device": device, "devices": []})})
+        finally:
+            with self._lock:
+                self._busy[device] -= 1
 
 
 def _write(result: AuditResult) -> None:
@@ -269,4 +316,8 @@ def _environment(baselines: list[Baseline]) -> dict[str, str]:
         values = Counter(getattr(b, attr) for b in baselines if getattr(b, attr))
         return values.most_common(1)[0][0] if values else ""
 
-    return {k: common(k) for k in ("device", "device_name", "torch_version", "host")}
+    found = {k: common(k) for k in ("device", "device_name", "torch_version", "host")}
+    devices = sorted({b.device for b in baselines if b.device})
+    if len(devices) > 1:  # tasks spread over GPUs: name them all
+        found["device"] = ", ".join(devices)
+    return found

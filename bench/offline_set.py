@@ -1,0 +1,104 @@
+"""Keep an offline benchmark's best files as a solution set (the `pike export --set` format).
+
+    python bench/offline_set.py OFFLINE_RESULTS_JSON TASK_FOLDER OUT_DIR
+
+bench/offline.py records each task's best transformation set by name; the offline agent
+renders the same kind of `ModelNew` from those names. This writes each rendered file and a
+manifest.json whose claims are the benchmark's own search-time figures, so `pike audit
+OUT_DIR TASK_FOLDER` re-judges them and compares. Every task of the folder has an entry: a
+task the benchmark found no correct candidate for, or never ran, is listed without a file.
+The files are rendered by this checkout's offline agent, which may differ from the one the
+benchmark ran; each entry's detail says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from common import run_script
+
+from pike.agents.offline import render
+from pike.solution_set import MANIFEST, SetEntry, SolutionSet, claimed_geomean
+from pike.task import Task, load_tasks
+
+
+def rendered_best(results: dict, tasks_dir: Path) -> list[tuple[Task, dict | None, str | None]]:
+    """Every task of the folder in id order, its results row (None: not run) and the
+    source its best transformation set renders to (None: no correct candidate)."""
+    rows = {r["task"]: r for r in results["rows"]}
+    found = []
+    for task in load_tasks(tasks_dir):
+        row = rows.get(task.name)
+        idea = (row or {}).get("offline_idea")
+        names = tuple(n.strip() for n in idea.split("+")) if idea else None
+        found.append((task, row, render(task.source, names) if names else None))
+    return found
+
+
+def _entry(task: Task, row: dict | None, source: str | None, results: dict,
+           origin: str) -> SetEntry:
+    base = {"task": task.name, "task_sha256": task.sha256}
+    if row is None:
+        return SetEntry(**base, status="no_candidates", detail=f"not run in {origin}")
+    if source is None:
+        counts = ", ".join(f"{n} {s}" for s, n in sorted((row.get("verdicts") or {}).items()))
+        return SetEntry(**base, status="failed",
+                        detail=f"no correct candidate in {origin}" + (f": {counts}" if counts
+                                                                       else ""))
+    settings = row.get("settings") or {}
+    speedup = row.get("offline_speedup")
+    over_modes = {mode: speedup / c["speedup"] for mode, c in (row.get("compile") or {}).items()
+                  if speedup and c.get("speedup")}
+    return SetEntry(
+        **base, file=f"{task.name}.py", file_sha256=hashlib.sha256(source.encode()).hexdigest(),
+        status="ok", speedup_vs_eager=speedup, compile_speedups=over_modes,
+        detail=(f"'{row['offline_idea']}', its search-time figures from {origin}, rendered "
+                "again by the offline agent of this set's checkout"),
+        device=results.get("device", ""),
+        device_name=settings.get("device_name") or results.get("device_name", ""),
+        torch_version=settings.get("torch_version") or results.get("torch_version", ""),
+        date=settings.get("date") or results.get("date", ""), source_run=origin)
+
+
+def write(results_path: Path, tasks_dir: Path, out: Path) -> SolutionSet:
+    if out.exists() and any(out.iterdir()):
+        raise SystemExit(f"{out}: not empty; write the set into a new folder")
+    results = json.loads(results_path.read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for task, row, source in rendered_best(results, tasks_dir):
+        entry = _entry(task, row, source, results, str(results_path))
+        if source is not None and entry.file:
+            (out / entry.file).write_text(source)
+        entries.append(entry)
+    manifest = SolutionSet(
+        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        source_run=str(results_path), claimed_geomean=claimed_geomean(entries), tasks=entries)
+    (out / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n")
+    return manifest
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("offline_results", type=Path)
+    p.add_argument("folder", type=Path)
+    p.add_argument("out", type=Path)
+    args = p.parse_args()
+    manifest = write(args.offline_results, args.folder, args.out)
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True, check=False).stdout.strip()
+    solved = sum(e.status == "ok" for e in manifest.tasks)
+    print(f"{args.out}: {solved} of {len(manifest.tasks)} tasks with a file, claimed "
+          f"{manifest.claimed_geomean:.2f}x over eager (search-time), rendered at {rev or '?'}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    run_script(main)
