@@ -4,11 +4,12 @@ then its best files re-judged alone with `pike audit`.
     python bench/offline.py TASK_FOLDER --tag TAG [--ids 1,4,9] [--device cuda]
         [--jobs 4] [--workers 4] [--max-seconds 120] [--max-candidates 24]
         [--redo IDS] [--fill-baselines] [--no-audit] [--results DIR] [--config FILE]
-        [--stop-after SECONDS]
+        [--stop-after SECONDS] [--audit-devices cuda:0,cuda:1]
 
 Runs `pike bench` with the offline strategy (no LLM) into DIR/offline-TAG-run/, then
 `pike audit` of that campaign's solution set (DIR/offline-TAG-run/solutions), one task at
-a time, into DIR/offline-TAG-audit/, and writes DIR/offline-TAG.md and .json: the audit's
+a time (or one per GPU of --audit-devices, each task alone on its GPU), into
+DIR/offline-TAG-audit/, and writes DIR/offline-TAG.md and .json: the audit's
 figures (the headline: failures count 1.0x) beside the search's own, with device, torch
 version, date and every call's commands. DIR is bench/results unless --results says.
 --config (a RunConfig YAML file: the evaluator's protocol, the baseline modes) applies to
@@ -90,6 +91,9 @@ def _arguments() -> argparse.Namespace:
     p.add_argument("--no-audit", action="store_true", help="the campaign only")
     p.add_argument("--results", type=Path, default=RESULTS, help="where results are written")
     p.add_argument("--config", type=Path, default=None, help="RunConfig YAML for both steps")
+    p.add_argument("--audit-devices", default=None, metavar="GPUS",
+                   help="GPUs the audit spreads its tasks over, one task alone on each "
+                   "(pike audit --devices); a later call may name others")
     p.add_argument("--stop-after", type=float, default=None,
                    help="the campaign starts nothing new after this many seconds (pike bench "
                    "--stop-after): a device session's limit; the same command goes on")
@@ -123,11 +127,13 @@ def _bench_command(args: argparse.Namespace, run_dir: Path, redo: str | None) ->
 
 def _audit_command(args: argparse.Namespace, solutions: Path, audit_dir: Path) -> list[str]:
     base = [sys.executable, "-m", "pike", "audit"]
+    devices = ["--devices", args.audit_devices] if args.audit_devices else []
     if (audit_dir / "run.sqlite").exists():
-        return [*base, "--resume", str(audit_dir)]
-    # one task at a time: nothing beside a timed window but what the evaluator itself runs
+        return [*base, "--resume", str(audit_dir), *devices]
+    # one task at a time per GPU: nothing beside a timed window but what the evaluator
+    # itself runs
     return [*base, str(solutions), str(args.folder), *(["--tasks", args.ids] if args.ids else []),
-            "--device", args.device, "--workers", "1", "--out", str(audit_dir),
+            "--device", args.device, "--workers", "1", *devices, "--out", str(audit_dir),
             *(["--config", str(args.config)] if args.config else [])]
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import psutil
 import pytest
@@ -98,13 +99,7 @@ def test_a_redo_made_by_a_stopped_call_is_not_made_again_by_the_same_command(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # "Run the same command again" after a time limit must go on with the redone tasks,
     # not drop what they judged since and start them over once more.
-    import importlib.util
-
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the script imports its `common`
-    spec = importlib.util.spec_from_file_location("offline_driver", ROOT / "bench" / "offline.py")
-    assert spec is not None and spec.loader is not None
-    driver = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(driver)
+    driver = _driver(monkeypatch)
     run_dir = tmp_path / "offline-t-run"
     run_dir.mkdir()
     (run_dir / "run.sqlite").write_bytes(b"")  # a campaign that has run
@@ -119,3 +114,34 @@ def test_a_redo_made_by_a_stopped_call_is_not_made_again_by_the_same_command(
     assert driver.main() == 75
     assert "--redo" in commands[0] and "--redo" not in commands[1]
     assert all(c[c.index("--stop-after") + 1] == "60.0" for c in commands)
+
+
+def _driver(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the script imports its `common`
+    spec = importlib.util.spec_from_file_location("offline_driver", ROOT / "bench" / "offline.py")
+    assert spec is not None and spec.loader is not None
+    driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(driver)
+    return driver
+
+
+def test_the_audit_spreads_over_the_gpus_named_first_call_and_resumed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = _driver(monkeypatch)
+    argv = ["bench/offline.py", str(tmp_path / "tasks"), "--tag", "t",
+            "--audit-devices", "cuda:0,cuda:1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    args = driver._arguments()
+    audit_dir = tmp_path / "audit"
+    first = driver._audit_command(args, tmp_path / "set", audit_dir)
+    assert first[first.index("--devices") + 1] == "cuda:0,cuda:1"
+    assert first[first.index("--workers") + 1] == "1"  # one task per GPU at a time
+    audit_dir.mkdir()
+    (audit_dir / "run.sqlite").write_bytes(b"")  # an audit that has begun
+    resumed = driver._audit_command(args, tmp_path / "set", audit_dir)
+    assert resumed[4:7] == ["--resume", str(audit_dir), "--devices"]
+    monkeypatch.setattr(sys, "argv", argv[:4])
+    assert "--devices" not in driver._audit_command(driver._arguments(), tmp_path / "set",
+                                                     audit_dir)

@@ -81,6 +81,22 @@ def test_the_command_asks_for_our_metrics_on_the_top_kernels_only() -> None:
     assert "--kernel-name" not in ncu.ncu_command("ncu", ["t"], [], report)
 
 
+@pytest.mark.parametrize("seed", [None, 7])
+def test_the_target_parses_what_pike_passes_with_or_without_a_seed(seed: int | None) -> None:
+    """Seeds are drawn per evaluation when none is configured; passing `--seed None` made
+    the target exit with a usage error (2) under ncu, so no report was ever written."""
+    from pike.config import EvalConfig
+    from pike.evaluate import ncu_target
+
+    cfg = EvalConfig(seed=seed, model_mode="eval", construct_on="device")
+    command = ncu.target_command(Path("t.py"), Path("m.py"), "cuda:1", cfg)
+    assert command[1:3] == ["-m", "pike.evaluate.ncu_target"]
+    args = ncu_target.arguments().parse_args(command[3:])
+    assert (args.task, args.module, args.device) == ("t.py", "m.py", "cuda:1")
+    assert args.seed == (42 if seed is None else seed)
+    assert (args.eval, args.construct_on) == (True, "device")
+
+
 @pytest.mark.parametrize(("profiler", "function"), [
     ("void foo::bar_kernel<float, 4>(float*, int)", "bar_kernel"),
     ("triton_poi_fused_add_mul_0", "triton_poi_fused_add_mul_0"),

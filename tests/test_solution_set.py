@@ -165,9 +165,15 @@ def test_audit_of_a_written_set_uses_its_manifest(run: Path, tmp_path: Path,
     assert t["1_Scale"].claimed_speedup == 5.0
     assert (t["2_Softplus"].file, t["2_Softplus"].status) == (None, "missing")
     agg = result.aggregates
-    assert agg.claimed_geomean == pytest.approx(5.0 ** 0.25)
+    # the claim over the two tasks audited, not the set's four: like against like
+    assert agg.claimed_geomean == pytest.approx(5.0 ** 0.5)
     assert agg.claimed_source.startswith(MANIFEST)
+    assert "over the 2 tasks audited here, of the set's 4" in agg.claimed_source
     assert agg.geomean_all == pytest.approx(t["1_Scale"].speedup ** 0.5)
+    whole = audit(folder, TASKS, audit_config(build_cache), out=tmp_path / "whole",
+                  ids=[1, 2, 3, 4])
+    assert whole.aggregates.claimed_geomean == pytest.approx(5.0 ** 0.25)
+    assert "audited here" not in (whole.aggregates.claimed_source or "")
 
 
 def test_audit_refuses_a_changed_task_unless_allowed(run: Path, tmp_path: Path,

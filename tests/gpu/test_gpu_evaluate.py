@@ -108,6 +108,9 @@ def test_a_candidate_hiding_work_on_a_side_stream_is_timed_in_full(
 def test_cheats_are_caught_on_the_gpu(mlp_task: Task, gpu_config: EvalConfig, name: str,
                                       status: str) -> None:
     gpu_config.timing.min_seconds = 0.5
+    # as in tests/test_guards.py: rewrites_samples forges the calls before its own, so it
+    # needs blocks of several calls (under load, 5 a block let it through to `ok`)
+    gpu_config.timing.min_calls = 100
     verdict = evaluate(mlp_task, candidate(name), gpu_config)
     assert verdict.status == status, verdict.message
 

@@ -30,6 +30,7 @@ from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import Baseline, evaluate, measure_baselines
 from pike.evaluate.judge import keep_references
+from pike.report.data import geomean
 from pike.store import (
     BASELINE_STATE,
     DONE_STATE,
@@ -298,7 +299,7 @@ def _result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matching,
     if len(cards) > 1:  # a resumed audit whose calls ran on different cards
         warnings = [*warnings, f"tasks were measured on {len(cards)} devices: "
                     f"{', '.join(cards)}; each task's figures come from one of them"]
-    claim = (matching.claim.geomean, matching.claim.source) if matching.claim else None
+    claim = _claim_over(audits, matching)
     ev = cfg.eval
     protocol = (f"{ev.trials} trials with fresh seeded inputs, plus shifted-input and "
                 f"after-timing trials; atol {ev.atol}, rtol {ev.rtol}; guards on")
@@ -308,6 +309,19 @@ def _result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matching,
         date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **env,
         protocol=protocol, tasks=audits, aggregates=aggregate(audits, baselines, claim),
         warnings=warnings)
+
+
+def _claim_over(audits: list[TaskAudit], matching: Matching) -> tuple[float, str] | None:
+    """The set's claim over the tasks audited: a manifest's per-task claims give it for
+    any part of the set (a partial or --tasks audit), counted as the manifest counts."""
+    if matching.claim is None:
+        return None
+    listed = matching.solution_set.tasks if matching.solution_set is not None else None
+    if listed is None or {t.task for t in audits} == {e.task for e in listed}:
+        return matching.claim.geomean, matching.claim.source
+    return (geomean([t.claimed_speedup or 1.0 for t in audits]) if audits else 1.0,
+            f"{matching.claim.source}; over the {len(audits)} tasks audited here, of the "
+            f"set's {len(listed)}")
 
 
 def _environment(baselines: list[Baseline]) -> dict[str, str]:

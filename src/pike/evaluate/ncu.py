@@ -96,12 +96,8 @@ def measure(task_path: Path, module_path: Path, kernel_names: list[str], device:
     work = make_temp_dir("ncu")
     try:
         report = work / "kernels.ncu-rep"
-        target = [sys.executable, "-m", "pike.evaluate.ncu_target", str(task_path),
-                  str(module_path), "--device", device, "--calls", str(_CALLS),
-                  "--seed", str(cfg.seed), "--construct-on", cfg.construct_on,
-                  *(["--eval"] if cfg.model_mode == "eval" else [])]
-        command = [*network_prefix(cfg.network_isolation),
-                   *ncu_command(ncu, target, kernel_names, report)]
+        command = [*network_prefix(cfg.network_isolation), *ncu_command(
+            ncu, target_command(task_path, module_path, device, cfg), kernel_names, report)]
         limit = cfg.limits.load_seconds + cfg.limits.check_seconds
         _run_isolated(command, work, cfg, build_key, limit)
         if not report.is_file():
@@ -116,6 +112,17 @@ def measure(task_path: Path, module_path: Path, kernel_names: list[str], device:
         return found
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def target_command(task_path: Path, module_path: Path, device: str,
+                   cfg: EvalConfig) -> list[str]:
+    """The program ncu profiles. Its inputs need no secret seed (it runs after the verdict,
+    on its own inputs): without a configured seed it takes its own default."""
+    return [sys.executable, "-m", "pike.evaluate.ncu_target", str(task_path), str(module_path),
+            "--device", device, "--calls", str(_CALLS),
+            *(["--seed", str(cfg.seed)] if cfg.seed is not None else []),
+            "--construct-on", cfg.construct_on,
+            *(["--eval"] if cfg.model_mode == "eval" else [])]
 
 
 def ncu_command(ncu: str, target: list[str], kernel_names: list[str], report: Path) -> list[str]:

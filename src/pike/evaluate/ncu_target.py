@@ -21,7 +21,7 @@ from pike.config import CONSTRUCT_ON
 NVTX_RANGE = "pike"
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pike.evaluate.ncu_target")
     parser.add_argument("task")
     parser.add_argument("module")
@@ -30,7 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--eval", action="store_true", help="call .eval() on the model")
     parser.add_argument("--construct-on", choices=CONSTRUCT_ON, default="cpu")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments().parse_args(argv)
 
     import torch
 
