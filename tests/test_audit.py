@@ -527,7 +527,7 @@ def test_tasks_spread_over_gpus_each_measured_and_judged_on_one_alone(
     assert all(c.eval.devices == [] for c in judge.configs)
 
     partial = AuditResult.model_validate_json((out / "audit.json").read_text())
-    assert any("spread over 2 GPUs (cuda:0, cuda:1), one task on each at a time" in w
+    assert any("tasks spread over 2 GPUs (cuda:0, cuda:1), one at a time on each" in w
                for w in partial.warnings)
     first_call = {n: set(cards) for n, cards in where.items()}
     result = resume_audit(out, devices=["cuda:2"])

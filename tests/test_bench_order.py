@@ -84,3 +84,35 @@ def test_a_task_whose_reference_fails_in_its_baseline_is_done_with_its_error(
     with RunStore.open(tmp_path / "run") as store:
         assert store.get_state(failing, "done") is True
         assert store.get_state(failing, "baseline") is None
+
+
+def test_with_several_gpus_each_tasks_baselines_are_measured_on_one_all_at_once(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`--devices`: the baseline phase is not one task after another on the first GPU."""
+    import time
+    from types import SimpleNamespace
+
+    _fakes(monkeypatch)
+    where: dict[str, str] = {}
+    at_once: list[int] = []
+    running = [0]
+    lock = threading.Lock()
+
+    def measure(task: Task, cfg: RunConfig, modes: Any) -> _Stored:
+        with lock:
+            where[task.name] = cfg.eval.device or ""
+            running[0] += 1
+            at_once.append(running[0])
+        time.sleep(0.1)
+        with lock:
+            running[0] -= 1
+        return _Stored()
+
+    monkeypatch.setattr(campaign, "measure_baselines", measure)
+    # the searches are faked: no evaluation pool on GPUs this host may not have
+    monkeypatch.setattr(campaign, "make_pool", lambda cfg: SimpleNamespace(close=lambda: None))
+    cfg = RunConfig()
+    cfg.eval.devices = ["cuda:0", "cuda:1"]
+    campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=1)
+    assert set(where.values()) == {"cuda:0", "cuda:1"} and len(where) == 3
+    assert max(at_once) == 2  # one per GPU, though the campaign runs one task at a time

@@ -16,8 +16,7 @@ import datetime as dt
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from pike.audit.result import AuditResult, TaskAudit, aggregate, relative, task_
 from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import Baseline, evaluate, measure_baselines
+from pike.evaluate.device_slots import DeviceSlots
 from pike.evaluate.judge import keep_references
 from pike.report.data import geomean
 from pike.store import (
@@ -88,8 +88,9 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
     """
     solutions, tasks_dir = Path(solutions), Path(tasks)
     cfg, warnings = _audit_config(config or RunConfig())
-    lanes = _DeviceLanes(cfg)
-    warnings += lanes.notes()
+    gpus = DeviceSlots(cfg, cfg.eval.workers)
+    warnings += [f"{line}: each task's baselines and file are measured on one of them"
+                 for line in gpus.note("tasks")]
     task_list = load_tasks(tasks_dir, ids)
     matching = match(solutions, task_list)
     warnings += matching.notes
@@ -122,7 +123,7 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
     def one(index: int, task: Task) -> None:
         event = _task_events(on_event, task.name)
         base = _base(task, matching, solutions, changed)
-        with lanes.take() as task_cfg:
+        with gpus.take() as task_cfg:
             done = _audit_task(store, task, matching.files[task.name], base, index, task_cfg,
                                baselines, event)
         with finishing:
@@ -140,7 +141,7 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
         for task in task_list:
             if task.name not in known:
                 store.add_task(task.name, str(task.path), task.sha256, task.source)
-        _each_task(one, task_list, lanes.workers)
+        _each_task(one, task_list, gpus.at_once)
         run_dir = store.path.parent
     finally:
         store.close()
@@ -160,43 +161,6 @@ def _each_task(one: Callable[[int, Task], None], tasks: list[Task], workers: int
     keep_references(workers + 1)
     for _ in run_each(lambda item: one(*item), list(enumerate(tasks)), workers, "pike-audit"):
         pass
-
-
-class _DeviceLanes:
-    """The GPUs an audit spreads its tasks over (`eval.devices`); one task's figures all come
-    from one of them, so its ratios are of timings on one card."""
-
-    def __init__(self, cfg: RunConfig) -> None:
-        self._cfg = cfg
-        self.devices = list(dict.fromkeys(cfg.eval.devices))
-        self._busy = dict.fromkeys(self.devices, 0)
-        self._lock = threading.Lock()
-        # Fewer tasks at once than GPUs would leave GPUs idle.
-        self.workers = max(cfg.eval.workers, len(self.devices))
-
-    def notes(self) -> list[str]:
-        if len(self.devices) < 2:
-            return []
-        at_once = ("one task on each at a time" if self.workers == len(self.devices) else
-                   f"{self.workers} tasks at once, timing one at a time on each")
-        return [f"tasks spread over {len(self.devices)} GPUs ({', '.join(self.devices)}), "
-                f"{at_once}: each task's baselines and file are measured on one of them"]
-
-    @contextmanager
-    def take(self) -> Iterator[RunConfig]:
-        """The config for one task: on the least busy GPU (the first on a tie)."""
-        if not self.devices:
-            yield self._cfg
-            return
-        with self._lock:
-            device = min(self._busy, key=lambda d: self._busy[d])
-            self._busy[device] += 1
-        try:
-            yield self._cfg.model_copy(update={"eval": self._cfg.eval.model_copy(
-                update={"device": device, "devices": []})})
-        finally:
-            with self._lock:
-                self._busy[device] -= 1
 
 
 def _write(result: AuditResult) -> None:

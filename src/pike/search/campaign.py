@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import measure_baselines
+from pike.evaluate.device_slots import DeviceSlots
 from pike.evaluate.judge import keep_references
 from pike.evaluate.leftovers import remove_tree
 from pike.evaluate.pool import Lane, Pool, make_pool, one_line
@@ -161,8 +162,16 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
     # for --resume.
     unmeasured = [t for t in tasks if store.get_state(t.name, DONE_STATE) is None
                   and store.get_state(t.name, BASELINE_STATE) is None]
-    for _ in run_each(lambda t: _measure_baseline(store, t, cfg, on_event), unmeasured, jobs,
-                      "pike-baseline", stop=_stop_the_others):
+    # With several GPUs, each task's baselines are measured on one of them, all GPUs at
+    # once (on one GPU, each task's max-autotune build and timing hold it alone in turn).
+    gpus = DeviceSlots(cfg, jobs)
+
+    def measure(task: Task) -> None:
+        with gpus.take() as on_gpu:
+            _measure_baseline(store, task, on_gpu, on_event)
+
+    for _ in run_each(measure, unmeasured, gpus.at_once, "pike-baseline",
+                      stop=_stop_the_others):
         pass
     with closing(make_pool(cfg.eval.model_copy(update={"workers": total}))) as pool:
         for outcome in run_each(lambda t: _one_task(store, t, cfg, Lane(pool, width), on_event,

@@ -1,0 +1,49 @@
+"""Work spread over the GPUs of `eval.devices`, one piece on one GPU: an audited task's
+baselines and file, a campaign task's baselines. Each piece's figures then come from one
+card, and the device lock (per physical GPU) keeps two pieces on one GPU from timing at
+once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pike.config import RunConfig
+
+
+class DeviceSlots:
+    """The GPUs of a config's `eval.devices`; with none, everything runs on `eval.device`."""
+
+    def __init__(self, cfg: RunConfig, at_once: int = 1) -> None:
+        self._cfg = cfg
+        self.devices = list(dict.fromkeys(cfg.eval.devices))
+        self._busy = dict.fromkeys(self.devices, 0)
+        self._lock = threading.Lock()
+        # Fewer pieces at once than GPUs would leave GPUs idle.
+        self.at_once = max(at_once, len(self.devices))
+
+    def note(self, what: str) -> list[str]:
+        """A line for a result that says how `what` was spread (none with one GPU)."""
+        if len(self.devices) < 2:
+            return []
+        each = ("one at a time on each" if self.at_once == len(self.devices) else
+                f"{self.at_once} at once, timing one at a time on each")
+        return [f"{what} spread over {len(self.devices)} GPUs ({', '.join(self.devices)}), "
+                f"{each}"]
+
+    @contextmanager
+    def take(self) -> Iterator[RunConfig]:
+        """The config for one piece of work: on the least busy GPU (the first on a tie)."""
+        if not self.devices:
+            yield self._cfg
+            return
+        with self._lock:
+            device = min(self._busy, key=lambda d: self._busy[d])
+            self._busy[device] += 1
+        try:
+            yield self._cfg.model_copy(update={"eval": self._cfg.eval.model_copy(
+                update={"device": device, "devices": []})})
+        finally:
+            with self._lock:
+                self._busy[device] -= 1
