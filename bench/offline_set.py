@@ -23,20 +23,26 @@ from pathlib import Path
 
 from common import run_script
 
-from pike.agents.offline import render
+from pike.agents.offline import ALL, render
 from pike.solution_set import MANIFEST, SetEntry, SolutionSet, claimed_geomean
 from pike.task import Task, load_tasks
 
 
 def rendered_best(results: dict, tasks_dir: Path) -> list[tuple[Task, dict | None, str | None]]:
     """Every task of the folder in id order, its results row (None: not run) and the
-    source its best transformation set renders to (None: no correct candidate)."""
+    source its best transformation set renders to (None: no correct candidate). A name
+    this checkout's offline agent does not know is refused: the file would be rendered
+    without it and still carry the benchmark's figure."""
     rows = {r["task"]: r for r in results["rows"]}
     found = []
     for task in load_tasks(tasks_dir):
         row = rows.get(task.name)
         idea = (row or {}).get("offline_idea")
         names = tuple(n.strip() for n in idea.split("+")) if idea else None
+        unknown = sorted(set(names or ()) - set(ALL))
+        if unknown:
+            raise SystemExit(f"{task.name}: the offline agent here has no transformation "
+                             f"{', '.join(unknown)} (the results name '{idea}')")
         found.append((task, row, render(task.source, names) if names else None))
     return found
 
@@ -47,10 +53,14 @@ def _entry(task: Task, row: dict | None, source: str | None, results: dict,
     if row is None:
         return SetEntry(**base, status="no_candidates", detail=f"not run in {origin}")
     if source is None:
-        counts = ", ".join(f"{n} {s}" for s, n in sorted((row.get("verdicts") or {}).items()))
+        if row.get("error"):
+            return SetEntry(**base, status="error", detail=f"{origin}: {row['error']}")
+        verdicts = row.get("verdicts") or {}
+        if not verdicts:
+            return SetEntry(**base, status="no_candidates", detail=f"none judged in {origin}")
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(verdicts.items()))
         return SetEntry(**base, status="failed",
-                        detail=f"no correct candidate in {origin}" + (f": {counts}" if counts
-                                                                       else ""))
+                        detail=f"no correct candidate in {origin}: {counts}")
     settings = row.get("settings") or {}
     speedup = row.get("offline_speedup")
     over_modes = {mode: speedup / c["speedup"] for mode, c in (row.get("compile") or {}).items()
@@ -59,7 +69,8 @@ def _entry(task: Task, row: dict | None, source: str | None, results: dict,
         **base, file=f"{task.name}.py", file_sha256=hashlib.sha256(source.encode()).hexdigest(),
         status="ok", speedup_vs_eager=speedup, compile_speedups=over_modes,
         detail=(f"'{row['offline_idea']}', its search-time figures from {origin}, rendered "
-                "again by the offline agent of this set's checkout"),
+                "again by the offline agent of this set's checkout; task_sha256 is the task "
+                "file's now (the results kept none)"),
         device=results.get("device", ""),
         device_name=settings.get("device_name") or results.get("device_name", ""),
         torch_version=settings.get("torch_version") or results.get("torch_version", ""),
@@ -67,15 +78,19 @@ def _entry(task: Task, row: dict | None, source: str | None, results: dict,
 
 
 def write(results_path: Path, tasks_dir: Path, out: Path) -> SolutionSet:
-    if out.exists() and any(out.iterdir()):
-        raise SystemExit(f"{out}: not empty; write the set into a new folder")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise SystemExit(f"{out}: not an empty folder; write the set into a new one")
     results = json.loads(results_path.read_text())
+    found = rendered_best(results, tasks_dir)
+    left = sorted({r["task"] for r in results["rows"]} - {task.name for task, _, _ in found})
+    if left:
+        print(f"not in {tasks_dir}, left out: {', '.join(left)}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     entries = []
-    for task, row, source in rendered_best(results, tasks_dir):
+    for task, row, source in found:
         entry = _entry(task, row, source, results, str(results_path))
         if source is not None and entry.file:
-            (out / entry.file).write_text(source)
+            (out / entry.file).write_bytes(source.encode())  # as its sha256 was taken
         entries.append(entry)
     manifest = SolutionSet(
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -496,7 +496,16 @@ def test_tasks_spread_over_gpus_each_measured_and_judged_on_one_alone(
 
     measure, evaluate = judge.measure, judge.evaluate
 
+    both_started = threading.Barrier(2, timeout=10)
+    first_two: list[str] = []
+
     def measured(task: Task, cfg: RunConfig, modes: list[str]) -> Baseline:
+        with lock:
+            first = len(first_two) < 2
+            if first:
+                first_two.append(task.name)
+        if first:  # the first two tasks hold both GPUs at once, however loaded the host
+            both_started.wait()
         on_card(task, cfg)
         return measure(task, cfg, modes).model_copy(update={"device": cfg.eval.device})
 
@@ -548,3 +557,10 @@ def test_tasks_spread_over_gpus_each_measured_and_judged_on_one_alone(
                  ("audit", "--resume", out, "--devices", "cuda:99")):
         refused = pike(*args)
         assert refused.exit_code == 2 and "cuda:99 asked for" in refused.output, args
+    empty = pike("audit", "--resume", out, "--devices", ",")
+    assert empty.exit_code == 2 and "names no device" in empty.output
+    import torch
+
+    if torch.cuda.device_count() < 2:  # the GPUs the run recorded are checked on resume
+        refused = pike("audit", "--resume", out)
+        assert refused.exit_code == 2 and "asked for" in refused.output

@@ -22,7 +22,7 @@ from pike.config import CONSTRUCT_ON, RunConfig
 from pike.errors import ConfigError, PikeError, TaskError
 from pike.evaluate import BASELINE_MODES, Baseline, evaluate, measure_baselines
 from pike.evaluate.leftovers import sweep_orphaned_dirs
-from pike.preflight import check_device, check_devices, check_new_run_dir, check_run
+from pike.preflight import check_devices, check_new_run_dir, check_run
 from pike.report.progress import StatusFields
 from pike.report.tables import (
     baselines_heading,
@@ -489,7 +489,7 @@ def audit_command(
         min=1, help="tasks audited at once (timing stays one at a time per GPU)")] = None,
     devices: Annotated[str | None, typer.Option(
         help="GPUs of this host to spread the tasks over: cuda:0,cuda:1 (each task measured "
-        "on one; at least one task per GPU at once)")] = None,
+        "on one; at least one task per GPU at once); with --resume, for this call")] = None,
     out: Annotated[Path | None, typer.Option(help="run dir (default RUNS/audit-<set>-<time>)")]
     = None,
     allow_changed_tasks: Annotated[bool, typer.Option(
@@ -507,6 +507,7 @@ def audit_command(
     --devices may change then)."""
     from pike.audit import audit, resume_audit, to_markdown
     from pike.audit.matching import match
+    from pike.audit.run import resumed_config
     from pike.report.progress import AUDIT_FIELDS, BenchProgress
     from pike.search.session import stamp
 
@@ -519,8 +520,8 @@ def audit_command(
             raise ConfigError(f"--resume goes on with the audit as it was asked: drop "
                               f"{', '.join(given)}")
         gpus = split_devices(devices) if devices is not None else None
-        for gpu in gpus or []:
-            check_device(gpu)
+        # the recorded GPUs too: one missing on this host would fail every task left
+        check_devices(resumed_config(resume, workers, gpus).eval)
         with BenchProgress(err_console, _stored_task_names(resume), AUDIT_FIELDS) as progress:
             result = resume_audit(resume, workers=workers, devices=gpus, on_event=progress)
         _print_audit(result, as_json, to_markdown)

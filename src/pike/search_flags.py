@@ -76,7 +76,10 @@ def as_run_will(cfg: RunConfig, flags: SearchFlags,
 
 def split_devices(devices: str) -> list[str]:
     """--devices cuda:0,cuda:1 as a list."""
-    return [d.strip() for d in devices.split(",") if d.strip()]
+    found = [d.strip() for d in devices.split(",") if d.strip()]
+    if not found:
+        raise PikeError(f"--devices {devices!r} names no device: give e.g. cuda:0,cuda:1")
+    return found
 
 
 def _pool_flags(cfg: RunConfig, flags: SearchFlags) -> None:

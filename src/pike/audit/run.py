@@ -58,6 +58,21 @@ def resume(run_dir: Path, *, workers: int | None = None, devices: list[str] | No
            on_event: Callable[..., None] = _no_event) -> AuditResult:
     """Go on with the audit in `run_dir`, as it was asked; `workers` and the GPUs to spread
     tasks over (`devices`: the next call may hold another number of them) may change."""
+    asked, config, command = _recorded(run_dir, workers, devices)
+    return audit(Path(asked["solutions"]), Path(asked["tasks"]), config, out=Path(run_dir),
+                 ids=asked.get("ids"), command=command,
+                 allow_changed_tasks=bool(asked.get("allow_changed_tasks")),
+                 on_event=on_event, _resumed=True)
+
+
+def resumed_config(run_dir: Path, workers: int | None = None,
+                   devices: list[str] | None = None) -> RunConfig:
+    """The config a resumed audit will run with (to check its GPUs before any work)."""
+    return _recorded(run_dir, workers, devices)[1]
+
+
+def _recorded(run_dir: Path, workers: int | None,
+              devices: list[str] | None) -> tuple[dict[str, Any], RunConfig, str]:
     with RunStore.open(Path(run_dir)) as store:  # no run there: a StoreError says so
         asked = store.get_state(RUN_STATE, ASKED_STATE)
         config, command = RunConfig.model_validate(store.config()), store.command()
@@ -65,12 +80,9 @@ def resume(run_dir: Path, *, workers: int | None = None, devices: list[str] | No
         raise ConfigError(f"{run_dir} is not an audit pike can resume (it records no audit)")
     if workers is not None:
         config.eval.workers = workers
-    if devices is not None:
+    if devices is not None:  # for this call: the next one goes back to the recorded GPUs
         config.eval.devices = devices
-    return audit(Path(asked["solutions"]), Path(asked["tasks"]), config, out=Path(run_dir),
-                 ids=asked.get("ids"), command=command,
-                 allow_changed_tasks=bool(asked.get("allow_changed_tasks")),
-                 on_event=on_event, _resumed=True)
+    return asked, config, command
 
 
 def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out: Path,
@@ -263,6 +275,11 @@ def _result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matching,
     if len(cards) > 1:  # a resumed audit whose calls ran on different cards
         warnings = [*warnings, f"tasks were measured on {len(cards)} devices: "
                     f"{', '.join(cards)}; each task's figures come from one of them"]
+    gpus = {b.device for b in baselines.values() if b.device}
+    if len(gpus) > 1 and not any("spread over" in w for w in warnings):
+        warnings = [*warnings, f"tasks were measured on {len(gpus)} GPUs of the host "
+                    "(a call spread them, or calls ran on different GPUs); each task's "
+                    "figures come from one of them"]
     claim = _claim_over(audits, matching)
     ev = cfg.eval
     protocol = (f"{ev.trials} trials with fresh seeded inputs, plus shifted-input and "
@@ -280,12 +297,17 @@ def _claim_over(audits: list[TaskAudit], matching: Matching) -> tuple[float, str
     any part of the set (a partial or --tasks audit), counted as the manifest counts."""
     if matching.claim is None:
         return None
-    listed = matching.solution_set.tasks if matching.solution_set is not None else None
-    if listed is None or {t.task for t in audits} == {e.task for e in listed}:
+    found = matching.solution_set
+    if found is None or {t.task for t in audits} == {e.task for e in found.tasks}:
         return matching.claim.geomean, matching.claim.source
-    return (geomean([t.claimed_speedup or 1.0 for t in audits]) if audits else 1.0,
+    entries = [found.entry(t.task) for t in audits]
+    claimed = [e.speedup_vs_eager if e is not None and e.status == "ok" and e.speedup_vs_eager
+               else 1.0 for e in entries]
+    outside = sum(e is None for e in entries)
+    return (geomean(claimed) if claimed else 1.0,
             f"{matching.claim.source}; over the {len(audits)} tasks audited here, of the "
-            f"set's {len(listed)}")
+            f"set's {len(found.tasks)}" + (f" ({outside} not in the set, counted 1.0x)"
+                                           if outside else ""))
 
 
 def _environment(baselines: list[Baseline]) -> dict[str, str]:
@@ -295,7 +317,12 @@ def _environment(baselines: list[Baseline]) -> dict[str, str]:
         return values.most_common(1)[0][0] if values else ""
 
     found = {k: common(k) for k in ("device", "device_name", "torch_version", "host")}
-    devices = sorted({b.device for b in baselines if b.device})
+    devices = sorted({b.device for b in baselines if b.device}, key=_device_order)
     if len(devices) > 1:  # tasks spread over GPUs: name them all
         found["device"] = ", ".join(devices)
     return found
+
+
+def _device_order(device: str) -> tuple[str, int]:
+    kind, _, index = device.partition(":")
+    return kind, int(index) if index.isdigit() else -1

@@ -17,7 +17,9 @@ class DeviceSlots:
 
     def __init__(self, cfg: RunConfig, at_once: int = 1) -> None:
         self._cfg = cfg
-        self.devices = list(dict.fromkeys(cfg.eval.devices))
+        # "cuda" and "cuda:0" are one GPU: two slots on it would not be one task per GPU
+        self.devices = list(dict.fromkeys("cuda:0" if d == "cuda" else d
+                                          for d in cfg.eval.devices))
         self._busy = dict.fromkeys(self.devices, 0)
         self._lock = threading.Lock()
         # Fewer pieces at once than GPUs would leave GPUs idle.
