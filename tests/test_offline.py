@@ -504,3 +504,50 @@ def test_a_campaigns_offline_search_takes_its_stored_baseline(
     session._offline(store, MLP, cfg, "cuda:0", OnePool(), lambda kind, **data: None)
     assert seen["compile_speedups"] == {"compile:default": 1.7}
     store.close()
+
+
+VOLUME = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv3d(c, 2 * c, 3, padding=1)
+        self.up = nn.ConvTranspose3d(2 * c, c, 2, stride=2)
+
+    def forward(self, x):
+        return self.up(torch.relu(self.conv(x)))
+
+
+def get_inputs():
+    return [torch.randn(2, 4, 6, 6, 6)]
+
+
+def get_init_inputs():
+    return [4]
+'''
+
+
+def test_channels_last_takes_the_3d_format_for_volumes_and_leaves_other_models_alone(
+        tmp_path: Path) -> None:
+    """A whole-model `.to(channels_last)` raised on 5-D weights: 3-D convolutions get
+    channels_last_3d, and transposed convolutions count as convolutions."""
+    path = tmp_path / "7_Volume.py"
+    path.write_text(VOLUME)
+    volume = Task.from_file(path)
+    assert {"channels_last", "cudnn_benchmark"} <= set(applicable(volume.source, "cuda:0"))
+    for transposed in ("self.up = nn.ConvTranspose2d(4, 4, 2)",
+                       "return F.conv_transpose1d(x, self.w)"):
+        assert "channels_last" in applicable(transposed, "cpu"), transposed
+    assert "channels_last" not in applicable("self.f = nn.ConvTransposeNd(4)", "cpu")
+    reference, candidate = build(volume, ("channels_last",))
+    assert candidate.inner.conv.weight.is_contiguous(memory_format=torch.channels_last_3d)
+    assert candidate.inner.conv.bias.is_contiguous()
+    for batch in (2, 3):
+        x = torch.randn(batch, 4, 6, 6, 6)
+        torch.testing.assert_close(candidate(x), reference(x), atol=1e-4, rtol=1e-4)
+    # 2-D convolutions keep the 4-D format, as before
+    _, conv2d = build(CONV, ("channels_last",))
+    weights = [m.weight for m in conv2d.inner.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert weights and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)

@@ -15,7 +15,7 @@ ALL = ("sdpa", "inference_mode", "cuda_graph", "channels_last", "cudnn_benchmark
        "autocast_bf16", "autocast_fp16", *(f"compile:{m}" for m in COMPILE_MODES))
 _CUDA_ONLY = {"cuda_graph", "cudnn_benchmark", "tf32", "autocast_bf16", "autocast_fp16",
               "compile:max-autotune-no-cudagraphs", "compile:reduce-overhead"}
-_CONV = re.compile(r"\bConv[123]d\b|\bconv[123]d\b")
+_CONV = re.compile(r"\bConv(?:Transpose)?[123]d\b|\bconv(?:_transpose)?[123]d\b")
 # attention written out: a softmax and a matrix product (the rewrite itself checks exactly)
 _SOFTMAX = re.compile(r"\bsoftmax\b")
 _MATMUL = re.compile(r"@|\bmatmul\b")
