@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ STATE = "state.json"  # beside the campaign: the calls so far and the set the au
 
 
 def main() -> int:
+    started = time.monotonic()
     args = _arguments()
     run_dir, audit_dir = args.results / f"offline-{args.tag}-run", args.results / f"offline-{args.tag}-audit"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -64,7 +66,9 @@ def main() -> int:
             shutil.rmtree(audit_dir)  # it judged another set (a --redo changed the files)
         state["audited_set"] = judged
         _save(run_dir, state)
-        rc = _run(_audit_command(args, solutions, audit_dir), state, run_dir)
+        left = (max(0.0, args.stop_after - (time.monotonic() - started))
+                if args.stop_after is not None else None)
+        rc = _run(_audit_command(args, solutions, audit_dir, left), state, run_dir)
         if rc != 0:
             print(f"pike audit stopped (exit {rc}); run the same command again to go on",
                   file=sys.stderr)
@@ -95,8 +99,9 @@ def _arguments() -> argparse.Namespace:
                    help="GPUs the audit spreads its tasks over, one task alone on each "
                    "(pike audit --devices); a later call may name others")
     p.add_argument("--stop-after", type=float, default=None,
-                   help="the campaign starts nothing new after this many seconds (pike bench "
-                   "--stop-after): a device session's limit; the same command goes on")
+                   help="nothing new starts after this many seconds, in the campaign (pike "
+                   "bench --stop-after) or the audit after it (pike audit --stop-after, with "
+                   "what is left): a device session's limit; the same command goes on")
     return p.parse_args()
 
 
@@ -125,15 +130,18 @@ def _bench_command(args: argparse.Namespace, run_dir: Path, redo: str | None) ->
             "--device", args.device, "--config", str(config), "--out", str(run_dir), *limit]
 
 
-def _audit_command(args: argparse.Namespace, solutions: Path, audit_dir: Path) -> list[str]:
+def _audit_command(args: argparse.Namespace, solutions: Path, audit_dir: Path,
+                   stop_after: float | None = None) -> list[str]:
     base = [sys.executable, "-m", "pike", "audit"]
-    devices = ["--devices", args.audit_devices] if args.audit_devices else []
+    extra = ["--devices", args.audit_devices] if args.audit_devices else []
+    # what the campaign left of the call's time: no audited task starts after it
+    extra += ["--stop-after", f"{stop_after:.0f}"] if stop_after is not None else []
     if (audit_dir / "run.sqlite").exists():
-        return [*base, "--resume", str(audit_dir), *devices]
+        return [*base, "--resume", str(audit_dir), *extra]
     # one task at a time per GPU: nothing beside a timed window but what the evaluator
     # itself runs
     return [*base, str(solutions), str(args.folder), *(["--tasks", args.ids] if args.ids else []),
-            "--device", args.device, "--workers", "1", *devices, "--out", str(audit_dir),
+            "--device", args.device, "--workers", "1", *extra, "--out", str(audit_dir),
             *(["--config", str(args.config)] if args.config else [])]
 
 

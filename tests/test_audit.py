@@ -564,3 +564,47 @@ def test_tasks_spread_over_gpus_each_measured_and_judged_on_one_alone(
     if torch.cuda.device_count() < 2:  # the GPUs the run recorded are checked on resume
         refused = pike("audit", "--resume", out)
         assert refused.exit_code == 2 and "asked for" in refused.output
+
+
+def test_a_time_limit_starts_no_new_task_and_resume_goes_on(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--stop-after`: a device session ends at a known time; a task started after it
+    would be cut off and measured again from scratch, so none starts."""
+    import time
+
+    from pike.audit import resume_audit
+    from tests.test_optimize import pike
+
+    names = ["1_Scale", "2_Softplus", "3_RowSum"]
+    judge = FakeJudge(dict.fromkeys(names, 2.0), {n: fake_ok(3.0) for n in names})
+    judge.install(monkeypatch)
+    measure = judge.measure
+
+    def slow(task: Task, cfg: RunConfig, modes: list[str]) -> Baseline:
+        time.sleep(0.3)
+        return measure(task, cfg, modes)
+
+    monkeypatch.setattr(audit_run, "measure_baselines", slow)
+    folder = _files(tmp_path / "set", "task_1.py", "task_2.py", "task_3.py")
+    out = tmp_path / "run"
+    result = audit(folder, TASKS, audit_config(build_cache), out=out, ids=[1, 2, 3],
+                   stop_after=0.1)
+    assert [t.task for t in result.tasks] == ["1_Scale"]  # in flight at the limit: finished
+    assert result.open_tasks == ["2_Softplus", "3_RowSum"]
+    assert any(w.startswith("partial: 1 of 3") for w in result.warnings)
+    assert len(judge.configs) == 1
+    done = resume_audit(out)
+    assert [t.status for t in done.tasks] == ["ok"] * 3 and done.open_tasks == []
+    assert len(judge.configs) == 3  # the first task was not judged again
+
+    cli = pike("audit", folder, TASKS, "--tasks", "1,2", "--stop-after", "0", "--json",
+               "--config", _config_file(tmp_path, build_cache), "--out", tmp_path / "cli")
+    assert cli.exit_code == 75, cli.output
+    assert json.loads(cli.stdout)["open_tasks"] == ["1_Scale", "2_Softplus"]
+    assert "pike audit --resume" in cli.stderr
+
+
+def _config_file(tmp_path: Path, build_cache: Path) -> Path:
+    path = tmp_path / "audit.yaml"
+    path.write_text(yaml.safe_dump(audit_config(build_cache).model_dump(mode="json")))
+    return path

@@ -145,3 +145,6 @@ def test_the_audit_spreads_over_the_gpus_named_first_call_and_resumed(
     monkeypatch.setattr(sys, "argv", argv[:4])
     assert "--devices" not in driver._audit_command(driver._arguments(), tmp_path / "set",
                                                      audit_dir)
+    # the audit gets what the campaign left of --stop-after
+    limited = driver._audit_command(args, tmp_path / "set", audit_dir, 120.4)
+    assert limited[limited.index("--stop-after") + 1] == "120"

@@ -497,6 +497,10 @@ def audit_command(
         "the set was written (marked in the result)")] = False,
     resume: Annotated[Path | None, typer.Option(
         help="go on with the audit in this run dir: what it judged is kept")] = None,
+    stop_after: Annotated[float | None, typer.Option(
+        min=0, help="start no task's work after this many seconds (a device session's "
+        "limit): the tasks in flight finish, the rest stay for --resume, and the exit "
+        "status is 75")] = None,
     as_json: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
@@ -523,7 +527,8 @@ def audit_command(
         # the recorded GPUs too: one missing on this host would fail every task left
         check_devices(resumed_config(resume, workers, gpus).eval)
         with BenchProgress(err_console, _stored_task_names(resume), AUDIT_FIELDS) as progress:
-            result = resume_audit(resume, workers=workers, devices=gpus, on_event=progress)
+            result = resume_audit(resume, workers=workers, devices=gpus, stop_after=stop_after,
+                                  on_event=progress)
         _print_audit(result, as_json, to_markdown)
         return
     if solutions is None or tasks_folder is None:
@@ -543,7 +548,8 @@ def audit_command(
     with BenchProgress(err_console, names, AUDIT_FIELDS) as progress:
         result = audit(solutions, tasks_folder, cfg, out=run_dir, ids=ids,
                        command="pike " + " ".join(sys.argv[1:]),
-                       allow_changed_tasks=allow_changed_tasks, on_event=progress)
+                       allow_changed_tasks=allow_changed_tasks, stop_after=stop_after,
+                       on_event=progress)
     _print_audit(result, as_json, to_markdown)
 
 
@@ -555,13 +561,17 @@ def _stored_task_names(run_dir: Path) -> list[str]:
 
 
 def _print_audit(result: Any, as_json: bool, to_markdown: Callable[[Any], str]) -> None:
+    run_dir = escape(str(result.run_dir))
     if as_json:
         print(result.model_dump_json(indent=2))
-        return
-    run_dir = escape(str(result.run_dir))
-    console.print(escape(to_markdown(result)), highlight=False, soft_wrap=True)
-    console.print(f"run store: {run_dir} (pike report {run_dir}; cut off: "
-                  f"pike audit --resume {run_dir})")
+    else:
+        console.print(escape(to_markdown(result)), highlight=False, soft_wrap=True)
+        console.print(f"run store: {run_dir} (pike report {run_dir}; cut off: "
+                      f"pike audit --resume {run_dir})")
+    if result.open_tasks:
+        err_console.print(f"stopped at the time limit: {len(result.open_tasks)} tasks not "
+                          f"audited; continue with [bold]pike audit --resume {run_dir}[/bold]")
+        raise typer.Exit(STOPPED_AT_TIME_LIMIT)
 
 
 @command("report")

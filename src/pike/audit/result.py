@@ -107,6 +107,8 @@ class AuditResult(BaseModel):
     tasks: list[TaskAudit]
     aggregates: Aggregates
     warnings: list[str] = Field(default_factory=list)
+    open_tasks: list[str] = Field(default_factory=list, description="tasks a time limit "
+                                  "(stop_after) left unaudited, for --resume")
 
 
 def task_audit(base: TaskAudit, verdict: Verdict, baseline: Baseline | None) -> TaskAudit:

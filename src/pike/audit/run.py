@@ -31,6 +31,7 @@ from pike.evaluate import Baseline, evaluate, measure_baselines
 from pike.evaluate.device_slots import DeviceSlots
 from pike.evaluate.judge import keep_references
 from pike.report.data import geomean
+from pike.search import drain
 from pike.store import (
     BASELINE_STATE,
     DONE_STATE,
@@ -55,6 +56,7 @@ def _no_event(kind: str, **data: Any) -> None:
 
 
 def resume(run_dir: Path, *, workers: int | None = None, devices: list[str] | None = None,
+           stop_after: float | None = None,
            on_event: Callable[..., None] = _no_event) -> AuditResult:
     """Go on with the audit in `run_dir`, as it was asked; `workers` and the GPUs to spread
     tasks over (`devices`: the next call may hold another number of them) may change."""
@@ -62,7 +64,7 @@ def resume(run_dir: Path, *, workers: int | None = None, devices: list[str] | No
     return audit(Path(asked["solutions"]), Path(asked["tasks"]), config, out=Path(run_dir),
                  ids=asked.get("ids"), command=command,
                  allow_changed_tasks=bool(asked.get("allow_changed_tasks")),
-                 on_event=on_event, _resumed=True)
+                 stop_after=stop_after, on_event=on_event, _resumed=True)
 
 
 def resumed_config(run_dir: Path, workers: int | None = None,
@@ -87,14 +89,17 @@ def _recorded(run_dir: Path, workers: int | None,
 
 def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out: Path,
           ids: list[int] | None = None, command: str = "", allow_changed_tasks: bool = False,
-          on_event: Callable[..., None] = _no_event, _resumed: bool = False) -> AuditResult:
+          stop_after: float | None = None, on_event: Callable[..., None] = _no_event,
+          _resumed: bool = False) -> AuditResult:
     """Judge each solution file of `solutions` against its task in the folder `tasks`.
 
     Refuses (TaskError) when a solution set's manifest recorded another version of a task
     file, unless allow_changed_tasks, which audits anyway and marks those tasks.
     With several GPUs in `eval.devices`, tasks are spread over them: each task's baselines
     and file are measured on one GPU, the least busy when the task starts, and at least one
-    task runs per GPU.
+    task runs per GPU. After `stop_after` seconds no task starts new work (a device
+    session's limit): the tasks in flight finish, the others are the result's
+    `open_tasks`, for `resume`.
     on_event(kind, task=..., **data) is called with "task_phase" (phase "baseline" or
     "evaluate") and "task_done" (audit=TaskAudit).
     """
@@ -138,6 +143,8 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
         with gpus.take() as task_cfg:
             done = _audit_task(store, task, matching.files[task.name], base, index, task_cfg,
                                baselines, event)
+        if done is None:  # the time limit came first: left for --resume
+            return
         with finishing:
             finished[index] = done
             store.set_state(task.name, DONE_STATE, True)  # as `pike bench` marks it
@@ -153,12 +160,18 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
         for task in task_list:
             if task.name not in known:
                 store.add_task(task.name, str(task.path), task.sha256, task.source)
-        _each_task(one, task_list, gpus.at_once)
+        with drain.stop_after(stop_after):
+            _each_task(one, task_list, gpus.at_once)
         run_dir = store.path.parent
     finally:
         store.close()
-    audits = [finished[i] for i in range(len(task_list))]
+    audits = [finished[i] for i in sorted(finished)]
+    left = [t.name for i, t in enumerate(task_list) if i not in finished]
+    if left:
+        warnings = [*warnings, f"partial: {len(audits)} of {len(task_list)} tasks audited so "
+                    f"far; stopped at the time limit, the rest with --resume"]
     result = _result(solutions, tasks_dir, run_dir, matching, audits, baselines, cfg, warnings)
+    result.open_tasks = left
     _write(result)
     return result
 
@@ -218,7 +231,7 @@ def _base(task: Task, matching: Matching, solutions: Path, changed: list[str]) -
 
 def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit, index: int,
                 cfg: RunConfig, baselines: dict[str, Baseline],
-                event: Callable[..., None]) -> TaskAudit:
+                event: Callable[..., None]) -> TaskAudit | None:
     # A task with nothing to judge counts 1.0x whatever its baselines: skip timing them.
     if file is None:
         store.set_state(task.name, MISSING_STATE, True)
@@ -235,6 +248,8 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
     recorded = next((r for r in store.candidates(task.name)
                      if r.role == ROLE and r.source == source), None)
     judged = recorded is not None and recorded.verdict is not None
+    if not judged and drain.due():  # new work after the time limit: none
+        return None
     try:
         # A task's figures come from one call: a baseline whose file was not judged in its
         # call is measured again, as the next call may run on another card.
