@@ -94,6 +94,41 @@ def test_the_wall_clock_factor_raises_only_what_the_clock_cannot_account_for() -
     assert wall_clock_factor(cost, timer(0.012, 10.0), timer(0.008, 10.0)) == 1.0
 
 
+def test_forged_samples_behind_honest_block_sums_are_held_to_the_clock() -> None:
+    """rewrites_samples under load, as it got `ok` at 629,229x on a CPU host: blocks of two
+    and three calls, every sample but each block's last rewritten to a microsecond, so the
+    blocks' sums stay near the truth (few blocks over the margin) while most samples, and
+    so the median the figure is taken from, are forged."""
+    from pike.evaluate.driver import (
+        MEDIAN_TOLERANCE,
+        LoopCost,
+        Timer,
+        unaccounted_wall_time,
+        wall_clock_factor,
+    )
+
+    cost = LoopCost(per_block_s=0.0, per_call_s=0.0)
+    true_ms, forged_ms, slack = 10.0, 1e-6, 0.005
+
+    def block(calls: int, samples: list[float]) -> tuple[float, list[float]]:
+        return (calls + 1) * true_ms / 1e3 + slack, samples  # + the untimed first call
+
+    forger = Timer(child=None, mode="candidate", blocks=(  # type: ignore[arg-type]
+        [block(3, [forged_ms, forged_ms, true_ms])] * 9 + [block(2, [forged_ms, true_ms])] * 11))
+    reference = Timer(child=None, mode="eager", blocks=(  # type: ignore[arg-type]
+        [block(3, [true_ms] * 3)] * 20))
+    assert unaccounted_wall_time(cost, forger, reference) is None  # 9 of 20 over the margin
+    raised = wall_clock_factor(cost, forger, reference)
+    median = sorted(x for _, samples in forger.blocks for x in samples)[len(
+        [x for _, samples in forger.blocks for x in samples]) // 2]
+    assert median == forged_ms  # what the figure would have been taken from
+    # held to the clock: no faster than the true time over the tolerance
+    assert median * raised == pytest.approx(true_ms / MEDIAN_TOLERANCE)
+    honest = Timer(child=None, mode="candidate", blocks=(  # type: ignore[arg-type]
+        [block(3, [true_ms] * 3)] * 20))
+    assert wall_clock_factor(cost, honest, reference) == 1.0
+
+
 def test_a_burst_of_load_on_the_candidates_blocks_alone_is_timed_again(
         mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     # On a busy 2-core host a burst can stretch the candidate's blocks and not the
