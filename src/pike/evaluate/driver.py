@@ -407,9 +407,15 @@ def block_stretches(cost: LoopCost, timer: Timer) -> list[float]:
     stretches = []
     for wall, samples in timer.blocks:
         reported = (sum(samples) + statistics.fmean(samples)) / 1e3
-        unexplained = wall - cost.per_block_s - (len(samples) + 1) * cost.per_call_s - _SLACK_S
+        unexplained = _calls_wall_s(cost, wall, samples)
         stretches.append(unexplained / reported if reported > 0 else math.inf)
     return stretches
+
+
+def _calls_wall_s(cost: LoopCost, wall: float, samples: list[float]) -> float:
+    """What the parent's clock leaves of a block for its calls (the untimed first one
+    too): its wall time less the loop's cost and the scheduling slack."""
+    return wall - cost.per_block_s - (len(samples) + 1) * cost.per_call_s - _SLACK_S
 
 
 def _stretch(cost: LoopCost, timer: Timer) -> tuple[int, float]:
@@ -449,9 +455,8 @@ def _clock_over_median(cost: LoopCost, timer: Timer) -> float:
     (the untimed first one too, after the loop's cost and the slack), over the median of
     the reported samples: about 1 for honest calls of little spread."""
     median_ms = statistics.median(x for _, samples in timer.blocks for x in samples)
-    clock_ms = statistics.median(
-        max(0.0, wall - cost.per_block_s - (len(samples) + 1) * cost.per_call_s - _SLACK_S)
-        / (len(samples) + 1) * 1e3 for wall, samples in timer.blocks)
+    clock_ms = statistics.median(max(0.0, _calls_wall_s(cost, wall, samples))
+                                 / (len(samples) + 1) * 1e3 for wall, samples in timer.blocks)
     return clock_ms / median_ms if median_ms > 0 else math.inf
 
 
