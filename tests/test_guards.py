@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import socket
 from pathlib import Path
 
@@ -46,15 +47,20 @@ def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: Eva
     assert verdict.runtime is None and verdict.speedup is None
 
 
+@pytest.mark.parametrize(("name", "words"), [
+    ("rewrites_samples", "do not account for the wall time"),  # the parent's clock
+    ("zeroes_samples", "which no call takes"),  # refused as the samples arrive
+])
 def test_rewriting_the_timers_samples_is_caught_by_the_parents_clock(
-        mlp_task: Task, fast_config: EvalConfig) -> None:
+        mlp_task: Task, fast_config: EvalConfig, name: str, words: str) -> None:
     fast_config.timing.min_seconds = 0.5
     # at least 5 calls a block, however loaded the host: it rewrites the samples of the
     # calls before its own, so a block of one call has nothing to forge
     fast_config.timing.min_calls = 100
-    verdict = evaluate(mlp_task, candidate("rewrites_samples"), fast_config)
+    verdict = evaluate(mlp_task, candidate(name), fast_config)
     assert verdict.status == "rejected", verdict.message
-    assert "do not account for the wall time" in verdict.message
+    assert words in verdict.message
+    assert verdict.runtime is None and verdict.speedup is None
 
 
 def test_under_reporting_below_the_margin_is_held_to_the_parents_clock(
@@ -127,6 +133,61 @@ def test_forged_samples_behind_honest_block_sums_are_held_to_the_clock() -> None
     honest = Timer(child=None, mode="candidate", blocks=(  # type: ignore[arg-type]
         [block(3, [true_ms] * 3)] * 20))
     assert wall_clock_factor(cost, honest, reference) == 1.0
+
+
+class _Replying:
+    """A child's side of the channel that answers each timing request with the next block's
+    samples (echoing the request's id, as the real child does)."""
+
+    def __init__(self, blocks: list[list[float]]) -> None:
+        self.blocks, self.line_ready_at, self.seq = iter(blocks), 0.0, ""
+
+    def enter_phase(self, phase: str) -> None:
+        pass
+
+    def send(self, event: str, seq: str = "", **fields: object) -> None:
+        self.seq = seq
+
+    def receive(self) -> dict:
+        return {"event": "timed", "seq": self.seq, "samples": next(self.blocks)}
+
+
+def test_zero_samples_are_refused_as_forged_where_they_arrive() -> None:
+    """zeroes_samples: every sample of a block but its last rewritten to 0 ms. With more
+    than half of all samples 0 and fewer than half of the blocks over the margin, the
+    median was 0: wall_clock_factor returned inf and the raised samples became nan."""
+    from pike.config import TimingConfig
+    from pike.evaluate.driver import LoopCost, Timer, time_interleaved, wall_clock_factor
+
+    true_ms = 10.0
+    forged = [[0.0, 0.0, true_ms]] * 9 + [[0.0, true_ms]] * 11  # 29 of 49 samples are 0
+    honest = [[true_ms] * 3] * 20
+    timing = TimingConfig(rounds=20, min_calls=20, min_seconds=0.0)
+    timers = [Timer(_Replying(honest), "eager", warmed=True),  # type: ignore[arg-type]
+              Timer(_Replying(forged), "candidate", warmed=True)]  # type: ignore[arg-type]
+    time_interleaved(timers, timing)
+    reference, candidate = timers
+    assert candidate.failure is not None and candidate.failure.status == "rejected"
+    assert "0.0 ms, which no call takes" in candidate.failure.message
+    assert candidate.samples == []  # nothing of the forged block is kept
+    assert reference.failure is None and len(reference.samples) == 3  # the window stopped
+    # nan and inf are no time either; a reference's are refused too (its run then fails)
+    for bad in (math.nan, math.inf, -1.0):
+        timer = Timer(_Replying([[true_ms, bad]]), "eager", warmed=True)  # type: ignore[arg-type]
+        time_interleaved([timer], TimingConfig(rounds=1, min_seconds=0.0))
+        assert timer.failure is not None and timer.failure.status == "rejected"
+
+    # and had such samples reached the clock's bounds, no factor would come out inf or nan
+    cost = LoopCost(per_block_s=0.0, per_call_s=0.0)
+    walls = [(len(s) + 1) * true_ms / 1e3 + 0.005 for s in forged]
+    judged = Timer(child=None, mode="candidate",  # type: ignore[arg-type]
+                   blocks=list(zip(walls, forged, strict=True)))
+    zero_reference = Timer(child=None, mode="eager",  # type: ignore[arg-type]
+                           blocks=list(zip(walls, forged, strict=True)))
+    for ref in (Timer(child=None, mode="eager",  # type: ignore[arg-type]
+                      blocks=[(0.045, samples) for samples in honest]), zero_reference):
+        factor = wall_clock_factor(cost, judged, ref)
+        assert math.isfinite(factor) and factor >= 1.0
 
 
 def test_a_burst_of_load_on_the_candidates_blocks_alone_is_timed_again(

@@ -32,7 +32,10 @@ def test_correct_candidates_pass_and_are_timed(mlp_task: Task, gpu_config: EvalC
     verdict = evaluate(mlp_task, candidate(name), gpu_config)
     assert verdict.status == "ok", verdict.message
     assert verdict.device == "cuda:0" and verdict.device_name
-    assert verdict.runtime and verdict.reference and verdict.speedup
+    assert verdict.runtime and verdict.reference
+    # beside other xdist workers' GPU work the reference's window may read slower than its
+    # usual: such a verdict is marked noisy and its figure withheld, not given wrong
+    assert verdict.speedup or (verdict.noisy and verdict.noisy_speedup)
     assert verdict.runtime.median_ms > 0
 
 
@@ -103,13 +106,15 @@ def test_a_candidate_hiding_work_on_a_side_stream_is_timed_in_full(
 
 @pytest.mark.parametrize(("name", "status"), [
     ("patches_event", "rejected"), ("rewrites_samples", "rejected"),
+    ("zeroes_samples", "rejected"),
     ("counts_calls", "incorrect"), ("caches_by_pointer", "incorrect"),
 ])
 def test_cheats_are_caught_on_the_gpu(mlp_task: Task, gpu_config: EvalConfig, name: str,
                                       status: str) -> None:
     gpu_config.timing.min_seconds = 0.5
-    # as in tests/test_guards.py: rewrites_samples forges the calls before its own, so it
-    # needs blocks of several calls (under load, 5 a block let it through to `ok`)
+    # as in tests/test_guards.py: rewrites_samples (and zeroes_samples) forge the calls
+    # before their own, so they need blocks of several calls (under load, 5 a block let
+    # rewrites_samples through to `ok`)
     gpu_config.timing.min_calls = 100
     verdict = evaluate(mlp_task, candidate(name), gpu_config)
     assert verdict.status == status, verdict.message

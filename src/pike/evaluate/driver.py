@@ -338,6 +338,16 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
     if isinstance(reply, Verdict):
         timer.failure = reply
     elif reply.get("samples"):
+        # The empty calls that calibrate the loop may time at 0; only their walls are used.
+        bad = _implausible_sample(reply["samples"]) if timer.mode != "empty" else None
+        if bad is not None:
+            # No call takes no time: such a sample was written into the timing loop's list
+            # by code that shares the child's interpreter. Kept, enough of them make the
+            # median 0 and the speedup inf, whatever the wall-clock bounds say.
+            timer.failure = Verdict(status="rejected", phase="timing",
+                                    message=f"reported a timed call of {bad} ms, which no "
+                                            "call takes: its timing samples were rewritten")
+            return
         samples = [float(x) for x in reply["samples"]]
         timer.samples.extend(samples)
         if isinstance(reply.get("outputs"), list):
@@ -349,6 +359,17 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
             timer.blocks.append((wall, samples))
     else:
         timer.error = str(reply.get("error") or "no samples")
+
+
+def _implausible_sample(reported: object) -> str | None:
+    """The first sample no call could have taken (not a number, not finite, 0 or less),
+    as the child sent it; None when every one is a positive time."""
+    if not isinstance(reported, list):
+        return repr(reported)[:40]
+    for x in reported:
+        if type(x) not in (int, float) or not math.isfinite(x) or x <= 0:
+            return repr(x)[:40]
+    return None
 
 
 @dataclass
@@ -441,23 +462,36 @@ def wall_clock_factor(cost: LoopCost, judged: Timer, reference: Timer) -> float:
     _, ref_ratio = _stretch(cost, reference)
     if not math.isfinite(ratio):  # blocks that reported nothing: the margin's to judge
         return 1.0
-    by_sums = ratio / (FIGURE_TOLERANCE * max(ref_ratio, 1.0))
+    by_sums = ratio / (FIGURE_TOLERANCE * _allowance(ref_ratio))
     # The same for the median: the clock's time per call over the median sample, against
     # the reference's (a loaded host's long tail lifts the mean above the median for both).
-    by_median = _clock_over_median(cost, judged) / (
-        MEDIAN_TOLERANCE * max(_clock_over_median(cost, reference), 1.0))
+    # A median of 0 gives no ratio: no factor raises it (such samples are refused where
+    # they arrive, in _time_one_block), and a reference's allows nothing beyond 1.
+    judged_over, reference_over = (_clock_over_median(cost, judged),
+                                   _clock_over_median(cost, reference))
+    by_median = (0.0 if judged_over is None
+                 else judged_over / (MEDIAN_TOLERANCE * _allowance(reference_over)))
     factor = max(by_sums, by_median)
     return factor if factor > 1.0 + 1e-9 else 1.0  # at the bound exactly: honest
 
 
-def _clock_over_median(cost: LoopCost, timer: Timer) -> float:
+def _allowance(reference_ratio: float | None) -> float:
+    """The reference's ratio as the judged one's allowance: at least 1, and 1 where the
+    reference's cannot be taken (no median, blocks that reported nothing)."""
+    if reference_ratio is None or not math.isfinite(reference_ratio):
+        return 1.0
+    return max(reference_ratio, 1.0)
+
+
+def _clock_over_median(cost: LoopCost, timer: Timer) -> float | None:
     """The median over blocks of the time per call the parent's clock leaves for the calls
     (the untimed first one too, after the loop's cost and the slack), over the median of
-    the reported samples: about 1 for honest calls of little spread."""
+    the reported samples: about 1 for honest calls of little spread; None where that
+    median is not a positive time."""
     median_ms = statistics.median(x for _, samples in timer.blocks for x in samples)
     clock_ms = statistics.median(max(0.0, _calls_wall_s(cost, wall, samples))
                                  / (len(samples) + 1) * 1e3 for wall, samples in timer.blocks)
-    return clock_ms / median_ms if median_ms > 0 else math.inf
+    return clock_ms / median_ms if median_ms > 0 else None
 
 
 def unaccounted_wall_time(cost: LoopCost, judged: Timer, reference: Timer,
