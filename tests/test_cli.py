@@ -314,6 +314,28 @@ def test_baseline_with_a_compile_mode(tmp_path: Path, config: Path) -> None:
     assert bogus["stats"] is None and "no-such-mode" in bogus["error"]
 
 
+def test_a_compile_mode_that_takes_the_child_down_fails_alone(tmp_path: Path,
+                                                              config: Path) -> None:
+    """A max-autotune build past the phase's limit kills the reference's child, as this
+    crash does: the mode is reported failed and the others are still measured (before,
+    the whole task was an error and an audit counted it 1.0x)."""
+    dies = TASK.replace("import torch\n", "import os\nimport torch\n", 1).replace(
+        "        return torch.relu(x) * 2",
+        "        if torch.compiler.is_compiling():\n            os._exit(7)\n"
+        "        return torch.relu(x) * 2")
+    out = tmp_path / "out"
+    task = task_folder(tmp_path, **{"1_Dies": dies}) / "1_Dies.py"
+    result = pike("baseline", task, "--modes", "eager,compile:default,compile:reduce-overhead",
+                  "--out", out, "--json", "--config", config)
+    assert result.exit_code == 0, result.output
+    modes = json.loads(result.stdout)["baselines"][0]["modes"]
+    assert [m["mode"] for m in modes] == ["eager", "compile:default", "compile:reduce-overhead"]
+    eager, *compiled = modes
+    assert eager["stats"]["median_ms"] > 0 and eager["error"] is None
+    for mode in compiled:  # each took its child down in turn, each is said so
+        assert mode["stats"] is None and "phase" in mode["error"], mode
+
+
 def test_eval_explain_lists_the_guards(config: Path) -> None:
     result = pike("eval", MLP, FUSED, "--no-timing", "--explain", "--config", config)
     assert result.exit_code == 0, result.output

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 from pike.config import COMPILE_MODES, EvalConfig, RunConfig
 from pike.evaluate.cores import build_cores
 from pike.evaluate.judge import (
+    ModeFailed,
     as_eval_config,
     resolve_device,
     run_reference,
@@ -59,17 +60,28 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
         # workers (at one, max-autotune's compile held the GPU for minutes).
         cfg = cfg.model_copy(update={"compile_threads": max(
             cfg.compile_threads, build_cores(device, cfg.timing_cores))})
-    reference = run_reference(task, cfg, device, keep_child=True, cache=False)
-    try:
-        work = reference.work()
-        timers = time_reference_modes(task, reference, modes, cfg, device)
-    finally:
-        reference.close()
-    results = [ModeTiming(mode=t.mode, stats=TimingStats.from_samples(t.samples),
-                          build_s=_rounded(t.build_s))
-               if t.samples and not t.error else
-               ModeTiming(mode=t.mode, error=t.error or "failed", build_s=_rounded(t.build_s))
-               for t in timers]
+    # A compile mode that takes the child down (a max-autotune build past the phase's
+    # limit, a crash) fails alone: the others are measured again in a new child without it.
+    # Eager failing is the reference failing (TaskError).
+    failed: dict[str, ModeTiming] = {}
+    while True:
+        reference = run_reference(task, cfg, device, keep_child=True, cache=False)
+        try:
+            work = reference.work()
+            timers = time_reference_modes(task, reference,
+                                          [m for m in modes if m not in failed], cfg, device)
+            break
+        except ModeFailed as err:
+            failed[err.mode] = ModeTiming(mode=err.mode, error=err.reason,
+                                          build_s=_rounded(err.build_s))
+        finally:
+            reference.close()
+    timed = {t.mode: ModeTiming(mode=t.mode, stats=TimingStats.from_samples(t.samples),
+                                build_s=_rounded(t.build_s))
+             if t.samples and not t.error else
+             ModeTiming(mode=t.mode, error=t.error or "failed", build_s=_rounded(t.build_s))
+             for t in timers}
+    results = [timed.get(m) or failed[m] for m in modes]
     eager = next((r.stats for r in results if r.mode == "eager" and r.stats), None)
     for r in results:
         if eager and r.stats:

@@ -488,14 +488,34 @@ def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
         for timer in timers:
             if _autotunes(timer.mode):
                 _prepare(timer)
-        with timing_cores([_pid(reference.child)], device, cfg.timing_cores):
-            time_interleaved(timers, cfg.timing)
-        reference.child.enter_phase("idle")
-    broken = next((t.failure for t in timers if t.failure), None)
+        # A child a build took down fails every later request: the first mode to fail, in
+        # the order they were built, is the one that did it.
+        built = sorted(timers, key=lambda t: _autotunes(t.mode))
+        broken = next((t for t in built if t.failure), None)
+        if broken is None:
+            with timing_cores([_pid(reference.child)], device, cfg.timing_cores):
+                time_interleaved(timers, cfg.timing)
+            reference.child.enter_phase("idle")
+            broken = next((t for t in timers if t.failure), None)
     if broken is not None:
         reference.close()
-        raise _reference_failed(task, broken)
+        if broken.mode != "eager":
+            raise ModeFailed(task, broken)
+        raise _reference_failed(task, broken.failure)
     return timers
+
+
+class ModeFailed(TaskError):
+    """A torch.compile mode took the reference's child down (its build ran past the phase's
+    limit, crashed or ran out of memory): the mode failed, not necessarily the reference."""
+
+    def __init__(self, task: Task, timer: Timer) -> None:
+        super().__init__(str(_reference_failed(task, timer.failure)))
+        assert timer.failure is not None
+        self.mode = timer.mode
+        self.build_s = timer.build_s
+        first_line = (timer.failure.message or "no message").strip().splitlines() or [""]
+        self.reason = f"{timer.failure.status} in phase '{timer.failure.phase}': {first_line[0]}"
 
 
 def _autotunes(mode: str) -> bool:
