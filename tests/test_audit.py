@@ -608,3 +608,64 @@ def _config_file(tmp_path: Path, build_cache: Path) -> Path:
     path = tmp_path / "audit.yaml"
     path.write_text(yaml.safe_dump(audit_config(build_cache).model_dump(mode="json")))
     return path
+
+
+def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An audit spread over hosts or device sessions, task by task: gathered, the result is
+    what one audit of every task gives, with nothing measured again."""
+    from pike.audit.combine import combine
+    from tests.test_optimize import pike
+
+    FakeJudge({"1_Scale": 2.0, "2_Softplus": 4.0, "3_RowSum": None},
+              {"1_Scale": fake_ok(3.0), "2_Softplus": fake_ok(5.0),
+               "3_RowSum": Verdict(status="incorrect", trials=2, phase="check")},
+              broken=("10_Square",)).install(monkeypatch)
+    folder = _files(tmp_path / "set", "task_1.py", "task_2.py", "task_3.py", "task_10.py")
+    cfg = audit_config(build_cache, ["eager", "compile:default"])
+    whole = audit(folder, TASKS, cfg, out=tmp_path / "whole")
+    audit(folder, TASKS, cfg, out=tmp_path / "a", ids=[1, 2])
+    audit(folder, TASKS, cfg, out=tmp_path / "b", ids=[3, 10])
+    monkeypatch.setattr(audit_run, "evaluate", None)  # combining judges nothing
+    monkeypatch.setattr(audit_run, "measure_baselines", None)
+
+    both = combine(folder, TASKS, [tmp_path / "a", tmp_path / "b"], out=tmp_path / "ab")
+    assert [(t.task, t.status, t.speedup, t.compile_speedups) for t in both.tasks] == [
+        (t.task, t.status, t.speedup, t.compile_speedups) for t in whole.tasks]
+    assert both.aggregates.model_dump() == whole.aggregates.model_dump()
+    assert both.open_tasks == [] and both.combined_from == [str(tmp_path / "a"),
+                                                            str(tmp_path / "b")]
+    page = (tmp_path / "ab" / "audit.md").read_text()
+    assert "gathered from the audit runs" in page and "combined from 2 audit runs" in page
+
+    # one part alone: the tasks no run judged are open, and said so
+    part = combine(folder, TASKS, [tmp_path / "a"], out=tmp_path / "only-a")
+    assert part.open_tasks == ["3_RowSum", "10_Square"]
+    assert [t.task for t in part.tasks] == ["1_Scale", "2_Softplus", "4_Negate"]  # 4: no file
+    assert any(w.startswith("partial: 3 of 5") for w in part.warnings)
+
+    # what would mix different things under one figure is refused
+    with pytest.raises(ConfigError, match="audited in both"):
+        combine(folder, TASKS, [tmp_path / "whole", tmp_path / "a"], out=tmp_path / "x")
+    cfg3 = audit_config(build_cache, ["eager", "compile:default"])
+    cfg3.eval.trials = 3
+    monkeypatch.undo()
+    FakeJudge({"3_RowSum": 1.0}, {"3_RowSum": fake_ok(1.0)}).install(monkeypatch)
+    audit(folder, TASKS, cfg3, out=tmp_path / "c", ids=[3])
+    with pytest.raises(ConfigError, match="different protocols"):
+        combine(folder, TASKS, [tmp_path / "a", tmp_path / "c"], out=tmp_path / "x")
+    (folder / "task_1.py").write_text("# another solution\n")
+    with pytest.raises(ConfigError, match="another file for 1_Scale"):
+        combine(folder, TASKS, [tmp_path / "a"], out=tmp_path / "x")
+    (folder / "task_1.py").write_text("# a solution\n")
+
+    # the CLI: one result folder of its own, and nothing that would measure
+    cli = pike("audit", folder, TASKS, "--combine", tmp_path / "a", "--combine", tmp_path / "b",
+               "--out", tmp_path / "cli", "--json")
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(cli.stdout)["aggregates"] == whole.aggregates.model_dump(mode="json")
+    over = pike("audit", folder, TASKS, "--combine", tmp_path / "a", "--out", tmp_path / "a")
+    assert over.exit_code == 2 and "holds a run store" in over.output
+    measuring = pike("audit", folder, TASKS, "--combine", tmp_path / "a", "--out",
+                     tmp_path / "y", "--devices", "cuda:0")
+    assert measuring.exit_code == 2 and "drop --devices" in measuring.output

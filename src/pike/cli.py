@@ -501,6 +501,10 @@ def audit_command(
         min=0, help="start no task's work after this many seconds (a device session's "
         "limit): the tasks in flight finish, the rest stay for --resume, and the exit "
         "status is 75")] = None,
+    combine: Annotated[list[Path] | None, typer.Option(
+        metavar="RUN_DIR", help="gather audit runs of SOLUTIONS over TASKS (each judged some "
+        "of the tasks: other hosts, other device sessions) into one result in --out, "
+        "nothing re-run; once per run")] = None,
     as_json: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
@@ -508,13 +512,22 @@ def audit_command(
     each torch.compile mode, and give aggregates that count failures as 1.0x.
 
     Cut off (Ctrl-C, a time limit), --resume RUN_DIR goes on where it stopped (--workers and
-    --devices may change then)."""
+    --devices may change then). Audits of parts of a set made apart, --combine RUN_DIR
+    (once per run) gathers into one result."""
     from pike.audit import audit, resume_audit, to_markdown
     from pike.audit.matching import match
     from pike.audit.run import resumed_config
     from pike.report.progress import AUDIT_FIELDS, BenchProgress
     from pike.search.session import stamp
 
+    if combine:
+        _combine_audits(solutions, tasks_folder, combine, out, as_json, given=[
+            name for name, value in (("--tasks", tasks), ("--device", device),
+                                     ("--devices", devices), ("--workers", workers),
+                                     ("--resume", resume), ("--stop-after", stop_after),
+                                     ("--config", config), ("--construct-on", construct_on))
+            if value is not None])
+        return
     if resume is not None:
         given = [name for name, value in (("SOLUTIONS", solutions), ("TASKS", tasks_folder),
                                           ("--tasks", tasks), ("--out", out),
@@ -551,6 +564,31 @@ def audit_command(
                        allow_changed_tasks=allow_changed_tasks, stop_after=stop_after,
                        on_event=progress)
     _print_audit(result, as_json, to_markdown)
+
+
+def _combine_audits(solutions: Path | None, tasks_folder: Path | None, runs: list[Path],
+                    out: Path | None, as_json: bool, given: list[str]) -> None:
+    from pike.audit import to_markdown
+    from pike.audit.combine import combine
+    from pike.store import STORE_FILE
+
+    if given:
+        raise ConfigError(f"--combine measures nothing, it gathers what the runs judged: drop "
+                          f"{', '.join(given)}")
+    if solutions is None or tasks_folder is None or out is None:
+        raise ConfigError("--combine needs SOLUTIONS, TASKS and --out (where the result goes)")
+    if (out / STORE_FILE).exists() or out.resolve() in {r.resolve() for r in runs}:
+        raise ConfigError(f"{out} holds a run store: give --combine a folder of its own, "
+                          "so no run's own audit.json is overwritten")
+    result = combine(solutions, tasks_folder, runs, out=out)
+    if as_json:
+        print(result.model_dump_json(indent=2))
+    else:
+        console.print(escape(to_markdown(result)), highlight=False, soft_wrap=True)
+        console.print(f"result: {escape(str(out / 'audit.md'))}")
+    if result.open_tasks:
+        err_console.print(f"{len(result.open_tasks)} tasks not audited in any of the runs: "
+                          f"{', '.join(result.open_tasks)}")
 
 
 def _stored_task_names(run_dir: Path) -> list[str]:

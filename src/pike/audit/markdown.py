@@ -12,7 +12,9 @@ _MESSAGE_LINES = 12
 def to_markdown(result: AuditResult) -> str:
     lines = [f"# pike audit of {result.solutions}", "",
              f"Tasks from `{result.tasks_dir}`, files matched by {result.matched_by}; "
-             f"run store `{result.run_dir}`.", "",
+             + (f"gathered from the audit runs {', '.join(f'`{r}`' for r in result.combined_from)}"
+                " (nothing re-run; each task's figures from one of them)."
+                if result.combined_from else f"run store `{result.run_dir}`."), "",
              f"Measured on {_device(result)}, torch {result.torch_version or '?'}, "
              f"host {result.host or '?'}, {result.date}. Protocol: {result.protocol}.", ""]
     lines += _summary(result)

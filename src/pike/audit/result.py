@@ -109,6 +109,8 @@ class AuditResult(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     open_tasks: list[str] = Field(default_factory=list, description="tasks a time limit "
                                   "(stop_after) left unaudited, for --resume")
+    combined_from: list[str] = Field(default_factory=list, description="the audit runs "
+                                     "this result gathers (pike audit --combine), if any")
 
 
 def task_audit(base: TaskAudit, verdict: Verdict, baseline: Baseline | None) -> TaskAudit:

@@ -27,7 +27,7 @@ from pike.audit.precision import detect_precision
 from pike.audit.result import AuditResult, TaskAudit, aggregate, relative, task_audit
 from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
-from pike.evaluate import Baseline, evaluate, measure_baselines
+from pike.evaluate import Baseline, Verdict, evaluate, measure_baselines
 from pike.evaluate.device_slots import DeviceSlots
 from pike.evaluate.judge import keep_references
 from pike.report.data import geomean
@@ -60,7 +60,7 @@ def resume(run_dir: Path, *, workers: int | None = None, devices: list[str] | No
            on_event: Callable[..., None] = _no_event) -> AuditResult:
     """Go on with the audit in `run_dir`, as it was asked; `workers` and the GPUs to spread
     tasks over (`devices`: the next call may hold another number of them) may change."""
-    asked, config, command = _recorded(run_dir, workers, devices)
+    asked, config, command = recorded_audit(run_dir, workers, devices)
     return audit(Path(asked["solutions"]), Path(asked["tasks"]), config, out=Path(run_dir),
                  ids=asked.get("ids"), command=command,
                  allow_changed_tasks=bool(asked.get("allow_changed_tasks")),
@@ -70,10 +70,10 @@ def resume(run_dir: Path, *, workers: int | None = None, devices: list[str] | No
 def resumed_config(run_dir: Path, workers: int | None = None,
                    devices: list[str] | None = None) -> RunConfig:
     """The config a resumed audit will run with (to check its GPUs before any work)."""
-    return _recorded(run_dir, workers, devices)[1]
+    return recorded_audit(run_dir, workers, devices)[1]
 
 
-def _recorded(run_dir: Path, workers: int | None,
+def recorded_audit(run_dir: Path, workers: int | None,
               devices: list[str] | None) -> tuple[dict[str, Any], RunConfig, str]:
     with RunStore.open(Path(run_dir)) as store:  # no run there: a StoreError says so
         asked = store.get_state(RUN_STATE, ASKED_STATE)
@@ -111,7 +111,7 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
     task_list = load_tasks(tasks_dir, ids)
     matching = match(solutions, task_list)
     warnings += matching.notes
-    changed = _changed_tasks(matching, task_list)
+    changed = changed_tasks(matching, task_list)
     if changed and not allow_changed_tasks:
         raise TaskError(f"{', '.join(changed)}: the task file differs from the one the solution "
                         "set was judged on (sha256 in its manifest); audit with the set's task "
@@ -139,7 +139,7 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
 
     def one(index: int, task: Task) -> None:
         event = _task_events(on_event, task.name)
-        base = _base(task, matching, solutions, changed)
+        base = task_base(task, matching, solutions, changed)
         with gpus.take() as task_cfg:
             done = _audit_task(store, task, matching.files[task.name], base, index, task_cfg,
                                baselines, event)
@@ -150,9 +150,9 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
             store.set_state(task.name, DONE_STATE, True)  # as `pike bench` marks it
             if len(finished) < len(task_list):  # a long audit cut off keeps what it judged
                 partial = [f"partial: {len(finished)} of {len(task_list)} tasks audited so far"]
-                _write(_result(solutions, tasks_dir, store.path.parent, matching,
-                               [finished[i] for i in sorted(finished)], baselines, cfg,
-                               warnings + partial))
+                write_result(audit_result(
+                    solutions, tasks_dir, store.path.parent, matching,
+                    [finished[i] for i in sorted(finished)], baselines, cfg, warnings + partial))
             event("task_done", audit=done)
 
     try:
@@ -170,9 +170,10 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
     if left:
         warnings = [*warnings, f"partial: {len(audits)} of {len(task_list)} tasks audited so "
                     f"far; stopped at the time limit, the rest with --resume"]
-    result = _result(solutions, tasks_dir, run_dir, matching, audits, baselines, cfg, warnings)
+    result = audit_result(solutions, tasks_dir, run_dir, matching, audits, baselines, cfg,
+                          warnings)
     result.open_tasks = left
-    _write(result)
+    write_result(result)
     return result
 
 
@@ -188,7 +189,7 @@ def _each_task(one: Callable[[int, Task], None], tasks: list[Task], workers: int
         pass
 
 
-def _write(result: AuditResult) -> None:
+def write_result(result: AuditResult) -> None:
     run_dir = Path(result.run_dir)
     (run_dir / RESULT_JSON).write_text(result.model_dump_json(indent=2) + "\n")
     (run_dir / RESULT_MARKDOWN).write_text(to_markdown(result))
@@ -209,7 +210,7 @@ def _audit_config(config: RunConfig) -> tuple[RunConfig, list[str]]:
     return fixed, ["eval.guards was off in the config; an audit always runs the guards"]
 
 
-def _changed_tasks(matching: Matching, tasks: list[Task]) -> list[str]:
+def changed_tasks(matching: Matching, tasks: list[Task]) -> list[str]:
     if matching.solution_set is None:
         return []
     changed = []
@@ -220,7 +221,7 @@ def _changed_tasks(matching: Matching, tasks: list[Task]) -> list[str]:
     return changed
 
 
-def _base(task: Task, matching: Matching, solutions: Path, changed: list[str]) -> TaskAudit:
+def task_base(task: Task, matching: Matching, solutions: Path, changed: list[str]) -> TaskAudit:
     file = matching.files[task.name]
     entry = matching.solution_set.entry(task.name) if matching.solution_set else None
     return TaskAudit(task=task.name, task_id=task.id, status="missing",
@@ -275,6 +276,12 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
         store.set_state(task.name, ERROR_STATE, str(err))
         return base.model_copy(update={"status": "error", "message": str(err)})
     store.set_verdict(candidate_id, verdict)
+    return judged_audit(base, task, source, candidate_id, verdict, baseline)
+
+
+def judged_audit(base: TaskAudit, task: Task, source: str, candidate_id: int,
+                 verdict: Verdict, baseline: Baseline) -> TaskAudit:
+    """A task's audit from its file's verdict and the baselines of the same call."""
     done = task_audit(base, verdict, baseline)
     done.candidate_id = candidate_id
     done.precision = detect_precision(source, task.source, verdict)
@@ -282,7 +289,7 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
     return done
 
 
-def _result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matching,
+def audit_result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matching,
             audits: list[TaskAudit], baselines: dict[str, Baseline], cfg: RunConfig,
             warnings: list[str]) -> AuditResult:
     env = _environment(list(baselines.values()))
@@ -296,15 +303,19 @@ def _result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matching,
                     "(a call spread them, or calls ran on different GPUs); each task's "
                     "figures come from one of them"]
     claim = _claim_over(audits, matching)
-    ev = cfg.eval
-    protocol = (f"{ev.trials} trials with fresh seeded inputs, plus shifted-input and "
-                f"after-timing trials; atol {ev.atol}, rtol {ev.rtol}; guards on")
     return AuditResult(
         solutions=str(solutions), tasks_dir=str(tasks_dir), run_dir=str(run_dir),
         matched_by=matching.how,
         date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **env,
-        protocol=protocol, tasks=audits, aggregates=aggregate(audits, baselines, claim),
+        protocol=protocol_line(cfg), tasks=audits, aggregates=aggregate(audits, baselines, claim),
         warnings=warnings)
+
+
+def protocol_line(cfg: RunConfig) -> str:
+    """The correctness protocol the files were judged by, as the result states it."""
+    ev = cfg.eval
+    return (f"{ev.trials} trials with fresh seeded inputs, plus shifted-input and "
+            f"after-timing trials; atol {ev.atol}, rtol {ev.rtol}; guards on")
 
 
 def _claim_over(audits: list[TaskAudit], matching: Matching) -> tuple[float, str] | None:
