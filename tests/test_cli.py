@@ -314,6 +314,26 @@ def test_baseline_with_a_compile_mode(tmp_path: Path, config: Path) -> None:
     assert bogus["stats"] is None and "no-such-mode" in bogus["error"]
 
 
+@pytest.mark.slow
+def test_a_compile_mode_whose_outputs_are_wrong_is_no_baseline(tmp_path: Path,
+                                                              config: Path) -> None:
+    """A compiled mode that answers otherwise than eager on the check trials (48_Mamba2's
+    did, past the tolerance) is reported incorrect, not timed as the bar for a candidate."""
+    wrong = TASK.replace(
+        "        return torch.relu(x) * 2",
+        "        if torch.compiler.is_compiling():\n            return torch.relu(x) * 3\n"
+        "        return torch.relu(x) * 2")
+    out = tmp_path / "out"
+    task = task_folder(tmp_path, **{"1_Wrong": wrong}) / "1_Wrong.py"
+    result = pike("baseline", task, "--modes", "eager,compile:default", "--out", out,
+                  "--json", "--config", config)
+    assert result.exit_code == 0, result.output
+    eager, compiled = json.loads(result.stdout)["baselines"][0]["modes"]
+    assert eager["stats"]["median_ms"] > 0
+    assert compiled["stats"] is None
+    assert compiled["error"].startswith("incorrect: trial 0, output 0"), compiled["error"]
+
+
 def test_a_compile_mode_that_takes_the_child_down_fails_alone(tmp_path: Path,
                                                               config: Path) -> None:
     """A max-autotune build past the phase's limit kills the reference's child, as this

@@ -482,12 +482,12 @@ def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
     with _built_beside_others(reference.child, device, cfg.device_lock), reference.talking:
         for timer in timers:
             if not _autotunes(timer.mode):
-                _prepare(timer)
+                _prepare(timer, cfg)
     with hold(device, exclusive=True), reference.talking:
         # autotuning measures kernels: alone on the device, as timing is
         for timer in timers:
             if _autotunes(timer.mode):
-                _prepare(timer)
+                _prepare(timer, cfg)
         # A child a build took down fails every later request: the first mode to fail, in
         # the order they were built, is the one that did it.
         built = sorted(timers, key=lambda t: _autotunes(t.mode))
@@ -534,12 +534,18 @@ def _built_beside_others(child: ChildProcess, device: str, scope: str) -> Iterat
                 child.pausable_on = None
 
 
-def _prepare(timer: Timer) -> None:
-    """Build one mode of a live child and warm it up, untimed; how long it took is kept."""
+def _prepare(timer: Timer, cfg: EvalConfig) -> None:
+    """Build one mode of a live child and warm it up, untimed; how long it took is kept.
+    A torch.compile mode's outputs on the check trials are compared with eager's there:
+    a mode that is wrong for the task (it happens: a scan compiled past the tolerance) is
+    reported as failing, not kept as the bar a candidate is measured against."""
     if timer.stopped:
         return
     started = time.perf_counter()
-    reply = request(timer.child, "timing", "prepared", "prepare", mode=timer.mode)
+    check_with = ({"atol": cfg.atol, "rtol": cfg.rtol} if timer.mode.startswith("compile:")
+                  else None)
+    reply = request(timer.child, "timing", "prepared", "prepare", mode=timer.mode,
+                    check=check_with)
     timer.build_s = time.perf_counter() - started
     if isinstance(reply, Verdict):
         timer.failure = reply

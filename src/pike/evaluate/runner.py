@@ -217,6 +217,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     torch.set_float32_matmul_precision("highest")  # the task's dtype is the contract
     rotation = InputRotation(pool[:req.input_sets])  # the probe sets are the candidate's
     compiled_modes: list[str] = []
+    compiled: dict[str, Callable[..., Any]] = {}
 
     def make_call(mode: str) -> Callable[[], Any]:
         fn = model
@@ -228,7 +229,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
             if not compiled_modes:
                 torch._dynamo.reset()
             compiled_modes.append(mode)
-            fn = torch.compile(model, mode=mode.split(":", 1)[1])
+            fn = compiled[mode] = torch.compile(model, mode=mode.split(":", 1)[1])
         elif mode != "eager":
             raise ValueError(f"unknown timing mode {mode!r}")
         return rotation.caller(fn)
@@ -241,9 +242,39 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     # A calibration block costs what a guarded candidate's block costs around its calls:
     # its outputs sampled, and the guards' look for patches and threads after the block.
     calibration = TimedOutputSamples(InputRotation([[]]))
+    def mode_outputs_problem(mode: str, atol: float, rtol: float) -> str | None:
+        """How a compiled mode's outputs differ from eager's on the check trials' inputs
+        (drawn again from their seeds), or None: a mode that is not correct is no bar for
+        a candidate to pass."""
+        fn = compiled.get(mode)
+        if fn is None:
+            return None
+        for trial, seed in enumerate(req.trial_seeds):
+            inputs = _draw_inputs(module, req, seed, device)
+            if trial == req.trials:
+                inputs = [_shift_distribution(x, req.shift) for x in inputs]
+            inputs = _to_device(inputs, device)
+            with torch.no_grad():  # each on its own copy, in case the forward writes to one
+                expected = check.flatten_output(model(*_copies(inputs)))
+                got = check.flatten_output(fn(*_copies(inputs)))
+            _sync(device)
+            if len(got) != len(expected):
+                return f"trial {trial}: {len(got)} outputs where eager gives {len(expected)}"
+            for index, (want, have) in enumerate(zip(expected, got, strict=True)):
+                problem = check.compare_leaf(want, have, trial, index, atol, rtol,
+                                             on=device).problem
+                if problem:
+                    return f"trial {trial}, output {index}: {problem}"
+        return None
+
     _serve_timing(req, chan, device, make_call, failed_mode,
                   after_block=lambda mode: rehearse_check_after() if mode == "empty" else None,
-                  samples_for=lambda mode: calibration if mode == "empty" else None)
+                  samples_for=lambda mode: calibration if mode == "empty" else None,
+                  mode_problem=mode_outputs_problem)
+
+
+def _copies(inputs: list[Any]) -> list[Any]:
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
 def _stand_in(leaf: Any) -> Any:
@@ -373,6 +404,7 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
                   after_block: Callable[[str], None] = lambda mode: None,
                   final_check: Callable[[], None] = lambda: None,
                   samples_for: Callable[[str], TimedOutputSamples | None] = lambda mode: None,
+                  mode_problem: Callable[[str, float, float], str | None] | None = None,
                   ) -> None:
     """Time blocks of calls as the parent asks, one block per request, until it says stop.
 
@@ -397,9 +429,17 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
             try:
                 calls[mode] = calls.get(mode) or make_call(mode)
                 warm_up(calls[mode], device, req.timing)
+                checked = msg.get("check")
+                problem = (mode_problem(mode, float(checked["atol"]), float(checked["rtol"]))
+                           if mode_problem is not None and isinstance(checked, dict) else None)
             except BaseException as exc:  # a torch.compile mode may fail: reported, not raised
                 calls.pop(mode, None)
                 chan.send("prepared", mode=mode, error=describe_exception(exc).splitlines()[0][:500],
+                          seq=msg.get("seq"))
+                continue
+            if problem is not None:
+                calls.pop(mode, None)
+                chan.send("prepared", mode=mode, error=f"incorrect: {problem}"[:500],
                           seq=msg.get("seq"))
                 continue
             chan.send("prepared", mode=mode, seq=msg.get("seq"))
