@@ -210,13 +210,14 @@ def test_precision_detected_from_source_and_flags() -> None:
 # -- wiring, with the evaluator replaced ------------------------------------------------------
 
 
-def fake_baseline(task: Task, compile_speedup: float | None) -> Baseline:
+def fake_baseline(task: Task, compile_speedup: float | None,
+                  checked: bool | None = True) -> Baseline:
     stats = TimingStats.from_samples([1.0])
     modes = [ModeTiming(mode="eager", stats=stats, speedup_vs_eager=1.0)]
     if compile_speedup is None:
         modes.append(ModeTiming(mode="compile:default", error="compile failed"))
     else:
-        modes.append(ModeTiming(mode="compile:default", stats=stats,
+        modes.append(ModeTiming(mode="compile:default", stats=stats, checked=checked,
                                 speedup_vs_eager=compile_speedup))
     return Baseline(task=task.name, task_path=str(task.path), task_sha256=task.sha256,
                     device="cpu", device_name="fake", torch_version="0", host="h", date="d",
@@ -636,7 +637,7 @@ def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
     assert both.open_tasks == [] and both.combined_from == [str(tmp_path / "a"),
                                                             str(tmp_path / "b")]
     page = (tmp_path / "ab" / "audit.md").read_text()
-    assert "gathered from the audit runs" in page and "combined from 2 audit runs" in page
+    assert "gathered from the audit runs" in page and "gathered from 2 audit runs" in page
 
     # one part alone: the tasks no run judged are open, and said so
     part = combine(folder, TASKS, [tmp_path / "a"], out=tmp_path / "only-a")
@@ -645,15 +646,35 @@ def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
     assert any(w.startswith("partial: 3 of 5") for w in part.warnings)
 
     # what would mix different things under one figure is refused
-    with pytest.raises(ConfigError, match="audited in both"):
+    with pytest.raises(ConfigError, match="judged in both"):
         combine(folder, TASKS, [tmp_path / "whole", tmp_path / "a"], out=tmp_path / "x")
     cfg3 = audit_config(build_cache, ["eager", "compile:default"])
     cfg3.eval.trials = 3
     monkeypatch.undo()
     FakeJudge({"3_RowSum": 1.0}, {"3_RowSum": fake_ok(1.0)}).install(monkeypatch)
     audit(folder, TASKS, cfg3, out=tmp_path / "c", ids=[3])
-    with pytest.raises(ConfigError, match="different protocols"):
+    with pytest.raises(ConfigError, match=r"different terms \(trials\)"):
         combine(folder, TASKS, [tmp_path / "a", tmp_path / "c"], out=tmp_path / "x")
+    # a task whose reference failed in one run and was judged in another: the judgment
+    FakeJudge({"10_Square": 1.0}, {"10_Square": fake_ok(2.0)}).install(monkeypatch)
+    audit(folder, TASKS, cfg, out=tmp_path / "d", ids=[10])
+    fixed = combine(folder, TASKS, [tmp_path / "a", tmp_path / "b", tmp_path / "d"],
+                    out=tmp_path / "abd")
+    assert by_task(fixed)["10_Square"].status == "ok"
+    assert any(w.startswith("10_Square: an error in") and "kept from there" in w
+               for w in fixed.warnings)
+    # a run made on another version of a task file
+    other_tasks = tmp_path / "other-tasks"
+    other_tasks.mkdir()
+    for task_file in TASKS.iterdir():
+        (other_tasks / task_file.name).write_text(task_file.read_text())
+    (other_tasks / "1_Scale.py").write_text((TASKS / "1_Scale.py").read_text() + "\n# edited\n")
+    FakeJudge({"1_Scale": 2.0}, {"1_Scale": fake_ok(3.0)}).install(monkeypatch)
+    audit(folder, other_tasks, cfg, out=tmp_path / "e", ids=[1])
+    with pytest.raises(ConfigError, match="another version of 1_Scale"):
+        combine(folder, TASKS, [tmp_path / "e"], out=tmp_path / "x")
+    with pytest.raises(ConfigError, match="named more than once"):
+        combine(folder, TASKS, [tmp_path / "a", tmp_path / "a"], out=tmp_path / "x")
     (folder / "task_1.py").write_text("# another solution\n")
     with pytest.raises(ConfigError, match="another file for 1_Scale"):
         combine(folder, TASKS, [tmp_path / "a"], out=tmp_path / "x")
@@ -669,3 +690,20 @@ def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
     measuring = pike("audit", folder, TASKS, "--combine", tmp_path / "a", "--out",
                      tmp_path / "y", "--devices", "cuda:0")
     assert measuring.exit_code == 2 and "drop --devices" in measuring.output
+
+
+def test_bars_never_compared_with_eager_are_named() -> None:
+    """A compile mode that was only timed may be wrong for its task (48_Mamba2's was):
+    the result names the tasks measured against such a bar, and why one was unchecked."""
+    tasks = load_tasks(TASKS, [1, 2, 3])
+    base = [fake_baseline(tasks[0], 2.0), fake_baseline(tasks[1], 2.0, checked=None),
+            fake_baseline(tasks[2], 2.0, checked=False)]
+    base[2].modes[1].check_note = "eager answers trial 0 otherwise when called again"
+    audits = [audit_run.TaskAudit(task=t.name, status="ok") for t in tasks]
+    lines = audit_run._unchecked_bars(audits, {b.task: b for b in base})
+    assert lines == [
+        "compile modes timed but never compared with eager (baselines measured before pike "
+        "checked them; one may be wrong for its task): 2_Softplus",
+        "compile modes that could not be compared with eager: 3_RowSum compile:default "
+        "(eager answers trial 0 otherwise when called again)"]
+    assert audit_run._unchecked_bars(audits[:1], {b.task: b for b in base}) == []

@@ -312,6 +312,7 @@ def test_baseline_with_a_compile_mode(tmp_path: Path, config: Path) -> None:
     # each mode is built and warmed up before the timed window: the compile is its build
     assert compiled["build_s"] > 1.0 > eager["build_s"]
     assert bogus["stats"] is None and "no-such-mode" in bogus["error"]
+    assert compiled["checked"] is True and eager["checked"] is None  # it answers as eager
 
 
 @pytest.mark.slow
@@ -332,6 +333,22 @@ def test_a_compile_mode_whose_outputs_are_wrong_is_no_baseline(tmp_path: Path,
     assert eager["stats"]["median_ms"] > 0
     assert compiled["stats"] is None
     assert compiled["error"].startswith("incorrect: trial 0, output 0"), compiled["error"]
+
+    # a forward that keeps state on the module answers otherwise on every call, eager too:
+    # such a mode cannot be checked, and stays a bar, said so (not called incorrect)
+    stateful = TASK.replace("class Model(nn.Module):\n", "class Model(nn.Module):\n"
+                            "    def __init__(self):\n        super().__init__()\n"
+                            "        self.seen = torch.zeros(8, 8)\n\n", 1).replace(
+        "        return torch.relu(x) * 2",
+        "        self.seen = self.seen + x\n        return torch.relu(self.seen) * 2")
+    (tmp_path / "s").mkdir()
+    task = task_folder(tmp_path / "s", **{"1_Stateful": stateful}) / "1_Stateful.py"
+    result = pike("baseline", task, "--modes", "eager,compile:default", "--out",
+                  tmp_path / "out2", "--json", "--config", config)
+    assert result.exit_code == 0, result.output
+    eager, compiled = json.loads(result.stdout)["baselines"][0]["modes"]
+    assert compiled["stats"]["median_ms"] > 0 and compiled["error"] is None
+    assert compiled["checked"] is False and "called again" in compiled["check_note"]
 
 
 def test_a_compile_mode_that_takes_the_child_down_fails_alone(tmp_path: Path,

@@ -51,7 +51,7 @@ def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: Eva
     ("rewrites_samples", "do not account for the wall time"),  # the parent's clock
     ("zeroes_samples", "which no call takes"),  # refused as the samples arrive
 ])
-def test_rewriting_the_timers_samples_is_caught_by_the_parents_clock(
+def test_rewriting_the_timers_samples_is_caught(
         mlp_task: Task, fast_config: EvalConfig, name: str, words: str) -> None:
     fast_config.timing.min_seconds = 0.5
     # at least 5 calls a block, however loaded the host: it rewrites the samples of the
@@ -171,11 +171,17 @@ def test_zero_samples_are_refused_as_forged_where_they_arrive() -> None:
     assert "0.0 ms, which no call takes" in candidate.failure.message
     assert candidate.samples == []  # nothing of the forged block is kept
     assert reference.failure is None and len(reference.samples) == 3  # the window stopped
-    # nan and inf are no time either; a reference's are refused too (its run then fails)
-    for bad in (math.nan, math.inf, -1.0):
-        timer = Timer(_Replying([[true_ms, bad]]), "eager", warmed=True)  # type: ignore[arg-type]
+    # nan, inf, a subnormal (its median would still divide to inf) and an integer too
+    # large for a float (it raised in the parent) are no time either
+    for bad in (math.nan, math.inf, -1.0, 5e-324, 10**400, "1.0"):
+        timer = Timer(_Replying([[true_ms, bad]]), "candidate",  # type: ignore[arg-type]
+                      warmed=True)
         time_interleaved([timer], TimingConfig(rounds=1, min_seconds=0.0))
-        assert timer.failure is not None and timer.failure.status == "rejected"
+        assert timer.failure is not None and timer.failure.status == "rejected", bad
+    # the reference's modes run trusted code: a 0 there is a reading, not a forgery
+    trusted = Timer(_Replying([[true_ms, 0.0]]), "eager", warmed=True)  # type: ignore[arg-type]
+    time_interleaved([trusted], TimingConfig(rounds=1, min_seconds=0.0))
+    assert trusted.failure is None and trusted.samples == [true_ms, 0.0]
 
     # and had such samples reached the clock's bounds, no factor would come out inf or nan
     cost = LoopCost(per_block_s=0.0, per_call_s=0.0)

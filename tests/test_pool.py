@@ -423,7 +423,7 @@ def test_baseline_modes_that_measure_nothing_build_beside_others(
     def prepare(timer: Any, cfg: Any) -> None:
         order.append(f"build {timer.mode}")
 
-    def timing(timers: list, cfg: Any) -> None:
+    def timing(timers: list, cfg: Any, **options: Any) -> None:
         order.append("timing")
 
     listed: list[int] = []
@@ -445,3 +445,32 @@ def test_baseline_modes_that_measure_nothing_build_beside_others(
                      "exclusive", "build compile:max-autotune-no-cudagraphs", "timing",
                      "released"]
     assert len(listed) == 1  # the reference child, for those builds
+
+
+def test_a_mode_that_takes_the_shared_child_down_mid_window_is_the_one_blamed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The modes of a baseline share one child: once it dies, every later request fails.
+    In a reversed round (ABBA) eager came after the culprit and was marked too, and the
+    whole task became an error; the window now stops at the first failed block."""
+    from pike.config import TimingConfig
+    from pike.evaluate import driver
+    from pike.evaluate.driver import Timer, time_interleaved
+    from pike.evaluate.verdict import Verdict
+
+    dead: list[bool] = []
+
+    def block(timer: Timer, **sizes: Any) -> None:
+        if dead or (timer.mode == "compile:default" and len(timer.samples) >= 1):
+            dead.append(True)
+            timer.failure = Verdict(status="crashed", phase="timing", message="SIGSEGV")
+            return
+        timer.samples.append(1.0)
+
+    monkeypatch.setattr(driver, "_time_one_block", block)
+    for stop, blamed in ((False, ["eager", "compile:default"]), (True, ["compile:default"])):
+        dead.clear()
+        timers = [Timer(None, "eager"), Timer(None, "compile:default")]  # type: ignore[arg-type]
+        # rounds: eager, compile | compile (it dies here), eager (the child is gone) ...
+        time_interleaved(timers, TimingConfig(rounds=6, min_calls=6, min_seconds=0.0),
+                         stop_at_failure=stop)
+        assert [t.mode for t in timers if t.failure] == blamed

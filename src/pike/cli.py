@@ -525,7 +525,8 @@ def audit_command(
             name for name, value in (("--tasks", tasks), ("--device", device),
                                      ("--devices", devices), ("--workers", workers),
                                      ("--resume", resume), ("--stop-after", stop_after),
-                                     ("--config", config), ("--construct-on", construct_on))
+                                     ("--config", config), ("--construct-on", construct_on),
+                                     ("--allow-changed-tasks", allow_changed_tasks or None))
             if value is not None])
         return
     if resume is not None:
@@ -570,23 +571,19 @@ def _combine_audits(solutions: Path | None, tasks_folder: Path | None, runs: lis
                     out: Path | None, as_json: bool, given: list[str]) -> None:
     from pike.audit import to_markdown
     from pike.audit.combine import combine
-    from pike.store import STORE_FILE
 
     if given:
         raise ConfigError(f"--combine measures nothing, it gathers what the runs judged: drop "
                           f"{', '.join(given)}")
     if solutions is None or tasks_folder is None or out is None:
         raise ConfigError("--combine needs SOLUTIONS, TASKS and --out (where the result goes)")
-    if (out / STORE_FILE).exists() or out.resolve() in {r.resolve() for r in runs}:
-        raise ConfigError(f"{out} holds a run store: give --combine a folder of its own, "
-                          "so no run's own audit.json is overwritten")
     result = combine(solutions, tasks_folder, runs, out=out)
     if as_json:
         print(result.model_dump_json(indent=2))
     else:
         console.print(escape(to_markdown(result)), highlight=False, soft_wrap=True)
         console.print(f"result: {escape(str(out / 'audit.md'))}")
-    if result.open_tasks:
+    if result.open_tasks:  # not a time limit's stop: the exit status stays 0
         err_console.print(f"{len(result.open_tasks)} tasks not audited in any of the runs: "
                           f"{', '.join(result.open_tasks)}")
 

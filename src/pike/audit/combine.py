@@ -5,14 +5,17 @@ torch.compile builds only so long, a subset of tasks on another host) leaves sev
 stores. Each task's figures still come from one run (its baselines and its file, measured in
 one call on one GPU); combining only gathers them and works the aggregates out again, as
 `pike audit` would over the same tasks. It refuses what would mix different things under
-one figure: another correctness protocol, a file that is not the set's, a task file that
-changed, or one task audited in two runs.
+one figure: other judging terms (trials, tolerances, how the model is built, the baseline
+modes), a file that is not the set's, a task file that changed, or one task judged in two
+runs. A task whose reference failed in one run (an `error`) may be judged in another, and
+that run's figures are kept, said so.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 from pike.audit.matching import Matching, match
 from pike.audit.result import AuditResult, TaskAudit
@@ -21,23 +24,25 @@ from pike.audit.run import (
     audit_result,
     changed_tasks,
     judged_audit,
-    protocol_line,
     recorded_audit,
     task_base,
     write_result,
 )
+from pike.config import RunConfig
 from pike.errors import ConfigError
 from pike.evaluate import Baseline
-from pike.store import BASELINE_STATE, ERROR_STATE, RunStore
+from pike.store import BASELINE_STATE, ERROR_STATE, STORE_FILE, RunStore
 from pike.task import Task, load_tasks
+
+_Found = tuple[TaskAudit, Baseline | None, Path]
 
 
 def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path) -> AuditResult:
     """The audit of `solutions` against the folder `tasks`, gathered from the audit runs
     `run_dirs`; tasks none of them judged are the result's `open_tasks`. Writes audit.json
-    and audit.md into `out` (no run store: the runs keep theirs)."""
-    if not run_dirs:
-        raise ConfigError("name at least one audit run to combine")
+    and audit.md into `out`, a folder that holds no run store (the runs keep theirs)."""
+    runs = [Path(r) for r in run_dirs]
+    _check_places(runs, Path(out))
     solutions, tasks_dir = Path(solutions), Path(tasks)
     task_list = load_tasks(tasks_dir)
     matching = match(solutions, task_list)
@@ -45,45 +50,104 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path) ->
     if changed:
         raise ConfigError(f"{', '.join(changed)}: the task file differs from the one in the "
                           "set's manifest; combine against the set's task files")
-    configs = [recorded_audit(Path(run_dir), None, None)[1] for run_dir in run_dirs]
-    protocols = {protocol_line(cfg) for cfg in configs}
-    if len(protocols) > 1:
-        raise ConfigError("the runs judged by different protocols: " + " / ".join(sorted(protocols)))
-    found: dict[str, tuple[TaskAudit, Baseline | None, Path]] = {}
-    for run_dir in map(Path, run_dirs):
-        with RunStore.open(run_dir) as store:
+    configs = [recorded_audit(run, None, None)[1] for run in runs]
+    terms = [_judging_terms(cfg) for cfg in configs]
+    for run, differ in zip(runs[1:], terms[1:], strict=True):
+        if differ != terms[0]:
+            keys = sorted(k for k in differ if differ[k] != terms[0][k])
+            raise ConfigError(f"{runs[0]} and {run} judged on different terms "
+                              f"({', '.join(keys)}): their figures are not one audit's")
+    found: dict[str, _Found] = {}
+    warnings = list(matching.notes)
+    names = {t.name for t in task_list}
+    for run in runs:
+        with RunStore.open(run) as store:
+            outside = [t["name"] for t in store.tasks() if t["name"] not in names]
+            warnings += [f"{run}: {', '.join(outside)} not in {tasks_dir}; left out"] if outside else []
             for task in task_list:
-                if matching.files[task.name] is None:
-                    continue  # counted missing below, whatever a run recorded
-                judged = _judged_in(store, run_dir, task, matching, solutions)
-                if judged is None:
-                    continue
-                if task.name in found:
-                    raise ConfigError(f"{task.name} was audited in both {found[task.name][2]} "
-                                      f"and {run_dir}: combine runs of different tasks")
-                found[task.name] = (*judged, run_dir)
+                judged = _judged_in(store, run, task, matching, solutions)
+                if judged is not None:
+                    warnings += _keep(found, task.name, (*judged, run))
     missing = {t.name: task_base(t, matching, solutions, []).model_copy(
         update={"message": "no solution file"}) for t in task_list
         if matching.files[t.name] is None}
+    warnings += [f"{name}: judged in {found.pop(name)[2]}, but the set has no file for it now"
+                 for name in list(found) if name in missing]
     audits = [found[t.name][0] if t.name in found else missing[t.name]
               for t in task_list if t.name in found or t.name in missing]
     baselines = {name: baseline for name, (_, baseline, _) in found.items() if baseline}
     left = [t.name for t in task_list if t.name not in found and t.name not in missing]
-    warnings = [*matching.notes,
-                f"combined from {len(run_dirs)} audit runs: "
-                + ", ".join(f"{run_dir} ({sum(r == Path(run_dir) for *_, r in found.values())}"
-                            " tasks)" for run_dir in run_dirs)]
+    warnings.append(f"gathered from {len(runs)} audit runs: " + ", ".join(
+        f"{run} ({sum(r == run for *_, r in found.values())} tasks)" for run in runs))
+    warnings += _measured_apart(list(baselines.values()))
     if left:
         warnings.append(f"partial: {len(audits)} of {len(task_list)} tasks audited; not yet: "
                         + ", ".join(left))
-    Path(out).mkdir(parents=True, exist_ok=True)
-    result = audit_result(solutions, tasks_dir, Path(out), matching, audits, baselines,
-                          configs[0], warnings)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = audit_result(solutions, tasks_dir, out, matching, audits, baselines, configs[0],
+                          warnings)
     result.open_tasks = left
-    result.combined_from = [str(run_dir) for run_dir in run_dirs]
+    result.combined_from = [str(run) for run in runs]
     result.date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     write_result(result)
     return result
+
+
+def _check_places(runs: list[Path], out: Path) -> None:
+    if not runs:
+        raise ConfigError("name at least one audit run to combine")
+    seen = [r.resolve() for r in runs]
+    twice = sorted({str(r) for r, s in zip(runs, seen, strict=True) if seen.count(s) > 1})
+    if twice:
+        raise ConfigError(f"{', '.join(twice)} named more than once")
+    if (out / STORE_FILE).exists() or out.resolve() in seen:
+        raise ConfigError(f"{out} holds a run store: give the gathered result a folder of its "
+                          "own, so no run's own audit.json is overwritten")
+
+
+def _judging_terms(cfg: RunConfig) -> dict[str, Any]:
+    """What decides a verdict or the bar it is compared with: runs that differ in any of it
+    measured different things."""
+    ev = cfg.eval
+    return {"trials": ev.trials, "atol": ev.atol, "rtol": ev.rtol, "model_mode": ev.model_mode,
+            "construct_on": ev.construct_on, "seed": ev.seed,
+            "baseline_modes": list(cfg.search.baseline_modes)}
+
+
+def _keep(found: dict[str, _Found], name: str, new: _Found) -> list[str]:
+    """Add `new` for task `name`; a judged task beats an error (its reference failed in
+    that run), two judgments of one task are refused."""
+    old = found.get(name)
+    if old is None:
+        found[name] = new
+        return []
+    old_error, new_error = old[0].status == "error", new[0].status == "error"
+    if old_error and not new_error:
+        found[name] = new
+        return [f"{name}: an error in {old[2]} ({old[0].message[:120]}), judged in {new[2]}: "
+                "kept from there"]
+    if new_error and not old_error:
+        return [f"{name}: an error in {new[2]} ({new[0].message[:120]}), judged in {old[2]}: "
+                "kept from there"]
+    if old_error and new_error:
+        return []
+    raise ConfigError(f"{name} was judged in both {old[2]} and {new[2]}: combine runs of "
+                      "different tasks")
+
+
+def _measured_apart(baselines: list[Baseline]) -> list[str]:
+    """When and where the gathered figures were measured: the result's own date is when
+    they were gathered."""
+    dates = sorted(b.date for b in baselines if b.date)
+    lines = [f"measured from {dates[0]} to {dates[-1]}"] if dates else []
+    for attr, what in (("device_name", "cards"), ("torch_version", "torch versions"),
+                       ("host", "hosts")):
+        values = sorted({getattr(b, attr) for b in baselines if getattr(b, attr)})
+        if len(values) > 1:
+            lines.append(f"measured on {len(values)} {what}: {', '.join(values)}; each "
+                         "task's figures come from one of them")
+    return lines
 
 
 def _judged_in(store: RunStore, run_dir: Path, task: Task, matching: Matching,
@@ -100,9 +164,14 @@ def _judged_in(store: RunStore, run_dir: Path, task: Task, matching: Matching,
         return base.model_copy(update={"status": "error", "message": str(error)}), None
     file = matching.files[task.name]
     judged = [c for c in store.candidates(task.name) if c.role == ROLE and c.verdict]
-    if file is None or not judged:
+    if not judged:
         return None
-    source = file.read_text()
+    if file is None:  # a run judged a file the set no longer has: the caller says so
+        return base, None
+    try:
+        source = file.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read {file}: {err}") from None
     mine = next((c for c in judged if c.source == source), None)
     if mine is None or mine.verdict is None:
         raise ConfigError(f"{run_dir} judged another file for {task.name} than the set's "

@@ -16,7 +16,10 @@ def to_markdown(result: AuditResult) -> str:
                 " (nothing re-run; each task's figures from one of them)."
                 if result.combined_from else f"run store `{result.run_dir}`."), "",
              f"Measured on {_device(result)}, torch {result.torch_version or '?'}, "
-             f"host {result.host or '?'}, {result.date}. Protocol: {result.protocol}.", ""]
+             f"host {result.host or '?'}, "
+             + (f"gathered {result.date} (when each was measured: Warnings)"
+                if result.combined_from else result.date)
+             + f". Protocol: {result.protocol}.", ""]
     lines += _summary(result)
     lines += _table(result)
     lines += _failures(result.tasks)

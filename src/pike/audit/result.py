@@ -107,8 +107,9 @@ class AuditResult(BaseModel):
     tasks: list[TaskAudit]
     aggregates: Aggregates
     warnings: list[str] = Field(default_factory=list)
-    open_tasks: list[str] = Field(default_factory=list, description="tasks a time limit "
-                                  "(stop_after) left unaudited, for --resume")
+    open_tasks: list[str] = Field(default_factory=list, description="tasks not audited yet: "
+                                  "left by a time limit (stop_after) for --resume, or judged "
+                                  "in none of the runs a --combine gathered")
     combined_from: list[str] = Field(default_factory=list, description="the audit runs "
                                      "this result gathers (pike audit --combine), if any")
 

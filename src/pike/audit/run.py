@@ -79,7 +79,7 @@ def recorded_audit(run_dir: Path, workers: int | None,
         asked = store.get_state(RUN_STATE, ASKED_STATE)
         config, command = RunConfig.model_validate(store.config()), store.command()
     if not isinstance(asked, dict):
-        raise ConfigError(f"{run_dir} is not an audit pike can resume (it records no audit)")
+        raise ConfigError(f"{run_dir} is not an audit run (it records no audit)")
     if workers is not None:
         config.eval.workers = workers
     if devices is not None:  # for this call: the next one goes back to the recorded GPUs
@@ -299,9 +299,10 @@ def audit_result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matc
                     f"{', '.join(cards)}; each task's figures come from one of them"]
     gpus = {b.device for b in baselines.values() if b.device}
     if len(gpus) > 1 and not any("spread over" in w for w in warnings):
-        warnings = [*warnings, f"tasks were measured on {len(gpus)} GPUs of the host "
-                    "(a call spread them, or calls ran on different GPUs); each task's "
+        warnings = [*warnings, f"tasks were measured on {len(gpus)} GPUs (a call spread "
+                    "them, calls ran on different GPUs, or runs were gathered); each task's "
                     "figures come from one of them"]
+    warnings = [*warnings, *_unchecked_bars(audits, baselines)]
     claim = _claim_over(audits, matching)
     return AuditResult(
         solutions=str(solutions), tasks_dir=str(tasks_dir), run_dir=str(run_dir),
@@ -309,6 +310,28 @@ def audit_result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matc
         date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **env,
         protocol=protocol_line(cfg), tasks=audits, aggregates=aggregate(audits, baselines, claim),
         warnings=warnings)
+
+
+def _unchecked_bars(audits: list[TaskAudit], baselines: dict[str, Baseline]) -> list[str]:
+    """The compile modes a file is measured against that were not shown to answer as eager
+    does: a wrong mode would be a bar no correct file needs to clear."""
+    never, could_not = [], []
+    for name in (t.task for t in audits):
+        timed = [m for m in baselines[name].modes
+                 if m.mode != "eager" and m.stats] if name in baselines else []
+        if any(m.checked is None for m in timed):
+            never.append(name)
+        could_not += [f"{name} {m.mode} ({m.check_note or 'no reason given'})"
+                      for m in timed if m.checked is False]
+    lines = []
+    if never:
+        lines.append("compile modes timed but never compared with eager (baselines measured "
+                     "before pike checked them; one may be wrong for its task): "
+                     + ", ".join(never))
+    if could_not:
+        lines.append("compile modes that could not be compared with eager: "
+                     + "; ".join(could_not))
+    return lines
 
 
 def protocol_line(cfg: RunConfig) -> str:

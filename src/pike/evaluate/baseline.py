@@ -28,7 +28,13 @@ class ModeTiming(BaseModel):
     error: str | None = None
     speedup_vs_eager: float | None = None
     build_s: float | None = Field(None, description="building and warming the mode up before "
-                                  "its timing (a torch.compile mode's compile and autotuning)")
+                                  "its timing (a torch.compile mode's compile and autotuning, "
+                                  "and its check against eager)")
+    checked: bool | None = Field(None, description="a compile mode's outputs were compared "
+                                 "with eager's on the check trials and matched (a mode that "
+                                 "did not is an error); False: it could not be checked "
+                                 "(check_note); None: eager, or measured before the check")
+    check_note: str | None = None
 
 
 class Baseline(BaseModel):
@@ -77,7 +83,9 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
         finally:
             reference.close()
     timed = {t.mode: ModeTiming(mode=t.mode, stats=TimingStats.from_samples(t.samples),
-                                build_s=_rounded(t.build_s))
+                                build_s=_rounded(t.build_s),
+                                checked={"checked": True, "unchecked": False}.get(t.checked or ""),
+                                check_note=t.check_note)
              if t.samples and not t.error else
              ModeTiming(mode=t.mode, error=t.error or "failed", build_s=_rounded(t.build_s))
              for t in timers}

@@ -288,6 +288,8 @@ class Timer:
     failure: Verdict | None = None  # the child failed or died while timing
     warmed: bool = False
     build_s: float | None = None  # building and warming it up before timing (baselines)
+    checked: str | None = None  # a baseline's compile mode against eager: checked, unchecked
+    check_note: str | None = None  # why it could not be checked
     blocks: list[tuple[float, list[float]]] = field(default_factory=list)  # (wall s, samples)
     outputs: list[dict] = field(default_factory=list)  # samples of timed calls' outputs
     probe_samples: list[float] = field(default_factory=list)  # calls on never-seen inputs
@@ -338,8 +340,9 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
     if isinstance(reply, Verdict):
         timer.failure = reply
     elif reply.get("samples"):
-        # The empty calls that calibrate the loop may time at 0; only their walls are used.
-        bad = _implausible_sample(reply["samples"]) if timer.mode != "empty" else None
+        # Only a candidate's child runs code that could write the list; the reference's
+        # modes and the loop's empty calibration calls are trusted code.
+        bad = _implausible_sample(reply["samples"]) if timer.mode == "candidate" else None
         if bad is not None:
             # No call takes no time: such a sample was written into the timing loop's list
             # by code that shares the child's interpreter. Kept, enough of them make the
@@ -361,13 +364,24 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
         timer.error = str(reply.get("error") or "no samples")
 
 
+# A nanosecond, in ms: below any clock's tick (CUDA events around nothing read 0.003 ms on
+# an H200), and far enough above 0 that a median of such samples divides nothing to inf.
+MIN_SAMPLE_MS = 1e-6
+
+
 def _implausible_sample(reported: object) -> str | None:
-    """The first sample no call could have taken (not a number, not finite, 0 or less),
-    as the child sent it; None when every one is a positive time."""
+    """The first sample no call could have taken (not a number, not finite, under a
+    nanosecond), as the child sent it; None when every one is a time."""
     if not isinstance(reported, list):
         return repr(reported)[:40]
     for x in reported:
-        if type(x) not in (int, float) or not math.isfinite(x) or x <= 0:
+        if type(x) not in (int, float):
+            return repr(x)[:40]
+        try:
+            value = float(x)  # JSON carries integers of any size
+        except OverflowError:
+            return repr(x)[:40]
+        if not math.isfinite(value) or value < MIN_SAMPLE_MS:
             return repr(x)[:40]
     return None
 
@@ -520,9 +534,12 @@ def unaccounted_wall_time(cost: LoopCost, judged: Timer, reference: Timer,
             f"{WALL_MARGIN:g}x longer than the calls it reported)")
 
 
-def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = False) -> None:
+def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = False,
+                     stop_at_failure: bool = False) -> None:
     """Time every timer in `cfg.rounds` blocks, alternating the order each round (ABBA;
-    BAAB where `flipped`, so that a window timed again puts other timers mid-window)."""
+    BAAB where `flipped`, so that a window timed again puts other timers mid-window).
+    A failure ends the window after its round; with `stop_at_failure`, at once, so that
+    timers sharing a child that died leave only the one that failed marked."""
     rounds = cfg.rounds
     per_block = {"min_calls": math.ceil(cfg.min_calls / rounds),
                  "min_seconds": cfg.min_seconds / rounds,
@@ -531,5 +548,7 @@ def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = Fal
         for timer in timers if (i + flipped) % 2 == 0 else reversed(timers):
             if not timer.stopped:
                 _time_one_block(timer, **per_block)
+                if stop_at_failure and timer.failure is not None:
+                    return
         if any(t.failure is not None for t in timers):
             return

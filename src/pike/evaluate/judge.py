@@ -479,24 +479,22 @@ def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
     # workers the child was started with. Modes that measure nothing while they build go
     # first, beside other evaluations, as a candidate's build does: the child listed, so
     # other timers stop it (pause_others), or the device held shared (every_gpu_use).
+    # A build that takes the child down (or past its limit) ends the building: the mode
+    # whose build it was is the only one marked failed, and the others wait for a new child.
     with _built_beside_others(reference.child, device, cfg.device_lock), reference.talking:
         for timer in timers:
-            if not _autotunes(timer.mode):
+            if not _autotunes(timer.mode) and not any(t.failure for t in timers):
                 _prepare(timer, cfg)
     with hold(device, exclusive=True), reference.talking:
         # autotuning measures kernels: alone on the device, as timing is
         for timer in timers:
-            if _autotunes(timer.mode):
+            if _autotunes(timer.mode) and not any(t.failure for t in timers):
                 _prepare(timer, cfg)
-        # A child a build took down fails every later request: the first mode to fail, in
-        # the order they were built, is the one that did it.
-        built = sorted(timers, key=lambda t: _autotunes(t.mode))
-        broken = next((t for t in built if t.failure), None)
-        if broken is None:
+        if not any(t.failure for t in timers):
             with timing_cores([_pid(reference.child)], device, cfg.timing_cores):
-                time_interleaved(timers, cfg.timing)
+                time_interleaved(timers, cfg.timing, stop_at_failure=True)
             reference.child.enter_phase("idle")
-            broken = next((t for t in timers if t.failure), None)
+    broken = next((t for t in timers if t.failure), None)
     if broken is not None:
         reference.close()
         if broken.mode != "eager":
@@ -551,6 +549,9 @@ def _prepare(timer: Timer, cfg: EvalConfig) -> None:
         timer.failure = reply
     elif reply.get("error"):
         timer.error = str(reply["error"])
+    else:
+        timer.checked = str(reply["checked"]) if reply.get("checked") else None
+        timer.check_note = str(reply["why"]) if reply.get("why") else None
 
 
 def attach_floor(verdict: Verdict, work: Work | None) -> None:

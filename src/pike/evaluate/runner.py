@@ -242,35 +242,45 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     # A calibration block costs what a guarded candidate's block costs around its calls:
     # its outputs sampled, and the guards' look for patches and threads after the block.
     calibration = TimedOutputSamples(InputRotation([[]]))
-    def mode_outputs_problem(mode: str, atol: float, rtol: float) -> str | None:
-        """How a compiled mode's outputs differ from eager's on the check trials' inputs
-        (drawn again from their seeds), or None: a mode that is not correct is no bar for
-        a candidate to pass."""
+    def mode_outcome(mode: str, atol: float, rtol: float) -> tuple[str, str]:
+        """Whether a compiled mode answers as eager does on the check trials' inputs (read
+        back as saved): ("checked", ""), ("incorrect", where) or ("unchecked", why). A mode
+        that is not correct is no bar for a candidate to pass; one that cannot be checked
+        (eager itself answers differently on a second call: state kept on the module,
+        dropout in training mode) stays one, said so."""
         fn = compiled.get(mode)
         if fn is None:
-            return None
-        for trial, seed in enumerate(req.trial_seeds):
-            inputs = _draw_inputs(module, req, seed, device)
-            if trial == req.trials:
-                inputs = [_shift_distribution(x, req.shift) for x in inputs]
-            inputs = _to_device(inputs, device)
-            with torch.no_grad():  # each on its own copy, in case the forward writes to one
+            return "unchecked", "not a compiled mode"
+        for trial in range(len(req.trial_seeds)):
+            label = "shifted inputs" if trial == req.trials else f"trial {trial}"
+            inputs = _to_device(read_leaves(inputs_dir / f"inputs_{trial}.pt", trusted=True),
+                                device)
+            with torch.no_grad():  # each call on its own copy, in case the forward writes
                 expected = check.flatten_output(model(*_copies(inputs)))
+                again = check.flatten_output(model(*_copies(inputs)))
+                if _outputs_differ(expected, again, atol, rtol, device):
+                    return "unchecked", f"eager answers {label} otherwise when called again"
                 got = check.flatten_output(fn(*_copies(inputs)))
-            _sync(device)
-            if len(got) != len(expected):
-                return f"trial {trial}: {len(got)} outputs where eager gives {len(expected)}"
-            for index, (want, have) in enumerate(zip(expected, got, strict=True)):
-                problem = check.compare_leaf(want, have, trial, index, atol, rtol,
-                                             on=device).problem
-                if problem:
-                    return f"trial {trial}, output {index}: {problem}"
-        return None
+            problem = _outputs_differ(expected, got, atol, rtol, device)
+            if problem:
+                return "incorrect", f"{label}, {problem}"
+        return "checked", ""
 
     _serve_timing(req, chan, device, make_call, failed_mode,
                   after_block=lambda mode: rehearse_check_after() if mode == "empty" else None,
                   samples_for=lambda mode: calibration if mode == "empty" else None,
-                  mode_problem=mode_outputs_problem)
+                  mode_outcome=mode_outcome)
+
+
+def _outputs_differ(expected: list[Any], got: list[Any], atol: float, rtol: float,
+                    device: torch.device) -> str | None:
+    if len(got) != len(expected):
+        return f"{len(got)} outputs where eager gives {len(expected)}"
+    for index, (want, have) in enumerate(zip(expected, got, strict=True)):
+        problem = check.compare_leaf(want, have, 0, index, atol, rtol, on=device).problem
+        if problem:
+            return f"output {index}: {problem}"
+    return None
 
 
 def _copies(inputs: list[Any]) -> list[Any]:
@@ -404,7 +414,7 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
                   after_block: Callable[[str], None] = lambda mode: None,
                   final_check: Callable[[], None] = lambda: None,
                   samples_for: Callable[[str], TimedOutputSamples | None] = lambda mode: None,
-                  mode_problem: Callable[[str, float, float], str | None] | None = None,
+                  mode_outcome: Callable[[str, float, float], tuple[str, str]] | None = None,
                   ) -> None:
     """Time blocks of calls as the parent asks, one block per request, until it says stop.
 
@@ -429,20 +439,27 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
             try:
                 calls[mode] = calls.get(mode) or make_call(mode)
                 warm_up(calls[mode], device, req.timing)
-                checked = msg.get("check")
-                problem = (mode_problem(mode, float(checked["atol"]), float(checked["rtol"]))
-                           if mode_problem is not None and isinstance(checked, dict) else None)
             except BaseException as exc:  # a torch.compile mode may fail: reported, not raised
                 calls.pop(mode, None)
                 chan.send("prepared", mode=mode, error=describe_exception(exc).splitlines()[0][:500],
                           seq=msg.get("seq"))
                 continue
-            if problem is not None:
+            tolerance = msg.get("check")
+            outcome, why = "", ""
+            if mode_outcome is not None and isinstance(tolerance, dict):
+                try:
+                    outcome, why = mode_outcome(mode, float(tolerance["atol"]),
+                                                float(tolerance["rtol"]))
+                except BaseException as exc:  # a check that cannot run keeps the mode timed
+                    outcome, why = "unchecked", "the check could not run: " + \
+                        describe_exception(exc).splitlines()[0][:300]
+            if outcome == "incorrect":
                 calls.pop(mode, None)
-                chan.send("prepared", mode=mode, error=f"incorrect: {problem}"[:500],
+                chan.send("prepared", mode=mode, error=f"incorrect: {why}"[:500],
                           seq=msg.get("seq"))
                 continue
-            chan.send("prepared", mode=mode, seq=msg.get("seq"))
+            chan.send("prepared", mode=mode, checked=outcome or None, why=why or None,
+                      seq=msg.get("seq"))
             continue
         if not msg or msg.get("event") != "time":
             return
