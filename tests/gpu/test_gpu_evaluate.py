@@ -236,3 +236,5 @@ def test_baseline_modes_compile_on_the_build_cores_before_their_window(
     assert all(m.stats and m.stats.median_ms > 0 for m in base.modes), base.modes
     assert all(m.build_s and eager.build_s is not None and m.build_s > eager.build_s
                for m in compiled)
+    # each compiled mode answered the check trials as eager did (or says why it could not)
+    assert all(m.checked is True for m in compiled), [(m.mode, m.check_note) for m in compiled]
