@@ -62,10 +62,14 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path) ->
     names = {t.name for t in task_list}
     for run in runs:
         with RunStore.open(run) as store:
-            outside = [t["name"] for t in store.tasks() if t["name"] not in names]
+            rows = {t["name"]: t for t in store.tasks()}
+            outside = [name for name in rows if name not in names]
             warnings += [f"{run}: {', '.join(outside)} not in {tasks_dir}; left out"] if outside else []
             for task in task_list:
-                judged = _judged_in(store, run, task, matching, solutions)
+                if task.name not in rows:
+                    continue
+                judged = _judged_in(store, rows[task.name]["sha256"], run, task, matching,
+                                    solutions)
                 if judged is not None:
                     warnings += _keep(found, task.name, (*judged, run))
     missing = {t.name: task_base(t, matching, solutions, []).model_copy(
@@ -150,13 +154,11 @@ def _measured_apart(baselines: list[Baseline]) -> list[str]:
     return lines
 
 
-def _judged_in(store: RunStore, run_dir: Path, task: Task, matching: Matching,
+def _judged_in(store: RunStore, sha256: str, run_dir: Path, task: Task, matching: Matching,
                solutions: Path) -> tuple[TaskAudit, Baseline | None] | None:
-    """The task's audit as `run_dir` recorded it, or None where that run did not finish it."""
-    row = next((t for t in store.tasks() if t["name"] == task.name), None)
-    if row is None:
-        return None
-    if row["sha256"] != task.sha256:
+    """The task's audit as `run_dir` recorded it (its task file's hash `sha256`), or None
+    where that run did not finish it."""
+    if sha256 != task.sha256:
         raise ConfigError(f"{run_dir} audited another version of {task.name}'s task file")
     base = task_base(task, matching, solutions, [])
     error = store.get_state(task.name, ERROR_STATE)

@@ -74,7 +74,7 @@ def resumed_config(run_dir: Path, workers: int | None = None,
 
 
 def recorded_audit(run_dir: Path, workers: int | None,
-              devices: list[str] | None) -> tuple[dict[str, Any], RunConfig, str]:
+                   devices: list[str] | None) -> tuple[dict[str, Any], RunConfig, str]:
     with RunStore.open(Path(run_dir)) as store:  # no run there: a StoreError says so
         asked = store.get_state(RUN_STATE, ASKED_STATE)
         config, command = RunConfig.model_validate(store.config()), store.command()

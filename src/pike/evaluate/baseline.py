@@ -84,8 +84,7 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
             reference.close()
     timed = {t.mode: ModeTiming(mode=t.mode, stats=TimingStats.from_samples(t.samples),
                                 build_s=_rounded(t.build_s),
-                                checked={"checked": True, "unchecked": False}.get(t.checked or ""),
-                                check_note=t.check_note)
+                                checked=t.checked, check_note=t.check_note)
              if t.samples and not t.error else
              ModeTiming(mode=t.mode, error=t.error or "failed", build_s=_rounded(t.build_s))
              for t in timers}

@@ -93,6 +93,16 @@ def compare_leaf(
     return _compare_values(expected, actual, mismatch, atol, rtol, on or torch.device("cpu"))
 
 
+def compare_leaves(expected: list[Any], actual: list[Any], trial: int, atol: float,
+                   rtol: float, on: torch.device | None = None) -> list[OutputMismatch]:
+    """`compare_leaf` for each output of one trial; one mismatch where the counts differ."""
+    if len(expected) != len(actual):
+        return [OutputMismatch(trial=trial, output=0,
+                               problem=f"returned {len(actual)} outputs, expected {len(expected)}")]
+    return [compare_leaf(exp, act, trial, index, atol, rtol, on)
+            for index, (exp, act) in enumerate(zip(expected, actual, strict=True))]
+
+
 # Values compared at once: the float64 temporaries of a chunk stay near a gigabyte.
 COMPARE_CHUNK = 1 << 24
 

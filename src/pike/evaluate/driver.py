@@ -288,7 +288,7 @@ class Timer:
     failure: Verdict | None = None  # the child failed or died while timing
     warmed: bool = False
     build_s: float | None = None  # building and warming it up before timing (baselines)
-    checked: str | None = None  # a baseline's compile mode against eager: checked, unchecked
+    checked: bool | None = None  # a baseline's compile mode matched eager; False: uncheckable
     check_note: str | None = None  # why it could not be checked
     blocks: list[tuple[float, list[float]]] = field(default_factory=list)  # (wall s, samples)
     outputs: list[dict] = field(default_factory=list)  # samples of timed calls' outputs

@@ -550,7 +550,7 @@ def _prepare(timer: Timer, cfg: EvalConfig) -> None:
     elif reply.get("error"):
         timer.error = str(reply["error"])
     else:
-        timer.checked = str(reply["checked"]) if reply.get("checked") else None
+        timer.checked = {"checked": True, "unchecked": False}.get(str(reply.get("checked")))
         timer.check_note = str(reply["why"]) if reply.get("why") else None
 
 
@@ -1208,11 +1208,7 @@ def _on_host(leaves: list[Any], err: BaseException | None = None) -> list[Any]:
 
 def _compare_leaves(expected: list[Any], actual: list[Any], trial: int,
                     cfg: EvalConfig, on: torch.device) -> list[OutputMismatch]:
-    if len(expected) != len(actual):
-        return [OutputMismatch(trial=trial, output=0,
-                               problem=f"returned {len(actual)} outputs, expected {len(expected)}")]
-    return [check.compare_leaf(exp, act, trial, index, cfg.atol, cfg.rtol, on)
-            for index, (exp, act) in enumerate(zip(expected, actual, strict=True))]
+    return check.compare_leaves(expected, actual, trial, cfg.atol, cfg.rtol, on)
 
 
 _PRINTED_VALUES = 4096

@@ -274,13 +274,9 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
 
 def _outputs_differ(expected: list[Any], got: list[Any], atol: float, rtol: float,
                     device: torch.device) -> str | None:
-    if len(got) != len(expected):
-        return f"{len(got)} outputs where eager gives {len(expected)}"
-    for index, (want, have) in enumerate(zip(expected, got, strict=True)):
-        problem = check.compare_leaf(want, have, 0, index, atol, rtol, on=device).problem
-        if problem:
-            return f"output {index}: {problem}"
-    return None
+    found = next((m for m in check.compare_leaves(expected, got, 0, atol, rtol, device)
+                  if m.problem), None)
+    return f"output {found.output}: {found.problem}" if found else None
 
 
 def _copies(inputs: list[Any]) -> list[Any]:
