@@ -249,7 +249,7 @@ class FakeJudge:
         monkeypatch.setattr(audit_run, "evaluate", self.evaluate)
         return self
 
-    def measure(self, task: Task, cfg: RunConfig, modes: list[str]) -> Baseline:
+    def measure(self, task: Task, cfg: RunConfig, modes: list[str], **_: Any) -> Baseline:
         self.modes.append(modes)
         if task.name in self.broken:
             raise TaskError(f"{task.path}: reference failed in phase 'check': boom")
@@ -505,7 +505,7 @@ def test_tasks_spread_over_gpus_each_measured_and_judged_on_one_alone(
     both_started = threading.Barrier(2, timeout=10)
     first_two: list[str] = []
 
-    def measured(task: Task, cfg: RunConfig, modes: list[str]) -> Baseline:
+    def measured(task: Task, cfg: RunConfig, modes: list[str], **_: Any) -> Baseline:
         with lock:
             first = len(first_two) < 2
             if first:
@@ -586,7 +586,7 @@ def test_a_time_limit_starts_no_new_task_and_resume_goes_on(
     judge.install(monkeypatch)
     measure = judge.measure
 
-    def slow(task: Task, cfg: RunConfig, modes: list[str]) -> Baseline:
+    def slow(task: Task, cfg: RunConfig, modes: list[str], **_: Any) -> Baseline:
         time.sleep(0.3)
         return measure(task, cfg, modes)
 

@@ -29,7 +29,7 @@ def _fakes(monkeypatch: pytest.MonkeyPatch, failing: str = "") -> list[tuple[str
     steps: list[tuple[str, str]] = []
     lock = threading.Lock()
 
-    def measure(task: Task, cfg: Any, modes: Any) -> _Stored:
+    def measure(task: Task, cfg: Any, modes: Any, **_: Any) -> _Stored:
         with lock:
             steps.append(("baseline", task.name))
         if task.name == failing:
@@ -98,7 +98,7 @@ def test_with_several_gpus_each_tasks_baselines_are_measured_on_one_all_at_once(
     running = [0]
     lock = threading.Lock()
 
-    def measure(task: Task, cfg: RunConfig, modes: Any) -> _Stored:
+    def measure(task: Task, cfg: RunConfig, modes: Any, **_: Any) -> _Stored:
         with lock:
             where[task.name] = cfg.eval.device or ""
             running[0] += 1

@@ -307,6 +307,11 @@ def test_baseline_with_a_compile_mode(tmp_path: Path, config: Path) -> None:
     assert [m["mode"] for m in modes] == ["eager", "compile:no-such-mode", "compile:default"]
     eager, bogus, compiled = modes
     assert compiled["stats"]["median_ms"] > 0, compiled["error"]
+    # each mode's build is reported as it ends: a large model's takes minutes
+    said = " ".join(result.stderr.split())
+    assert re.search(r"1_Double: baseline compile:default built in \d+\.\d s", said), said
+    assert "1_Double: baseline compile:no-such-mode failed in" in said
+    assert "1_Double: baseline eager built in" in said
     assert compiled["speedup_vs_eager"] == pytest.approx(
         eager["stats"]["median_ms"] / compiled["stats"]["median_ms"])
     # each mode is built and warmed up before the timed window: the compile is its build

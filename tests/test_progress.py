@@ -104,6 +104,21 @@ def test_an_audit_shows_each_file_s_verdict_not_search_fields() -> None:
     assert text.splitlines()[-1].endswith("[done] 1_A: ok 1.50x")
 
 
+def test_each_baseline_mode_s_build_is_a_line_of_its_own() -> None:
+    console, out = piped()
+    with BenchProgress(console, ["10_ResNet101"], AUDIT_FIELDS) as progress:
+        progress("task_phase", task="10_ResNet101", phase="baseline")
+        progress("mode_built", task="10_ResNet101", mode="compile:default", build_s=61.04,
+                 error=None)
+        progress("mode_built", task="10_ResNet101", mode="compile:max-autotune", build_s=300.2,
+                 error="timeout in phase 'timing': no progress for 300 s")
+    lines = [line.split(" ", 1)[1] for line in out.getvalue().splitlines()]
+    assert lines[1:] == [
+        "10_ResNet101: baseline compile:default built in 61.0 s",
+        "10_ResNet101: baseline compile:max-autotune failed in 300.2 s: timeout in phase "
+        "'timing': no progress for 300 s"]
+
+
 def test_an_error_ends_the_display_without_a_status_line() -> None:
     console, out = piped()
     try:

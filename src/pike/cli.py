@@ -23,7 +23,7 @@ from pike.errors import ConfigError, PikeError, TaskError
 from pike.evaluate import BASELINE_MODES, Baseline, evaluate, measure_baselines
 from pike.evaluate.leftovers import sweep_orphaned_dirs
 from pike.preflight import check_devices, check_new_run_dir, check_run
-from pike.report.progress import StatusFields
+from pike.report.progress import StatusFields, built_line
 from pike.report.tables import (
     baselines_heading,
     baselines_table,
@@ -677,7 +677,7 @@ def baseline_command(
     for i, t in enumerate(task_list, 1):
         with err_console.status(f"[{i}/{len(task_list)}] timing {t.name}..."):
             try:
-                result = measure_baselines(t, cfg, mode_list)
+                result = measure_baselines(t, cfg, mode_list, on_event=_built_printer(t.name))
             except PikeError as err:  # one bad task does not stop a folder
                 failures[t.name] = str(err)
                 err_console.print(f"[red]{escape(t.name)}: {escape(str(err))}[/red]",
@@ -695,6 +695,14 @@ def baseline_command(
                           highlight=False, soft_wrap=True)
     if not results:
         raise typer.Exit(EXIT_USER_ERROR)
+
+
+def _built_printer(task: str) -> Callable[..., None]:
+    def printed(kind: str, **data: Any) -> None:
+        if kind == "mode_built":
+            err_console.print(f"{task}: {built_line(**data)}", markup=False, highlight=False,
+                              soft_wrap=True)
+    return printed
 
 
 def _print_baselines(results: list[Baseline], modes: list[str]) -> None:

@@ -259,7 +259,8 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
             baseline = Baseline.model_validate(kept)
         else:
             event("task_phase", phase="baseline")
-            baseline = measure_baselines(task, cfg, cfg.search.baseline_modes)
+            baseline = measure_baselines(task, cfg, cfg.search.baseline_modes,
+                                         on_event=event)
             store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
         baselines[task.name] = baseline
         candidate_id = recorded.id if recorded is not None else store.add_candidate(

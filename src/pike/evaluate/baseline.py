@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
 from pike.config import COMPILE_MODES, EvalConfig, RunConfig
 from pike.evaluate.cores import build_cores
+from pike.evaluate.driver import Timer
 from pike.evaluate.judge import (
     ModeFailed,
     as_eval_config,
@@ -55,8 +57,11 @@ class Baseline(BaseModel):
 
 
 def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
-                      modes: list[str] | None = None) -> Baseline:
-    """Time the reference in each mode; a mode that fails to compile is reported, not raised."""
+                      modes: list[str] | None = None,
+                      on_event: Callable[..., None] | None = None) -> Baseline:
+    """Time the reference in each mode; a mode that fails to compile is reported, not raised.
+    on_event("mode_built", mode=, build_s=, error=) as each mode is built, before the
+    timed window."""
     cfg = as_eval_config(config)
     device = resolve_device(cfg.device)
     modes = modes or BASELINE_MODES
@@ -75,7 +80,8 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
         try:
             work = reference.work()
             timers = time_reference_modes(task, reference,
-                                          [m for m in modes if m not in failed], cfg, device)
+                                          [m for m in modes if m not in failed], cfg, device,
+                                          _built_reporter(on_event))
             break
         except ModeFailed as err:
             failed[err.mode] = ModeTiming(mode=err.mode, error=err.reason,
@@ -103,6 +109,18 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
         work=work, floor=floor(work, floor_name) if work else None,
         no_floor=(no_floor_reason(work, floor_name) if work else "the FLOPs could not be counted"),
     )
+
+
+def _built_reporter(on_event: Callable[..., None] | None) -> Callable[[Timer], None] | None:
+    if on_event is None:
+        return None
+
+    def report(timer: Timer) -> None:
+        failure = timer.failure.message if timer.failure is not None else None
+        error = timer.error or failure
+        on_event("mode_built", mode=timer.mode, build_s=timer.build_s,
+                 error=error.strip().splitlines()[0] if error and error.strip() else error)
+    return report
 
 
 def _rounded(seconds: float | None) -> float | None:

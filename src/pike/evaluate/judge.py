@@ -470,8 +470,11 @@ def _reference_failed(task: Task, failure: Verdict | None) -> TaskError:
 
 
 def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
-                         cfg: EvalConfig, device: str) -> list[Timer]:
-    """Time the reference's modes (eager, torch.compile ...) alternating with each other."""
+                         cfg: EvalConfig, device: str,
+                         on_built: Callable[[Timer], None] | None = None) -> list[Timer]:
+    """Time the reference's modes (eager, torch.compile ...) alternating with each other.
+    on_built(timer) after each mode's build: a large model's max-autotune build can take
+    minutes, and the user should see which mode it is."""
     assert reference.child is not None
     timers = [Timer(reference.child, mode) for mode in modes]
     # Each mode is built (a torch.compile mode compiles, max-autotune also autotunes)
@@ -484,12 +487,12 @@ def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
     with _built_beside_others(reference.child, device, cfg.device_lock), reference.talking:
         for timer in timers:
             if not _autotunes(timer.mode) and not any(t.failure for t in timers):
-                _prepare(timer, cfg)
+                _prepare(timer, cfg, on_built)
     with hold(device, exclusive=True), reference.talking:
         # autotuning measures kernels: alone on the device, as timing is
         for timer in timers:
             if _autotunes(timer.mode) and not any(t.failure for t in timers):
-                _prepare(timer, cfg)
+                _prepare(timer, cfg, on_built)
         if not any(t.failure for t in timers):
             with timing_cores([_pid(reference.child)], device, cfg.timing_cores):
                 time_interleaved(timers, cfg.timing, stop_at_failure=True)
@@ -532,7 +535,8 @@ def _built_beside_others(child: ChildProcess, device: str, scope: str) -> Iterat
                 child.pausable_on = None
 
 
-def _prepare(timer: Timer, cfg: EvalConfig) -> None:
+def _prepare(timer: Timer, cfg: EvalConfig,
+             on_built: Callable[[Timer], None] | None = None) -> None:
     """Build one mode of a live child and warm it up, untimed; how long it took is kept.
     A torch.compile mode's outputs on the check trials are compared with eager's there:
     a mode that is wrong for the task (it happens: a scan compiled past the tolerance) is
@@ -552,6 +556,8 @@ def _prepare(timer: Timer, cfg: EvalConfig) -> None:
     else:
         timer.checked = {"checked": True, "unchecked": False}.get(str(reply.get("checked")))
         timer.check_note = str(reply["why"]) if reply.get("why") else None
+    if on_built is not None:
+        on_built(timer)
 
 
 def attach_floor(verdict: Verdict, work: Work | None) -> None:

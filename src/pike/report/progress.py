@@ -86,6 +86,8 @@ class TaskStatus:
             return f"planner: {len(data['steps'])} steps"
         elif kind == "task_phase":
             self.phase = data["phase"]
+        elif kind == "mode_built":  # a baseline's mode: minutes for a large max-autotune
+            return built_line(data["mode"], data.get("build_s"), data.get("error"))
         elif kind == "task_done":
             self._done(data)
         return None
@@ -119,6 +121,13 @@ class TaskStatus:
         if self.fields.fixer:
             parts.append(f"rescued by fixer: {self.rescued}")
         return " | ".join(parts)
+
+
+def built_line(mode: str, build_s: float | None, error: str | None) -> str:
+    took = f" in {build_s:.1f} s" if build_s is not None else ""
+    if error:
+        return f"baseline {mode} failed{took}: {error[:120]}"
+    return f"baseline {mode} built{took}"
 
 
 class _Progress:

@@ -231,7 +231,8 @@ def _measure_baseline(store: RunStore, task: Task, cfg: RunConfig,
 
     event("task_phase", phase="baseline")
     try:
-        baseline = measure_baselines(task, cfg, cfg.search.baseline_modes)
+        baseline = measure_baselines(task, cfg, cfg.search.baseline_modes,
+                                     on_event=event)
     except TaskError as err:
         _failed(store, task, err, event)
         return
@@ -267,7 +268,8 @@ def _fill_baseline(store: RunStore, task: Task, cfg: RunConfig,
         return
     event("task_phase", phase="baseline")
     try:
-        fresh = measure_baselines(task, cfg, modes).model_dump(mode="json")
+        fresh = measure_baselines(task, cfg, modes,
+                                  on_event=event).model_dump(mode="json")
     except TaskError as err:  # the reference failed this time: the old baseline stays
         log.warning("%s: baselines not measured again: %s", task.name, err)
         return
