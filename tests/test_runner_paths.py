@@ -33,3 +33,24 @@ def test_the_child_starts_without_a_warning_in_every_failure_message() -> None:
                           text=True, timeout=120)
     assert done.returncode != 0  # no request given
     assert "RuntimeWarning" not in done.stderr, done.stderr[:500]
+
+
+def test_each_compile_mode_gets_its_own_copy_of_the_module() -> None:
+    import torch
+
+    from pike.evaluate.runner import own_copy
+
+    model = torch.nn.Linear(3, 2)
+    model.hidden = torch.zeros(2)  # state a forward may write
+    copied = own_copy(model)
+    assert copied is not model and copied.hidden is not model.hidden
+    assert torch.equal(copied.weight, model.weight)
+    copied.hidden.add_(1)
+    assert model.hidden.sum() == 0
+
+    class Uncopyable(torch.nn.Module):
+        def __deepcopy__(self, memo: dict) -> None:
+            raise RuntimeError("CUDA out of memory")
+
+    shared = Uncopyable()
+    assert own_copy(shared) is shared  # shared, as before, rather than no mode at all

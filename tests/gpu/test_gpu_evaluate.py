@@ -6,6 +6,7 @@ Run on the GPU machine with `pytest -m gpu`; skipped where CUDA is absent.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -238,3 +239,53 @@ def test_baseline_modes_compile_on_the_build_cores_before_their_window(
                for m in compiled)
     # each compiled mode answered the check trials as eager did (or says why it could not)
     assert all(m.checked is True for m in compiled), [(m.mode, m.check_note) for m in compiled]
+
+
+STATEFUL_RNN = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """33_VanillaRNN's pattern: the hidden state is kept on the module between calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.i2h = nn.Linear(64, 32)
+        self.h2o = nn.Linear(32, 8)
+        self.hidden = torch.randn(16, 32)
+
+    def forward(self, x):
+        self.hidden = self.hidden.to(x.device)
+        self.hidden = torch.tanh(self.i2h(torch.cat((x, self.hidden), dim=1)))
+        return self.h2o(self.hidden)
+
+
+def get_inputs():
+    return [torch.randn(16, 32)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_stateful_task_s_modes_each_keep_their_own_state(
+        tmp_path: Path, gpu_config: EvalConfig) -> None:
+    """Each compile mode compiles its own copy of the module. Shared, reduce-overhead's
+    CUDA graph output became the module's hidden state, and eager's next call read it
+    overwritten: every mode failed (33_VanillaRNN in the level3-pike audit)."""
+    from pike.evaluate.baseline import measure_baselines
+
+    path = tmp_path / "1_StatefulRNN.py"
+    path.write_text(STATEFUL_RNN)
+    modes = ["eager", "compile:reduce-overhead", "compile:default"]
+    base = measure_baselines(Task.from_file(path), gpu_config, modes)
+    eager, graphs, default = base.modes
+    assert [m.mode for m in base.modes] == modes
+    assert eager.stats and default.stats, [(m.mode, m.error) for m in base.modes]
+    # eager answers each call otherwise (its state moves on): the mode cannot be checked
+    assert default.checked is False and default.check_note
+    # reduce-overhead fails on its own: the state it keeps is its own graphs' output, as in
+    # a user's program without cudagraph_mark_step_begin()
+    assert graphs.stats or "CUDAGraphs" in (graphs.error or ""), graphs

@@ -9,6 +9,7 @@ reference class or its outputs, only the inputs and the constructor arguments.
 from __future__ import annotations
 
 import contextlib
+import copy
 import faulthandler
 import getpass
 import hashlib
@@ -229,7 +230,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
             if not compiled_modes:
                 torch._dynamo.reset()
             compiled_modes.append(mode)
-            fn = compiled[mode] = torch.compile(model, mode=mode.split(":", 1)[1])
+            fn = compiled[mode] = torch.compile(own_copy(model), mode=mode.split(":", 1)[1])
         elif mode != "eager":
             raise ValueError(f"unknown timing mode {mode!r}")
         return rotation.caller(fn)
@@ -270,6 +271,18 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
                   after_block=lambda mode: rehearse_check_after() if mode == "empty" else None,
                   samples_for=lambda mode: calibration if mode == "empty" else None,
                   mode_outcome=mode_outcome)
+
+
+def own_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A compile mode's own module, with the same weights: a forward that keeps state on
+    the module (an RNN's hidden state, a decoder's cache) would otherwise carry one mode's
+    outputs into the next mode's calls (33_VanillaRNN: eager was handed a CUDA graph's
+    output, since overwritten, and failed). A module that cannot be copied (no room for
+    its weights twice, an attribute deepcopy refuses) is shared, as before."""
+    try:
+        return copy.deepcopy(model)
+    except Exception:  # noqa: BLE001 - any failure to copy leaves the shared module
+        return model
 
 
 def _outputs_differ(expected: list[Any], got: list[Any], atol: float, rtol: float,
