@@ -54,3 +54,15 @@ def test_each_compile_mode_gets_its_own_copy_of_the_module() -> None:
 
     shared = Uncopyable()
     assert own_copy(shared) is shared  # shared, as before, rather than no mode at all
+
+
+def test_a_module_too_big_for_a_copy_per_mode_is_shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from pike.evaluate import runner
+
+    model = torch.nn.Linear(1000, 1000, device="meta")  # 4 MB of weights, none allocated
+    monkeypatch.setattr(runner, "_free_bytes", lambda device: 8 * 2**20)
+    assert runner.own_copy(model) is model  # over a quarter of what is free: shared
+    monkeypatch.setattr(runner, "_free_bytes", lambda device: 100 * 2**20)
+    assert runner.own_copy(model) is not model

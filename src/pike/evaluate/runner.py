@@ -277,12 +277,32 @@ def own_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A compile mode's own module, with the same weights: a forward that keeps state on
     the module (an RNN's hidden state, a decoder's cache) would otherwise carry one mode's
     outputs into the next mode's calls (33_VanillaRNN: eager was handed a CUDA graph's
-    output, since overwritten, and failed). A module that cannot be copied (no room for
-    its weights twice, an attribute deepcopy refuses) is shared, as before."""
+    output, since overwritten, and failed). A module that cannot be copied (an attribute
+    deepcopy refuses, no room) is shared, as before; so is one whose weights would take
+    over a quarter of the GPU's free memory, which the compiled modes' own buffers need
+    more (a level-5 model copied once per mode)."""
+    if not _room_for_a_copy(model):
+        return model
     try:
         return copy.deepcopy(model)
     except Exception:  # noqa: BLE001 - any failure to copy leaves the shared module
         return model
+
+
+def _room_for_a_copy(model: torch.nn.Module) -> bool:
+    on_device = [t for t in (*model.parameters(), *model.buffers()) if t.device.type != "cpu"]
+    free = _free_bytes(on_device[0].device) if on_device else None
+    if free is None:  # host memory, or a device that does not say
+        return True
+    weights = sum(t.numel() * t.element_size() for t in on_device)
+    return weights <= free * COPY_SHARE_OF_FREE
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+
+
+COPY_SHARE_OF_FREE = 0.25
 
 
 def _outputs_differ(expected: list[Any], got: list[Any], atol: float, rtol: float,
