@@ -77,10 +77,9 @@ def test_each_file_gets_its_verdict_and_failing_check(mixed: Any) -> None:
     assert [e.label for e in wrong.trial_errors][:2] == ["trial 0", "trial 1"]
     # ReLU misses softplus by ln 2 at 0, which the plain trials' randn always comes near; the
     # shifted trial's scale and shift are drawn unpredictably and can keep every input far
-    # from 0, where the two agree closely, so it only has to differ.
+    # from 0, where the two agree within the tolerance, so it is not asserted on.
     plain = [e for e in wrong.trial_errors if e.label.startswith("trial ")]
     assert len(plain) == 2 and all(e.max_abs_error > 0.5 and e.max_rel_error for e in plain)
-    assert all(e.max_abs_error and e.max_abs_error > 0 for e in wrong.trial_errors)
     assert wrong.speedup is None and wrong.precision == []
     seed = t["3_RowSum"]
     assert (seed.status, seed.trials_passed, seed.trials) == ("incorrect", 1, 2)

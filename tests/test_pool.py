@@ -420,7 +420,7 @@ def test_baseline_modes_that_measure_nothing_build_beside_others(
             yield
         order.append("released")
 
-    def prepare(timer: Any, cfg: Any) -> None:
+    def prepare(timer: Any, cfg: Any, on_built: Any = None) -> None:
         order.append(f"build {timer.mode}")
 
     def timing(timers: list, cfg: Any, **options: Any) -> None:

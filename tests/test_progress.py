@@ -112,11 +112,33 @@ def test_each_baseline_mode_s_build_is_a_line_of_its_own() -> None:
                  error=None)
         progress("mode_built", task="10_ResNet101", mode="compile:max-autotune", build_s=300.2,
                  error="timeout in phase 'timing': no progress for 300 s")
+        progress("mode_built", task="10_ResNet101", mode="compile:default", build_s=12.06,
+                 error="incorrect: trial 0, output 0: 4482 of 10000 values outside",
+                 again=True)
+        progress("mode_built", task="10_ResNet101", mode="compile:reduce-overhead",
+                 build_s=None, error="  ")
     lines = [line.split(" ", 1)[1] for line in out.getvalue().splitlines()]
     assert lines[1:] == [
         "10_ResNet101: baseline compile:default built in 61.0 s",
         "10_ResNet101: baseline compile:max-autotune failed in 300.2 s: timeout in phase "
-        "'timing': no progress for 300 s"]
+        "'timing': no progress for 300 s",
+        "10_ResNet101: baseline compile:default built in 12.1 s (again, in a new child), but "
+        "is incorrect: trial 0, output 0: 4482 of 10000 values outside",
+        "10_ResNet101: baseline compile:reduce-overhead failed: no reason given"]
+
+
+def test_a_failed_build_always_says_why() -> None:
+    from types import SimpleNamespace
+
+    from pike.evaluate.baseline import _why
+
+    def timer(error: str | None = None, failure: object = None) -> SimpleNamespace:
+        return SimpleNamespace(error=error, failure=failure)
+
+    assert _why(timer()) is None  # built
+    assert _why(timer(error="RuntimeError: boom\nmore")) == "RuntimeError: boom"
+    assert _why(timer(failure=Verdict(status="crashed", message=""))) == "crashed"
+    assert _why(timer(failure=Verdict(status="timeout", message="  \n"))) == "timeout"
 
 
 def test_an_error_ends_the_display_without_a_status_line() -> None:

@@ -42,18 +42,20 @@ def test_each_compile_mode_gets_its_own_copy_of_the_module() -> None:
 
     model = torch.nn.Linear(3, 2)
     model.hidden = torch.zeros(2)  # state a forward may write
-    copied = own_copy(model)
-    assert copied is not model and copied.hidden is not model.hidden
+    copied, note = own_copy(model)
+    assert copied is not model and copied.hidden is not model.hidden and note is None
     assert torch.equal(copied.weight, model.weight)
     copied.hidden.add_(1)
     assert model.hidden.sum() == 0
 
     class Uncopyable(torch.nn.Module):
         def __deepcopy__(self, memo: dict) -> None:
-            raise RuntimeError("CUDA out of memory")
+            raise RuntimeError("no copies of this one")
 
     shared = Uncopyable()
-    assert own_copy(shared) is shared  # shared, as before, rather than no mode at all
+    kept, note = own_copy(shared)  # shared, as before, rather than no mode at all; said so
+    assert kept is shared and note and "could not be copied: " in note
+    assert "no copies of this one" in note
 
 
 def test_a_module_too_big_for_a_copy_per_mode_is_shared(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,7 +64,11 @@ def test_a_module_too_big_for_a_copy_per_mode_is_shared(monkeypatch: pytest.Monk
     from pike.evaluate import runner
 
     model = torch.nn.Linear(1000, 1000, device="meta")  # 4 MB of weights, none allocated
-    monkeypatch.setattr(runner, "_free_bytes", lambda device: 8 * 2**20)
-    assert runner.own_copy(model) is model  # over a quarter of what is free: shared
-    monkeypatch.setattr(runner, "_free_bytes", lambda device: 100 * 2**20)
-    assert runner.own_copy(model) is not model
+    model.scale = torch.ones(1000, 1000, device="meta")  # a plain attribute counts too
+    assert runner._weight_bytes(model) == (1000 * 1000 * 2 + 1000) * 4
+    monkeypatch.setattr(runner, "_free_bytes", lambda module: 24 * 2**20)
+    kept, note = runner.own_copy(model)  # over a quarter of what is free: shared
+    assert kept is model and note and note.startswith("shares eager's module: its weights")
+    monkeypatch.setattr(runner, "_free_bytes", lambda module: 100 * 2**20)
+    copied, note = runner.own_copy(model)
+    assert copied is not model and note is None

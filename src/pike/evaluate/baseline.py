@@ -36,7 +36,9 @@ class ModeTiming(BaseModel):
                                  "with eager's on the check trials and matched (a mode that "
                                  "did not is an error); False: it could not be checked "
                                  "(check_note); None: eager, or measured before the check")
-    check_note: str | None = None
+    check_note: str | None = Field(None, description="why a mode could not be checked, and "
+                                   "where it shares eager's module instead of its own copy "
+                                   "(too big, or not copyable), that it does")
 
 
 class Baseline(BaseModel):
@@ -81,7 +83,7 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
             work = reference.work()
             timers = time_reference_modes(task, reference,
                                           [m for m in modes if m not in failed], cfg, device,
-                                          _built_reporter(on_event))
+                                          _built_reporter(on_event, again=bool(failed)))
             break
         except ModeFailed as err:
             failed[err.mode] = ModeTiming(mode=err.mode, error=err.reason,
@@ -111,16 +113,25 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     )
 
 
-def _built_reporter(on_event: Callable[..., None] | None) -> Callable[[Timer], None] | None:
+def _built_reporter(on_event: Callable[..., None] | None,
+                    again: bool) -> Callable[[Timer], None] | None:
+    """`again`: a new child builds the modes once more, after one took the last one down."""
     if on_event is None:
         return None
 
     def report(timer: Timer) -> None:
-        failure = timer.failure.message if timer.failure is not None else None
-        error = timer.error or failure
-        on_event("mode_built", mode=timer.mode, build_s=timer.build_s,
-                 error=error.strip().splitlines()[0] if error and error.strip() else error)
+        on_event("mode_built", mode=timer.mode, build_s=timer.build_s, error=_why(timer),
+                 again=again)
     return report
+
+
+def _why(timer: Timer) -> str | None:
+    """A failed mode's reason in one line, never empty; None where it built."""
+    if timer.failure is None and timer.error is None:
+        return None
+    text = (timer.error or (timer.failure.message if timer.failure else "") or "").strip()
+    status = timer.failure.status if timer.failure is not None else "error"
+    return text.splitlines()[0] if text else status
 
 
 def _rounded(seconds: float | None) -> float | None:

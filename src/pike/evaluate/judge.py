@@ -557,7 +557,10 @@ def _prepare(timer: Timer, cfg: EvalConfig,
         timer.checked = {"checked": True, "unchecked": False}.get(str(reply.get("checked")))
         timer.check_note = str(reply["why"]) if reply.get("why") else None
     if on_built is not None:
-        on_built(timer)
+        try:
+            on_built(timer)
+        except Exception:  # a display's failure must not cost a build of minutes
+            log.exception("reporting the build of %s failed", timer.mode)
 
 
 def attach_floor(verdict: Verdict, work: Work | None) -> None:

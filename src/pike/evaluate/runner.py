@@ -219,6 +219,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     rotation = InputRotation(pool[:req.input_sets])  # the probe sets are the candidate's
     compiled_modes: list[str] = []
     compiled: dict[str, Callable[..., Any]] = {}
+    sharing: dict[str, str | None] = {}  # why a mode shares eager's module, where it does
 
     def make_call(mode: str) -> Callable[[], Any]:
         fn = model
@@ -230,7 +231,8 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
             if not compiled_modes:
                 torch._dynamo.reset()
             compiled_modes.append(mode)
-            fn = compiled[mode] = torch.compile(own_copy(model), mode=mode.split(":", 1)[1])
+            module, sharing[mode] = own_copy(model)
+            fn = compiled[mode] = torch.compile(module, mode=mode.split(":", 1)[1])
         elif mode != "eager":
             raise ValueError(f"unknown timing mode {mode!r}")
         return rotation.caller(fn)
@@ -267,42 +269,62 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
                 return "incorrect", f"{label}, {problem}"
         return "checked", ""
 
+    def outcome_and_sharing(mode: str, atol: float, rtol: float) -> tuple[str, str]:
+        outcome, why = mode_outcome(mode, atol, rtol)
+        return outcome, "; ".join(note for note in (why, sharing.get(mode)) if note)
+
     _serve_timing(req, chan, device, make_call, failed_mode,
                   after_block=lambda mode: rehearse_check_after() if mode == "empty" else None,
                   samples_for=lambda mode: calibration if mode == "empty" else None,
-                  mode_outcome=mode_outcome)
+                  mode_outcome=outcome_and_sharing,
+                  forget=lambda mode: compiled.pop(mode, None))
 
 
-def own_copy(model: torch.nn.Module) -> torch.nn.Module:
+def own_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
     """A compile mode's own module, with the same weights: a forward that keeps state on
     the module (an RNN's hidden state, a decoder's cache) would otherwise carry one mode's
     outputs into the next mode's calls (33_VanillaRNN: eager was handed a CUDA graph's
-    output, since overwritten, and failed). A module that cannot be copied (an attribute
-    deepcopy refuses, no room) is shared, as before; so is one whose weights would take
-    over a quarter of the GPU's free memory, which the compiled modes' own buffers need
-    more (a level-5 model copied once per mode)."""
-    if not _room_for_a_copy(model):
-        return model
+    output, since overwritten, and failed). The module is shared, as before, and the
+    reason given, where its weights would take over a quarter of the device memory free
+    to this process (a level-5 model: the compiled modes need that room for their own
+    buffers) or deepcopy refuses it. Hooks are copied by reference: one that closes over
+    the original's tensors still reaches them."""
+    weights, free = _weight_bytes(model), _free_bytes(model)
+    if free is not None and weights > free * COPY_SHARE_OF_FREE:
+        return model, (f"shares eager's module: its weights ({weights / 2**30:.2f} GiB) are "
+                       f"over a quarter of the free device memory ({free / 2**30:.2f} GiB)")
     try:
-        return copy.deepcopy(model)
-    except Exception:  # noqa: BLE001 - any failure to copy leaves the shared module
-        return model
-
-
-def _room_for_a_copy(model: torch.nn.Module) -> bool:
-    on_device = [t for t in (*model.parameters(), *model.buffers()) if t.device.type != "cpu"]
-    free = _free_bytes(on_device[0].device) if on_device else None
-    if free is None:  # host memory, or a device that does not say
-        return True
-    weights = sum(t.numel() * t.element_size() for t in on_device)
-    return weights <= free * COPY_SHARE_OF_FREE
-
-
-def _free_bytes(device: torch.device) -> int | None:
-    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+        return copy.deepcopy(model), None
+    except Exception as exc:  # noqa: BLE001 - any failure to copy leaves the shared module
+        return model, ("shares eager's module: it could not be copied: "
+                       + describe_exception(exc).splitlines()[0][:200])
 
 
 COPY_SHARE_OF_FREE = 0.25
+
+
+def _on_device(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The module's tensors off the host: parameters, buffers and plain tensor attributes
+    (KernelBench tasks keep some as `self.bias = torch.randn(...)`)."""
+    tensors = {id(t): t for m in model.modules()
+               for t in (*m.parameters(recurse=False), *m.buffers(recurse=False),
+                         *(v for v in vars(m).values() if isinstance(v, torch.Tensor)))}
+    return [t for t in tensors.values() if t.device.type != "cpu"]
+
+
+def _weight_bytes(model: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in _on_device(model))
+
+
+def _free_bytes(model: torch.nn.Module) -> int | None:
+    """Device memory this process could still use: free on the card plus what its caching
+    allocator holds unused; None for host memory or a device that does not say."""
+    on_device = _on_device(model)
+    if not on_device or on_device[0].device.type != "cuda":
+        return None
+    device = on_device[0].device
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
 def _outputs_differ(expected: list[Any], got: list[Any], atol: float, rtol: float,
@@ -444,11 +466,13 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
                   final_check: Callable[[], None] = lambda: None,
                   samples_for: Callable[[str], TimedOutputSamples | None] = lambda mode: None,
                   mode_outcome: Callable[[str, float, float], tuple[str, str]] | None = None,
+                  forget: Callable[[str], object] = lambda mode: None,
                   ) -> None:
     """Time blocks of calls as the parent asks, one block per request, until it says stop.
 
     The parent alternates blocks between this child and another one, so that both are
-    timed under the same state of the host.
+    timed under the same state of the host. A mode that fails its build or its check is
+    forgotten (`forget`), so its compiled module is not kept while the others are timed.
     """
     calls: dict[str, Callable[[], Any]] = {}
     while True:
@@ -470,6 +494,7 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
                 warm_up(calls[mode], device, req.timing)
             except BaseException as exc:  # a torch.compile mode may fail: reported, not raised
                 calls.pop(mode, None)
+                forget(mode)
                 chan.send("prepared", mode=mode, error=describe_exception(exc).splitlines()[0][:500],
                           seq=msg.get("seq"))
                 continue
@@ -484,6 +509,7 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
                         describe_exception(exc).splitlines()[0][:300]
             if outcome == "incorrect":
                 calls.pop(mode, None)
+                forget(mode)
                 chan.send("prepared", mode=mode, error=f"incorrect: {why}"[:500],
                           seq=msg.get("seq"))
                 continue

@@ -87,7 +87,8 @@ class TaskStatus:
         elif kind == "task_phase":
             self.phase = data["phase"]
         elif kind == "mode_built":  # a baseline's mode: minutes for a large max-autotune
-            return built_line(data["mode"], data.get("build_s"), data.get("error"))
+            return built_line(data["mode"], data.get("build_s"), data.get("error"),
+                              data.get("again", False))
         elif kind == "task_done":
             self._done(data)
         return None
@@ -123,11 +124,16 @@ class TaskStatus:
         return " | ".join(parts)
 
 
-def built_line(mode: str, build_s: float | None, error: str | None) -> str:
+def built_line(mode: str, build_s: float | None, error: str | None,
+               again: bool = False) -> str:
     took = f" in {build_s:.1f} s" if build_s is not None else ""
-    if error:
-        return f"baseline {mode} failed{took}: {error[:120]}"
-    return f"baseline {mode} built{took}"
+    took += " (again, in a new child)" if again else ""
+    if error is None:
+        return f"baseline {mode} built{took}"
+    reason = error.strip()[:120] or "no reason given"
+    if reason.startswith("incorrect: "):  # it built, and answers otherwise than eager
+        return f"baseline {mode} built{took}, but is incorrect: {reason[11:]}"
+    return f"baseline {mode} failed{took}: {reason}"
 
 
 class _Progress:
