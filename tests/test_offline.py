@@ -477,6 +477,45 @@ def test_the_baselines_fastest_compile_mode_is_judged_first_among_the_builds() -
             == [n for n in plain if not n.startswith("compile:")])
 
 
+def test_compile_modes_the_baseline_ruled_out_are_not_tried(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    # 10_ResNet101 on an H200: default and reduce-overhead answered otherwise than eager on
+    # the check trials' inputs, and max-autotune made no progress for 300 s with every
+    # build core; as candidates they would fail the same way, each holding a lane.
+    from pike.evaluate.verdict import Verdict
+    from pike.search.offline import OfflineSearch
+    from pike.search.session import hopeless_modes
+
+    stored = {"modes": [
+        {"mode": "eager", "speedup_vs_eager": 1.0},
+        {"mode": "compile:default", "error": "incorrect: trial 0, output 0: 4482 of 10000 "
+                                             "values outside atol=0.01, rtol=0.01"},
+        {"mode": "compile:max-autotune-no-cudagraphs",
+         "error": "timeout in phase 'timing': no progress for 300 s in phase 'timing'"},
+        {"mode": "compile:reduce-overhead", "error": "RuntimeError: CUDA out of memory"}]}
+    skip = hopeless_modes(stored)
+    assert set(skip) == {"compile:default", "compile:max-autotune-no-cudagraphs"}
+    assert skip["compile:default"].startswith("incorrect: trial 0")
+    assert hopeless_modes(None) == {} and hopeless_modes({"modes": "junk"}) == {}
+
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    request.addfinalizer(store.close)
+    store.add_task(CONV.name, str(CONV.path), CONV.sha256, CONV.source)
+    events: list[tuple[str, dict]] = []
+
+    def judge(sources: list[str]) -> Any:
+        for _ in sources:
+            yield 0, Verdict(status="ok", speedup=1.0)
+
+    OfflineSearch(store, CONV.name, CONV.source, "cuda:0", judge=judge, max_candidates=30,
+                  max_seconds=1e6, on_event=lambda kind, **d: events.append((kind, d)),
+                  skip=skip).run()
+    ideas = {r.idea for r in store.candidates(CONV.name)}
+    assert not any("compile:default" in i or "max-autotune" in i for i in ideas), ideas
+    assert "compile:reduce-overhead" in ideas  # failed otherwise: still worth its try
+    assert ("skipped", {"skipped": skip}) in events
+
+
 def test_a_campaigns_offline_search_takes_its_stored_baseline(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pike.search import session
@@ -503,6 +542,7 @@ def test_a_campaigns_offline_search_takes_its_stored_baseline(
 
     session._offline(store, MLP, cfg, "cuda:0", OnePool(), lambda kind, **data: None)
     assert seen["compile_speedups"] == {"compile:default": 1.7}
+    assert seen["skip"] == {}
     store.close()
 
 

@@ -86,6 +86,9 @@ class TaskStatus:
             return f"planner: {len(data['steps'])} steps"
         elif kind == "task_phase":
             self.phase = data["phase"]
+        elif kind == "skipped":  # the offline search's candidates its baseline ruled out
+            return "; ".join(f"not trying {name} (its baseline: {why[:100]})"
+                             for name, why in data["skipped"].items())
         elif kind == "mode_built":  # a baseline's mode: minutes for a large max-autotune
             return built_line(data["mode"], data.get("build_s"), data.get("error"),
                               data.get("again", False))

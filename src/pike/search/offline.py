@@ -1,6 +1,7 @@
 """The offline strategy: a greedy search over program transformations, no LLM.
 
-Round 1 judges every applicable transformation alone. Each later round tries the best set
+Round 1 judges every applicable transformation alone, less the torch.compile modes the
+task's baseline ruled out (incorrect, or no build within the limit: `hopeless_modes`).
 so far plus one more compatible transformation that was correct alone (one that breaks the
 tolerance alone, such as fp16 on a deep network, breaks it in company too), and keeps the
 fastest if it beats the best by more than the noise margin. It stops when nothing improves or a budget (number of
@@ -34,9 +35,11 @@ class OfflineSearch:
     def __init__(self, store: Any, task_name: str, task_source: str, device: str,
                  judge: Judge, max_candidates: int, max_seconds: float, batch: int = 1,
                  on_event: Callable[..., None] = lambda kind, **data: None,
-                 compile_speedups: dict[str, float] | None = None) -> None:
+                 compile_speedups: dict[str, float] | None = None,
+                 skip: dict[str, str] | None = None) -> None:
         self.store, self.task, self.task_source = store, task_name, task_source
         self.compile_speedups = compile_speedups
+        self.skip = skip or {}  # transformations not worth a candidate here, with why
         self.device, self.judge = device, judge
         self.max_candidates, self.max_seconds = max_candidates, max_seconds
         self.batch = max(1, batch)  # in evaluation at once (the pool's width)
@@ -50,6 +53,10 @@ class OfflineSearch:
 
     def run(self) -> None:
         names = applicable(self.task_source, self.device, self.compile_speedups)
+        skipped = {n: why for n, why in self.skip.items() if n in names}
+        if skipped:
+            self.on_event("skipped", skipped=skipped)
+        names = [n for n in names if n not in skipped]
         self.on_event("round", round=0, branches=len(names))
         results = self._try([(n,) for n in names], 0)
         best = self._fastest(results)

@@ -253,8 +253,8 @@ def _offline(store: RunStore, task: Task, cfg: RunConfig, device: str, pool: Poo
                   max_candidates=cfg.search.offline.max_candidates,
                   max_seconds=cfg.search.offline.max_seconds, batch=pool.width,
                   on_event=on_event,
-                  compile_speedups=compile_speedups(store.get_state(task.name, BASELINE_STATE))
-                  ).run()
+                  compile_speedups=compile_speedups(store.get_state(task.name, BASELINE_STATE)),
+                  skip=hopeless_modes(store.get_state(task.name, BASELINE_STATE))).run()
 
 
 def compile_speedups(baseline: object) -> dict[str, float]:
@@ -265,6 +265,25 @@ def compile_speedups(baseline: object) -> dict[str, float]:
     return {m["mode"]: float(m["speedup_vs_eager"]) for m in baseline.get("modes", [])
             if isinstance(m, dict) and str(m.get("mode", "")).startswith("compile:")
             and isinstance(m.get("speedup_vs_eager"), (int, float))}
+
+
+def hopeless_modes(baseline: object) -> dict[str, str]:
+    """torch.compile modes not worth a candidate, with why: the task's baseline found the
+    mode answering otherwise than eager on the check trials' inputs (a candidate of it is
+    judged on the same ones), or its build making no progress for the phase's limit with
+    every build core (a candidate builds with fewer, under the same limit, and would hold
+    its lane that long to fail the same way)."""
+    if not isinstance(baseline, dict):
+        return {}
+    found = {}
+    for m in baseline.get("modes", []):
+        if not isinstance(m, dict):
+            continue
+        error = str(m.get("error") or "")
+        if str(m.get("mode", "")).startswith("compile:") and (
+                error.startswith("incorrect:") or "no progress for" in error):
+            found[str(m["mode"])] = error.splitlines()[0][:160]
+    return found
 
 
 def _reference_profile(store: RunStore, task: Task, cfg: RunConfig) -> str:
