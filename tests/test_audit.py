@@ -662,6 +662,15 @@ def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
     # a task whose reference failed in one run and was judged in another: the judgment
     FakeJudge({"10_Square": 1.0}, {"10_Square": fake_ok(2.0)}).install(monkeypatch)
     audit(folder, TASKS, cfg, out=tmp_path / "d", ids=[10])
+    same = combine(folder, TASKS, [tmp_path / "a", tmp_path / "d"], out=tmp_path / "ad")
+    assert not any("different limits" in w for w in same.warnings)
+    # a longer build limit may let a mode build that failed elsewhere: said, not refused
+    patient = cfg.model_copy(deep=True)
+    patient.eval.limits.build_seconds = 1200
+    audit(folder, TASKS, patient, out=tmp_path / "f", ids=[10])
+    mixed = combine(folder, TASKS, [tmp_path / "a", tmp_path / "f"], out=tmp_path / "af")
+    assert any(f"{tmp_path / 'a'}: 300 s, {tmp_path / 'f'}: 1200 s" in w
+               for w in mixed.warnings), mixed.warnings
     fixed = combine(folder, TASKS, [tmp_path / "a", tmp_path / "b", tmp_path / "d"],
                     out=tmp_path / "abd")
     assert by_task(fixed)["10_Square"].status == "ok"

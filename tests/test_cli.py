@@ -378,6 +378,32 @@ def test_a_compile_mode_that_takes_the_child_down_fails_alone(tmp_path: Path,
         assert mode["stats"] is None and "phase" in mode["error"], mode
 
 
+@pytest.mark.slow
+def test_a_compile_mode_past_its_build_limit_fails_alone(tmp_path: Path, config: Path) -> None:
+    """A baseline mode's build has its own limit (`eval.limits.build_seconds`): max-autotune
+    on a large CNN made no progress for 300 s on an H200. Past it, the mode fails alone,
+    said so, and eager is still timed."""
+    hangs = TASK.replace("import torch\n", "import time\nimport torch\n", 1).replace(
+        "        return torch.relu(x) * 2",
+        "        if torch.compiler.is_compiling():\n            time.sleep(600)\n"
+        "        return torch.relu(x) * 2")
+    cfg = yaml.safe_load(config.read_text())
+    cfg["eval"]["limits"]["build_seconds"] = 8
+    config.write_text(yaml.safe_dump(cfg))
+    task = task_folder(tmp_path, **{"1_Hangs": hangs}) / "1_Hangs.py"
+    result = pike("baseline", task, "--modes", "eager,compile:default", "--out",
+                  tmp_path / "out", "--json", "--config", config)
+    assert result.exit_code == 0, result.output
+    eager, compiled = json.loads(result.stdout)["baselines"][0]["modes"]
+    assert eager["stats"]["median_ms"] > 0 and eager["error"] is None
+    assert compiled["stats"] is None
+    assert "no progress for 8 s in phase 'build'" in compiled["error"], compiled["error"]
+    assert 8 <= compiled["build_s"] < 60
+    said = " ".join(result.stderr.split())
+    assert "1_Hangs: baseline compile:default failed in" in said
+    assert "baseline eager built in" in said and "(again, in a new child)" in said
+
+
 def test_eval_explain_lists_the_guards(config: Path) -> None:
     result = pike("eval", MLP, FUSED, "--no-timing", "--explain", "--config", config)
     assert result.exit_code == 0, result.output

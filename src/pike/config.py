@@ -50,6 +50,10 @@ class LimitsConfig(_Strict):
     load_seconds: float = Field(600, gt=0, description="import the module, build extensions, construct")
     check_seconds: float = Field(300, gt=0, description="all correctness trials")
     timing_seconds: float = Field(300, gt=0, description="warm-up and timed calls")
+    build_seconds: float = Field(
+        300, gt=0, description="a baseline's torch.compile mode: its build (max-autotune's "
+        "autotuning too), warm-up and check against eager, before the timed window; a mode "
+        "past it fails alone. max-autotune on a large CNN took longer than 300 s on an H200")
     fitted: bool = Field(
         True, description="a candidate's check and timing limits follow the reference's own "
         "check time (50x it, at least 30 s; the values above stay ceilings), so a hung "

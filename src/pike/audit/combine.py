@@ -59,6 +59,11 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path) ->
                               f"({', '.join(keys)}): their figures are not one audit's")
     found: dict[str, _Found] = {}
     warnings = list(matching.notes)
+    limits = {run: cfg.eval.limits.build_seconds for run, cfg in zip(runs, configs, strict=True)}
+    if len(set(limits.values())) > 1:  # a bar, not a verdict: warned, not refused
+        warnings.append("the runs gave a compile mode's build different limits ("
+                        + ", ".join(f"{run}: {s:g} s" for run, s in limits.items())
+                        + "): a mode that failed past one limit might have built within another")
     names = {t.name for t in task_list}
     for run in runs:
         with RunStore.open(run) as store:

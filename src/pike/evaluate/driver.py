@@ -127,7 +127,7 @@ def _phase_limits(cfg: EvalConfig, run_limit_s: float | None) -> dict[str, float
         check_s, timing_s = min(check_s, run_limit_s), min(timing_s, run_limit_s)
     return {"setup": lim.load_seconds, "load": lim.load_seconds,
             "init": lim.load_seconds, "check": check_s,
-            "timing": timing_s, "cleanup": 10.0,
+            "timing": timing_s, "build": lim.build_seconds, "cleanup": 10.0,
             # advisory passes: a hang here must not hold the device for long
             "profile": lim.check_seconds, "work": lim.check_seconds}
 

@@ -546,7 +546,7 @@ def _prepare(timer: Timer, cfg: EvalConfig,
     started = time.perf_counter()
     check_with = ({"atol": cfg.atol, "rtol": cfg.rtol} if timer.mode.startswith("compile:")
                   else None)
-    reply = request(timer.child, "timing", "prepared", "prepare", mode=timer.mode,
+    reply = request(timer.child, "build", "prepared", "prepare", mode=timer.mode,
                     check=check_with)
     timer.build_s = time.perf_counter() - started
     if isinstance(reply, Verdict):

@@ -12,7 +12,7 @@ from pike.evaluate.profile import ProfileSummary
 Status = Literal[
     "ok", "compile_error", "runtime_error", "incorrect", "timeout", "crashed", "rejected"
 ]
-Phase = Literal["setup", "load", "init", "check", "timing", "cleanup"]
+Phase = Literal["setup", "load", "init", "check", "timing", "build", "cleanup"]
 
 
 class TimingStats(BaseModel):
