@@ -497,6 +497,8 @@ def test_compile_modes_the_baseline_ruled_out_are_not_tried(
     assert set(skip) == {"compile:default", "compile:max-autotune-no-cudagraphs"}
     assert skip["compile:default"].startswith("incorrect: trial 0")
     assert hopeless_modes(None) == {} and hopeless_modes({"modes": "junk"}) == {}
+    # a baseline given less time to build than a candidate's compile gets proves nothing
+    assert set(hopeless_modes(stored, timeouts=False)) == {"compile:default"}
 
     store = RunStore.create(tmp_path / "run", {}, "test")
     request.addfinalizer(store.close)

@@ -254,7 +254,9 @@ def _offline(store: RunStore, task: Task, cfg: RunConfig, device: str, pool: Poo
                   max_seconds=cfg.search.offline.max_seconds, batch=pool.width,
                   on_event=on_event,
                   compile_speedups=compile_speedups(store.get_state(task.name, BASELINE_STATE)),
-                  skip=hopeless_modes(store.get_state(task.name, BASELINE_STATE))).run()
+                  skip=hopeless_modes(store.get_state(task.name, BASELINE_STATE),
+                                      timeouts=(cfg.eval.limits.build_seconds
+                                                >= cfg.eval.limits.check_seconds))).run()
 
 
 def compile_speedups(baseline: object) -> dict[str, float]:
@@ -267,12 +269,13 @@ def compile_speedups(baseline: object) -> dict[str, float]:
             and isinstance(m.get("speedup_vs_eager"), (int, float))}
 
 
-def hopeless_modes(baseline: object) -> dict[str, str]:
+def hopeless_modes(baseline: object, timeouts: bool = True) -> dict[str, str]:
     """torch.compile modes not worth a candidate, with why: the task's baseline found the
     mode answering otherwise than eager on the check trials' inputs (a candidate of it is
-    judged on the same ones), or its build making no progress for the phase's limit with
-    every build core (a candidate builds with fewer, under the same limit, and would hold
-    its lane that long to fail the same way)."""
+    judged on the same ones), or, with `timeouts` (the baseline's build limit is at least
+    the candidate's, whose compile runs in its check phase), its build making no progress
+    for that limit with every build core (a candidate builds with fewer and would hold its
+    lane that long to fail the same way)."""
     if not isinstance(baseline, dict):
         return {}
     found = {}
@@ -281,7 +284,7 @@ def hopeless_modes(baseline: object) -> dict[str, str]:
             continue
         error = str(m.get("error") or "")
         if str(m.get("mode", "")).startswith("compile:") and (
-                error.startswith("incorrect:") or "no progress for" in error):
+                error.startswith("incorrect:") or timeouts and "no progress for" in error):
             found[str(m["mode"])] = error.splitlines()[0][:160]
     return found
 
