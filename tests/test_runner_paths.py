@@ -65,10 +65,11 @@ def test_a_module_too_big_for_a_copy_per_mode_is_shared(monkeypatch: pytest.Monk
 
     model = torch.nn.Linear(1000, 1000, device="meta")  # 4 MB of weights, none allocated
     model.scale = torch.ones(1000, 1000, device="meta")  # a plain attribute counts too
-    assert runner._weight_bytes(model) == (1000 * 1000 * 2 + 1000) * 4
-    monkeypatch.setattr(runner, "_free_bytes", lambda module: 24 * 2**20)
+    weights = sum(t.numel() * t.element_size() for t in runner._on_device(model))
+    assert weights == (1000 * 1000 * 2 + 1000) * 4
+    monkeypatch.setattr(runner, "_free_bytes", lambda device: 24 * 2**20)
     kept, note = runner.own_copy(model)  # over a quarter of what is free: shared
     assert kept is model and note and note.startswith("shares eager's module: its weights")
-    monkeypatch.setattr(runner, "_free_bytes", lambda module: 100 * 2**20)
+    monkeypatch.setattr(runner, "_free_bytes", lambda device: 100 * 2**20)
     copied, note = runner.own_copy(model)
     assert copied is not model and note is None

@@ -289,7 +289,9 @@ def own_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
     to this process (a level-5 model: the compiled modes need that room for their own
     buffers) or deepcopy refuses it. Hooks are copied by reference: one that closes over
     the original's tensors still reaches them."""
-    weights, free = _weight_bytes(model), _free_bytes(model)
+    on_device = _on_device(model)
+    weights = sum(t.numel() * t.element_size() for t in on_device)
+    free = _free_bytes(on_device[0].device) if on_device else None
     if free is not None and weights > free * COPY_SHARE_OF_FREE:
         return model, (f"shares eager's module: its weights ({weights / 2**30:.2f} GiB) are "
                        f"over a quarter of the free device memory ({free / 2**30:.2f} GiB)")
@@ -312,17 +314,11 @@ def _on_device(model: torch.nn.Module) -> list[torch.Tensor]:
     return [t for t in tensors.values() if t.device.type != "cpu"]
 
 
-def _weight_bytes(model: torch.nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in _on_device(model))
-
-
-def _free_bytes(model: torch.nn.Module) -> int | None:
+def _free_bytes(device: torch.device) -> int | None:
     """Device memory this process could still use: free on the card plus what its caching
-    allocator holds unused; None for host memory or a device that does not say."""
-    on_device = _on_device(model)
-    if not on_device or on_device[0].device.type != "cuda":
+    allocator holds unused; None for a device that does not say."""
+    if device.type != "cuda":
         return None
-    device = on_device[0].device
     free, _ = torch.cuda.mem_get_info(device)
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
