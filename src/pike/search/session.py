@@ -248,25 +248,31 @@ def _best_offline(store: RunStore, task: str) -> Any:
 
 def _offline(store: RunStore, task: Task, cfg: RunConfig, device: str, pool: Pool,
              on_event: Callable[..., None]) -> None:
+    baseline = store.get_state(task.name, BASELINE_STATE)
     OfflineSearch(store, task.name, task.source, device,
                   judge=lambda sources: pool.judge_many(task, sources),
                   max_candidates=cfg.search.offline.max_candidates,
                   max_seconds=cfg.search.offline.max_seconds, batch=pool.width,
                   on_event=on_event,
-                  compile_speedups=compile_speedups(store.get_state(task.name, BASELINE_STATE)),
-                  skip=hopeless_modes(store.get_state(task.name, BASELINE_STATE),
-                                      timeouts=(cfg.eval.limits.build_seconds
-                                                >= cfg.eval.limits.check_seconds))).run()
+                  compile_speedups=compile_speedups(baseline),
+                  skip=hopeless_modes(baseline, timeouts=(cfg.eval.limits.build_seconds
+                                                          >= cfg.eval.limits.check_seconds))
+                  ).run()
 
 
 def compile_speedups(baseline: object) -> dict[str, float]:
     """Each torch.compile mode's speedup over eager in a stored baseline (a campaign
     measures every task's before its search); empty where there is none."""
+    return {m["mode"]: float(m["speedup_vs_eager"]) for m in _compile_rows(baseline)
+            if isinstance(m.get("speedup_vs_eager"), (int, float))}
+
+
+def _compile_rows(baseline: object) -> list[dict[str, Any]]:
+    """A stored baseline's torch.compile modes, as stored; none where it is not one."""
     if not isinstance(baseline, dict):
-        return {}
-    return {m["mode"]: float(m["speedup_vs_eager"]) for m in baseline.get("modes", [])
-            if isinstance(m, dict) and str(m.get("mode", "")).startswith("compile:")
-            and isinstance(m.get("speedup_vs_eager"), (int, float))}
+        return []
+    return [m for m in baseline.get("modes", [])
+            if isinstance(m, dict) and str(m.get("mode", "")).startswith("compile:")]
 
 
 def hopeless_modes(baseline: object, timeouts: bool = True) -> dict[str, str]:
@@ -276,15 +282,10 @@ def hopeless_modes(baseline: object, timeouts: bool = True) -> dict[str, str]:
     the candidate's, whose compile runs in its check phase), its build making no progress
     for that limit with every build core (a candidate builds with fewer and would hold its
     lane that long to fail the same way)."""
-    if not isinstance(baseline, dict):
-        return {}
     found = {}
-    for m in baseline.get("modes", []):
-        if not isinstance(m, dict):
-            continue
+    for m in _compile_rows(baseline):
         error = str(m.get("error") or "")
-        if str(m.get("mode", "")).startswith("compile:") and (
-                error.startswith("incorrect:") or timeouts and "no progress for" in error):
+        if error.startswith("incorrect:") or timeouts and "no progress for" in error:
             found[str(m["mode"])] = error.splitlines()[0][:160]
     return found
 
