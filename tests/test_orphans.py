@@ -79,6 +79,55 @@ def test_killing_pike_eval_leaves_no_process_and_no_temp_dir(
         assert sorted(p.name for p in temp.iterdir() if p.name.startswith("pike-")) == []
 
 
+@pytest.mark.parametrize("command", ["optimize", "audit"])
+def test_a_run_cut_off_by_sigterm_says_how_to_go_on_and_leaves_nothing_running(
+        tmp_path: Path, build_cache: Path, command: str) -> None:
+    """A user's `timeout` or `kill` mid-run: no child left, no temp dir, and the last line
+    names the run dir to resume (which that command then accepts). The audit's file loops
+    forever, so it is cut off mid-evaluation; the search is cut off once a candidate of it
+    is judged, with its next ones in flight."""
+    temp, out = tmp_path / "tmp", tmp_path / "run"
+    temp.mkdir()
+    config = tmp_path / "pike.yaml"
+    config.write_text(yaml.safe_dump({
+        "eval": {"sandbox": "off", "trials": 2, "build_cache": str(build_cache)},
+        "search": {"baseline_modes": ["eager"]}}))
+    if command == "audit":
+        solutions = tmp_path / "set"
+        solutions.mkdir()
+        (solutions / MLP.name).write_text((CANDIDATES / "infinite_loop.py").read_text())
+        args = ["audit", str(solutions), str(MLP.parent), "--tasks", "1"]
+        started = lambda: bool(list(temp.glob("pike-cand-*/**/request.json")))  # noqa: E731
+    else:
+        args = ["optimize", str(MLP), "--device", "cpu"]
+        started = lambda: _judged_in(out)  # noqa: E731
+    pike = subprocess.Popen([sys.executable, "-m", "pike", *args, "--config", str(config),
+                             "--out", str(out)], env={**os.environ, "TMPDIR": str(temp)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not started() and time.monotonic() < deadline:
+        assert pike.poll() is None, pike.communicate()[1]
+        time.sleep(0.2)
+    children = psutil.Process(pike.pid).children(recursive=True)
+    pike.send_signal(signal.SIGTERM)
+    _, err = pike.communicate(timeout=60)
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert alive == [], [(_cmdline(p), p.status()) for p in alive]
+    assert pike.returncode == 130 and "Traceback" not in err, err
+    assert f"pike {command} --resume {out}" in " ".join(err.split()), err
+    assert sorted(p.name for p in temp.iterdir() if p.name.startswith("pike-")) == []
+
+
+def _judged_in(run_dir: Path) -> bool:
+    from pike.store import RunStore
+
+    if not (run_dir / "run.sqlite").exists():
+        return False
+    with RunStore.open(run_dir) as store:
+        return any(c.verdict is not None for t in store.tasks()
+                   for c in store.candidates(t["name"]))
+
+
 def test_the_sweep_keeps_the_dirs_of_live_pikes(tmp_path: Path) -> None:
     mine = make_temp_dir("cand")
     try:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -182,6 +183,22 @@ def main(
     sweep_orphaned_dirs()
 
 
+def _say_how_to_resume(command: str, run_dir: Path | None) -> None:
+    """The line a Ctrl-C or SIGTERM leaves: what was kept, and the command that goes on."""
+    where = escape(str(run_dir)) if run_dir is not None else "RUN_DIR"
+    err_console.print(f"interrupted: everything judged so far is in the run store; continue "
+                      f"with [bold]pike {command} --resume {where}[/bold]", soft_wrap=True)
+
+
+@contextlib.contextmanager
+def _resumable(command: str, run_dir: Path | None) -> Iterator[None]:
+    try:
+        yield
+    except KeyboardInterrupt:
+        _say_how_to_resume(command, run_dir)
+        raise
+
+
 def _terminate_as_interrupt(signum: int, frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second TERM ends pike at once
     raise KeyboardInterrupt
@@ -276,6 +293,7 @@ def optimize_command(
     With --llm: the PIKE-B search with LLM agents."""
     from pike.report.progress import SearchProgress
     from pike.search import optimize
+    from pike.search.session import stamp
 
     if resume and (task or replay):
         raise PikeError("--resume continues a run as it was started: give no task or --replay")
@@ -293,7 +311,10 @@ def optimize_command(
     check_run(run_cfg, calls_llm=replay is None, out=None if resume else out,
               tasks=[the_task] if the_task else [])
     name = the_task.name if the_task else next(iter(stored), "run")
-    with SearchProgress(err_console, name, StatusFields.for_run(run_cfg)) as progress:
+    if resume is None:  # named here, so that an interrupted run can say where it is
+        out = out or cfg.runs_dir / f"{name}-{stamp()}"
+    with (_resumable("optimize", resume or out),
+          SearchProgress(err_console, name, StatusFields.for_run(run_cfg)) as progress):
         result = optimize(the_task, cfg, out=out, resume=resume, replay=replay,
                           command="pike " + " ".join(sys.argv[1:]),
                           placement=placement_given(cfg, flags), on_event=progress)
@@ -354,6 +375,7 @@ def bench_command(
     --redo IDS runs tasks again, --fill-baselines measures failed baselines again."""
     from pike.report.progress import BenchProgress
     from pike.search.campaign import bench
+    from pike.search.session import stamp
 
     if resume and folder:
         raise PikeError("--resume continues a campaign as it was started: give no FOLDER")
@@ -371,6 +393,8 @@ def bench_command(
     names = [t.name for t in task_list]
     run_cfg, stored = as_run_will(cfg, flags, resume)
     check_run(run_cfg, out=None if resume else out, tasks=task_list)
+    if resume is None and folder is not None:  # named here: an interrupted run says where
+        out = out or cfg.runs_dir / f"bench-{Path(folder).name}-{stamp()}"
     try:
         with BenchProgress(err_console, names or stored, StatusFields.for_run(run_cfg)) as progress:
             result = bench(folder, cfg, ids=ids, out=out, resume=resume, jobs=jobs,
@@ -379,8 +403,7 @@ def bench_command(
                            fill_baselines=fill_baselines, stop_after=stop_after,
                            on_event=progress)
     except KeyboardInterrupt:
-        err_console.print("interrupted: everything judged so far is in the run store; "
-                          "continue with [bold]pike bench --resume RUN_DIR[/bold]")
+        _say_how_to_resume("bench", resume or out)
         os._exit(130)  # worker threads may be mid-evaluation; the store is already durable
     console.print(bench_table(result))
     console.print(f"report: pike report {escape(str(result.run_dir))}")
@@ -540,7 +563,8 @@ def audit_command(
         gpus = split_devices(devices) if devices is not None else None
         # the recorded GPUs too: one missing on this host would fail every task left
         check_devices(resumed_config(resume, workers, gpus).eval)
-        with BenchProgress(err_console, _stored_task_names(resume), AUDIT_FIELDS) as progress:
+        with (_resumable("audit", resume),
+              BenchProgress(err_console, _stored_task_names(resume), AUDIT_FIELDS) as progress):
             result = resume_audit(resume, workers=workers, devices=gpus, stop_after=stop_after,
                                   on_event=progress)
         _print_audit(result, as_json, to_markdown)
@@ -559,7 +583,7 @@ def audit_command(
     run_dir = out or cfg.runs_dir / f"audit-{solutions.resolve().name}-{stamp()}"
     check_devices(cfg.eval)
     check_new_run_dir(run_dir)
-    with BenchProgress(err_console, names, AUDIT_FIELDS) as progress:
+    with _resumable("audit", run_dir), BenchProgress(err_console, names, AUDIT_FIELDS) as progress:
         result = audit(solutions, tasks_folder, cfg, out=run_dir, ids=ids,
                        command="pike " + " ".join(sys.argv[1:]),
                        allow_changed_tasks=allow_changed_tasks, stop_after=stop_after,
