@@ -79,13 +79,15 @@ def test_killing_pike_eval_leaves_no_process_and_no_temp_dir(
         assert sorted(p.name for p in temp.iterdir() if p.name.startswith("pike-")) == []
 
 
-@pytest.mark.parametrize("command", ["optimize", "audit"])
+@pytest.mark.parametrize("command", ["optimize", "audit", "bench"])
 def test_a_run_cut_off_by_sigterm_says_how_to_go_on_and_leaves_nothing_running(
         tmp_path: Path, build_cache: Path, command: str) -> None:
     """A user's `timeout` or `kill` mid-run: no child left, no temp dir, and the last line
     names the run dir to resume (which that command then accepts). The audit's file loops
     forever, so it is cut off mid-evaluation; the search is cut off once a candidate of it
-    is judged, with its next ones in flight."""
+    is judged, with its next ones in flight. A campaign exits at once, its worker threads
+    mid-evaluation, so it ends its children and removes its own temp dirs itself: left for
+    the next pike to sweep, a large task's inputs would hold gigabytes of /dev/shm."""
     temp, out = tmp_path / "tmp", tmp_path / "run"
     temp.mkdir()
     config = tmp_path / "pike.yaml"
@@ -99,7 +101,8 @@ def test_a_run_cut_off_by_sigterm_says_how_to_go_on_and_leaves_nothing_running(
         args = ["audit", str(solutions), str(MLP.parent), "--tasks", "1"]
         started = lambda: bool(list(temp.glob("pike-cand-*/**/request.json")))  # noqa: E731
     else:
-        args = ["optimize", str(MLP), "--device", "cpu"]
+        args = (["optimize", str(MLP)] if command == "optimize"
+                else ["bench", str(MLP.parent), "--tasks", "1"]) + ["--device", "cpu"]
         started = lambda: _judged_in(out)  # noqa: E731
     pike = subprocess.Popen([sys.executable, "-m", "pike", *args, "--config", str(config),
                              "--out", str(out)], env={**os.environ, "TMPDIR": str(temp)},

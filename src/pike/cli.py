@@ -22,7 +22,7 @@ from typer.core import TyperCommand
 from pike.config import CONSTRUCT_ON, RunConfig
 from pike.errors import ConfigError, PikeError, TaskError
 from pike.evaluate import BASELINE_MODES, Baseline, evaluate, measure_baselines
-from pike.evaluate.leftovers import sweep_orphaned_dirs
+from pike.evaluate.leftovers import end_children_and_remove_own_dirs, sweep_orphaned_dirs
 from pike.preflight import check_devices, check_new_run_dir, check_run
 from pike.report.progress import StatusFields, built_line
 from pike.report.tables import (
@@ -404,6 +404,7 @@ def bench_command(
                            on_event=progress)
     except KeyboardInterrupt:
         _say_how_to_resume("bench", resume or out)
+        end_children_and_remove_own_dirs()
         os._exit(130)  # worker threads may be mid-evaluation; the store is already durable
     console.print(bench_table(result))
     console.print(f"report: pike report {escape(str(result.run_dir))}")

@@ -84,6 +84,36 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path, onerror=writable_again)
 
 
+def end_children_and_remove_own_dirs(wait_s: float = 5.0) -> list[str]:
+    """For an exit that skips every cleanup (a campaign's Ctrl-C: its worker threads may be
+    mid-evaluation, so nothing waits for them): end this process's children, then remove
+    its temp folders. Left for the next pike to sweep, a large task's inputs and outputs
+    would hold gigabytes of /dev/shm, which is memory, until some pike starts again."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(children, timeout=wait_s)
+    mine = f"{_owner_tag()}-"
+    removed = []
+    for root in dict.fromkeys([tempfile.gettempdir(), str(scratch_root())]):
+        try:
+            entries = list(Path(root).iterdir())
+        except OSError:
+            continue
+        for path in entries:
+            match = _NAME.match(path.name)
+            if match and path.name[match.start(1):].startswith(mine) and path.is_dir():
+                try:
+                    remove_tree(path)
+                    removed.append(path.name)
+                except OSError as err:  # the next pike's sweep gets another chance
+                    log.info("could not remove %s: %s", path, err)
+    return removed
+
+
 @functools.cache
 def sweep_orphaned_dirs(folder: str | None = None) -> list[str]:
     """Remove the temp folders of pike processes that are gone (once per process), in
