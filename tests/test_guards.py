@@ -359,3 +359,28 @@ def test_an_honest_candidate_of_microsecond_calls_is_not_taken_for_a_forger(
     for _ in range(2):
         verdict = evaluate(task, honest, config)
         assert verdict.status == "ok", verdict.message
+
+
+def test_the_reference_s_blocks_do_the_work_a_guarded_candidate_s_do(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference timed beside a candidate is the control that tells a loaded host from
+    forged timings: its blocks must cost what the candidate's cost around their calls
+    (outputs sampled, the guards' look after each block). Without that work, load that
+    made it dearer than calibrated stretched the candidate's blocks alone: on a CPU host
+    kept busy, the reference's median stretch was -0.50 beside the candidate's 0.28 (8
+    output leaves, microsecond calls), and on an H200 beside a busy audit a correct Triton
+    candidate was rejected as a forger."""
+    from pike.evaluate import judge
+
+    controls = []
+    real = judge.unaccounted_wall_time
+
+    def spy(cost, judged, reference, strict=False):  # type: ignore[no-untyped-def]
+        controls.append(reference)
+        return real(cost, judged, reference, strict)
+
+    monkeypatch.setattr(judge, "unaccounted_wall_time", spy)
+    verdict = evaluate(mlp_task, candidate("fused"), fast_config)
+    assert verdict.status == "ok", verdict.message
+    assert controls and all(reference.mode == "eager" and reference.outputs
+                            for reference in controls)

@@ -245,6 +245,12 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     # A calibration block costs what a guarded candidate's block costs around its calls:
     # its outputs sampled, and the guards' look for patches and threads after the block.
     calibration = TimedOutputSamples(InputRotation([[]]))
+    # The reference's own blocks do that work too (its samples unused): it is the control
+    # that tells a loaded host from forged timings (driver.unaccounted_wall_time), so load
+    # that makes the work dearer than calibrated must stretch its blocks as it stretches
+    # the candidate's. Without it a correct Triton candidate of microsecond calls, judged
+    # beside a busy audit on an H200, was rejected as a forger in all three windows.
+    own_work = TimedOutputSamples(InputRotation([[]]))
     def mode_outcome(mode: str, atol: float, rtol: float) -> tuple[str, str]:
         """Whether a compiled mode answers as eager does on the check trials' inputs (read
         back as saved): ("checked", ""), ("incorrect", where) or ("unchecked", why). A mode
@@ -274,8 +280,8 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
         return outcome, "; ".join(note for note in (why, sharing.get(mode)) if note)
 
     _serve_timing(req, chan, device, make_call, failed_mode,
-                  after_block=lambda mode: rehearse_check_after() if mode == "empty" else None,
-                  samples_for=lambda mode: calibration if mode == "empty" else None,
+                  after_block=lambda mode: rehearse_check_after(),
+                  samples_for=lambda mode: calibration if mode == "empty" else own_work,
                   mode_outcome=outcome_and_sharing,
                   forget=lambda mode: compiled.pop(mode, None))
 
