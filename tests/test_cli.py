@@ -428,3 +428,17 @@ def test_a_best_slower_than_eager_is_reported_as_such(capsys: pytest.CaptureFixt
                                      verdicts={"ok": 1}))
         out = capsys.readouterr().out
         assert ("advice" in out) == advised and ("keep your own" in out) == advised
+
+
+def test_an_interrupted_run_names_the_command_that_goes_on_only_where_there_is_a_store(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pike.cli import _say_how_to_go_on
+    from pike.store import RunStore
+
+    early = tmp_path / "early"  # Ctrl-C before the store was made: nothing to resume
+    _say_how_to_go_on(f"pike optimize --resume {early}", early)
+    assert "nothing was recorded" in capsys.readouterr().err
+    RunStore.create(tmp_path / "run", {}, "test").close()
+    _say_how_to_go_on(f"pike optimize --resume {tmp_path / 'run'}", tmp_path / "run")
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"continue with pike optimize --resume {tmp_path / 'run'}" in said

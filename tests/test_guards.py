@@ -382,5 +382,22 @@ def test_the_reference_s_blocks_do_the_work_a_guarded_candidate_s_do(
     monkeypatch.setattr(judge, "unaccounted_wall_time", spy)
     verdict = evaluate(mlp_task, candidate("fused"), fast_config)
     assert verdict.status == "ok", verdict.message
-    assert controls and all(reference.mode == "eager" and reference.outputs
-                            for reference in controls)
+    assert controls and all(reference.mode == "eager" and reference.rehearsed > 0
+                            and not reference.outputs for reference in controls)
+
+
+def test_the_references_rehearsed_sampling_drops_what_it_takes_and_never_fails() -> None:
+    """The reference samples its outputs only for the cost: nothing is sent, and an output
+    no sample can be taken of (sparse, quantized) must not fail a mode that timed fine."""
+    import torch
+
+    from pike.evaluate.runner import InputRotation, RehearsedSamples
+
+    work = RehearsedSamples(InputRotation([[]]))
+    sparse = torch.eye(4).to_sparse()
+    quantized = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8)
+    for _ in range(40):  # about half the calls are sampled, at most 8 a block
+        work(torch.randn(5, 5))
+        work((sparse, quantized))
+    assert work.take() == (None, None)
+    assert 0 < work.rehearsed <= RehearsedSamples.PER_BLOCK

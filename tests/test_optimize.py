@@ -147,6 +147,24 @@ def test_replay_reproduces_the_best_solution_without_any_llm(
         [r.verdict.status for r in old.candidates("1_GeluMLP")]
 
 
+def test_a_replay_without_out_is_kept_where_the_replayed_run_kept_its_runs(
+        fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = yaml.safe_load(run_config.read_text())
+    cfg["runs_dir"] = str(tmp_path / "kept")
+    run_config.write_text(yaml.safe_dump(cfg))
+    fake_llm.handler = Scripted(optimize=[WRONG, GOOD])
+    first = tmp_path / "first"
+    assert pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-queries", "6",
+                "--config", run_config, "--out", first).exit_code == 0
+    fake_llm.close()
+    monkeypatch.chdir(tmp_path)
+    result = pike("optimize", "--replay", first)
+    assert result.exit_code == 0, result.output
+    assert [p.name.split("-")[0] for p in (tmp_path / "kept").iterdir()] == ["1_GeluMLP"]
+    assert not (tmp_path / "pike-runs").exists()
+
+
 @pytest.mark.parametrize("strategy", [[], ["--preset", "openevolve"]],
                          ids=["branching", "evolve"])
 def test_resume_after_kill_continues_without_double_counting(

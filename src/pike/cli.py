@@ -42,6 +42,7 @@ from pike.search_flags import (
     search_config,
     split_devices,
 )
+from pike.store import STORE_FILE
 from pike.task import load_task, load_tasks
 
 
@@ -183,19 +184,22 @@ def main(
     sweep_orphaned_dirs()
 
 
-def _say_how_to_resume(command: str, run_dir: Path | None) -> None:
-    """The line a Ctrl-C or SIGTERM leaves: what was kept, and the command that goes on."""
-    where = escape(str(run_dir)) if run_dir is not None else "RUN_DIR"
+def _say_how_to_go_on(go_on: str, run_dir: Path | None) -> None:
+    """The line a Ctrl-C or SIGTERM leaves: what was kept, and the command that goes on
+    (none where the run's store was not made yet: there is nothing to go on with)."""
+    if run_dir is not None and not (run_dir / STORE_FILE).exists():
+        err_console.print("interrupted before the run store was made: nothing was recorded")
+        return
     err_console.print(f"interrupted: everything judged so far is in the run store; continue "
-                      f"with [bold]pike {command} --resume {where}[/bold]", soft_wrap=True)
+                      f"with [bold]{escape(go_on)}[/bold]", soft_wrap=True)
 
 
 @contextlib.contextmanager
-def _resumable(command: str, run_dir: Path | None) -> Iterator[None]:
+def _resumable(go_on: str, run_dir: Path | None) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        _say_how_to_resume(command, run_dir)
+        _say_how_to_go_on(go_on, run_dir)
         raise
 
 
@@ -312,8 +316,11 @@ def optimize_command(
               tasks=[the_task] if the_task else [])
     name = the_task.name if the_task else next(iter(stored), "run")
     if resume is None:  # named here, so that an interrupted run can say where it is
-        out = out or cfg.runs_dir / f"{name}-{stamp()}"
-    with (_resumable("optimize", resume or out),
+        out = out or run_cfg.runs_dir / f"{name}-{stamp()}"  # a replay's: as it recorded
+    # An interrupted replay goes on by replaying again: resumed, it would call the LLM.
+    go_on = (f"pike optimize --replay {replay} --out NEW_DIR" if replay is not None
+             else f"pike optimize --resume {resume or out}")
+    with (_resumable(go_on, resume or out),
           SearchProgress(err_console, name, StatusFields.for_run(run_cfg)) as progress):
         result = optimize(the_task, cfg, out=out, resume=resume, replay=replay,
                           command="pike " + " ".join(sys.argv[1:]),
@@ -403,7 +410,7 @@ def bench_command(
                            fill_baselines=fill_baselines, stop_after=stop_after,
                            on_event=progress)
     except KeyboardInterrupt:
-        _say_how_to_resume("bench", resume or out)
+        _say_how_to_go_on(f"pike bench --resume {resume or out or 'RUN_DIR'}", resume or out)
         end_children_and_remove_own_dirs()
         os._exit(130)  # worker threads may be mid-evaluation; the store is already durable
     console.print(bench_table(result))
@@ -564,7 +571,7 @@ def audit_command(
         gpus = split_devices(devices) if devices is not None else None
         # the recorded GPUs too: one missing on this host would fail every task left
         check_devices(resumed_config(resume, workers, gpus).eval)
-        with (_resumable("audit", resume),
+        with (_resumable(f"pike audit --resume {resume}", resume),
               BenchProgress(err_console, _stored_task_names(resume), AUDIT_FIELDS) as progress):
             result = resume_audit(resume, workers=workers, devices=gpus, stop_after=stop_after,
                                   on_event=progress)
@@ -584,7 +591,8 @@ def audit_command(
     run_dir = out or cfg.runs_dir / f"audit-{solutions.resolve().name}-{stamp()}"
     check_devices(cfg.eval)
     check_new_run_dir(run_dir)
-    with _resumable("audit", run_dir), BenchProgress(err_console, names, AUDIT_FIELDS) as progress:
+    with (_resumable(f"pike audit --resume {run_dir}", run_dir),
+          BenchProgress(err_console, names, AUDIT_FIELDS) as progress):
         result = audit(solutions, tasks_folder, cfg, out=run_dir, ids=ids,
                        command="pike " + " ".join(sys.argv[1:]),
                        allow_changed_tasks=allow_changed_tasks, stop_after=stop_after,

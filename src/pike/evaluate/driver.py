@@ -293,6 +293,7 @@ class Timer:
     blocks: list[tuple[float, list[float]]] = field(default_factory=list)  # (wall s, samples)
     outputs: list[dict] = field(default_factory=list)  # samples of timed calls' outputs
     probe_samples: list[float] = field(default_factory=list)  # calls on never-seen inputs
+    rehearsed: int = 0  # outputs a trusted child sampled only for the cost (RehearsedSamples)
 
     @property
     def stopped(self) -> bool:
@@ -355,6 +356,8 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
         timer.samples.extend(samples)
         if isinstance(reply.get("outputs"), list):
             timer.outputs.extend(o for o in reply["outputs"] if isinstance(o, dict))
+        if timer.mode != "candidate" and isinstance(reply.get("rehearsed"), int):
+            timer.rehearsed += reply["rehearsed"]
         for i in reply.get("probe_calls") or []:
             if isinstance(i, int) and 0 <= i < len(samples):
                 timer.probe_samples.append(samples[i])

@@ -87,15 +87,27 @@ def remove_tree(path: Path) -> None:
 def end_children_and_remove_own_dirs(wait_s: float = 5.0) -> list[str]:
     """For an exit that skips every cleanup (a campaign's Ctrl-C: its worker threads may be
     mid-evaluation, so nothing waits for them): end this process's children, then remove
-    its temp folders. Left for the next pike to sweep, a large task's inputs and outputs
-    would hold gigabytes of /dev/shm, which is memory, until some pike starts again."""
-    children = psutil.Process().children(recursive=True)
-    for child in children:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(children, timeout=wait_s)
+    its temp folders on this host. Left for the next pike to sweep, a large task's inputs
+    and outputs would hold gigabytes of /dev/shm, which is memory, until some pike starts
+    again. What the killed children's evaluations would have recorded is lost, not
+    recorded as crashes: the campaign closed its store before the exception reached the
+    CLI."""
+    removed: list[str] = []
+    # Twice: the worker threads run on meanwhile, and one may start the next candidate's
+    # child and folder while the first pass waits for the killed ones to go.
+    for _ in range(2):
+        children = psutil.Process().children(recursive=True)
+        for child in children:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(children, timeout=wait_s)
+        removed += _remove_own_dirs()
+    return removed
+
+
+def _remove_own_dirs() -> list[str]:
     mine = f"{_owner_tag()}-"
     removed = []
     for root in dict.fromkeys([tempfile.gettempdir(), str(scratch_root())]):

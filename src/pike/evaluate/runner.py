@@ -250,7 +250,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     # that makes the work dearer than calibrated must stretch its blocks as it stretches
     # the candidate's. Without it a correct Triton candidate of microsecond calls, judged
     # beside a busy audit on an H200, was rejected as a forger in all three windows.
-    own_work = TimedOutputSamples(InputRotation([[]]))
+    own_work = RehearsedSamples(InputRotation([[]]))
     def mode_outcome(mode: str, atol: float, rtol: float) -> tuple[str, str]:
         """Whether a compiled mode answers as eager does on the check trials' inputs (read
         back as saved): ("checked", ""), ("incorrect", where) or ("unchecked", why). A mode
@@ -420,6 +420,26 @@ class TimedOutputSamples:
         return taken, probes
 
 
+class RehearsedSamples(TimedOutputSamples):
+    """The sampling a guarded candidate's child does between its timed calls, done by the
+    reference for its cost alone: what it takes is dropped, never sent, and an output it
+    cannot sample (sparse, quantized) costs no more than that; it must not fail a mode."""
+
+    def __init__(self, rotation: InputRotation) -> None:
+        super().__init__(rotation)
+        self.rehearsed = 0  # sampled in this block: reported, so the work can be seen done
+
+    def __call__(self, out: Any) -> None:
+        try:
+            super().__call__(out)
+        except Exception:  # noqa: BLE001 - the samples are not used
+            pass
+
+    def take(self) -> tuple[None, None]:  # type: ignore[override]
+        self.rehearsed = len(super().take()[0])
+        return None, None
+
+
 PROBE_ONE_IN = 6  # the chance that the next timed call takes a probe set
 
 
@@ -535,7 +555,7 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
         after_block(mode)
         outputs, probes = samples_of_outputs.take() if samples_of_outputs else (None, None)
         chan.send("timed", mode=mode, samples=samples, outputs=outputs, probe_calls=probes,
-                  seq=msg.get("seq"))
+                  rehearsed=getattr(samples_of_outputs, "rehearsed", None), seq=msg.get("seq"))
 
 
 def _serve_profile(msg: dict, chan: Channel, device: torch.device,
