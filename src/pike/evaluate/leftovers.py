@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -108,21 +109,33 @@ def end_children_and_remove_own_dirs(wait_s: float = 5.0) -> list[str]:
 
 
 def _remove_own_dirs() -> list[str]:
-    mine = f"{_owner_tag()}-"
+    pid, started = (int(x) for x in _owner_tag().split("-"))
+    return [name for root in _roots()
+            for name in _remove_dirs(root, lambda owner, at: (owner, at) == (pid, started))]
+
+
+def _roots() -> list[str]:
+    """The folders the evaluator's temp folders are made in: the temp folder and the
+    scratch root, once each."""
+    return list(dict.fromkeys([tempfile.gettempdir(), str(scratch_root())]))
+
+
+def _remove_dirs(folder: str, owned_by: Callable[[int, int], bool]) -> list[str]:
+    """Remove the pike temp folders in `folder` whose owner (pid, start time) matches."""
     removed = []
-    for root in dict.fromkeys([tempfile.gettempdir(), str(scratch_root())]):
-        try:
-            entries = list(Path(root).iterdir())
-        except OSError:
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        match = _NAME.match(path.name)
+        if not match or not path.is_dir() or not owned_by(int(match[1]), int(match[2])):
             continue
-        for path in entries:
-            match = _NAME.match(path.name)
-            if match and path.name[match.start(1):].startswith(mine) and path.is_dir():
-                try:
-                    remove_tree(path)
-                    removed.append(path.name)
-                except OSError as err:  # the next pike's sweep gets another chance
-                    log.info("could not remove %s: %s", path, err)
+        try:
+            remove_tree(path)
+            removed.append(path.name)
+        except OSError as err:  # the next pike's sweep gets another chance
+            log.info("could not remove %s: %s", path, err)
     return removed
 
 
@@ -131,23 +144,8 @@ def sweep_orphaned_dirs(folder: str | None = None) -> list[str]:
     """Remove the temp folders of pike processes that are gone (once per process), in
     `folder`, or in the temp folder and the scratch root."""
     if folder is None:
-        roots = dict.fromkeys([tempfile.gettempdir(), str(scratch_root())])
-        return [name for root in roots for name in sweep_orphaned_dirs(root)]
-    removed = []
-    root = Path(folder)
-    try:
-        entries = list(root.iterdir())
-    except OSError:
-        return removed
-    for path in entries:
-        match = _NAME.match(path.name)
-        if not match or not path.is_dir() or _owner_alive(int(match[1]), int(match[2])):
-            continue
-        try:
-            remove_tree(path)
-            removed.append(path.name)
-        except OSError as err:
-            log.info("could not remove %s left by a killed pike: %s", path, err)
+        return [name for root in _roots() for name in sweep_orphaned_dirs(root)]
+    removed = _remove_dirs(folder, lambda owner, at: not _owner_alive(owner, at))
     if removed:
         log.info("removed %d temp folders left by pike processes that were killed",
                  len(removed))
