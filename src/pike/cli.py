@@ -297,7 +297,7 @@ def optimize_command(
     With --llm: the PIKE-B search with LLM agents."""
     from pike.report.progress import SearchProgress
     from pike.search import optimize
-    from pike.search.session import stamp
+    from pike.search.session import new_run_dir
 
     if resume and (task or replay):
         raise PikeError("--resume continues a run as it was started: give no task or --replay")
@@ -316,7 +316,7 @@ def optimize_command(
               tasks=[the_task] if the_task else [])
     name = the_task.name if the_task else next(iter(stored), "run")
     if resume is None:  # named here, so that an interrupted run can say where it is
-        out = out or run_cfg.runs_dir / f"{name}-{stamp()}"  # a replay's: as it recorded
+        out = out or new_run_dir(run_cfg.runs_dir, name)  # a replay's: as it recorded
     # An interrupted replay goes on by replaying again: resumed, it would call the LLM.
     go_on = (f"pike optimize --replay {replay} --out NEW_DIR" if replay is not None
              else f"pike optimize --resume {resume or out}")
@@ -382,7 +382,7 @@ def bench_command(
     --redo IDS runs tasks again, --fill-baselines measures failed baselines again."""
     from pike.report.progress import BenchProgress
     from pike.search.campaign import bench
-    from pike.search.session import stamp
+    from pike.search.session import new_run_dir
 
     if resume and folder:
         raise PikeError("--resume continues a campaign as it was started: give no FOLDER")
@@ -401,7 +401,7 @@ def bench_command(
     run_cfg, stored = as_run_will(cfg, flags, resume)
     check_run(run_cfg, out=None if resume else out, tasks=task_list)
     if resume is None and folder is not None:  # named here: an interrupted run says where
-        out = out or cfg.runs_dir / f"bench-{Path(folder).name}-{stamp()}"
+        out = out or new_run_dir(cfg.runs_dir, f"bench-{Path(folder).name}")
     try:
         with BenchProgress(err_console, names or stored, StatusFields.for_run(run_cfg)) as progress:
             result = bench(folder, cfg, ids=ids, out=out, resume=resume, jobs=jobs,
@@ -549,7 +549,7 @@ def audit_command(
     from pike.audit.matching import match
     from pike.audit.run import resumed_config
     from pike.report.progress import AUDIT_FIELDS, BenchProgress
-    from pike.search.session import stamp
+    from pike.search.session import new_run_dir
 
     if combine:
         _combine_audits(solutions, tasks_folder, combine, out, as_json, given=[
@@ -588,7 +588,7 @@ def audit_command(
     task_list = load_tasks(tasks_folder, ids)
     names = [t.name for t in task_list]
     match(solutions, task_list)  # a missing folder or a bad mapping fails here, before work
-    run_dir = out or cfg.runs_dir / f"audit-{solutions.resolve().name}-{stamp()}"
+    run_dir = out or new_run_dir(cfg.runs_dir, f"audit-{solutions.resolve().name}")
     check_devices(cfg.eval)
     check_new_run_dir(run_dir)
     with (_resumable(f"pike audit --resume {run_dir}", run_dir),

@@ -33,8 +33,8 @@ from pike.evaluate.pool import Lane, Pool, make_pool, one_line
 from pike.search import drain
 from pike.search.session import (
     OptimizeResult,
+    new_run_dir,
     search_task,
-    stamp,
     stored_tasks,
     summary_row,
     task_result,
@@ -89,7 +89,7 @@ def bench(folder: Path | None, config: RunConfig | None = None, *,
             raise ConfigError("give a task folder to bench (or --resume RUN_DIR)")
         cfg = config or RunConfig()
         tasks = load_tasks(folder, ids)
-        run_dir = out or cfg.runs_dir / f"bench-{Path(folder).name}-{stamp()}"
+        run_dir = out or new_run_dir(cfg.runs_dir, f"bench-{Path(folder).name}")
         store = RunStore.create(run_dir, cfg.model_dump(mode="json"), command)
         for task in tasks:
             store.add_task(task.name, str(task.path), task.sha256, task.source)

@@ -77,7 +77,7 @@ def optimize(task: Task | None, config: RunConfig | None = None, *, out: Path | 
             cfg = config or RunConfig()
         if task is None:
             raise ConfigError("no task to optimize")
-        run_dir = out or cfg.runs_dir / f"{task.name}-{stamp()}"
+        run_dir = out or new_run_dir(cfg.runs_dir, task.name)
         store = RunStore.create(run_dir, cfg.model_dump(mode="json"), command)
         store.add_task(task.name, str(task.path), task.sha256, task.source)
     if placement:
@@ -402,3 +402,8 @@ def _stored_task(store: RunStore) -> Task:
 
 def stamp() -> str:
     return dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def new_run_dir(runs_dir: Path, name: str) -> Path:
+    """Where a new run goes when no dir is given: NAME-<date>-<time> in the runs folder."""
+    return runs_dir / f"{name}-{stamp()}"
