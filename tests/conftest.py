@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -59,6 +60,19 @@ def fast_protocol(build_cache: Path | None = None) -> EvalConfig:
         limits=LimitsConfig(load_seconds=240, check_seconds=20, timing_seconds=60, memory_gib=2),
         build_cache=build_cache,
     )
+
+
+def judged_in(run_dir: Path) -> dict[int, Any]:
+    """The verdicts a run store holds so far, by candidate id: none while the store is
+    missing or its schema is still being written (a run just started in a child)."""
+    from pike.errors import StoreError
+    from pike.store import RunStore
+
+    try:
+        with RunStore.open(run_dir) as store:
+            return {r.id: r.verdict for r in store.candidates() if r.verdict}
+    except StoreError:
+        return {}
 
 
 def candidate(name: str) -> str:

@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pike.errors import StoreError
 from pike.solution_set import read_set
 from pike.store import RunStore
-from tests.conftest import CANDIDATES, EXAMPLES
+from tests.conftest import CANDIDATES, EXAMPLES, judged_in
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.test_optimize import GOOD, WRONG, fenced, pike, prompt_of, spec
 from tests.test_report import images_loaded_in_browser
@@ -67,14 +66,6 @@ def bench_config(run_config: Path) -> Path:
     return run_config
 
 
-def _judged(out: Path) -> dict[int, Any]:
-    try:
-        with RunStore.open(out) as store:
-            return {r.id: r.verdict for r in store.candidates() if r.verdict}
-    except StoreError:  # the campaign is still writing the new store's schema
-        return {}
-
-
 def test_bench_survives_a_kill_and_reports_every_figure(
         fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,13 +79,13 @@ def test_bench_survives_a_kill_and_reports_every_figure(
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # kill it once a few candidates are judged
-        if (out / "run.sqlite").exists() and len(_judged(out)) >= 3:
+        if (out / "run.sqlite").exists() and len(judged_in(out)) >= 3:
             break
         assert child.poll() is None, "the campaign ended before it could be killed"
         time.sleep(0.2)
     os.killpg(child.pid, signal.SIGKILL)
     child.wait()
-    judged_before = _judged(out)
+    judged_before = judged_in(out)
     with RunStore.open(out) as store:
         assert [t["name"] for t in store.tasks()] == NAMES
         baselines_before = {n: store.get_state(n, "baseline") for n in NAMES}
@@ -185,7 +176,7 @@ def test_ctrl_c_stops_the_campaign_without_starting_queued_tasks(
          "--budget-queries", "6", "--jobs", "1", "--config", str(run_config), "--out",
          str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not _judged(out):
+    while time.monotonic() < deadline and not judged_in(out):
         assert child.poll() is None, "the campaign ended before it could be interrupted"
         time.sleep(0.2)
     child.send_signal(signal.SIGINT)

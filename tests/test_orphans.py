@@ -19,7 +19,7 @@ from pike.config import EvalConfig, LimitsConfig
 from pike.evaluate import evaluate
 from pike.evaluate.leftovers import make_temp_dir, sweep_orphaned_dirs
 from pike.task import Task
-from tests.conftest import CANDIDATES, EXAMPLES, candidate
+from tests.conftest import CANDIDATES, EXAMPLES, candidate, judged_in
 
 MLP = EXAMPLES / "tasks" / "1_GeluMLP.py"
 
@@ -103,7 +103,7 @@ def test_a_run_cut_off_by_sigterm_says_how_to_go_on_and_leaves_nothing_running(
     else:
         args = (["optimize", str(MLP)] if command == "optimize"
                 else ["bench", str(MLP.parent), "--tasks", "1"]) + ["--device", "cpu"]
-        started = lambda: _judged_in(out)  # noqa: E731
+        started = lambda: bool(judged_in(out))  # noqa: E731
     pike = subprocess.Popen([sys.executable, "-m", "pike", *args, "--config", str(config),
                              "--out", str(out)], env={**os.environ, "TMPDIR": str(temp)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -119,16 +119,6 @@ def test_a_run_cut_off_by_sigterm_says_how_to_go_on_and_leaves_nothing_running(
     assert pike.returncode == 130 and "Traceback" not in err, err
     assert f"pike {command} --resume {out}" in " ".join(err.split()), err
     assert sorted(p.name for p in temp.iterdir() if p.name.startswith("pike-")) == []
-
-
-def _judged_in(run_dir: Path) -> bool:
-    from pike.store import RunStore
-
-    if not (run_dir / "run.sqlite").exists():
-        return False
-    with RunStore.open(run_dir) as store:
-        return any(c.verdict is not None for t in store.tasks()
-                   for c in store.candidates(t["name"]))
 
 
 def test_the_sweep_keeps_the_dirs_of_live_pikes(tmp_path: Path) -> None:
