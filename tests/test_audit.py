@@ -23,6 +23,7 @@ from pike.audit.matching import match
 from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import Baseline, ModeTiming, TimingStats, Verdict
+from pike.evaluate.device_identity import identity
 from pike.report.data import load_run
 from pike.store import RunStore
 from pike.task import Task, load_tasks
@@ -120,6 +121,8 @@ def test_everything_is_in_the_run_store(mixed: Any) -> None:
                 continue
             baseline = Baseline.model_validate(store.get_state(task.task, "baseline"))
             assert [m.mode for m in baseline.modes] == ["eager"]
+            # the child names the physical device, so a resumed call can tell it is the same
+            assert baseline.device_id == identity("cpu") != ""
         assert store.get_state("4_Negate", "missing") is True
         assert store.get_state("1_Scale", "missing") is None
         assert all(store.get_state(t.task, "done") for t in result.tasks)
@@ -449,13 +452,27 @@ def test_an_audit_cut_off_goes_on_with_resume_and_keeps_what_it_judged(
     assert pike("audit", folder).exit_code == 2
 
 
-def test_a_resumed_audit_measures_again_a_baseline_whose_file_was_not_judged(
-        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Cut off between a task's baseline and its file's verdict: the next call may run on
-    another card, so the task is measured again there, baseline and file together."""
+@pytest.mark.parametrize("now_on, kept", [("GPU-same", True), ("GPU-other", False),
+                                           ("", False)])
+def test_a_resumed_audit_keeps_a_baseline_whose_file_was_not_judged_only_on_its_card(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch, now_on: str,
+        kept: bool) -> None:
+    """Cut off between a task's baseline and its file's verdict (a device call's limit in the
+    middle of a long task): the next call keeps the baseline, failed modes and all, where it
+    runs on the very card that timed it. Elsewhere, or where it cannot tell which card it
+    has, the task is measured again, baseline and file together: a task's figures come from
+    one card."""
     from pike.audit import resume_audit
 
     judge = FakeJudge({"1_Scale": 2.0}, {"1_Scale": fake_ok(3.0)}).install(monkeypatch)
+    measure = judge.measure
+
+    def on_a_card(task: Task, cfg: RunConfig, modes: list[str], **kw: Any) -> Baseline:
+        return measure(task, cfg, modes, **kw).model_copy(update={"device_id": "GPU-same"})
+
+    monkeypatch.setattr(audit_run, "measure_baselines", on_a_card)
+    asked: list[str] = []
+    monkeypatch.setattr(audit_run, "probe", lambda device: asked.append(device) or now_on)
     folder = _files(tmp_path / "set", "task_1.py")
     out = tmp_path / "run"
 
@@ -467,9 +484,14 @@ def test_a_resumed_audit_measures_again_a_baseline_whose_file_was_not_judged(
         audit(folder, TASKS, audit_config(build_cache, ["eager", "compile:default"]), out=out,
               ids=[1], on_event=stop_before_judging)
     assert (len(judge.modes), len(judge.configs)) == (1, 0)
-    result = resume_audit(out)
-    assert (len(judge.modes), len(judge.configs)) == (2, 1)
+    events: list[tuple[str, dict[str, Any]]] = []
+    result = resume_audit(out, on_event=lambda kind, **data: events.append((kind, data)))
+    assert asked == ["cpu"]  # the device this call measures the task on
+    assert (len(judge.modes), len(judge.configs)) == ((1, 1) if kept else (2, 1))
     assert [t.status for t in result.tasks] == ["ok"]
+    assert [k for k, _ in events if k in ("baseline_kept", "mode_built")] == (
+        ["baseline_kept"] if kept else [])
+    assert result.tasks[0].compile_speedups["compile:default"] == pytest.approx(1.5)
 
 
 def test_tasks_spread_over_gpus_each_measured_and_judged_on_one_alone(

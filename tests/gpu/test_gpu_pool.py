@@ -34,7 +34,11 @@ def test_a_mixed_batch_gets_each_candidates_own_verdict(mlp_task: Task,
         verdict = got[i]
         assert verdict.status == MIX[name], f"{name}: {verdict.message}"
         if verdict.ok:
-            assert verdict.device == "cuda:0" and verdict.speedup
+            # timed either way; beside other work on the host (the GPU suite runs beside
+            # an audit) the reference's own median may stray from its usual one, and the
+            # figure is then held back as noisy rather than given
+            assert verdict.device == "cuda:0"
+            assert verdict.speedup or (verdict.noisy and verdict.noisy_speedup), name
             assert verdict.runtime and verdict.runtime.median_ms > 0
 
 

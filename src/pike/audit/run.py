@@ -7,7 +7,8 @@ role "audit" and the file name as idea, task states "baseline", "missing", "erro
 "done", so `pike report` and `pike show` read it. `audit.json` (the AuditResult) and
 `audit.md` (to_markdown) are written beside the store. An audit cut off (Ctrl-C, a
 device call's time limit) goes on with `resume(run_dir)`: what it asked is in the store,
-and every baseline and verdict already recorded is kept, not measured again.
+and every verdict already recorded is kept, with the baseline of its call; a baseline
+whose file was not judged is kept only on the card that timed it (device_identity).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from pike.audit.result import AuditResult, TaskAudit, aggregate, relative, task_
 from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import Baseline, Verdict, evaluate, measure_baselines
+from pike.evaluate.device_identity import probe
 from pike.evaluate.device_slots import DeviceSlots
-from pike.evaluate.judge import keep_references
+from pike.evaluate.judge import keep_references, resolve_device
 from pike.report.data import geomean
 from pike.search import drain
 from pike.store import (
@@ -252,11 +254,12 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
     if not judged and drain.due():  # new work after the time limit: none
         return None
     try:
-        # A task's figures come from one call: a baseline whose file was not judged in its
-        # call is measured again, as the next call may run on another card.
-        kept = store.get_state(task.name, BASELINE_STATE) if judged else None
-        if kept is not None:
-            baseline = Baseline.model_validate(kept)
+        # A task's figures come from one card: a baseline whose file was not judged in its
+        # call is kept only where this call measures the task on that very card.
+        baseline = _kept_baseline(store, task, cfg, judged)
+        if baseline is not None:
+            if not judged:
+                event("baseline_kept", device_id=baseline.device_id)
         else:
             event("task_phase", phase="baseline")
             baseline = measure_baselines(task, cfg, cfg.search.baseline_modes,
@@ -278,6 +281,21 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
         return base.model_copy(update={"status": "error", "message": str(err)})
     store.set_verdict(candidate_id, verdict)
     return judged_audit(base, task, source, candidate_id, verdict, baseline)
+
+
+def _kept_baseline(store: RunStore, task: Task, cfg: RunConfig, judged: bool) -> Baseline | None:
+    """The baseline an earlier call recorded for `task`, where it still stands: its file was
+    judged in that call, or this call measures on the card that timed it (a held machine
+    resumed, whose every build and failed mode would otherwise be done again)."""
+    kept = store.get_state(task.name, BASELINE_STATE)
+    if kept is None:
+        return None
+    baseline = Baseline.model_validate(kept)
+    if judged:
+        return baseline
+    if baseline.task_sha256 != task.sha256 or not baseline.device_id:
+        return None
+    return baseline if probe(resolve_device(cfg.eval.device)) == baseline.device_id else None
 
 
 def judged_audit(base: TaskAudit, task: Task, source: str, candidate_id: int,

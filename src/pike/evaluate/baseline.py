@@ -49,6 +49,9 @@ class Baseline(BaseModel):
     task_sha256: str
     device: str
     device_name: str
+    device_id: str = Field("", description="the physical device (a CUDA UUID, a CPU host's "
+                           "boot id; device_identity): '' where unknown or measured before "
+                           "pike recorded it")
     torch_version: str
     host: str
     date: str
@@ -105,7 +108,7 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     floor_name = device_name if device.startswith("cuda") else "cpu"
     return Baseline(
         task=task.name, task_path=str(task.path), task_sha256=task.sha256, device=device,
-        device_name=device_name,
+        device_name=device_name, device_id=reference.env.get("device_id", ""),
         torch_version=reference.env.get("torch_version", ""), host=reference.env.get("host", ""),
         date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), modes=results,
         work=work, floor=floor(work, floor_name) if work else None,

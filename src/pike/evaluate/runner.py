@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from pike.evaluate import check
+from pike.evaluate.device_identity import identity
 from pike.evaluate.diagnostics import describe_exception
 from pike.evaluate.guards import Guards, rehearse_check_after
 from pike.evaluate.leaf_files import PLAIN_DTYPES, read_leaves, write_leaves
@@ -792,7 +793,7 @@ def main(argv: list[str]) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     chan.send("env", device_name=_device_name(device), torch_version=torch.__version__,
-              host=platform.node())
+              host=platform.node(), device_id=identity(str(device)))
     chan.send("phase", phase="load")
     try:
         (run_reference if req.role == "reference" else run_candidate)(req, chan, device)

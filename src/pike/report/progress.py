@@ -92,6 +92,8 @@ class TaskStatus:
         elif kind == "mode_built":  # a baseline's mode: minutes for a large max-autotune
             return built_line(data["mode"], data.get("build_s"), data.get("error"),
                               data.get("again", False))
+        elif kind == "baseline_kept":  # a resumed audit on the card that timed them
+            return f"baselines kept from an earlier call on this device ({data['device_id']})"
         elif kind == "task_done":
             self._done(data)
         return None
