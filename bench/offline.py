@@ -43,6 +43,15 @@ from pike.solution_set import read_set
 STATE = "state.json"  # beside the campaign: the calls so far and the set the audit judges
 
 
+def _stopped_line(command: str, rc: int) -> str:
+    """What to do next: a cut-off run goes on when run again; an error (a usage error, a
+    missing folder: exit 2) would fail again until fixed."""
+    if rc in _STOPPED:
+        return f"{command} stopped (exit {rc}); run the same command again to go on"
+    return (f"{command} failed (exit {rc}): see its message above; once that is fixed, "
+            "the same command goes on")
+
+
 def main() -> int:
     started = time.monotonic()
     args = _arguments()
@@ -56,8 +65,7 @@ def main() -> int:
         state["redo_made"] = args.redo if rc in _STOPPED else None
         _save(run_dir, state)
     if rc != 0:
-        print(f"pike bench stopped (exit {rc}); run the same command again to go on",
-              file=sys.stderr)
+        print(_stopped_line("pike bench", rc), file=sys.stderr)
         return rc
     solutions = run_dir / "solutions"
     if not args.no_audit:
@@ -70,8 +78,7 @@ def main() -> int:
                 if args.stop_after is not None else None)
         rc = _run(_audit_command(args, solutions, audit_dir, left), state, run_dir)
         if rc != 0:
-            print(f"pike audit stopped (exit {rc}); run the same command again to go on",
-                  file=sys.stderr)
+            print(_stopped_line("pike audit", rc), file=sys.stderr)
             return rc
     written = write_results(args.results / f"offline-{args.tag}", run_dir,
                             None if args.no_audit else audit_dir, state)

@@ -46,6 +46,17 @@ def _pikes_of(run_dir: Path) -> list[psutil.Process]:
     return found
 
 
+def test_a_headline_that_fails_on_a_users_error_says_so_not_to_run_it_again(
+        tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "bench/offline.py", str(tmp_path / "no-such-folder"),
+                           "--tag", "t", "--device", "cpu", "--results", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "no such task folder" in done.stderr
+    assert "pike bench failed (exit 2)" in done.stderr
+    assert "run the same command again" not in done.stderr
+
+
 @pytest.mark.slow
 def test_a_cut_off_headline_goes_on_with_the_same_command_and_ends_audited(
         tmp_path: Path, build_cache: Path) -> None:

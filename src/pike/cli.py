@@ -107,7 +107,7 @@ WorkersOpt = Annotated[int | None, typer.Option(
 DevicesOpt = Annotated[str | None, typer.Option(
     help="GPUs of this host to spread evaluations over: cuda:0,cuda:1 (one timing lane each)")]
 ClusterOpt = Annotated[str | None, typer.Option(
-    help="where evaluations run: local (default) or ray (pip install 'pike-torch\\[ray]')")]
+    help="where evaluations run: local (default) or ray (pip install 'ray>=2.9')")]
 RayAddressOpt = Annotated[str | None, typer.Option(
     help="the Ray cluster to join (implies --cluster ray; default RAY_ADDRESS or a local Ray)")]
 ProfileFeedbackOpt = Annotated[bool, typer.Option(

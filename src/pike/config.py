@@ -35,8 +35,8 @@ class TimingConfig(_Strict):
     flush_l2: bool = Field(True, description="overwrite a buffer larger than L2 before each CUDA call")
     max_reference_drift: float | None = Field(
         0.05, gt=0, description="on CUDA: a timing window whose reference median is off the "
-        "median of the run's earlier windows by more than this share is timed again (twice "
-        "at most); still off, the verdict is `noisy` and no search takes it as its best. "
+        "median of the run's earlier windows by more than this share is timed again (up to "
+        "three times, the last with a fresh reference child); still off, the verdict is `noisy` and no search takes it as its best. "
         "None: off (CPU timings on a shared host drift more than this and are not checked)")
     input_sets: int = Field(
         3, ge=2, description="timed calls rotate over this many input sets, drawn apart from "
@@ -216,7 +216,9 @@ class SearchConfig(_Strict):
     backend: Literal["any", "cuda", "triton"] = Field(
         "any", description="what the optimizer may write: any, CUDA C++ or Triton kernels")
     strategy: Literal["branching", "evolve"] = Field(
-        "branching", description="PIKE-B (branching) or PIKE-O (evolve)")
+        "branching", description="the LLM search: PIKE-B (branching) or PIKE-O (evolve). "
+        "Without a model (llm.model unset) pike runs the offline strategy whatever this says; "
+        "on the command line, --strategy offline asks for it by name")
     branching: BranchingConfig = Field(default_factory=BranchingConfig)
     evolve: EvolveConfig = Field(default_factory=EvolveConfig)
     offline: OfflineConfig = Field(default_factory=OfflineConfig)

@@ -36,7 +36,8 @@ def check_devices(cfg: EvalConfig) -> None:
     sandbox runs where it is required (and warns now, once, where it is not)."""
     if cfg.cluster == "ray":
         if importlib.util.find_spec("ray") is None:
-            raise ConfigError("the Ray backend needs Ray: pip install 'pike-torch[ray]'")
+            raise ConfigError("the Ray backend needs Ray: pip install 'ray>=2.9' "
+                              "(pike's [ray] extra)")
         return  # devices and sandboxes are the cluster's nodes', checked when they join
     for device in dict.fromkeys([cfg.device, *cfg.devices]):
         check_device(device)

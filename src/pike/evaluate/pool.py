@@ -223,6 +223,6 @@ def make_pool(cfg: EvalConfig) -> Pool:
     try:
         from pike.evaluate.ray_pool import RayPool
     except ImportError as err:
-        raise ConfigError("the Ray backend needs Ray: pip install 'pike-torch[ray]' "
-                          f"({err})") from None
+        raise ConfigError("the Ray backend needs Ray: pip install 'ray>=2.9' (pike's "
+                          f"[ray] extra) ({err})") from None
     return RayPool(cfg)
