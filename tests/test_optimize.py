@@ -193,6 +193,8 @@ def test_resume_after_kill_continues_without_double_counting(
     assert 0 < calls_before < 8
     result = pike("optimize", "--resume", out)
     assert result.exit_code == 0, result.output
+    # its status lines count the whole run: the kept verdicts from its first line on
+    assert "verdicts:" in result.output and "verdicts: none yet" not in result.output
     after = RunStore.open(out)
     keys = [c["role"] for c in after.llm_calls("1_GeluMLP")]
     assert len(keys) == len(set(keys))  # no call recorded twice

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections import Counter
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -35,6 +34,7 @@ from pike.search.session import (
     OptimizeResult,
     new_run_dir,
     search_task,
+    show_what_was_kept,
     stored_tasks,
     summary_row,
     task_result,
@@ -97,7 +97,7 @@ def bench(folder: Path | None, config: RunConfig | None = None, *,
         cfg.eval = cfg.eval.model_copy(update=placement)
     try:
         if resume is not None:
-            _show_what_was_kept(store, tasks, on_event)
+            show_what_was_kept(store, tasks, on_event)
         with drain.stop_after(stop_after):
             outcomes = _run_all(store, tasks, cfg, max(1, jobs), on_event, fill_baselines)
         _write_outputs(store, outcomes)
@@ -106,21 +106,6 @@ def bench(folder: Path | None, config: RunConfig | None = None, *,
                               open_tasks=open_tasks)
     finally:
         store.close()
-
-
-def _show_what_was_kept(store: RunStore, tasks: list[Task],
-                        on_event: Callable[..., None]) -> None:
-    """Each task's verdicts, best and round from the calls before, so that a resumed
-    campaign's status lines count the whole campaign, not only this call."""
-    for task in tasks:
-        rows = [r for r in store.candidates(task.name) if r.verdict is not None]
-        if not rows:
-            continue
-        best = store.best(task.name)
-        on_event("resumed", task=task.name,
-                 verdicts=Counter(r.verdict.status for r in rows if r.verdict),
-                 best=best.verdict.speedup if best and best.verdict else None,
-                 round=max(r.round for r in rows))
 
 
 def _forget(store: RunStore, tasks: list[Task], redo: list[int],

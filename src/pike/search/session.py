@@ -65,6 +65,7 @@ def optimize(task: Task | None, config: RunConfig | None = None, *, out: Path | 
         cfg = RunConfig.model_validate(store.config())
         task = _stored_task(store)
         recorded = None
+        show_what_was_kept(store, [task], on_event)
     else:
         recorded = None
         if replay is not None:
@@ -88,6 +89,22 @@ def optimize(task: Task | None, config: RunConfig | None = None, *, out: Path | 
         return result
     finally:
         store.close()
+
+
+def show_what_was_kept(store: RunStore, tasks: list[Task],
+                        on_event: Callable[..., None]) -> None:
+    """Each task's verdicts, best and round from the calls before, so that a resumed
+    run's status lines (a campaign's, a search's) count the whole run, not only this
+    call, and say "new best" only of what beats the kept best."""
+    for task in tasks:
+        rows = [r for r in store.candidates(task.name) if r.verdict is not None]
+        if not rows:
+            continue
+        best = store.best(task.name)
+        on_event("resumed", task=task.name,
+                 verdicts=Counter(r.verdict.status for r in rows if r.verdict),
+                 best=best.verdict.speedup if best and best.verdict else None,
+                 round=max(r.round for r in rows))
 
 
 def search_task(store: RunStore, task: Task, cfg: RunConfig,
