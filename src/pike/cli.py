@@ -196,11 +196,21 @@ def _say_how_to_go_on(go_on: str, run_dir: Path | None) -> None:
 
 @contextlib.contextmanager
 def _resumable(go_on: str, run_dir: Path | None) -> Iterator[None]:
+    """A Ctrl-C or SIGTERM in the block says how to go on, then ends pike at once (130).
+
+    Worker threads (an audit's or a campaign's tasks, a pool's candidates) may be
+    mid-evaluation, and Python's exit would wait for each to finish its step: a
+    max-autotune build, minutes. So nothing waits for them: the store is already durable,
+    their children are ended and this process's temp folders removed, and pike exits."""
     try:
         yield
     except KeyboardInterrupt:
         _say_how_to_go_on(go_on, run_dir)
-        raise
+        logging.disable(logging.CRITICAL)  # what the killed children's ends say is no news
+        end_children_and_remove_own_dirs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
 
 
 def _terminate_as_interrupt(signum: int, frame: object) -> None:
@@ -402,17 +412,13 @@ def bench_command(
     check_run(run_cfg, out=None if resume else out, tasks=task_list)
     if resume is None and folder is not None:  # named here: an interrupted run says where
         out = out or new_run_dir(cfg.runs_dir, f"bench-{Path(folder).name}")
-    try:
-        with BenchProgress(err_console, names or stored, StatusFields.for_run(run_cfg)) as progress:
-            result = bench(folder, cfg, ids=ids, out=out, resume=resume, jobs=jobs,
-                           command="pike " + " ".join(sys.argv[1:]),
-                           placement=placement_given(cfg, flags), redo=_ids(redo),
-                           fill_baselines=fill_baselines, stop_after=stop_after,
-                           on_event=progress)
-    except KeyboardInterrupt:
-        _say_how_to_go_on(f"pike bench --resume {resume or out or 'RUN_DIR'}", resume or out)
-        end_children_and_remove_own_dirs()
-        os._exit(130)  # worker threads may be mid-evaluation; the store is already durable
+    with (_resumable(f"pike bench --resume {resume or out or 'RUN_DIR'}", resume or out),
+          BenchProgress(err_console, names or stored, StatusFields.for_run(run_cfg)) as progress):
+        result = bench(folder, cfg, ids=ids, out=out, resume=resume, jobs=jobs,
+                       command="pike " + " ".join(sys.argv[1:]),
+                       placement=placement_given(cfg, flags), redo=_ids(redo),
+                       fill_baselines=fill_baselines, stop_after=stop_after,
+                       on_event=progress)
     console.print(bench_table(result))
     console.print(f"report: pike report {escape(str(result.run_dir))}")
     console.print(f"solutions: {escape(str(result.run_dir / 'solutions'))} "

@@ -14,6 +14,7 @@ import os
 import secrets
 import signal
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -239,12 +240,16 @@ def finish(child: ChildProcess, report: ChildReport | None = None) -> None:
         child.__exit__(None, None, None)
         child.proc = None
         return
+    # Unwinding a Ctrl-C (or a SIGTERM pike turned into one): the user is waiting, and a
+    # child mid-build (a max-autotune compile, a slow constructor) would not answer "stop"
+    # before the grace period ran out, so it is killed at once, group and all.
+    at_once = child.unresponsive or isinstance(sys.exc_info()[1], KeyboardInterrupt)
     if child.pausable_on is not None:  # no timer stops it from here; one that has, ends
         device_lock.unlist_child(child.pausable_on, child.proc.pid)
-        if not child.unresponsive:
+        if not at_once:
             child.wait_unpaused()
     child.enter_phase("cleanup")  # which also books the time of the phase that ended
-    if child.unresponsive:
+    if at_once:
         escaped = child.kill_group()
     elif child.sandboxed:  # what it left dies with its namespace: name it while it runs
         escaped = child.stop_watching(DESCENDANTS_GRACE_S + 4.0, DESCENDANTS_GRACE_S - 1.0)
@@ -534,7 +539,8 @@ def unaccounted_wall_time(cost: LoopCost, judged: Timer, reference: Timer,
         return None
     return (f"reported timings that do not account for the wall time of its timing "
             f"blocks ({suspicious} of {len(judged.blocks)} blocks took over "
-            f"{WALL_MARGIN:g}x longer than the calls it reported)")
+            f"{WALL_MARGIN:g}x longer than the calls it reported; median stretch "
+            f"{ratio:.2f} against the reference's {ref_ratio:.2f})")
 
 
 def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = False,

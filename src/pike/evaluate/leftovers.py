@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,9 +62,22 @@ def _roomy_tmpfs(path: Path) -> bool:
             and free >= _SHM_FREE_SHARE * size)
 
 
+# Set once pike is ending after a Ctrl-C: its worker threads run on until the exit and
+# must not start a child or make a folder that the cleanup has already passed over.
+_ENDING = threading.Event()
+
+
+def refuse_new_work_if_ending() -> None:
+    """Raised in a worker thread that would start new work while pike ends (it unwinds as a
+    Ctrl-C does: its child killed at once, nothing recorded)."""
+    if _ENDING.is_set():
+        raise KeyboardInterrupt("pike is ending")
+
+
 def make_temp_dir(kind: str) -> Path:
     """A new temp folder of this process: `pike-<kind>-<pid>-<start time>-<random>`."""
     assert kind in _KINDS
+    refuse_new_work_if_ending()
     sweep_orphaned_dirs()
     return Path(tempfile.mkdtemp(prefix=f"pike-{kind}-{_owner_tag()}-", dir=scratch_root()))
 
@@ -86,16 +100,17 @@ def remove_tree(path: Path) -> None:
 
 
 def end_children_and_remove_own_dirs(wait_s: float = 5.0) -> list[str]:
-    """For an exit that skips every cleanup (a campaign's Ctrl-C: its worker threads may be
-    mid-evaluation, so nothing waits for them): end this process's children, then remove
-    its temp folders on this host. Left for the next pike to sweep, a large task's inputs
+    """For an exit that skips every cleanup (an interrupted optimize, bench or audit: its
+    worker threads may be mid-evaluation, so nothing waits for them): refuse new work, end
+    this process's children, then remove its temp folders on this host. Left for the next pike to sweep, a large task's inputs
     and outputs would hold gigabytes of /dev/shm, which is memory, until some pike starts
     again. What the killed children's evaluations would have recorded is lost, not
     recorded as crashes: the campaign closed its store before the exception reached the
     CLI."""
     removed: list[str] = []
-    # Twice: the worker threads run on meanwhile, and one may start the next candidate's
-    # child and folder while the first pass waits for the killed ones to go.
+    _ENDING.set()  # no new child or folder from here on
+    # Twice: a worker thread may have been starting a child or a folder as the flag was
+    # set, and shows it while the first pass waits for the killed ones to go.
     for _ in range(2):
         children = psutil.Process().children(recursive=True)
         for child in children:

@@ -33,6 +33,7 @@ import psutil
 from pike.config import LimitsConfig
 from pike.errors import EvaluatorError
 from pike.evaluate import device_lock
+from pike.evaluate.leftovers import refuse_new_work_if_ending
 from pike.evaluate.protocol import Channel, ChildRequest
 from pike.evaluate.staging import InputStage
 
@@ -190,6 +191,7 @@ class _Spawner:
         self._thread: threading.Thread | None = None
 
     def run(self, fn: Callable[[], Any]) -> Any:
+        refuse_new_work_if_ending()
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._serve, name="pike-spawn",
