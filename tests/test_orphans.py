@@ -130,7 +130,8 @@ import torch.nn as nn
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
-        time.sleep(300)  # a build that takes minutes: a max-autotune compile, say
+        if {slow}:
+            time.sleep(300)  # a build that takes minutes: a max-autotune compile, say
 
     def forward(self, x):
         return x * 2
@@ -145,35 +146,48 @@ def get_init_inputs():
 """
 
 
-@pytest.mark.parametrize("workers, how", [(1, signal.SIGINT), (2, signal.SIGTERM)])
-def test_an_audit_cut_off_mid_build_ends_within_seconds_and_records_no_failure(
-        tmp_path: Path, build_cache: Path, workers: int, how: signal.Signals) -> None:
-    """Ctrl-C (or a device call's `timeout`) while references build: the children are busy
-    and would not answer a polite "stop", and with tasks in worker threads Python's exit
-    would wait for each to finish its step. Measured before: 14 s with one worker (the
-    grace period, waited out), and still running after 60 s with two (a real max-autotune
-    build outlived its call's SIGINT on an H200). The tasks cut off stay open, not failed."""
-    tasks, solutions, out = tmp_path / "tasks", tmp_path / "set", tmp_path / "run"
+@pytest.mark.parametrize("command, workers, how", [
+    ("audit", 1, signal.SIGINT), ("audit", 2, signal.SIGTERM), ("optimize", 2, signal.SIGINT)])
+def test_a_run_cut_off_mid_build_ends_within_seconds_and_records_no_failure(
+        tmp_path: Path, build_cache: Path, command: str, workers: int,
+        how: signal.Signals) -> None:
+    """Ctrl-C (or a device call's `timeout`) while children build: they are busy and would
+    not answer a polite "stop", and with work in worker threads Python's exit (and a pool's
+    close) would wait for each to finish its step. Measured before, on references building:
+    14 s with one worker (the grace period, waited out), and still running after 60 s with
+    two (a real max-autotune build outlived its call's SIGINT on an H200). The search's
+    candidates build in a pool's threads. What was cut off is not recorded as failed."""
+    tasks, temp, out = tmp_path / "tasks", tmp_path / "tmp", tmp_path / "run"
     tasks.mkdir()
-    solutions.mkdir()
-    for i in (1, 2):
-        (tasks / f"{i}_Slow.py").write_text(SLOW_TASK)
-        (solutions / f"task_{i}.py").write_text(
-            "import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
-            "    def forward(self, x):\n        return x * 2\n")
+    temp.mkdir()
     config = tmp_path / "pike.yaml"
     config.write_text(yaml.safe_dump({
         "eval": {"sandbox": "off", "trials": 2, "build_cache": str(build_cache)},
         "search": {"baseline_modes": ["eager"]}}))
-    pike = subprocess.Popen([sys.executable, "-m", "pike", "audit", str(solutions), str(tasks),
-                             "--device", "cpu", "--workers", str(workers), "--config",
-                             str(config), "--out", str(out)],
+    common = ["--device", "cpu", "--workers", str(workers), "--config", str(config),
+              "--out", str(out)]
+    if command == "audit":  # the references build for minutes
+        solutions = tmp_path / "set"
+        solutions.mkdir()
+        for i in (1, 2):
+            (tasks / f"{i}_Slow.py").write_text(SLOW_TASK.format(slow="True"))
+            (solutions / f"task_{i}.py").write_text(
+                "import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                "    def forward(self, x):\n        return x * 2\n")
+        args = ["audit", str(solutions), str(tasks), *common]
+        ready = lambda: len(_runners_under(pike.pid)) >= workers  # noqa: E731
+    else:  # the reference is quick; each candidate (its module has a ModelNew) builds long
+        (tasks / "1_Slow.py").write_text(SLOW_TASK.format(slow='"ModelNew" in globals()'))
+        args = ["optimize", str(tasks / "1_Slow.py"), *common]
+        ready = lambda: len(list(temp.glob("pike-cand-*/work/request.json"))) >= 2  # noqa: E731
+    pike = subprocess.Popen([sys.executable, "-m", "pike", *args],
+                            env={**os.environ, "TMPDIR": str(temp)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while len(_runners_under(pike.pid)) < workers and time.monotonic() < deadline:
+    while not ready() and time.monotonic() < deadline:
         assert pike.poll() is None, pike.communicate()[1]
         time.sleep(0.2)
-    time.sleep(3.0)  # each child is in its task's constructor
+    time.sleep(3.0)  # each child is in its model's constructor
     children = psutil.Process(pike.pid).children(recursive=True)
     signalled = time.monotonic()
     pike.send_signal(how)
@@ -183,9 +197,13 @@ def test_an_audit_cut_off_mid_build_ends_within_seconds_and_records_no_failure(
     assert alive == [], [(_cmdline(p), p.status()) for p in alive]
     assert pike.returncode == 130 and "Traceback" not in err, err
     assert took < 10, f"{took:.1f} s from the signal to pike's exit"
-    assert f"pike audit --resume {out}" in " ".join(err.split()), err
+    assert f"pike {command} --resume {out}" in " ".join(err.split()), err
+    assert sorted(p.name for p in temp.iterdir() if p.name.startswith("pike-")) == []
     with RunStore.open(out) as store:
-        assert [store.get_state(f"{i}_Slow", ERROR_STATE) for i in (1, 2)] == [None, None]
+        names = [row["name"] for row in store.tasks()]
+        assert [store.get_state(name, ERROR_STATE) for name in names] == [None] * len(names)
+        assert [r.verdict for name in names for r in store.candidates(name)
+                if r.verdict is not None and r.verdict.status != "ok"] == []
 
 
 def test_the_sweep_keeps_the_dirs_of_live_pikes(tmp_path: Path) -> None:

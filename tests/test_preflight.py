@@ -55,7 +55,7 @@ def test_the_ray_backend_needs_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "ray" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"pip install 'pike-torch\[ray\]'"):
+    with pytest.raises(ConfigError, match=r"pip install 'ray>=2.9'"):
         check_devices(EvalConfig(cluster="ray"))
 
 

@@ -205,12 +205,20 @@ def _resumable(go_on: str, run_dir: Path | None) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        _say_how_to_go_on(go_on, run_dir)
-        logging.disable(logging.CRITICAL)  # what the killed children's ends say is no news
-        end_children_and_remove_own_dirs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130)
+        # A second Ctrl-C (an impatient user, a driver's own SIGINT) or a closed pipe must
+        # not cut this short: the exit that follows would wait on the worker threads.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            with contextlib.suppress(OSError):
+                _say_how_to_go_on(go_on, run_dir)
+            logging.disable(logging.CRITICAL)  # what the killed children's ends say is no news
+            end_children_and_remove_own_dirs()
+            with contextlib.suppress(OSError):
+                sys.stdout.flush()
+                sys.stderr.flush()
+        finally:
+            os._exit(130)
 
 
 def _terminate_as_interrupt(signum: int, frame: object) -> None:

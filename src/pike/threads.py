@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import contextvars
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+
+
+def unwinding_interrupt() -> bool:
+    """Whether this thread is unwinding a Ctrl-C (or a SIGTERM pike turned into one), as
+    seen from a `finally` or an `__exit__`: the user is waiting, so cleanups that would
+    wait on a busy child or a worker thread end it at once instead."""
+    return isinstance(sys.exc_info()[1], KeyboardInterrupt)
 
 
 def run_each(fn: Callable[[Item], Result], items: Iterable[Item], workers: int,

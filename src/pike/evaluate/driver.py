@@ -14,7 +14,6 @@ import os
 import secrets
 import signal
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from pike.evaluate.sandbox import (
 )
 from pike.evaluate.staging import InputStage
 from pike.evaluate.verdict import Verdict
+from pike.threads import unwinding_interrupt
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def finish(child: ChildProcess, report: ChildReport | None = None) -> None:
     # Unwinding a Ctrl-C (or a SIGTERM pike turned into one): the user is waiting, and a
     # child mid-build (a max-autotune compile, a slow constructor) would not answer "stop"
     # before the grace period ran out, so it is killed at once, group and all.
-    at_once = child.unresponsive or isinstance(sys.exc_info()[1], KeyboardInterrupt)
+    at_once = child.unresponsive or unwinding_interrupt()
     if child.pausable_on is not None:  # no timer stops it from here; one that has, ends
         device_lock.unlist_child(child.pausable_on, child.proc.pid)
         if not at_once:

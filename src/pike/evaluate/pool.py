@@ -27,6 +27,7 @@ from pike.evaluate import spares
 from pike.evaluate.judge import evaluate, keep_references, resolve_device
 from pike.evaluate.verdict import Verdict, says_out_of_memory
 from pike.task import Task
+from pike.threads import unwinding_interrupt
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,8 @@ class LocalPool:
                            lambda s: self._run(task, s), sources)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        # On a Ctrl-C nothing waits for the evaluations in flight: the CLI ends them.
+        self._executor.shutdown(wait=not unwinding_interrupt(), cancel_futures=True)
         spares.want(-self._spares)
         self._spares = 0
 
@@ -208,9 +210,11 @@ class Lane:
         if self._width == 1 or len(sources) <= 1:
             yield from _judged(None, lambda s: self.pool.judge(task, s), sources)
             return
-        with ThreadPoolExecutor(min(self._width, len(sources)),
-                                thread_name_prefix="pike-lane") as lane:
+        lane = ThreadPoolExecutor(min(self._width, len(sources)), thread_name_prefix="pike-lane")
+        try:
             yield from _judged(lane, lambda s: self.pool.judge(task, s), sources)
+        finally:
+            lane.shutdown(wait=not unwinding_interrupt())
 
     def close(self) -> None:
         """The pool is its owner's to close."""
