@@ -46,7 +46,7 @@ STATE = "state.json"  # beside the campaign: the calls so far and the set the au
 def _stopped_line(command: str, rc: int) -> str:
     """What to do next: a cut-off run goes on when run again; an error (a usage error, a
     missing folder: exit 2) would fail again until fixed."""
-    if rc in _STOPPED:
+    if rc in _STOPPED or rc < 0:  # a signal ended it (a second SIGTERM, the OOM killer)
         return f"{command} stopped (exit {rc}); run the same command again to go on"
     return (f"{command} failed (exit {rc}): see its message above; once that is fixed, "
             "the same command goes on")
@@ -62,7 +62,7 @@ def main() -> int:
     redo = args.redo if args.redo and state.get("redo_made") != args.redo else None
     rc = _run(_bench_command(args, run_dir, redo), state, run_dir)
     if redo or state.get("redo_made"):
-        state["redo_made"] = args.redo if rc in _STOPPED else None
+        state["redo_made"] = args.redo if rc in _STOPPED or rc < 0 else None
         _save(run_dir, state)
     if rc != 0:
         print(_stopped_line("pike bench", rc), file=sys.stderr)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from pike.audit import AuditResult, audit, detect_precision, match_solutions, to_markdown
@@ -452,23 +453,25 @@ def test_an_audit_cut_off_goes_on_with_resume_and_keeps_what_it_judged(
     assert pike("audit", folder).exit_code == 2
 
 
-@pytest.mark.parametrize("now_on, kept", [("GPU-same", True), ("GPU-other", False),
-                                           ("", False)])
+@pytest.mark.parametrize("now_on, torch_then, kept", [
+    ("GPU-same", torch.__version__, True), ("GPU-other", torch.__version__, False),
+    ("", torch.__version__, False), ("GPU-same", "2.4.0", False)])
 def test_a_resumed_audit_keeps_a_baseline_whose_file_was_not_judged_only_on_its_card(
         tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch, now_on: str,
-        kept: bool) -> None:
+        torch_then: str, kept: bool) -> None:
     """Cut off between a task's baseline and its file's verdict (a device call's limit in the
     middle of a long task): the next call keeps the baseline, failed modes and all, where it
-    runs on the very card that timed it. Elsewhere, or where it cannot tell which card it
-    has, the task is measured again, baseline and file together: a task's figures come from
-    one card."""
+    runs on the very card that timed it, with the same torch. Elsewhere, or where it cannot
+    tell which card it has, the task is measured again, baseline and file together: a
+    task's figures come from one card."""
     from pike.audit import resume_audit
 
     judge = FakeJudge({"1_Scale": 2.0}, {"1_Scale": fake_ok(3.0)}).install(monkeypatch)
     measure = judge.measure
 
     def on_a_card(task: Task, cfg: RunConfig, modes: list[str], **kw: Any) -> Baseline:
-        return measure(task, cfg, modes, **kw).model_copy(update={"device_id": "GPU-same"})
+        return measure(task, cfg, modes, **kw).model_copy(
+            update={"device_id": "GPU-same", "torch_version": torch_then})
 
     monkeypatch.setattr(audit_run, "measure_baselines", on_a_card)
     asked: list[str] = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
+import time
 
 import pytest
 import torch
@@ -24,11 +24,17 @@ def test_a_gpu_that_cannot_be_told_is_unknown_and_never_matches() -> None:
 
 
 def test_a_probe_that_hangs_or_cannot_start_is_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
-    def hangs(*args: object, **kwargs: object) -> None:
-        raise subprocess.TimeoutExpired(cmd="python", timeout=1)
-
-    monkeypatch.setattr(device_identity.subprocess, "run", hangs)
+    monkeypatch.setattr(device_identity.sys, "executable", "/no/such/python")
     assert probe("cuda:3") == ""
+    monkeypatch.undo()
+    monkeypatch.setattr(device_identity, "_probe_code", lambda: "import time; time.sleep(60)")
+    started = time.monotonic()
+    assert probe("cuda:3", timeout=1.0) == ""
+    assert time.monotonic() - started < 10
+
+
+def test_only_a_cpu_or_a_cuda_device_has_an_identity() -> None:
+    assert identity("mps") == identity("xpu:1") == ""
 
 
 @pytest.mark.gpu

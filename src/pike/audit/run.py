@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from pike.agents.offline import named_in
 from pike.audit.markdown import to_markdown
 from pike.audit.matching import Matching, match
@@ -138,13 +140,16 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
     baselines: dict[str, Baseline] = {}
     finished: dict[int, TaskAudit] = {}
     finishing = threading.Lock()
+    # Which physical card each device of this call is, asked once before any task starts
+    # (a probe starts CUDA in a process of its own: not beside another task's timed window).
+    cards = _cards_now(store, cfg, gpus.devices) if _resumed else {}
 
     def one(index: int, task: Task) -> None:
         event = _task_events(on_event, task.name)
         base = task_base(task, matching, solutions, changed)
         with gpus.take() as task_cfg:
             done = _audit_task(store, task, matching.files[task.name], base, index, task_cfg,
-                               baselines, event)
+                               baselines, event, cards)
         if done is None:  # the time limit came first: left for --resume
             return
         with finishing:
@@ -192,9 +197,14 @@ def _each_task(one: Callable[[int, Task], None], tasks: list[Task], workers: int
 
 
 def write_result(result: AuditResult) -> None:
+    """audit.json and audit.md, each whole or not at all: a Ctrl-C ends pike at once, and
+    a worker thread may be writing them then."""
     run_dir = Path(result.run_dir)
-    (run_dir / RESULT_JSON).write_text(result.model_dump_json(indent=2) + "\n")
-    (run_dir / RESULT_MARKDOWN).write_text(to_markdown(result))
+    for name, text in ((RESULT_JSON, result.model_dump_json(indent=2) + "\n"),
+                       (RESULT_MARKDOWN, to_markdown(result))):
+        part = run_dir / f".{name}.part"
+        part.write_text(text)
+        part.replace(run_dir / name)
 
 
 def _task_events(on_event: Callable[..., None], task: str) -> Callable[..., None]:
@@ -234,7 +244,7 @@ def task_base(task: Task, matching: Matching, solutions: Path, changed: list[str
 
 def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit, index: int,
                 cfg: RunConfig, baselines: dict[str, Baseline],
-                event: Callable[..., None]) -> TaskAudit | None:
+                event: Callable[..., None], cards: dict[str | None, str]) -> TaskAudit | None:
     # A task with nothing to judge counts 1.0x whatever its baselines: skip timing them.
     if file is None:
         store.set_state(task.name, MISSING_STATE, True)
@@ -256,7 +266,7 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
     try:
         # A task's figures come from one card: a baseline whose file was not judged in its
         # call is kept only where this call measures the task on that very card.
-        baseline = _kept_baseline(store, task, cfg, judged)
+        baseline = _kept_baseline(store, task, cards.get(cfg.eval.device, ""), judged)
         if baseline is not None:
             if not judged:
                 event("baseline_kept", device_id=baseline.device_id)
@@ -283,24 +293,37 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
     return judged_audit(base, task, source, candidate_id, verdict, baseline)
 
 
-def _kept_baseline(store: RunStore, task: Task, cfg: RunConfig, judged: bool) -> Baseline | None:
+def _kept_baseline(store: RunStore, task: Task, card: str, judged: bool) -> Baseline | None:
     """The baseline an earlier call recorded for `task`, where it still stands: its file was
-    judged in that call, or this call measures on the card that timed it (a held machine
-    resumed, whose every build and failed mode would otherwise be done again)."""
+    judged in that call, or this call measures on the card that timed it (`card`: its
+    identity, '' where unknown), with the same torch: a held machine resumed, whose every
+    build and failed mode would otherwise be done again."""
     kept = store.get_state(task.name, BASELINE_STATE)
     if kept is None:
         return None
     baseline = Baseline.model_validate(kept)
     if judged:
         return baseline
-    if baseline.task_sha256 != task.sha256 or not baseline.device_id:
-        return None
-    return baseline if probe(resolve_device(cfg.eval.device)) == baseline.device_id else None
+    same = (baseline.task_sha256 == task.sha256 and baseline.device_id != ""
+            and baseline.device_id == card and baseline.torch_version == torch.__version__)
+    return baseline if same else None
+
+
+def _cards_now(store: RunStore, cfg: RunConfig, devices: list[str]) -> dict[str | None, str]:
+    """Each device a task of this call may get (as its config names it) -> the identity of
+    the card behind it now; probed only where a stored baseline waits for its file's
+    verdict (a task cut off between the two)."""
+    waiting = any(store.get_state(row["name"], BASELINE_STATE) is not None
+                  and not store.get_state(row["name"], DONE_STATE) for row in store.tasks())
+    if not waiting:
+        return {}
+    named: list[str | None] = list(devices) or [cfg.eval.device]
+    return {device: probe(resolve_device(device)) for device in named}
 
 
 def judged_audit(base: TaskAudit, task: Task, source: str, candidate_id: int,
                  verdict: Verdict, baseline: Baseline) -> TaskAudit:
-    """A task's audit from its file's verdict and the baselines of the same call."""
+    """A task's audit from its file's verdict and the baselines of the same card."""
     done = task_audit(base, verdict, baseline)
     done.candidate_id = candidate_id
     done.precision = detect_precision(source, task.source, verdict)

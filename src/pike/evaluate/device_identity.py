@@ -27,9 +27,16 @@ def identity(device: str) -> str:
             import torch
 
             return f"GPU-{torch.cuda.get_device_properties(torch.device(device)).uuid}"
-        return f"cpu-{_BOOT_ID.read_text().strip()}"
+        if device == "cpu":
+            return f"cpu-{_BOOT_ID.read_text().strip()}"
     except Exception:  # noqa: BLE001 - an old torch, no driver, no procfs: unknown
-        return ""
+        pass
+    return ""  # other kinds of device (two of one host would share a boot id)
+
+
+def _probe_code() -> str:
+    return ("import sys; from pike.evaluate.device_identity import identity; "
+            "print(identity(sys.argv[1]))")
 
 
 def probe(device: str, timeout: float = _PROBE_SECONDS) -> str:
@@ -37,12 +44,20 @@ def probe(device: str, timeout: float = _PROBE_SECONDS) -> str:
     starts CUDA (its children own the GPU); '' where the probe fails or hangs."""
     if not device.startswith("cuda"):
         return identity(device)
-    code = "import sys; from pike.evaluate.device_identity import identity; " \
-           "print(identity(sys.argv[1]))"
     try:
-        done = subprocess.run([sys.executable, "-c", code, device], capture_output=True,
-                              text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        proc = subprocess.Popen([sys.executable, "-c", _probe_code(), device], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+    except OSError:
         return ""
-    lines = done.stdout.strip().splitlines()
-    return lines[-1] if done.returncode == 0 and lines else ""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # A probe stuck in the driver may not even die at once: give up on it, unwaited.
+        proc.kill()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        return ""
+    lines = out.strip().splitlines()
+    return lines[-1] if proc.returncode == 0 and lines else ""

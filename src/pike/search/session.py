@@ -65,7 +65,6 @@ def optimize(task: Task | None, config: RunConfig | None = None, *, out: Path | 
         cfg = RunConfig.model_validate(store.config())
         task = _stored_task(store)
         recorded = None
-        show_what_was_kept(store, [task], on_event)
     else:
         recorded = None
         if replay is not None:
@@ -84,6 +83,8 @@ def optimize(task: Task | None, config: RunConfig | None = None, *, out: Path | 
     if placement:
         cfg.eval = cfg.eval.model_copy(update=placement)
     try:
+        if resume is not None:
+            show_what_was_kept(store, [task], on_event)
         result = search_task(store, task, cfg, recorded, on_event)
         write_outputs(store, result)
         return result
