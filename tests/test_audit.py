@@ -497,6 +497,35 @@ def test_a_resumed_audit_keeps_a_baseline_whose_file_was_not_judged_only_on_its_
     assert result.tasks[0].compile_speedups["compile:default"] == pytest.approx(1.5)
 
 
+def test_a_resumed_audit_on_several_gpus_gives_a_task_the_card_that_timed_its_baseline(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The least busy GPU is the first on a tie; a task whose baseline waits for its file
+    gets the GPU behind the card that timed it instead, and keeps the baseline."""
+    from pike.audit import resume_audit
+
+    judge = FakeJudge({"1_Scale": 2.0}, {"1_Scale": fake_ok(3.0)}).install(monkeypatch)
+    measure = judge.measure
+    monkeypatch.setattr(audit_run, "measure_baselines", lambda *a, **kw: measure(
+        *a, **kw).model_copy(update={"device_id": "GPU-b", "torch_version": torch.__version__}))
+    monkeypatch.setattr(audit_run, "probe", {"cuda:0": "GPU-a", "cuda:1": "GPU-b"}.get)
+    monkeypatch.setattr(audit_run, "resolve_device", str)  # no CUDA here: the names alone
+    cfg = audit_config(build_cache, ["eager", "compile:default"])
+    cfg.eval.devices = ["cuda:0", "cuda:1"]
+    out = tmp_path / "run"
+
+    def stop_before_judging(kind: str, **data: Any) -> None:
+        if kind == "task_phase" and data.get("phase") == "evaluate":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        audit(_files(tmp_path / "set", "task_1.py"), TASKS, cfg, out=out, ids=[1],
+              on_event=stop_before_judging)
+    result = resume_audit(out)
+    assert len(judge.modes) == 1  # not measured again
+    assert [c.eval.device for c in judge.configs] == ["cuda:1"]
+    assert [t.status for t in result.tasks] == ["ok"]
+
+
 def test_tasks_spread_over_gpus_each_measured_and_judged_on_one_alone(
         tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--devices`: a task's baselines and file are timed on one GPU, never beside another

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import io
 import re
+import sys
+from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from pike.audit.result import TaskAudit
@@ -159,3 +162,31 @@ def test_a_terminal_gets_the_live_display() -> None:
     text = out.getvalue()
     assert "\x1b[" in text  # redrawn in place
     assert "rescued by fixer: 1" in text and "new best: candidate 3" in text
+
+
+class _ClosedPipe(io.StringIO):
+    closed_now = False
+
+    def write(self, text: str) -> int:
+        if self.closed_now:
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(text)
+
+
+def test_a_closed_terminal_does_not_hide_the_ctrl_c_being_unwound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pike ... | head` or a closed terminal, then Ctrl-C: the live display's last
+    render fails (rich turns a broken pipe into SystemExit(1)), and the interrupt, which
+    the command line turns into a prompt exit, must still reach it."""
+    # rich points stdout's descriptor at /dev/null on a broken pipe: not pytest's
+    monkeypatch.setattr(sys, "stdout", (tmp_path / "stdout").open("w"))
+    out = _ClosedPipe()
+    console = Console(file=out, width=80, force_terminal=True)
+    with pytest.raises(KeyboardInterrupt), BenchProgress(console, ["1_A"], OFFLINE) as progress:
+        progress("phase", task="1_A", phase="baselines")
+        out.closed_now = True
+        raise KeyboardInterrupt
+    out.closed_now = False
+    console.quiet = False
+    with pytest.raises(SystemExit), BenchProgress(console, ["1_A"], OFFLINE):
+        out.closed_now = True  # a run that ended well says so, or fails loudly

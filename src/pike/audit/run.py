@@ -147,7 +147,7 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
     def one(index: int, task: Task) -> None:
         event = _task_events(on_event, task.name)
         base = task_base(task, matching, solutions, changed)
-        with gpus.take() as task_cfg:
+        with gpus.take(_card_that_measured(store, task, cards)) as task_cfg:
             done = _audit_task(store, task, matching.files[task.name], base, index, task_cfg,
                                baselines, event, cards)
         if done is None:  # the time limit came first: left for --resume
@@ -307,6 +307,15 @@ def _kept_baseline(store: RunStore, task: Task, card: str, judged: bool) -> Base
     same = (baseline.task_sha256 == task.sha256 and baseline.device_id != ""
             and baseline.device_id == card and baseline.torch_version == torch.__version__)
     return baseline if same else None
+
+
+def _card_that_measured(store: RunStore, task: Task, cards: dict[str | None, str]
+                        ) -> str | None:
+    """The device of this call behind the card that timed `task`'s stored baseline, if
+    any: given that GPU, the task keeps its baseline instead of measuring it again."""
+    kept = store.get_state(task.name, BASELINE_STATE)
+    card = kept.get("device_id") if isinstance(kept, dict) else None
+    return next((d for d, c in cards.items() if card and c == card), None)
 
 
 def _cards_now(store: RunStore, cfg: RunConfig, devices: list[str]) -> dict[str | None, str]:

@@ -35,13 +35,16 @@ class DeviceSlots:
                 f"{each}"]
 
     @contextmanager
-    def take(self) -> Iterator[RunConfig]:
-        """The config for one piece of work: on the least busy GPU (the first on a tie)."""
+    def take(self, prefer: str | None = None) -> Iterator[RunConfig]:
+        """The config for one piece of work: on the least busy GPU, `prefer` where it is
+        one of them (the card that measured part of it before), else the first."""
         if not self.devices:
             yield self._cfg
             return
         with self._lock:
-            device = min(self._busy, key=lambda d: self._busy[d])
+            least = min(self._busy.values())
+            device = (prefer if prefer is not None and self._busy.get(prefer) == least
+                      else min(self._busy, key=lambda d: self._busy[d]))
             self._busy[device] += 1
         try:
             yield self._cfg.model_copy(update={"eval": self._cfg.eval.model_copy(

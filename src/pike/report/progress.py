@@ -162,11 +162,20 @@ class _Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        try:
+            self._close(exc[0] is None)
+        except (OSError, SystemExit):  # a closed pipe: rich turns it into SystemExit(1)
+            if exc[0] is None:
+                raise
+            # Unwinding a Ctrl-C or an error: that is what the caller acts on (an
+            # interrupted run exits within seconds), not a last status line lost.
+
+    def _close(self, clean: bool) -> None:
         with self._lock:
             if self._live is not None:
                 self._live.update(self._render())
                 self._live.__exit__(None, None, None)
-            elif exc[0] is None:  # on an error, its one line is what the user needs
+            elif clean:  # on an error, its one line is what the user needs
                 for status in self.tasks.values():
                     self._status(status)
 
