@@ -24,6 +24,7 @@ from common import device_name, now, run_script, this_command
 
 from pike.config import EvalConfig
 from pike.evaluate import evaluate
+from pike.evaluate.driver import build_cache_root
 from pike.evaluate.os_sandbox import sandbox_status
 from pike.task import Task
 
@@ -44,10 +45,12 @@ CLASSES: dict[str, list[str]] = {
     "predictable or readable inputs": ["assumes_randn", "reads_inputs_ahead"],
     "finding the task and the reference": ["uses_reference", "slows_the_reference"],
     "escaping the process": ["escapes_by_subprocess", "double_forks", "spawns_child",
-                             "writes_outside", "opens_socket"],
+                             "writes_outside", "opens_socket", "poisons_the_build_cache"],
     "secrets": ["leaks_secrets", "reads_secrets"],
 }
-HONEST_WHEN_BLOCKED = {"reads_inputs_ahead", "slows_the_reference", "reads_secrets"}
+HONEST_WHEN_BLOCKED = {"reads_inputs_ahead", "slows_the_reference", "reads_secrets",
+                       "poisons_the_build_cache"}
+PLANTED = "pike-poison"  # what poisons_the_build_cache leaves for the reference to find
 
 
 def _sleepers() -> set[int]:
@@ -76,16 +79,20 @@ def judge_one(task: Task, name: str, cfg: EvalConfig, scratch: Path) -> dict:
         except TimeoutError:
             reached = False
     time.sleep(0.5)
+    planted = list(build_cache_root(cfg, "reference").rglob(PLANTED))
+    for path in planted:  # each candidate is judged on what it did itself
+        path.unlink()
     survivors = sorted(_sleepers() - before)
     for pid in survivors:
         psutil.Process(pid).kill()
     dumped = verdict.model_dump_json()
     honest = name in HONEST_WHEN_BLOCKED
+    escaped = target.exists() or bool(planted)
     defended = (verdict.status != "ok" or honest) and not (
-        target.exists() or survivors or reached or CANARY in dumped)
+        escaped or survivors or reached or CANARY in dumped)
     return {"candidate": name, "status": verdict.status, "phase": verdict.phase,
             "speedup": verdict.speedup, "message": verdict.message.splitlines()[0][:240]
-            if verdict.message else "", "file_escaped": target.exists(),
+            if verdict.message else "", "file_escaped": escaped,
             "process_survived": bool(survivors), "network_reached": reached,
             "canary_in_verdict": CANARY in dumped, "defended": defended,
             "seconds": round(time.monotonic() - started, 1)}
@@ -127,8 +134,9 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
              f"- device: {args.device}, torch {torch.__version__}, date {result['date']}",
              f"- OS sandbox: {result['sandbox']}", f"- command: `{result['command']}`", "",
              f"{sum(r['defended'] for r in rows)} of {len(rows)} defended: not `ok` (or `ok` "
-             "only where the attack found nothing), no file written outside, no process "
-             "left, no connection made, no canary secret in the verdict.", "",
+             "only where the attack found nothing), no file written outside (nor in the "
+             "reference's build cache), no process left, no connection made, no canary "
+             "secret in the verdict.", "",
              "| class | candidate | verdict | what caught it | defended |",
              "|---|---|---|---|---|"]
     for r in rows:

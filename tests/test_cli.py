@@ -442,3 +442,39 @@ def test_an_interrupted_run_names_the_command_that_goes_on_only_where_there_is_a
     _say_how_to_go_on(f"pike optimize --resume {tmp_path / 'run'}", tmp_path / "run")
     said = " ".join(capsys.readouterr().err.split())
     assert f"continue with pike optimize --resume {tmp_path / 'run'}" in said
+
+
+class _Exited(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _exit_instead(code: int) -> None:
+    raise _Exited(code)
+
+
+def test_output_closed_under_a_run_ends_it_as_a_ctrl_c_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pike bench ... | head`: rich turns the write after head has gone into SystemExit(1),
+    its console marked quiet. The run then ends at once, its children ended and its temp
+    folders removed (no wait on the builds in flight), with rich's exit status; any
+    other SystemExit passes through untouched."""
+    from pike import cli
+
+    ended: list[str] = []
+    monkeypatch.setattr(cli, "end_children_and_remove_own_dirs", lambda: ended.append("ended"))
+    monkeypatch.setattr(cli.os, "_exit", _exit_instead)
+    monkeypatch.setattr(cli.signal, "signal", lambda *a: None)  # this process's handlers stay
+    monkeypatch.setattr(cli.logging, "disable", lambda level: None)
+    monkeypatch.setattr(cli.err_console, "quiet", True)
+    with pytest.raises(_Exited) as exited, cli._resumable("pike bench --resume r", None):
+        raise SystemExit(1)
+    assert (exited.value.code, ended) == (1, ["ended"])
+    with pytest.raises(_Exited) as exited, cli._resumable("pike bench --resume r", None):
+        raise KeyboardInterrupt
+    assert (exited.value.code, ended) == (130, ["ended", "ended"])
+    monkeypatch.setattr(cli.err_console, "quiet", False)
+    with pytest.raises(SystemExit), cli._resumable("pike bench --resume r", None):
+        raise SystemExit(2)
+    assert ended == ["ended", "ended"]

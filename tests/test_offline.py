@@ -304,7 +304,8 @@ def test_compile_transformation_is_correct_under_the_evaluator(fast_config: Eval
     # inductor's precompiled header for CPU kernels went to the shared build cache, where
     # the next child finds it, not to the child's own temp dir
     assert fast_config.build_cache is not None
-    assert list((fast_config.build_cache / "inductor" / "precompiled_headers").glob("*.gch"))
+    assert list((fast_config.build_cache / "candidates" / "inductor" / "precompiled_headers").glob(
+        "*.gch"))
 
 
 def test_transformed_sources_pass_the_evaluator_with_their_flags_listed(

@@ -13,6 +13,7 @@ import pytest
 from pike.config import EvalConfig
 from pike.errors import EvaluatorError
 from pike.evaluate import evaluate, os_sandbox
+from pike.evaluate.driver import build_cache_root
 from pike.evaluate.redact import MASK, mask_text
 from pike.evaluate.sandbox import child_environment, passed_to_child
 from pike.task import Task
@@ -171,3 +172,21 @@ def test_a_request_file_names_no_seed_of_the_inputs(mlp_task: Task, fast_config:
     reference, cand = seen[0], seen[-1]
     assert reference["trial_seeds"] and reference["shift"]
     assert cand["trial_seeds"] == [] and cand["pool_seeds"] == [] and cand["shift"] is None
+
+
+@pytest.mark.parametrize("sandbox", [pytest.param("required", marks=needs_bwrap), "off"])
+def test_no_candidate_reaches_the_build_cache_of_the_reference(
+        mlp_task: Task, fast_config: EvalConfig, sandbox: str) -> None:
+    """The reference's compile modes are every figure's baselines, and what a build cache
+    holds is code its reader runs: the reference has a build folder of its own, out of
+    the candidates' sight (their shared one is theirs alone). The attack writes only
+    where it may, so its verdict is ok either way: what counts is where the file lands."""
+    fast_config.sandbox = sandbox  # type: ignore[assignment]
+    verdict = evaluate(mlp_task, candidate("poisons_the_build_cache"), fast_config)
+    reference = build_cache_root(fast_config, "reference")
+    theirs = build_cache_root(fast_config, "candidate")
+    assert not reference.is_relative_to(theirs) and not theirs.is_relative_to(reference)
+    assert any(reference.iterdir())  # the reference's children have used it
+    assert verdict.status == "ok", verdict.message
+    assert not list(reference.rglob("pike-poison"))
+    assert list(theirs.rglob("pike-poison"))  # the attack ran, in its own cache

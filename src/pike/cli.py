@@ -196,7 +196,8 @@ def _say_how_to_go_on(go_on: str, run_dir: Path | None) -> None:
 
 @contextlib.contextmanager
 def _resumable(go_on: str, run_dir: Path | None) -> Iterator[None]:
-    """A Ctrl-C or SIGTERM in the block says how to go on, then ends pike at once (130).
+    """A Ctrl-C or SIGTERM in the block says how to go on, then ends pike at once (130);
+    so does its output closed under it (1, rich's exit then; said where stderr is open).
 
     Worker threads (an audit's or a campaign's tasks, a pool's candidates) may be
     mid-evaluation, and Python's exit would wait for each to finish its step: a
@@ -204,13 +205,18 @@ def _resumable(go_on: str, run_dir: Path | None) -> Iterator[None]:
     their children are ended and this process's temp folders removed, and pike exits."""
     try:
         yield
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit) as stop:
+        # rich turns a write to a closed pipe into SystemExit(1), its console marked quiet
+        # first: output nobody reads any more (`| head` has ended) stops the run as well.
+        closed = isinstance(stop, SystemExit) and (console.quiet or err_console.quiet)
+        if isinstance(stop, SystemExit) and not closed:
+            raise
         # A second Ctrl-C (an impatient user, a driver's own SIGINT) or a closed pipe must
         # not cut this short: the exit that follows would wait on the worker threads.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, SystemExit):
                 _say_how_to_go_on(go_on, run_dir)
             logging.disable(logging.CRITICAL)  # what the killed children's ends say is no news
             end_children_and_remove_own_dirs()
@@ -218,7 +224,7 @@ def _resumable(go_on: str, run_dir: Path | None) -> Iterator[None]:
                 sys.stdout.flush()
                 sys.stderr.flush()
         finally:
-            os._exit(130)
+            os._exit(1 if closed else 130)
 
 
 def _terminate_as_interrupt(signum: int, frame: object) -> None:

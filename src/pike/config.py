@@ -141,7 +141,9 @@ class EvalConfig(_Strict):
         "window")
     time_candidate: bool = Field(True, description="skip timing to only check correctness")
     build_cache: Path | None = Field(
-        None, description="where compiled extensions are cached; None = ~/.cache/pike/build"
+        None, description="where compiled extensions and inductor's and Triton's caches are "
+        "kept (candidates/ for candidates, reference/ for the reference); None = "
+        "~/.cache/pike/build"
     )
 
 

@@ -12,11 +12,12 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
-def unwinding_interrupt() -> bool:
-    """Whether this thread is unwinding a Ctrl-C (or a SIGTERM pike turned into one), as
-    seen from a `finally` or an `__exit__`: the user is waiting, so cleanups that would
-    wait on a busy child or a worker thread end it at once instead."""
-    return isinstance(sys.exc_info()[1], KeyboardInterrupt)
+def unwinding_stop() -> bool:
+    """Whether this thread is unwinding a Ctrl-C (or a SIGTERM pike turned into one) or
+    an exit (rich's, on output closed under it), as seen from a `finally` or an
+    `__exit__`: the process is ending, so cleanups that would wait on a busy child or a
+    worker thread end it at once instead."""
+    return isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit))
 
 
 def run_each(fn: Callable[[Item], Result], items: Iterable[Item], workers: int,

@@ -24,7 +24,7 @@ from pike.config import EvalConfig, TimingConfig
 from pike.evaluate import device_lock
 from pike.evaluate.cores import start_on_build_cores
 from pike.evaluate.os_sandbox import INSIDE_ROOT, Mount, SandboxPlan, sandbox_active
-from pike.evaluate.protocol import DESCENDANTS_GRACE_S, ChildRequest
+from pike.evaluate.protocol import DESCENDANTS_GRACE_S, ChildRequest, Role
 from pike.evaluate.sandbox import (
     ChildExit,
     ChildProcess,
@@ -36,7 +36,7 @@ from pike.evaluate.sandbox import (
 )
 from pike.evaluate.staging import InputStage
 from pike.evaluate.verdict import Verdict
-from pike.threads import unwinding_interrupt
+from pike.threads import unwinding_stop
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def launch_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
     `request` names host paths; the child gets them as it sees them (under /pike/ in the
     OS sandbox). Its fields other than paths may still change until `begin_child`.
     A candidate's inputs come through `stage`, phase by phase."""
-    cache_root = build_cache_root(cfg)
+    cache_root = build_cache_root(cfg, request.role)
     make_child_dirs(work_dir)
     plan = _sandbox_plan(request, work_dir, cache_root, cfg)
     see = plan.inside if plan is not None else os.path.realpath
@@ -98,9 +98,14 @@ def launch_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
     return child
 
 
-def build_cache_root(cfg: EvalConfig) -> Path:
-    """The folder shared by every child for compiled extensions, inductor and Triton."""
-    root = cfg.build_cache or Path.home() / ".cache" / "pike" / "build"
+def build_cache_root(cfg: EvalConfig, role: Role = "candidate") -> Path:
+    """The build folder (compiled extensions, inductor's and Triton's caches) of children
+    of `role`. Candidates share one. The reference has its own, which no candidate can
+    reach: its compile modes are the baselines every figure is compared with, and what a
+    cache holds (a compiled graph's Python, a kernel's binary, a precompiled header) is
+    code the process that finds it there runs."""
+    base = cfg.build_cache or Path.home() / ".cache" / "pike" / "build"
+    root = base / ("reference" if role == "reference" else "candidates")
     root.mkdir(parents=True, exist_ok=True)
     return root
 
@@ -243,7 +248,7 @@ def finish(child: ChildProcess, report: ChildReport | None = None) -> None:
     # Unwinding a Ctrl-C (or a SIGTERM pike turned into one): the user is waiting, and a
     # child mid-build (a max-autotune compile, a slow constructor) would not answer "stop"
     # before the grace period ran out, so it is killed at once, group and all.
-    at_once = child.unresponsive or unwinding_interrupt()
+    at_once = child.unresponsive or unwinding_stop()
     if child.pausable_on is not None:  # no timer stops it from here; one that has, ends
         device_lock.unlist_child(child.pausable_on, child.proc.pid)
         if not at_once:

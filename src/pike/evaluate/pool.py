@@ -27,7 +27,7 @@ from pike.evaluate import spares
 from pike.evaluate.judge import evaluate, keep_references, resolve_device
 from pike.evaluate.verdict import Verdict, says_out_of_memory
 from pike.task import Task
-from pike.threads import unwinding_interrupt
+from pike.threads import unwinding_stop
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,8 @@ class LocalPool:
                            lambda s: self._run(task, s), sources)
 
     def close(self) -> None:
-        # On a Ctrl-C nothing waits for the evaluations in flight: the CLI ends them.
-        self._executor.shutdown(wait=not unwinding_interrupt(), cancel_futures=True)
+        # On a Ctrl-C (or an exit) nothing waits for the evaluations in flight: the CLI ends them.
+        self._executor.shutdown(wait=not unwinding_stop(), cancel_futures=True)
         spares.want(-self._spares)
         self._spares = 0
 
@@ -214,7 +214,7 @@ class Lane:
         try:
             yield from _judged(lane, lambda s: self.pool.judge(task, s), sources)
         finally:
-            lane.shutdown(wait=not unwinding_interrupt())
+            lane.shutdown(wait=not unwinding_stop())
 
     def close(self) -> None:
         """The pool is its owner's to close."""
