@@ -210,3 +210,29 @@ def test_an_error_in_one_task_leaves_the_others_work_recorded(
         assert 1 <= len(second) <= 2  # the one judged, and the one in flight at the error
         assert all(c.verdict is not None for c in second)  # in flight, yet recorded
         assert not store.get_state(SECOND, "done")
+
+
+@pytest.mark.parametrize("ending", [KeyboardInterrupt, SystemExit])
+def test_an_ending_raised_in_one_thread_waits_for_no_other(ending: type[BaseException]) -> None:
+    # A Ctrl-C, or rich's SystemExit when a worker's status line meets a closed pipe: the
+    # process is ending, and the command line ends the children; waiting here for the
+    # other thread's build (minutes on a GPU) would hold that exit.
+    import threading
+    import time
+
+    from pike.threads import run_each
+
+    release = threading.Event()
+
+    def work(item: str) -> None:
+        if item == "end":
+            raise ending
+        release.wait(30)
+
+    started = time.monotonic()
+    with pytest.raises(ending):
+        for _ in run_each(work, ["build", "end"], 2, "pike-ending"):
+            pass
+    took = time.monotonic() - started
+    release.set()
+    assert took < 10, f"waited {took:.1f} s for the other thread"

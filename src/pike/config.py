@@ -142,8 +142,8 @@ class EvalConfig(_Strict):
     time_candidate: bool = Field(True, description="skip timing to only check correctness")
     build_cache: Path | None = Field(
         None, description="where compiled extensions and inductor's and Triton's caches are "
-        "kept (candidates/ for candidates, reference/ for the reference); None = "
-        "~/.cache/pike/build"
+        "kept: candidates/ in it for candidates, the folder's name plus -reference beside it "
+        "for the reference; None = ~/.cache/pike/build"
     )
 
 

@@ -29,7 +29,8 @@ def run_each(fn: Callable[[Item], Result], items: Iterable[Item], workers: int,
     On an error, items not started yet never start (each would spend budget or device
     time), `stop` tells the running ones to start nothing more, and they are waited for,
     so that what they finish is recorded before the caller closes its store; then the
-    error propagates. On Ctrl-C nothing is waited for.
+    error propagates. On Ctrl-C (or an exit: rich's, on output closed, raised in a worker
+    as it printed) nothing is waited for.
     """
     pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix=name)
     try:
@@ -39,6 +40,6 @@ def run_each(fn: Callable[[Item], Result], items: Iterable[Item], workers: int,
     except BaseException as err:
         if stop is not None:
             stop(err)
-        pool.shutdown(wait=not isinstance(err, KeyboardInterrupt), cancel_futures=True)
+        pool.shutdown(wait=not unwinding_stop(), cancel_futures=True)
         raise
     pool.shutdown()

@@ -140,9 +140,7 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
     baselines: dict[str, Baseline] = {}
     finished: dict[int, TaskAudit] = {}
     finishing = threading.Lock()
-    # Which physical card each device of this call is, asked once before any task starts
-    # (a probe starts CUDA in a process of its own: not beside another task's timed window).
-    cards = _cards_now(store, cfg, gpus.devices) if _resumed else {}
+    cards: dict[str | None, str] = {}  # filled in below, before any task starts
 
     def one(index: int, task: Task) -> None:
         event = _task_events(on_event, task.name)
@@ -167,6 +165,10 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
         for task in task_list:
             if task.name not in known:
                 store.add_task(task.name, str(task.path), task.sha256, task.source)
+        if _resumed:  # which physical card each device of this call is, asked once before
+            # any task starts (a probe starts CUDA in a process of its own: never beside a
+            # task's timed window)
+            cards.update(_cards_now(store, cfg, gpus.devices))
         with drain.stop_after(stop_after):
             _each_task(one, task_list, gpus.at_once)
         run_dir = store.path.parent

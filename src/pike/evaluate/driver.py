@@ -103,9 +103,12 @@ def build_cache_root(cfg: EvalConfig, role: Role = "candidate") -> Path:
     of `role`. Candidates share one. The reference has its own, which no candidate can
     reach: its compile modes are the baselines every figure is compared with, and what a
     cache holds (a compiled graph's Python, a kernel's binary, a precompiled header) is
-    code the process that finds it there runs."""
+    code the process that finds it there runs. The reference's sits beside the configured
+    folder, not in it: a pike from before the split gives its candidates that whole
+    folder."""
     base = cfg.build_cache or Path.home() / ".cache" / "pike" / "build"
-    root = base / ("reference" if role == "reference" else "candidates")
+    root = (base.with_name(f"{base.name}-reference") if role == "reference"
+            else base / "candidates")
     root.mkdir(parents=True, exist_ok=True)
     return root
 

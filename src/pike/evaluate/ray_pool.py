@@ -38,6 +38,7 @@ from pike.evaluate.leftovers import make_temp_dir
 from pike.evaluate.pool import LocalPool, one_line
 from pike.evaluate.verdict import Verdict
 from pike.task import Task
+from pike.threads import unwinding_stop
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,9 @@ class RayPool:
             self._abandoned.clear()
         if not ray.is_initialized():  # shut down under us: a call now would start a new Ray
             return
-        cleanups = [lane.actor.close.remote() for lane in lanes if lane.starting is None]
+        # An actor's close waits for its evaluations in flight: not while pike is ending.
+        cleanups = ([] if unwinding_stop() else
+                    [lane.actor.close.remote() for lane in lanes if lane.starting is None])
         if cleanups:
             ray.wait(cleanups, num_returns=len(cleanups), timeout=CLOSE_SECONDS)
         for lane in lanes:
