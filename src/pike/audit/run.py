@@ -18,6 +18,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -329,7 +330,10 @@ def _cards_now(store: RunStore, cfg: RunConfig, devices: list[str]) -> dict[str 
     if not waiting:
         return {}
     named: list[str | None] = list(devices) or [cfg.eval.device]
-    return {device: probe(resolve_device(device)) for device in named}
+    resolved = [resolve_device(device) for device in named]  # a missing one fails first
+    with ThreadPoolExecutor(len(named), thread_name_prefix="pike-probe") as probes:
+        # at once: a probe stuck in the driver waits out its limit, not one per GPU
+        return dict(zip(named, probes.map(probe, resolved), strict=True))
 
 
 def judged_audit(base: TaskAudit, task: Task, source: str, candidate_id: int,
