@@ -234,9 +234,9 @@ def test_the_parent_compares_a_trial_while_the_child_runs_the_next(
     checked = {"done": False}
     real_pump = driver._pump
 
-    def add(self: Any, trial: int) -> None:
+    def add(self: Any, trial: int, layout: Any = None) -> None:
         seen.append((trial, checked["done"]))
-        real_add(self, trial)
+        real_add(self, trial, layout)
 
     def pump(child: Any, report: Any, until: str, on_saved: Any = None) -> bool:
         ran = real_pump(child, report, until, on_saved)

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pike.config import EvalConfig, TimingConfig
 from pike.evaluate import device_lock
@@ -179,22 +180,24 @@ def wait_ready(child: ChildProcess, report: ChildReport) -> bool:
 
 
 def run_trials(child: ChildProcess, report: ChildReport,
-               on_saved: Callable[[int], None] | None = None) -> bool:
+               on_saved: Callable[[int, Any], None] | None = None,
+               outputs: dict[str, Any] | None = None) -> bool:
     """Let the child run its trials (a candidate child: after `wait_ready`, which it is told
-    to go on from here); False (and report.failure) if it failed. `on_saved(i)` is called
-    as the child says trial i's outputs are written (it may say anything: a hint of when
-    to look, never what is there)."""
+    to go on from here); False (and report.failure) if it failed. `on_saved(i, layout)` is
+    called as the child says trial i's outputs are written, `layout` being where it says
+    they lie in the GPU buffer lent to it (`outputs`), or None for its file: a hint of
+    when and where to look, checked before anything is read."""
     if child.request.role == "candidate":
         # The wait for the device ("queued") has no limit; the trials' own starts now, or a
         # long wait would count against them.
         child.enter_phase("check")
         child.permit("check")
-        child.send("go")
+        child.send("go", **({"outputs": outputs} if outputs else {}))
     return _pump(child, report, "checked", on_saved)
 
 
 def _pump(child: ChildProcess, report: ChildReport, until: str,
-          on_saved: Callable[[int], None] | None = None) -> bool:
+          on_saved: Callable[[int, Any], None] | None = None) -> bool:
     while True:
         event = child.receive()
         if not isinstance(event, dict):
@@ -213,7 +216,7 @@ def _pump(child: ChildProcess, report: ChildReport, until: str,
             report.steps = _steps(event.get("steps"))
             return True
         elif kind == "saved" and on_saved is not None and type(event.get("trial")) is int:
-            on_saved(event["trial"])
+            on_saved(event["trial"], event.get("layout"))
         elif kind == "done":
             report.failure = Verdict(status="crashed", phase=child.phase,
                                      message="the child ended without running the trials")

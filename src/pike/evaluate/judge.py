@@ -53,6 +53,7 @@ from pike.evaluate.leaf_files import read_leaves
 from pike.evaluate.leftovers import make_temp_dir, remove_tree
 from pike.evaluate.ncu import attach_kernel_metrics
 from pike.evaluate.os_sandbox import sandbox_problem
+from pike.evaluate.outputs_handoff import OutputsBuffer
 from pike.evaluate.profile import ProfileSummary
 from pike.evaluate.protocol import EXTRA_TRIALS, ChildRequest, ShiftSpec, timed_set_count
 from pike.evaluate.redact import mask_secrets
@@ -803,9 +804,16 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
             on = compare_device(device)
             comparison = TrialComparison(reference.expected_on(on)[:cfg.trials + cfg.guards],
                                          outputs_dir, cfg, on)
-            with span("trials"):  # with the comparisons made while the child runs them
-                trials_ran = trials_ran and run_trials(
-                    child, report, on_saved=_compare_early(comparison, child, device, cfg))
+            early = _compare_early(comparison, child, device, cfg)
+            if early is not None and trials_ran:  # taken trial by trial, so lent only then
+                comparison.buffer = OutputsBuffer.offer(comparison.expected, on)
+            try:
+                with span("trials"):  # with the comparisons made while the child runs them
+                    trials_ran = trials_ran and run_trials(
+                        child, report, on_saved=early,
+                        outputs=comparison.buffer.describe() if comparison.buffer else None)
+            finally:
+                comparison.return_buffer()
         if trials_ran:
             with span("compare"), hold_for_work(device, cfg.device_lock):
                 correctness = comparison.verdict()
@@ -939,7 +947,8 @@ def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path
         return reply
     on = compare_device(reference.device)
     try:
-        expected, actual, here = _read_back(outputs_dir / "outputs_final.pt",
+        expected, actual, here = _read_back(_file_loader(outputs_dir / "outputs_final.pt",
+                                                         reference.expected_on(on)[-1]),
                                             reference.expected_on(on)[-1], on)
     except Exception as err:  # written by the child: anything may be in it
         return Verdict(status="incorrect", phase="check",
@@ -1068,14 +1077,18 @@ def _compare_early(comparison: TrialComparison, child: ChildProcess, device: str
     if cfg.device_lock == "every_gpu_use":
         return None
 
-    def compare(trial: int) -> None:
-        if 0 <= trial < len(comparison.expected):
-            asked = time.monotonic()
-            with hold_for_work(device, cfg.device_lock):
-                # a wait for the hold is other evaluations' timed windows, which stop
-                # this child too; its check limit is not read meanwhile, so it is told
-                child.not_its_time(time.monotonic() - asked)
-                comparison.add(trial)
+    def compare(trial: int, layout: Any) -> None:
+        try:
+            if 0 <= trial < len(comparison.expected):
+                asked = time.monotonic()
+                with hold_for_work(device, cfg.device_lock):
+                    # a wait for the hold is other evaluations' timed windows, which stop
+                    # this child too; its check limit is not read meanwhile, so it is told
+                    child.not_its_time(time.monotonic() - asked)
+                    comparison.add(trial, layout)
+        finally:
+            if layout is not None:  # copied out (or refused): the child may write again
+                child.send("taken", trial=trial)
 
     return compare
 
@@ -1097,10 +1110,15 @@ class TrialComparison:
         self.passed = 0
         self.max_abs = self.max_rel = 0.0
         self.unreadable: Verdict | None = None
+        self.buffer: OutputsBuffer | None = None  # the GPU buffer lent to the child
+        self._layouts: dict[int, Any] = {}  # where the child says a trial lies in it
 
-    def add(self, trial: int) -> None:
+    def add(self, trial: int, layout: Any = None) -> None:
         """Compare trial `trial` (and every earlier one not compared yet: the fingerprint
-        of the first trial is taken before later ones are matched against it)."""
+        of the first trial is taken before later ones are matched against it); `layout`:
+        the child says the trial is in the lent buffer, there, not in its file."""
+        if layout is not None and self.buffer is not None and trial not in self.compared:
+            self._layouts[trial] = layout
         for t in range(min(trial + 1, len(self.expected))):
             if t not in self.compared and self.unreadable is None:
                 self.compared.add(t)
@@ -1110,15 +1128,22 @@ class TrialComparison:
         exp_leaves = self.expected[trial]
         if trial == self.cfg.trials and not check.all_finite(exp_leaves, self.on):
             return  # the reference itself overflows on shifted inputs: nothing to learn
+        layout, buffer = self._layouts.pop(trial, None), self.buffer
         try:
-            exp_here, act_leaves, here = _read_back(self.outputs_dir / f"outputs_{trial}.pt",
-                                                    exp_leaves, self.on)
+            if layout is not None and buffer is not None:
+                exp_here, act_leaves, here = _read_back(
+                    lambda to: buffer.take(layout, to), exp_leaves, self.on)
+            else:
+                exp_here, act_leaves, here = _read_back(
+                    _file_loader(self.outputs_dir / f"outputs_{trial}.pt", exp_leaves),
+                    exp_leaves, self.on)
         except Exception as err:  # written by the child: anything may be in it
             self.unreadable = Verdict(
                 status="incorrect", phase="check",
                 message=f"trial {trial}: outputs could not be read back ({err})")
             return
-        self._pass_on(trial)
+        if layout is None:
+            self._pass_on(trial)
         if trial == 0:
             self.first = _fingerprint(act_leaves)
         elif _same_print(self.first, _fingerprint(act_leaves)):
@@ -1159,6 +1184,13 @@ class TrialComparison:
                 with suppress(OSError):
                     given.unlink()
 
+    def return_buffer(self) -> None:
+        """Free the lent buffer: every trial in it was taken as the child said so."""
+        if self.buffer is not None:
+            log.info("%d trials handed over in GPU memory", self.buffer.handed)
+            self.buffer.close()
+            self.buffer, self._layouts = None, {}
+
     def verdict(self) -> Verdict:
         self.add(len(self.expected) - 1)
         if self.unreadable is not None:
@@ -1185,17 +1217,21 @@ class TrialComparison:
 _HOST = torch.device("cpu")
 
 
-def _read_back(path: Path, expected: list[Any], on: torch.device
-               ) -> tuple[list[Any], list[Any], torch.device]:
-    """A candidate's outputs of one trial, with the expected ones and where to compare
-    them: on `on`, or on the host where the GPU has no room left for the parent. Other
-    evaluations' memory on a shared GPU is not the candidate's fault (on an H200, 16 of
-    them at once left a comparison 16 MB short and gave correct candidates `incorrect`)."""
+def _read_back(load: Callable[[torch.device], list[Any]], expected: list[Any],
+               on: torch.device) -> tuple[list[Any], list[Any], torch.device]:
+    """A candidate's outputs of one trial (`load(onto)`), with the expected ones and where
+    to compare them: on `on`, or on the host where the GPU has no room left for the
+    parent. Other evaluations' memory on a shared GPU is not the candidate's fault (on an
+    H200, 16 of them at once left a comparison 16 MB short and gave correct candidates
+    `incorrect`)."""
     try:
-        return expected, _load_leaves(path, on=on, like=expected), on
+        return expected, load(on), on
     except torch.OutOfMemoryError as err:
-        host_expected = _on_host(expected, err)
-        return host_expected, _load_leaves(path, on=_HOST, like=host_expected), _HOST
+        return _on_host(expected, err), load(_HOST), _HOST
+
+
+def _file_loader(path: Path, expected: list[Any]) -> Callable[[torch.device], list[Any]]:
+    return lambda onto: _load_leaves(path, on=onto, like=expected)
 
 
 def _compare_with_room(expected: list[Any], actual: list[Any], trial: int, cfg: EvalConfig,

@@ -26,6 +26,7 @@ import math
 import os
 import stat
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ def _align(n: int) -> int:
 STAGE_BYTES = 64 << 20
 
 
-def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+def raw_bytes(t: torch.Tensor) -> torch.Tensor:
     # lazy conjugate and negative views have no bytes of their own until resolved
     return t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
 
@@ -91,7 +92,7 @@ class _Stage:
 
 
 def _write_tensor(f: Any, t: torch.Tensor, stage: _Stage) -> None:
-    raw = _bytes_of(t)
+    raw = raw_bytes(t)
     if raw.device.type != "cuda":
         f.write(memoryview(raw.numpy()))
         return
@@ -102,15 +103,9 @@ def _write_tensor(f: Any, t: torch.Tensor, stage: _Stage) -> None:
         f.write(memoryview(buffer[:n].numpy()))
 
 
-def write_leaves(leaves: list[Any], path: Path, in_place: bool = False) -> None:
-    """Write tensors (on any device) and scalars to `path`; torch.save where the format
-    cannot hold them. `in_place`: a file already at `path` is written over, not emptied
-    first: its memory pages (on /dev/shm) are reused, which on a gigabyte of outputs saves
-    a third of the write. Never for a file someone may have mapped: they would see it
-    change."""
-    if not writable(leaves):
-        torch.save([v.detach().cpu() if isinstance(v, _Tensor) else v for v in leaves], path)
-        return
+def layout_of(leaves: list[Any]) -> tuple[list[dict[str, Any]], int]:
+    """The header entries of `leaves` (which `writable` accepts) and the bytes their tensors
+    take, each at an aligned offset from the start of the data."""
     entries: list[dict[str, Any]] = []
     offset = 0
     for value in leaves:
@@ -123,6 +118,19 @@ def write_leaves(leaves: list[Any], path: Path, in_place: bool = False) -> None:
             entries.append({"float": repr(value)})  # JSON has no inf or nan
         else:
             entries.append({"value": value})
+    return entries, offset
+
+
+def write_leaves(leaves: list[Any], path: Path, in_place: bool = False) -> None:
+    """Write tensors (on any device) and scalars to `path`; torch.save where the format
+    cannot hold them. `in_place`: a file already at `path` is written over, not emptied
+    first: its memory pages (on /dev/shm) are reused, which on a gigabyte of outputs saves
+    a third of the write. Never for a file someone may have mapped: they would see it
+    change."""
+    if not writable(leaves):
+        torch.save([v.detach().cpu() if isinstance(v, _Tensor) else v for v in leaves], path)
+        return
+    entries, body = layout_of(leaves)
     header = json.dumps({"leaves": entries}).encode()
     start = _align(_HEADER.size + len(header))
     stage = _Stage()
@@ -136,8 +144,8 @@ def write_leaves(leaves: list[Any], path: Path, in_place: bool = False) -> None:
                 f.write(bytes(start + entry["offset"] - at))
                 _write_tensor(f, value, stage)
                 at = start + entry["offset"] + entry["nbytes"]
-        f.write(bytes(max(0, start + offset - at)))
-        f.truncate(start + offset)
+        f.write(bytes(max(0, start + body - at)))
+        f.truncate(start + body)
 
 
 def read_leaves(path: Path, trusted: bool = False, device: torch.device | None = None,
@@ -195,11 +203,17 @@ def _header(f: Any, size: int) -> tuple[list[Any], list[Any], int]:
         entries = json.loads(f.read(length))["leaves"]
     except (ValueError, KeyError, TypeError) as err:
         raise LeafFileError(f"unreadable header: {err}") from None
+    start = _align(_HEADER.size + length)
+    return entries, checked_entries(entries, size - start), start
+
+
+def checked_entries(entries: Any, body: int) -> list[tuple[torch.dtype, list[int], int, int] | None]:
+    """Each entry's tensor fields checked against a body of `body` bytes (None for a
+    scalar), written by whoever wrote the leaves: a candidate, maybe."""
     if not isinstance(entries, list):
         raise LeafFileError("header holds no list of leaves")
-    start = _align(_HEADER.size + length)
-    tensors = [_checked(e, size - start) for e in entries]
-    # No two tensors may share bytes: a file that names one region many times would make
+    tensors = [_checked(e, body) for e in entries]
+    # No two tensors may share bytes: a header that names one region many times would make
     # the reader allocate many times its size, and outputs would alias each other.
     end = 0
     for _, _, offset, nbytes in sorted((t for t in tensors if t is not None and t[3]),
@@ -207,7 +221,7 @@ def _header(f: Any, size: int) -> tuple[list[Any], list[Any], int]:
         if offset < end:
             raise LeafFileError("tensors overlap in the file")
         end = offset + nbytes
-    return entries, tensors, start
+    return tensors
 
 
 def _fill(f: Any, into: memoryview) -> None:
@@ -239,7 +253,6 @@ def _read_flat(path: Path, opened: Any, trusted: bool, device: torch.device | No
                max_bytes: int | None) -> list[Any]:
     """A flat file's leaves, from `opened` where the caller holds it open already."""
     stage = _Stage()
-    leaves: list[Any] = []
     with opened or open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         entries, tensors, start = _header(f, size)
@@ -249,21 +262,31 @@ def _read_flat(path: Path, opened: Any, trusted: bool, device: torch.device | No
                                 f"{max_bytes} expected")
         mapped = (_from_file(str(path), shared=False, size=size, dtype=torch.uint8)
                   if trusted and wanted else None)
-        for entry, tensor in zip(entries, tensors, strict=True):
-            if tensor is None:
-                leaves.append(_value(entry))
-                continue
-            dtype, shape, offset, nbytes = tensor
-            if nbytes == 0:
-                leaves.append(_empty(shape, dtype=dtype, device=device))
-                continue
-            at = start + offset
+
+        def raw_of(offset: int, nbytes: int) -> torch.Tensor:
             if mapped is not None:
-                raw = mapped[at:at + nbytes]
-            else:
-                f.seek(at)
-                raw = _read_tensor(f, nbytes, device, stage)
-            leaves.append(raw.view(dtype).view(shape))
+                return mapped[start + offset:start + offset + nbytes]
+            f.seek(start + offset)
+            return _read_tensor(f, nbytes, device, stage)
+
+        return assemble(entries, tensors, raw_of, device)
+
+
+def assemble(entries: list[Any], tensors: list[tuple[torch.dtype, list[int], int, int] | None],
+             raw_of: Callable[[int, int], torch.Tensor], device: torch.device | None
+             ) -> list[Any]:
+    """The leaves that checked `entries` describe; `raw_of(offset, nbytes)` gives a
+    tensor's bytes (as uint8), from wherever they were written."""
+    leaves: list[Any] = []
+    for entry, tensor in zip(entries, tensors, strict=True):
+        if tensor is None:
+            leaves.append(_value(entry))
+            continue
+        dtype, shape, offset, nbytes = tensor
+        if nbytes == 0:
+            leaves.append(_empty(shape, dtype=dtype, device=device))
+        else:
+            leaves.append(raw_of(offset, nbytes).view(dtype).view(shape))
     return leaves
 
 

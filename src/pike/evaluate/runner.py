@@ -31,6 +31,7 @@ from pike.evaluate.device_identity import identity
 from pike.evaluate.diagnostics import describe_exception
 from pike.evaluate.guards import Guards, rehearse_check_after
 from pike.evaluate.leaf_files import PLAIN_DTYPES, read_leaves, write_leaves
+from pike.evaluate.outputs_handoff import OutputsSlot
 from pike.evaluate.profile import profile_calls
 from pike.evaluate.protocol import (
     DESCENDANTS_GRACE_S,
@@ -629,15 +630,22 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
     if not go or go.get("event") != "go":
         return
     chan.send("phase", phase="check")
+    slot = OutputsSlot.open(go.get("outputs"), device)  # the parent's GPU buffer, if lent
     names = [f"inputs_{t}" for t in range(req.trials + req.guards)]  # + the shifted one
     for trial, inputs in enumerate(_staged_inputs(chan, req, device, "check", names)):
         with _armed(guards), STEPS.span("forward"):
             out = _run_guarded_call(req, model, inputs, device)
         with STEPS.span("save_outputs"):
-            write_leaves(check.flatten_output(out), Path(req.outputs_dir) / f"outputs_{trial}.pt",
-                         in_place=True)  # a file the parent has read and passed on
-        del out
-        chan.send("saved", trial=trial)  # the parent compares it while the next one runs
+            leaves = check.flatten_output(out)
+            layout = slot.put(leaves, lambda: _wait_taken(chan)) if slot else None
+            if layout is None:  # a file the parent has read and passed on
+                write_leaves(leaves, Path(req.outputs_dir) / f"outputs_{trial}.pt",
+                             in_place=True)
+        del out, leaves
+        # the parent compares it while the next one runs
+        chan.send("saved", trial=trial, **({"layout": layout} if layout is not None else {}))
+    if slot is not None:
+        slot.settle(lambda: _wait_taken(chan))
     _reject_violations(guards, "check")
     _reject_reference_code(req, model)
     flags = {k: f"{a} -> {b}" for k, (a, b) in guards.changed_flags().items()}
@@ -673,6 +681,12 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
     _serve_timing(req, chan, device, make_call, failed,
                   after_block=lambda mode: _reject_violations(guards, "timing"),
                   final_check=final_check, samples_for=lambda mode: sampler)
+
+
+def _wait_taken(chan: Channel) -> None:
+    reply = chan.receive()
+    if not reply or reply.get("event") != "taken":
+        raise Failure("crashed", "check", "the evaluator did not take the trial's outputs")
 
 
 def _staged_inputs(chan: Channel, req: ChildRequest, device: torch.device, phase: str,
