@@ -136,21 +136,52 @@ class _FakeChild:
         pass
 
 
+def _early(comparison: judge.TrialComparison, child: _FakeChild) -> Any:
+    compare = judge._compare_early(comparison, child, "cpu",  # type: ignore[arg-type]
+                                   EvalConfig(trials=2, device_lock="pause_others"))
+    assert compare is not None
+    return compare
+
+
 @pytest.mark.parametrize("trial", [0, 7, -1])
 def test_the_child_hears_taken_for_every_trial_in_the_buffer_even_one_refused(
         tmp_path: Path, trial: int) -> None:
     """Else it would wait for its limit: a trial out of range or a layout refused is
-    answered too, and the verdict still fails what could not be read."""
+    answered too, once, and the verdict still fails what could not be read."""
     comparison, _ = _comparison(tmp_path)
     comparison.buffer = _FakeBuffer(64)  # type: ignore[assignment]
     child = _FakeChild()
-    compare = judge._compare_early(comparison, child, "cpu",  # type: ignore[arg-type]
-                                   EvalConfig(trials=2, device_lock="pause_others"))
-    assert compare is not None
+    compare = _early(comparison, child)
     compare(trial, [{"dtype": "float32", "shape": [1 << 20], "offset": 0, "nbytes": 4 << 20}])
     assert child.sent == [("taken", {"trial": trial})]
     compare(1, None)  # a file: nothing to answer
     assert len(child.sent) == 1
+
+
+def test_the_child_may_write_its_next_trial_before_this_one_is_compared(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """"taken" follows the copy, not the comparison: a comparison on the host takes
+    seconds a gigabyte, and the child's check limit would pay for it."""
+    comparison, expected = _comparison(tmp_path)
+    fake = _FakeBuffer(256)
+    comparison.buffer = fake  # type: ignore[assignment]
+    child = _FakeChild()
+    compare = _early(comparison, child)
+    told_when_compared: list[int] = []
+    real = judge._compare_with_room
+
+    def compare_with_room(*args: Any, **kwargs: Any) -> Any:
+        told_when_compared.append(len(child.sent))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(judge, "_compare_with_room", compare_with_room)
+    for t, leaves in enumerate(expected):
+        entries, _ = layout_of(leaves)
+        write_into(fake.bytes, leaves, entries)
+        compare(t, entries)
+    assert told_when_compared == [1, 2]
+    assert child.sent == [("taken", {"trial": 0}), ("taken", {"trial": 1})]
+    assert comparison.verdict().ok
 
 
 def test_a_child_told_anything_but_taken_stops_its_trials() -> None:
@@ -163,10 +194,15 @@ def test_a_child_told_anything_but_taken_stops_its_trials() -> None:
         def receive(self) -> Any:
             return self.reply
 
-    _wait_taken(Chan({"event": "taken", "trial": 0}))  # type: ignore[arg-type]
-    for reply in (None, {"event": "stop"}):
+    _wait_taken(Chan({"event": "taken", "trial": 0}), 0)  # type: ignore[arg-type]
+    for reply in (None, {"event": "stop"}, {"event": "taken", "trial": 1}):
         with pytest.raises(Failure, match="did not take"):
-            _wait_taken(Chan(reply))  # type: ignore[arg-type]
+            _wait_taken(Chan(reply), 0)  # type: ignore[arg-type]
+
+
+def test_a_buffer_is_lent_in_whole_units_of_the_drivers_blocks() -> None:
+    unit = outputs_handoff._UNIT
+    assert [outputs_handoff._rounded(n) for n in (1, unit, unit + 1)] == [unit, unit, 2 * unit]
 
 
 # --- on a GPU: the handoff itself, through the OS sandbox where it runs -----------------
@@ -201,8 +237,8 @@ _handoff = sys.modules["pike.evaluate.outputs_handoff"]  # loaded by the runner 
 _put = _handoff.OutputsSlot.put
 
 
-def _lying_put(self, leaves, wait_taken):
-    entries = _put(self, leaves, wait_taken)
+def _lying_put(self, leaves, trial, wait_taken):
+    entries = _put(self, leaves, trial, wait_taken)
     if entries:
         entries[0]["offset"] = self.nbytes * 4 // 64 * 64  # past the buffer's end
     return entries
@@ -212,6 +248,23 @@ _handoff.OutputsSlot.put = _lying_put
 
 
 class ModelNew(''', 1).replace("class Model(nn.Module)", "class ModelNew(nn.Module)")
+
+
+@pytest.mark.gpu
+def test_a_lent_buffer_holds_nothing_this_process_freed_there_before() -> None:
+    """Fresh driver memory keeps what was last in it: the expected outputs' chunks a
+    comparison copied and freed could otherwise reach the next candidate."""
+    on = torch.device("cuda")
+    secret = torch.full((64 << 20,), 0x5A, dtype=torch.uint8, device=on)
+    del secret
+    torch.cuda.empty_cache()
+    buffer = OutputsBuffer.offer([[torch.ones(8 << 20, device=on)]], on)
+    assert buffer is not None
+    try:
+        assert buffer.nbytes % outputs_handoff._UNIT == 0
+        assert int(buffer._bytes.count_nonzero()) == 0
+    finally:
+        buffer.close()
 
 
 def _spied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -265,9 +318,10 @@ def test_a_child_that_lies_about_its_layout_fails_and_harms_nothing_kept(
 @pytest.mark.gpu
 def test_a_child_writing_its_buffer_after_the_trials_reaches_no_later_evaluation(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_config: EvalConfig) -> None:
-    """A thread of the candidate keeps writing the lent buffer for its whole life, long
-    after the parent freed it: the next candidate's buffer (often at the same address)
-    and the kept expected outputs never see those writes."""
+    """A thread of the candidate keeps writing the lent buffer for its whole life, timing
+    included: the next candidates' buffers (often at the same address) and the kept
+    expected outputs never see those writes. (The buffer is freed once the child has
+    ended, so this does not show writes after a free.)"""
     handed = _spied(monkeypatch)
     cfg = fast_config.model_copy(update={"device": "cuda", "device_lock": "pause_others"})
     task = _big_task(tmp_path)
@@ -287,8 +341,8 @@ def _scribble(slot):
         time.sleep(0.001)
 
 
-def _put_and_scribble(self, leaves, wait_taken):
-    entries = _put(self, leaves, wait_taken)
+def _put_and_scribble(self, leaves, trial, wait_taken):
+    entries = _put(self, leaves, trial, wait_taken)
     if not _started:  # from the first trial handed over on, for the child's whole life
         _started.append(threading.Thread(target=_scribble, args=(self,), daemon=True))
         _started[0].start()

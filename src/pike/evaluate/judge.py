@@ -787,6 +787,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
     profile: ProfileSummary | None = None
     usual: float | None = None  # set when the reference's window stayed off its usual time
     raised = 1.0  # the candidate's reported times, held to the parent's clock
+    comparison: TrialComparison | None = None
     try:
         # None of the child's GPU work reaches another's timed window: with pause_others
         # (the default) the timer stops this child, listed before it begins, whatever it
@@ -807,13 +808,10 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
             early = _compare_early(comparison, child, device, cfg)
             if early is not None and trials_ran:  # taken trial by trial, so lent only then
                 comparison.buffer = OutputsBuffer.offer(comparison.expected, on)
-            try:
-                with span("trials"):  # with the comparisons made while the child runs them
-                    trials_ran = trials_ran and run_trials(
-                        child, report, on_saved=early,
-                        outputs=comparison.buffer.describe() if comparison.buffer else None)
-            finally:
-                comparison.return_buffer()
+            with span("trials"):  # with the comparisons made while the child runs them
+                trials_ran = trials_ran and run_trials(
+                    child, report, on_saved=early,
+                    outputs=comparison.buffer.describe() if comparison.buffer else None)
         if trials_ran:
             with span("compare"), hold_for_work(device, cfg.device_lock):
                 correctness = comparison.verdict()
@@ -857,6 +855,8 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
     finally:
         with span("stop_child"):
             finish(child, report)
+        if comparison is not None:  # freed only now: the child could write it until it ended
+            comparison.return_buffer()
     if timers and timers[0].failure is not None:
         reference.close()
         raise _reference_failed(task, timers[0].failure)
@@ -1077,6 +1077,11 @@ def _compare_early(comparison: TrialComparison, child: ChildProcess, device: str
     if cfg.device_lock == "every_gpu_use":
         return None
 
+    def taken(trial: int) -> None:  # copied out (or refused): the child may write again
+        child.send("taken", trial=trial)
+
+    comparison.on_taken = taken
+
     def compare(trial: int, layout: Any) -> None:
         try:
             if 0 <= trial < len(comparison.expected):
@@ -1087,8 +1092,8 @@ def _compare_early(comparison: TrialComparison, child: ChildProcess, device: str
                     child.not_its_time(time.monotonic() - asked)
                     comparison.add(trial, layout)
         finally:
-            if layout is not None:  # copied out (or refused): the child may write again
-                child.send("taken", trial=trial)
+            if layout is not None:  # a trial never taken (out of range, skipped) too
+                comparison.answer(trial)
 
     return compare
 
@@ -1112,6 +1117,14 @@ class TrialComparison:
         self.unreadable: Verdict | None = None
         self.buffer: OutputsBuffer | None = None  # the GPU buffer lent to the child
         self._layouts: dict[int, Any] = {}  # where the child says a trial lies in it
+        self.on_taken: Callable[[int], None] | None = None  # tells the child it may write
+        self._answered: set[int] = set()
+
+    def answer(self, trial: int) -> None:
+        """Tell the child, once, that trial `trial` is out of the buffer."""
+        if trial not in self._answered and self.on_taken is not None:
+            self._answered.add(trial)
+            self.on_taken(trial)
 
     def add(self, trial: int, layout: Any = None) -> None:
         """Compare trial `trial` (and every earlier one not compared yet: the fingerprint
@@ -1131,8 +1144,11 @@ class TrialComparison:
         layout, buffer = self._layouts.pop(trial, None), self.buffer
         try:
             if layout is not None and buffer is not None:
-                exp_here, act_leaves, here = _read_back(
-                    lambda to: buffer.take(layout, to), exp_leaves, self.on)
+                try:
+                    exp_here, act_leaves, here = _read_back(
+                        lambda to: buffer.take(layout, to), exp_leaves, self.on)
+                finally:  # before the comparison: the child's next trial need not wait
+                    self.answer(trial)
             else:
                 exp_here, act_leaves, here = _read_back(
                     _file_loader(self.outputs_dir / f"outputs_{trial}.pt", exp_leaves),
@@ -1185,7 +1201,7 @@ class TrialComparison:
                     given.unlink()
 
     def return_buffer(self) -> None:
-        """Free the lent buffer: every trial in it was taken as the child said so."""
+        """Free the lent buffer, once its child has ended."""
         if self.buffer is not None:
             log.info("%d trials handed over in GPU memory", self.buffer.handed)
             self.buffer.close()

@@ -9,20 +9,20 @@ where each leaf lies, in the entries of a leaves file's header.
 
 What it trusts, and what it does not:
 - The buffer is the parent's own allocation, made with the driver (`cuMemAlloc`) outside
-  torch's caching allocator, so it never holds anything but this child's outputs: no
-  expected output, no other evaluation's data, ever shares its pages. The child gets a
-  handle to it and to nothing else.
+  torch's caching allocator, in whole 2 MiB units (a handle lends the whole block the
+  driver placed an allocation in), and cleared before it is lent: fresh driver memory
+  holds what this process freed there last, such as chunks of expected outputs a
+  comparison copied. The child gets a handle to it and to nothing else.
 - The child's entries are checked against the buffer's size as a file's header is
   (`leaf_files.checked_entries`), and each trial is copied out into the parent's own
   memory before the child is told it may write the next one: the comparison never reads
   bytes the child can still change.
-- The child may write the buffer whenever it likes, even after the parent freed it: the
-  driver keeps pages a mapping still holds, and the parent's next allocation at the same
-  address gets other pages (seen on an H200 with the child inside the OS sandbox: a write
-  after the free did not reach the new allocation). So the buffer is freed right after
-  the trials.
-- Where anything fails (no driver, no memory, outputs larger than the buffer, a dtype the
-  format cannot hold) the trial goes through its file as before.
+- The buffer is freed only once its child has ended (CUDA leaves a free of memory another
+  process still maps undefined; on an H200 a write after the free did not reach the
+  parent's next allocation at the same address, but nothing rests on that).
+- Where anything fails (no driver, no memory, outputs larger than the buffer or than
+  `_MAX_SHARE` of the card, a dtype the format cannot hold) the trial goes through its
+  file as before.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -48,6 +50,10 @@ log = logging.getLogger(__name__)
 _Tensor = torch.Tensor  # bound at import: the runner imports this before candidate code
 _HANDLE_BYTES = 64
 _MAX_LEAVES = 1 << 16  # a file's header is bounded by its size; the child's message is not
+_UNIT = 2 << 20
+# A buffer lives as long as its child, timing included: larger outputs go through files
+# rather than take this share of the card from the candidates.
+_MAX_SHARE = 0.05
 
 
 class HandoffError(RuntimeError):
@@ -98,13 +104,25 @@ class _DeviceBytes:
 
 
 def _as_tensor(ptr: int, nbytes: int, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(_DeviceBytes(ptr, nbytes), device=device)
+    view = torch.as_tensor(_DeviceBytes(ptr, nbytes), device=device)
+    if view.data_ptr() != ptr:  # a copy, not the shared bytes (another device's pointer)
+        raise HandoffError("the buffer is not on the evaluation's device")
+    return view
 
 
-def _current_context(device: torch.device) -> None:
-    # The driver calls act on the calling thread's current context: a runtime call on the
-    # device makes its primary context, the one torch uses, current here.
-    torch.cuda.synchronize(device)
+@contextmanager
+def _on_device(device: torch.device) -> Iterator[None]:
+    """`device`'s primary context (torch's) current on this thread for the driver calls
+    inside; a thread's context is another GPU's after torch's own guards restore it."""
+    with torch.cuda.device(device):
+        torch.cuda.current_stream(device).synchronize()  # a runtime call binds the context
+        yield
+
+
+def _rounded(nbytes: int) -> int:
+    # The driver may place a small allocation inside a larger block, and a handle lends
+    # the whole block: whole 2 MiB units share nothing else.
+    return -(-nbytes // _UNIT) * _UNIT
 
 
 def write_into(buffer: torch.Tensor, leaves: list[Any], entries: list[dict[str, Any]]) -> None:
@@ -133,33 +151,37 @@ class OutputsBuffer:
 
     def __init__(self, ptr: int, nbytes: int, on: torch.device) -> None:
         self.ptr, self.nbytes, self.on = ptr, nbytes, on
-        self.handed = 0  # trials taken from the buffer, for the verdict's steps
+        self.handed = 0  # trials taken from the buffer, for the log
+        self._bytes = _as_tensor(ptr, nbytes, on)
+        # Fresh driver memory holds whatever this process freed there last, such as the
+        # chunks of expected outputs a comparison copied: cleared before it is lent.
+        self._bytes.zero_()
+        torch.cuda.current_stream(on).synchronize()
         handle = _Handle()
         _call("cuIpcGetMemHandle", ctypes.byref(handle), _Ptr(ptr))
         self.handle = ctypes.string_at(ctypes.byref(handle), _HANDLE_BYTES).hex()
-        self._bytes = _as_tensor(ptr, nbytes, on)
 
     @classmethod
     def offer(cls, expected: list[list[Any]], on: torch.device) -> OutputsBuffer | None:
-        """A buffer as large as the largest trial's expected outputs, where `on` is a GPU
-        this process uses and the expected outputs fit the format; else None."""
+        """A buffer for the largest trial's expected outputs, where `on` is a GPU this
+        process uses, the expected outputs fit the format and the buffer `_MAX_SHARE` of
+        the card; else None. The caller closes it once the child has ended."""
         if on.type != "cuda" or not expected or not all(writable(t) for t in expected):
             return None
-        nbytes = max(layout_of(t)[1] for t in expected)
-        if nbytes == 0:
-            return None
+        nbytes = _rounded(max(layout_of(t)[1] for t in expected))
+        ptr = _Ptr()
         try:
-            _current_context(on)
-            ptr = _Ptr()
-            _call("cuMemAlloc_v2", ctypes.byref(ptr), ctypes.c_size_t(nbytes))
-        except (OSError, HandoffError, RuntimeError) as err:
+            with _on_device(on):
+                if not 0 < nbytes <= _MAX_SHARE * torch.cuda.get_device_properties(on).total_memory:
+                    return None
+                _call("cuMemAlloc_v2", ctypes.byref(ptr), ctypes.c_size_t(nbytes))
+                try:
+                    return cls(ptr.value, nbytes, on)
+                except Exception:
+                    _call("cuMemFree_v2", ptr)
+                    raise
+        except Exception as err:  # no driver, no memory: the files, as before
             log.info("trial outputs go through files: %s", err)
-            return None
-        try:
-            return cls(ptr.value, nbytes, on)
-        except (HandoffError, RuntimeError) as err:
-            log.info("trial outputs go through files: %s", err)
-            _call("cuMemFree_v2", ptr)
             return None
 
     def describe(self) -> dict[str, Any]:
@@ -169,7 +191,7 @@ class OutputsBuffer:
         """The leaves the child says it wrote, copied onto `to` before the child may write
         again. Raises LeafFileError where the entries do not fit the buffer."""
         leaves = leaves_from(self._bytes, entries, to)
-        torch.cuda.synchronize(self.on)  # copied out before the child hears "taken"
+        torch.cuda.current_stream(self.on).synchronize()  # copied before "taken" is sent
         self.handed += 1
         return leaves
 
@@ -178,9 +200,9 @@ class OutputsBuffer:
             ptr, self.ptr = self.ptr, 0
             del self._bytes
             try:
-                _current_context(self.on)
-                _call("cuMemFree_v2", _Ptr(ptr))
-            except (HandoffError, RuntimeError) as err:  # leaked until this process ends
+                with _on_device(self.on):
+                    _call("cuMemFree_v2", _Ptr(ptr))
+            except Exception as err:  # leaked until this process ends
                 log.warning("could not free a trial outputs buffer: %s", err)
 
 
@@ -191,7 +213,7 @@ class OutputsSlot:
     def __init__(self, ptr: int, nbytes: int, device: torch.device) -> None:
         self.ptr, self.nbytes, self.device = ptr, nbytes, device
         self.bytes = _as_tensor(ptr, nbytes, device)
-        self.pending = False
+        self.pending: int | None = None  # the trial in the buffer the parent has not taken
 
     @classmethod
     def open(cls, offer: Any, device: torch.device) -> OutputsSlot | None:
@@ -206,17 +228,19 @@ class OutputsSlot:
                 return None
             handle = _Handle()
             ctypes.memmove(ctypes.byref(handle), raw, _HANDLE_BYTES)
-            _current_context(device)
             ptr = _Ptr()
-            # 1: CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, where the child runs on another GPU
-            _call("cuIpcOpenMemHandle_v2", ctypes.byref(ptr), handle, ctypes.c_uint(1))
+            with _on_device(device):
+                # 1: CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, where the child runs on another GPU
+                _call("cuIpcOpenMemHandle_v2", ctypes.byref(ptr), handle, ctypes.c_uint(1))
+            return cls(ptr.value, nbytes, device)
         except Exception:  # anything: the trials then go through files
             return None
-        return cls(ptr.value, nbytes, device)
 
-    def put(self, leaves: list[Any], wait_taken: Any) -> list[dict[str, Any]] | None:
-        """Write `leaves` into the buffer once the parent has taken the last trial, and
-        return their entries; None where they do not fit (the caller writes the file)."""
+    def put(self, leaves: list[Any], trial: int, wait_taken: Callable[[int], None]
+            ) -> list[dict[str, Any]] | None:
+        """Write trial `trial`'s `leaves` into the buffer once the parent has taken the
+        last one (`wait_taken(that trial)`), and return their entries; None where they do
+        not fit (the caller writes the file)."""
         if not writable(leaves):
             return None
         entries, body = layout_of(leaves)
@@ -225,11 +249,11 @@ class OutputsSlot:
         self.settle(wait_taken)
         write_into(self.bytes, leaves, entries)
         torch.cuda.synchronize(self.device)  # written before the parent hears "saved"
-        self.pending = True
+        self.pending = trial
         return entries
 
-    def settle(self, wait_taken: Any) -> None:
+    def settle(self, wait_taken: Callable[[int], None]) -> None:
         """Wait until the parent has taken the trial in the buffer, if one is there."""
-        if self.pending:
-            wait_taken()
-            self.pending = False
+        if self.pending is not None:
+            wait_taken(self.pending)
+            self.pending = None

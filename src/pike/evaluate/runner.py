@@ -637,7 +637,7 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
             out = _run_guarded_call(req, model, inputs, device)
         with STEPS.span("save_outputs"):
             leaves = check.flatten_output(out)
-            layout = slot.put(leaves, lambda: _wait_taken(chan)) if slot else None
+            layout = slot.put(leaves, trial, lambda t: _wait_taken(chan, t)) if slot else None
             if layout is None:  # a file the parent has read and passed on
                 write_leaves(leaves, Path(req.outputs_dir) / f"outputs_{trial}.pt",
                              in_place=True)
@@ -645,7 +645,7 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
         # the parent compares it while the next one runs
         chan.send("saved", trial=trial, **({"layout": layout} if layout is not None else {}))
     if slot is not None:
-        slot.settle(lambda: _wait_taken(chan))
+        slot.settle(lambda t: _wait_taken(chan, t))
     _reject_violations(guards, "check")
     _reject_reference_code(req, model)
     flags = {k: f"{a} -> {b}" for k, (a, b) in guards.changed_flags().items()}
@@ -683,9 +683,9 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
                   final_check=final_check, samples_for=lambda mode: sampler)
 
 
-def _wait_taken(chan: Channel) -> None:
+def _wait_taken(chan: Channel, trial: int) -> None:
     reply = chan.receive()
-    if not reply or reply.get("event") != "taken":
+    if not reply or reply.get("event") != "taken" or reply.get("trial") != trial:
         raise Failure("crashed", "check", "the evaluator did not take the trial's outputs")
 
 
