@@ -946,10 +946,10 @@ def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path
     if isinstance(reply, Verdict):
         return reply
     on = compare_device(reference.device)
+    final_expected = reference.expected_on(on)[-1]
     try:
-        expected, actual, here = _read_back(_file_loader(outputs_dir / "outputs_final.pt",
-                                                         reference.expected_on(on)[-1]),
-                                            reference.expected_on(on)[-1], on)
+        expected, actual, here = _read_back(
+            _file_loader(outputs_dir / "outputs_final.pt", final_expected), final_expected, on)
     except Exception as err:  # written by the child: anything may be in it
         return Verdict(status="incorrect", phase="check",
                        message=f"outputs after timing could not be read back ({err})")
@@ -1116,7 +1116,6 @@ class TrialComparison:
         self.max_abs = self.max_rel = 0.0
         self.unreadable: Verdict | None = None
         self.buffer: OutputsBuffer | None = None  # the GPU buffer lent to the child
-        self._layouts: dict[int, Any] = {}  # where the child says a trial lies in it
         self.on_taken: Callable[[int], None] | None = None  # tells the child it may write
         self._answered: set[int] = set()
 
@@ -1130,23 +1129,23 @@ class TrialComparison:
         """Compare trial `trial` (and every earlier one not compared yet: the fingerprint
         of the first trial is taken before later ones are matched against it); `layout`:
         the child says the trial is in the lent buffer, there, not in its file."""
-        if layout is not None and self.buffer is not None and trial not in self.compared:
-            self._layouts[trial] = layout
         for t in range(min(trial + 1, len(self.expected))):
             if t not in self.compared and self.unreadable is None:
                 self.compared.add(t)
-                self._one(t)
+                self._one(t, layout if t == trial else None)
 
-    def _one(self, trial: int) -> None:
+    def _one(self, trial: int, layout: Any = None) -> None:
         exp_leaves = self.expected[trial]
         if trial == self.cfg.trials and not check.all_finite(exp_leaves, self.on):
             return  # the reference itself overflows on shifted inputs: nothing to learn
-        layout, buffer = self._layouts.pop(trial, None), self.buffer
+        buffer = self.buffer
+        in_buffer = layout is not None and buffer is not None  # else the file counts
         try:
-            if layout is not None and buffer is not None:
+            if in_buffer:
                 try:
                     exp_here, act_leaves, here = _read_back(
-                        lambda to: buffer.take(layout, to), exp_leaves, self.on)
+                        lambda to: buffer.take(layout, to),  # type: ignore[union-attr]
+                        exp_leaves, self.on)
                 finally:  # before the comparison: the child's next trial need not wait
                     self.answer(trial)
             else:
@@ -1158,7 +1157,7 @@ class TrialComparison:
                 status="incorrect", phase="check",
                 message=f"trial {trial}: outputs could not be read back ({err})")
             return
-        if layout is None:
+        if not in_buffer:
             self._pass_on(trial)
         if trial == 0:
             self.first = _fingerprint(act_leaves)
@@ -1205,7 +1204,7 @@ class TrialComparison:
         if self.buffer is not None:
             log.info("%d trials handed over in GPU memory", self.buffer.handed)
             self.buffer.close()
-            self.buffer, self._layouts = None, {}
+            self.buffer = None
 
     def verdict(self) -> Verdict:
         self.add(len(self.expected) - 1)

@@ -76,7 +76,6 @@ def _driver() -> Any:
         "cuMemFree_v2": [_Ptr],
         "cuIpcGetMemHandle": [ctypes.POINTER(_Handle), _Ptr],
         "cuIpcOpenMemHandle_v2": [ctypes.POINTER(_Ptr), _Handle, ctypes.c_uint],
-        "cuIpcCloseMemHandle": [_Ptr],
         "cuGetErrorName": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
     }
     for name, args in calls.items():
@@ -211,7 +210,7 @@ class OutputsSlot:
     the trial last written into it."""
 
     def __init__(self, ptr: int, nbytes: int, device: torch.device) -> None:
-        self.ptr, self.nbytes, self.device = ptr, nbytes, device
+        self.nbytes, self.device = nbytes, device
         self.bytes = _as_tensor(ptr, nbytes, device)
         self.pending: int | None = None  # the trial in the buffer the parent has not taken
 
