@@ -63,6 +63,46 @@ def test_a_stuck_candidate_is_killed_at_once_after_its_timeout(
     assert elapsed - in_phases < DESCENDANTS_GRACE_S / 2
 
 
+_SLOW_FIRST_CALL = """
+import math
+import time
+
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.built = False
+
+    def forward(self, x):
+        if not self.built:  # as a lazy build does{names}
+            time.sleep(5)
+            self.built = True
+        h = self.fc1(x)
+        h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+        return self.fc2(h)
+"""
+
+
+def test_a_candidate_that_builds_in_its_first_call_has_a_builds_limit_there(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    """A candidate's trials keep the check limit; its first call, where torch.compile and
+    Triton build, gets `limits.build_seconds` where its source uses them (max-autotune
+    candidates were judged `timeout` at the fitted 30 s beside other evaluations)."""
+    cfg = fast_config.model_copy(update={"limits": fast_config.limits.model_copy(
+        update={"check_seconds": 3.0, "build_seconds": 30.0})})
+    plain = evaluate(mlp_task, _SLOW_FIRST_CALL.format(names=""), cfg)
+    assert (plain.status, plain.phase) == ("timeout", "check"), plain.message
+    assert "no progress for 3 s" in plain.message
+    compiled = evaluate(mlp_task, _SLOW_FIRST_CALL.format(names=", as torch.compile's"), cfg)
+    assert compiled.status == "ok", compiled.message
+    assert compiled.phase_seconds["check"] > 5
+
+
 def test_correct_faster_candidate_is_ok_and_timed(mlp_task: Task, fast_config: EvalConfig) -> None:
     verdict = evaluate(mlp_task, candidate("fused"), fast_config)
     assert verdict.status == "ok", verdict.message

@@ -53,12 +53,14 @@ class LimitsConfig(_Strict):
     build_seconds: float = Field(
         300, gt=0, description="a baseline's torch.compile mode: its build (max-autotune's "
         "autotuning too), warm-up and check against eager, before the timed window; a mode "
-        "past it fails alone. max-autotune on a large CNN took longer than 300 s on an H200")
+        "past it fails alone. max-autotune on a large CNN took longer than 300 s on an H200. "
+        "Also the limit of a candidate's first call where its file uses torch.compile or "
+        "Triton, which build there")
     fitted: bool = Field(
         True, description="a candidate's check and timing limits follow the reference's own "
         "check time (50x it, at least 30 s; the values above stay ceilings), so a hung "
-        "candidate on a small task is judged within a minute; turn off where lazy compiles "
-        "(max-autotune) in a candidate's first call take longer on a small task")
+        "candidate on a small task is judged within a minute. The first call of a candidate "
+        "that uses torch.compile or Triton, where they build, has build_seconds instead")
     memory_gib: float | None = Field(
         None, gt=0, description="host RSS of the whole child tree; None = 75% of physical memory"
     )

@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import random
+import re
 import shutil
 import statistics
 import threading
@@ -441,6 +442,21 @@ def fitted_limit(reference_check_s: float) -> float:
     return max(_LIMIT_FLOOR_S, _LIMIT_TIMES_REFERENCE * reference_check_s)
 
 
+# Candidates that build in their first call: torch.compile (its graphs, max-autotune's
+# autotuning, CUDA-graph capture) and Triton kernels (JIT-compiled, autotuned at first
+# launch). Beside other evaluations on an H200, max-autotune candidates whose reference
+# checks in under a second were judged `timeout` at the fitted 30 s, in their first call.
+_BUILDS_IN_FIRST_CALL = re.compile(r"\btorch\.compile\b|^\s*(?:import|from)\s+triton\b|@triton\.",
+                                   re.MULTILINE)
+
+
+def first_call_limit(source: str, cfg: EvalConfig) -> float | None:
+    """The limit of a candidate's warm-up call where its source builds there (a torch.compile
+    mode's build, as its baseline has, `limits.build_seconds`); None: the fitted check limit.
+    A hung candidate that names them only waits longer for its verdict: init alone has more."""
+    return cfg.limits.build_seconds if _BUILDS_IN_FIRST_CALL.search(source) else None
+
+
 def _input_stage(reference: ReferenceRun, folder: Path, cfg: EvalConfig) -> InputStage:
     trials = [f"inputs_{t}.pt" for t in range(cfg.trials + cfg.guards)]
     stage = InputStage(reference.inputs_dir, folder, {
@@ -801,7 +817,8 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                 begin_child(child, cfg, run_limit_s=fitted_limit(reference.check_seconds)
                             if cfg.limits.fitted else None)
             with span("load_build_warm_up"):
-                trials_ran = wait_ready(child, report)
+                trials_ran = wait_ready(child, report, first_call_limit(
+                    files.source_path.read_text(), cfg) if cfg.limits.fitted else None)
             on = compare_device(device)
             comparison = TrialComparison(reference.expected_on(on)[:cfg.trials + cfg.guards],
                                          outputs_dir, cfg, on)
