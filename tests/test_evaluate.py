@@ -103,6 +103,20 @@ def test_a_candidate_that_builds_in_its_first_call_has_a_builds_limit_there(
     assert compiled.phase_seconds["check"] > 5
 
 
+@pytest.mark.parametrize(("line", "builds"), [
+    ("self.f = torch.compile(self.f, mode='max-autotune')", True),
+    ("import triton", True), ("import torch, triton", True),
+    ("import triton.language as tl", True), ("@triton.autotune(configs=[])", True),
+    ("from torch import compile", True), ("torch._dynamo.optimize('inductor')(f)", True),
+    ("from torch.utils.cpp_extension import load_inline", False),  # builds at import
+    ("x = torch.compiled_with_cxx11_abi()", False), ("import tritonish", False),
+])
+def test_which_candidates_build_in_their_first_call(line: str, builds: bool) -> None:
+    cfg = EvalConfig(device="cpu")
+    expected = cfg.limits.build_seconds if builds else None
+    assert judge.first_call_limit(f"import torch\n{line}\n", cfg) == expected
+
+
 def test_correct_faster_candidate_is_ok_and_timed(mlp_task: Task, fast_config: EvalConfig) -> None:
     verdict = evaluate(mlp_task, candidate("fused"), fast_config)
     assert verdict.status == "ok", verdict.message

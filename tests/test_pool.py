@@ -266,8 +266,8 @@ def test_the_candidate_holds_the_device_from_its_start(mlp_task: Task, fast_conf
         with real_hold(device, exclusive=exclusive, keep=keep):
             yield
 
-    def wait_ready(child: Any, report: Any) -> bool:
-        ready = real_ready(child, report)
+    def wait_ready(child: Any, report: Any, *args: Any) -> bool:
+        ready = real_ready(child, report, *args)
         order.append(f"ready:{child.phase}")
         return ready
 

@@ -445,9 +445,13 @@ def fitted_limit(reference_check_s: float) -> float:
 # Candidates that build in their first call: torch.compile (its graphs, max-autotune's
 # autotuning, CUDA-graph capture) and Triton kernels (JIT-compiled, autotuned at first
 # launch). Beside other evaluations on an H200, max-autotune candidates whose reference
-# checks in under a second were judged `timeout` at the fitted 30 s, in their first call.
-_BUILDS_IN_FIRST_CALL = re.compile(r"\btorch\.compile\b|^\s*(?:import|from)\s+triton\b|@triton\.",
-                                   re.MULTILINE)
+# checks in under a second were judged `timeout` at the fitted 30 s in their first call.
+# Not load_inline: it builds at import, under the load phase's limit, and a CUDA
+# candidate whose kernel hangs keeps getting its verdict in 30 s.
+_BUILDS_IN_FIRST_CALL = re.compile(
+    r"\btorch\.compile\b|\btorch\._dynamo\b|@triton\."
+    r"|^\s*(?:import|from)\s+[\w., ]*\btriton\b|^\s*from\s+torch\s+import\s+[\w, ]*\bcompile\b",
+    re.MULTILINE)
 
 
 def first_call_limit(source: str, cfg: EvalConfig) -> float | None:
@@ -715,6 +719,9 @@ class CandidateFiles:
     request: ChildRequest
     build_key: str
     stage: InputStage | None = None
+    # the warm-up call's limit where the candidate builds there (`first_call_limit`), read
+    # from the source as written: the child can change its file once it has begun
+    first_call_limit_s: float | None = None
 
 
 def candidate_files(task: Task, source: str, cfg: EvalConfig, device: str,
@@ -750,6 +757,7 @@ def fill_candidate(files: CandidateFiles, task: Task, source: str, cfg: EvalConf
     (`see`: a host path as its child sees it, for a child already launched; one not yet
     launched gets its paths mapped by `launch_child`)."""
     files.source_path.write_text(source)
+    files.first_call_limit_s = first_call_limit(source, cfg)
     files.build_key = task.sha256[:8] + "-" + _sha(source)[:16]
     files.request.task_sha256, files.request.task_size = task.sha256, task.path.stat().st_size
     files.request.extensions_dir = see(str(build_cache_root(cfg) / files.build_key))
@@ -817,8 +825,8 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                 begin_child(child, cfg, run_limit_s=fitted_limit(reference.check_seconds)
                             if cfg.limits.fitted else None)
             with span("load_build_warm_up"):
-                trials_ran = wait_ready(child, report, first_call_limit(
-                    files.source_path.read_text(), cfg) if cfg.limits.fitted else None)
+                trials_ran = wait_ready(child, report, files.first_call_limit_s
+                                        if cfg.limits.fitted else None)
             on = compare_device(device)
             comparison = TrialComparison(reference.expected_on(on)[:cfg.trials + cfg.guards],
                                          outputs_dir, cfg, on)
