@@ -60,7 +60,7 @@ class LimitsConfig(_Strict):
         True, description="a candidate's check and timing limits follow the reference's own "
         "check time (50x it, at least 30 s; the values above stay ceilings), so a hung "
         "candidate on a small task is judged within a minute. The first call of a candidate "
-        "that uses torch.compile or Triton, where they build, has build_seconds instead")
+        "that uses torch.compile or Triton, where they build, has at least build_seconds")
     memory_gib: float | None = Field(
         None, gt=0, description="host RSS of the whole child tree; None = 75% of physical memory"
     )
