@@ -3,11 +3,13 @@ outlives the next pike to start; a hung candidate gets its verdict within a minu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 import yaml
 
 from pike.config import EvalConfig, LimitsConfig
-from pike.evaluate import evaluate
+from pike.evaluate import evaluate, leftovers
 from pike.evaluate.leftovers import make_temp_dir, sweep_orphaned_dirs
 from pike.store import ERROR_STATE, RunStore
 from pike.task import Task
@@ -232,6 +234,38 @@ def test_the_sweep_keeps_the_dirs_of_live_pikes(tmp_path: Path) -> None:
         assert not dead.exists() and other.exists() and live.exists()
     finally:
         mine.rmdir()
+
+
+def test_the_ending_cleanup_leaves_no_folder_a_worker_thread_was_making_or_filling(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker threads run on while pike ends: one that had passed the "ending?" check could
+    make its folder after the cleanup's last look, and one still writing into a folder made
+    its removal fail (a `pike-cand-*` left after an interrupted optimize in CI)."""
+    monkeypatch.setattr(leftovers, "_ENDING", threading.Event())
+    monkeypatch.setattr(leftovers, "_kill_children", lambda wait_s: None)  # pytest's own
+    monkeypatch.setattr(leftovers, "scratch_root", lambda: tmp_path)
+    monkeypatch.setattr(leftovers, "_roots", lambda: [str(tmp_path)])
+    started = threading.Event()
+
+    def busy_worker() -> None:
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:  # new folders as fast as it can, each filled for a while
+                folder = leftovers.make_temp_dir("cand")
+                started.set()
+                for i in range(200):
+                    with contextlib.suppress(OSError):  # the cleanup took it meanwhile
+                        (folder / f"{i}.txt").write_text("x")
+                leftovers.refuse_new_work_if_ending()
+
+    workers = [threading.Thread(target=busy_worker) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    started.wait(10)
+    time.sleep(0.05)
+    leftovers.end_children_and_remove_own_dirs(wait_s=2.0)
+    for worker in workers:
+        worker.join(10)
+    assert [p.name for p in tmp_path.iterdir()] == []
 
 
 def test_a_hung_candidate_on_a_small_task_times_out_within_a_minute(

@@ -8,14 +8,17 @@ start time is in the name too, so a recycled pid does not keep a dead run's fold
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import logging
 import os
 import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -65,6 +68,11 @@ def _roomy_tmpfs(path: Path) -> bool:
 # Set once pike is ending after a Ctrl-C: its worker threads run on until the exit and
 # must not start a child or make a folder that the cleanup has already passed over.
 _ENDING = threading.Event()
+# Held from the check of _ENDING to the folder (or child) existing, and taken to set it: a
+# worker thread that had passed the check could otherwise make its folder after the
+# cleanup's last look (seen in CI: a `pike-cand-*` left after an interrupted optimize).
+_NEW_WORK = threading.Lock()
+_ENDING_WAITS_S = 10.0
 
 
 def refuse_new_work_if_ending() -> None:
@@ -74,12 +82,23 @@ def refuse_new_work_if_ending() -> None:
         raise KeyboardInterrupt("pike is ending")
 
 
+@contextlib.contextmanager
+def new_work() -> Iterator[None]:
+    """Start a child or make a folder inside this: either it exists before the cleanup
+    looks, or it is refused."""
+    with _NEW_WORK:
+        refuse_new_work_if_ending()
+        yield
+
+
 def make_temp_dir(kind: str) -> Path:
     """A new temp folder of this process: `pike-<kind>-<pid>-<start time>-<random>`."""
     assert kind in _KINDS
     refuse_new_work_if_ending()
     sweep_orphaned_dirs()
-    return Path(tempfile.mkdtemp(prefix=f"pike-{kind}-{_owner_tag()}-", dir=scratch_root()))
+    with new_work():
+        return Path(tempfile.mkdtemp(prefix=f"pike-{kind}-{_owner_tag()}-",
+                                     dir=scratch_root()))
 
 
 def _owner_alive(pid: int, started: int) -> bool:
@@ -108,25 +127,40 @@ def end_children_and_remove_own_dirs(wait_s: float = 5.0) -> list[str]:
     recorded as crashes: the campaign closed its store before the exception reached the
     CLI."""
     removed: list[str] = []
-    _ENDING.set()  # no new child or folder from here on
-    # Twice: a worker thread may have been starting a child or a folder as the flag was
-    # set, and shows it while the first pass waits for the killed ones to go.
-    for _ in range(2):
-        children = psutil.Process().children(recursive=True)
-        for child in children:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(children, timeout=wait_s)
-        removed += _remove_own_dirs()
-    return removed
+    # No new child or folder from here on. The lock is held only for a mkdtemp or a fork;
+    # the timeout keeps a stuck holder from holding up the exit.
+    got = _NEW_WORK.acquire(timeout=_ENDING_WAITS_S)
+    _ENDING.set()
+    if got:
+        _NEW_WORK.release()
+    # At least twice: a killed child's end can show a folder its thread was about to
+    # fill. Then again briefly while one is left: a worker thread still writing into a
+    # folder (the flag does not stop a write) makes its removal fail with ENOTEMPTY.
+    deadline = time.monotonic() + wait_s
+    for attempt in itertools.count():
+        _kill_children(wait_s)
+        removed += _remove_dirs_of(_is_mine)
+        if attempt >= 1 and (not _dirs_of(_is_mine) or time.monotonic() > deadline):
+            return removed
+        time.sleep(0.1 * attempt)
 
 
-def _remove_own_dirs() -> list[str]:
-    pid, started = (int(x) for x in _owner_tag().split("-"))
-    return [name for root in _roots()
-            for name in _remove_dirs(root, lambda owner, at: (owner, at) == (pid, started))]
+def _kill_children(wait_s: float) -> None:
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(children, timeout=wait_s)
+
+
+def _is_mine(owner: int, started: int) -> bool:
+    return f"{owner}-{started}" == _owner_tag()
+
+
+def _remove_dirs_of(owned_by: Callable[[int, int], bool]) -> list[str]:
+    return [name for root in _roots() for name in _remove_dirs(root, owned_by)]
 
 
 def _roots() -> list[str]:
@@ -135,17 +169,24 @@ def _roots() -> list[str]:
     return list(dict.fromkeys([tempfile.gettempdir(), str(scratch_root())]))
 
 
-def _remove_dirs(folder: str, owned_by: Callable[[int, int], bool]) -> list[str]:
-    """Remove the pike temp folders in `folder` whose owner (pid, start time) matches."""
-    removed = []
+def _dirs_of(owned_by: Callable[[int, int], bool], folder: str | None = None) -> list[Path]:
+    """The pike temp folders in `folder` (or every root) whose owner (pid, start time)
+    matches."""
+    if folder is None:
+        return [path for root in _roots() for path in _dirs_of(owned_by, root)]
     try:
         entries = list(Path(folder).iterdir())
     except OSError:
-        return removed
-    for path in entries:
-        match = _NAME.match(path.name)
-        if not match or not path.is_dir() or not owned_by(int(match[1]), int(match[2])):
-            continue
+        return []
+    return [path for path in entries
+            if (match := _NAME.match(path.name)) and path.is_dir()
+            and owned_by(int(match[1]), int(match[2]))]
+
+
+def _remove_dirs(folder: str, owned_by: Callable[[int, int], bool]) -> list[str]:
+    """Remove the pike temp folders in `folder` whose owner (pid, start time) matches."""
+    removed = []
+    for path in _dirs_of(owned_by, folder):
         try:
             remove_tree(path)
             removed.append(path.name)

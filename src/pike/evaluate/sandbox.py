@@ -33,7 +33,7 @@ import psutil
 from pike.config import LimitsConfig
 from pike.errors import EvaluatorError
 from pike.evaluate import device_lock
-from pike.evaluate.leftovers import refuse_new_work_if_ending
+from pike.evaluate.leftovers import new_work, refuse_new_work_if_ending
 from pike.evaluate.protocol import Channel, ChildRequest
 from pike.evaluate.staging import InputStage
 
@@ -205,7 +205,9 @@ class _Spawner:
         while True:
             fn, done = self._jobs.get()
             try:
-                done.set_result(fn())
+                with new_work():  # a child started here is one the cleanup will see
+                    result = fn()
+                done.set_result(result)
             except BaseException as err:  # the caller's to handle, in its own thread
                 done.set_exception(err)
 
