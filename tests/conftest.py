@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,16 @@ def mlp_task() -> Task:
 
 @pytest.fixture(scope="session", autouse=True)
 def build_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("build-cache")
+    """One build cache for the session; under xdist, one for all its workers (the
+    session's base folder holds each worker's): each torch.compile graph and extension is
+    then built cold once per run, not once per worker. Builds are safe to share: inductor
+    writes its cache atomically and extension builds take a lock."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder = base / "build-cache"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ EXAMPLES = ROOT / "examples" / "tasks"
 def _command(results: Path, config: Path, *extra: str) -> list[str]:
     return [sys.executable, "bench/offline.py", str(EXAMPLES), "--tag", "t", "--ids", "1",
             "--device", "cpu", "--jobs", "1", "--workers", "1", "--max-seconds", "60",
-            "--max-candidates", "2", "--results", str(results), "--config", str(config),
+            "--max-candidates", "1", "--results", str(results), "--config", str(config),
             *extra]
 
 

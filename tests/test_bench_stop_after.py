@@ -29,7 +29,7 @@ def two_tasks(tmp_path: Path, run_config: Path) -> tuple[Path, Path]:
     shutil.copy(GELU, tasks / f"{SECOND}.py")
     cfg = yaml.safe_load(run_config.read_text())
     cfg["search"]["baseline_modes"] = ["eager"]
-    cfg["search"]["offline"] = {"max_candidates": 2}
+    cfg["search"]["offline"] = {"max_candidates": 1}  # inference mode: no compile on CPU
     run_config.write_text(yaml.safe_dump(cfg))
     return tasks, run_config
 
@@ -63,6 +63,9 @@ def test_work_past_the_limit_is_kept_and_not_judged_again(
     # kept, the search starts nothing more and skips its confirming window, the task stays
     # open, and the second task does not start.
     tasks, config = two_tasks
+    cfg = yaml.safe_load(config.read_text())
+    cfg["search"]["offline"] = {"max_candidates": 2}  # one judged before the limit, one after
+    config.write_text(yaml.safe_dump(cfg))
     real_record = offline_search.OfflineSearch._record
 
     def record_then_time_is_up(self: Any, cid: int, verdict: Any) -> None:

@@ -128,26 +128,7 @@ def test_the_error_fixer_rescues_failing_candidates(fake_llm: FakeOpenAI,
     assert models["fix"].endswith("#fake-fixer") and models["optimize"].endswith("#fake-model")
 
 
-def test_replay_reproduces_the_best_solution_without_any_llm(
-        fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path) -> None:
-    fake_llm.handler = Scripted(optimize=[WRONG, GOOD])
-    first = tmp_path / "first"
-    assert pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-queries", "6",
-                "--config", run_config, "--out", first).exit_code == 0
-    fake_llm.close()  # no server from here on
-    again = tmp_path / "again"
-    result = pike("optimize", "--replay", first, "--out", again)
-    assert result.exit_code == 0, result.output
-    assert (again / "best.py").read_text() == (first / "best.py").read_text()
-    old, new = RunStore.open(first), RunStore.open(again)
-    # parallel calls finish in any order; what was asked is the same
-    assert sorted(c["role"] for c in new.llm_calls("1_GeluMLP")) == \
-        sorted(c["role"] for c in old.llm_calls("1_GeluMLP"))
-    assert [r.verdict.status for r in new.candidates("1_GeluMLP")] == \
-        [r.verdict.status for r in old.candidates("1_GeluMLP")]
-
-
-def test_a_replay_without_out_is_kept_where_the_replayed_run_kept_its_runs(
+def test_replay_reproduces_the_best_solution_without_any_llm_where_the_run_kept_its_runs(
         fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = yaml.safe_load(run_config.read_text())
@@ -157,12 +138,20 @@ def test_a_replay_without_out_is_kept_where_the_replayed_run_kept_its_runs(
     first = tmp_path / "first"
     assert pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-queries", "6",
                 "--config", run_config, "--out", first).exit_code == 0
-    fake_llm.close()
+    fake_llm.close()  # no server from here on
     monkeypatch.chdir(tmp_path)
-    result = pike("optimize", "--replay", first)
+    result = pike("optimize", "--replay", first)  # no --out: beside the replayed run's runs
     assert result.exit_code == 0, result.output
-    assert [p.name.split("-")[0] for p in (tmp_path / "kept").iterdir()] == ["1_GeluMLP"]
+    [again] = (tmp_path / "kept").iterdir()
+    assert again.name.split("-")[0] == "1_GeluMLP"
     assert not (tmp_path / "pike-runs").exists()
+    assert (again / "best.py").read_text() == (first / "best.py").read_text()
+    old, new = RunStore.open(first), RunStore.open(again)
+    # parallel calls finish in any order; what was asked is the same
+    assert sorted(c["role"] for c in new.llm_calls("1_GeluMLP")) == \
+        sorted(c["role"] for c in old.llm_calls("1_GeluMLP"))
+    assert [r.verdict.status for r in new.candidates("1_GeluMLP")] == \
+        [r.verdict.status for r in old.candidates("1_GeluMLP")]
 
 
 @pytest.mark.parametrize("strategy", [[], ["--preset", "openevolve"]],
