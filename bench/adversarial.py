@@ -41,7 +41,7 @@ CLASSES: dict[str, list[str]] = {
     "reaching the evaluator's objects": [
         "wraps_channel", "mock_patches_tensor", "forges_messages", "patches_evaluator",
         "patches_event", "walks_gc", "rewrites_samples", "zeroes_samples", "tensor_subclass",
-        "thread_outlives"],
+        "thread_outlives", "pool_outlives", "pool_outlives_builtin"],
     "predictable or readable inputs": ["assumes_randn", "reads_inputs_ahead"],
     "finding the task and the reference": ["uses_reference", "slows_the_reference"],
     "escaping the process": ["escapes_by_subprocess", "double_forks", "spawns_child",

@@ -27,6 +27,8 @@ pytestmark = pytest.mark.timing
     ("walks_gc", "rejected", "gc.get_objects"),
     ("tensor_subclass", "rejected", "tensor subclass"),
     ("thread_outlives", "rejected", "thread"),
+    ("pool_outlives", "rejected", "thread"),  # a thread pool's worker: stdlib target
+    ("pool_outlives_builtin", "rejected", "thread"),  # and no frame of its own code
     ("forges_messages", "rejected", "forged message"),
     # round 2: timed calls told apart from checked ones, answers reused, library patches
     ("stale_by_frames", "incorrect", "timed call"),
@@ -280,6 +282,14 @@ def test_an_honest_candidate_passes_every_guard_and_says_which_ran(
                   "process sandbox"):
         assert guard in verdict.guards
     assert verdict.guards["after timing"].startswith("new values")
+
+
+def test_a_thread_pool_whose_workers_are_done_when_the_call_ends_is_no_violation(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    # the guard looks at what a pool's workers run after the call (pool_outlives): one
+    # whose work is all waited for inside the call is honest
+    verdict = evaluate(mlp_task, candidate("pool_honest"), fast_config)
+    assert verdict.status == "ok", verdict.message
 
 
 def test_the_shared_trial_inputs_are_read_only(mlp_task: Task, fast_config: EvalConfig) -> None:

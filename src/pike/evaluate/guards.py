@@ -18,6 +18,7 @@ where available) is the outer layer.
 
 from __future__ import annotations
 
+import functools
 import gc
 import ipaddress
 import json
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -36,6 +38,8 @@ _EVALUATOR_DIR = str(Path(__file__).resolve().parent)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _NETWORK_EVENTS = ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg")
 _LIBRARY_PARTS = ("/torch/", "/triton/", "/lib/python3")
+# where the standard library's thread pool runs each submitted function
+_POOL_WORKER_FILE = os.path.join("concurrent", "futures", "thread.py")
 _GC_EVENTS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents")
 # event -> which of its arguments are paths it changes (a hard link's source becomes
 # writable through the link; a symlink's target is checked when it is opened)
@@ -60,10 +64,15 @@ def _patched_by_candidate() -> bool:
     """Whether candidate code is anywhere on the stack of a patch of a protected class.
     Library code patching on its own (torch's internals) passes; a candidate that routes
     the patch through a library helper (unittest.mock, setattr in functools) does not."""
-    frame = sys._getframe(2)
+    return _candidate_code_on(sys._getframe(2))
+
+
+def _candidate_code_on(frame: FrameType | None, also_trusted: tuple[str, ...] = ()) -> bool:
+    """Whether a frame of this stack runs code outside the evaluator, the libraries and
+    the folders in `also_trusted`."""
     while frame is not None:
         name = frame.f_code.co_filename
-        if not (name.startswith((_EVALUATOR_DIR, "<frozen "))
+        if not (name.startswith((_EVALUATOR_DIR, "<frozen ", *also_trusted))
                 or any(p in name for p in _LIBRARY_PARTS)):
             return True
         frame = frame.f_back
@@ -163,8 +172,10 @@ class Guards:
                    if self._snapshot.get(name) != ident]
         if patched:
             self.violations.append(f"patching {', '.join(patched[:5])} (seen after {phase})")
+        stacks = sys._current_frames()
         stray = [t for t in threading.enumerate()
-                 if (t.ident or 0) not in self._threads and t.is_alive() and _runs_user_code(t)]
+                 if (t.ident or 0) not in self._threads and t.is_alive()
+                 and _runs_user_code(t, stacks.get(t.ident or 0))]
         if stray:
             self.violations.append(f"a thread that outlives the call ({stray[0].name}, "
                                    f"seen after {phase})")
@@ -182,15 +193,53 @@ def rehearse_check_after() -> None:
     includes what a guarded child spends between its blocks (2 ms or more on a busy host;
     left out, an honest candidate of microsecond calls looked like one forging its times)."""
     _integrity_snapshot()
+    sys._current_frames()
     threading.enumerate()
 
 
-def _runs_user_code(thread: threading.Thread) -> bool:
-    """A thread started from code outside torch and the standard library (the candidate)."""
+def _runs_user_code(thread: threading.Thread, stack: FrameType | None) -> bool:
+    """A thread started from code outside torch and the standard library (the candidate),
+    or one started by a library that runs the candidate's work now: a thread pool's
+    worker (its target is the standard library's) running a function of the candidate's,
+    or any function that is not torch's or Triton's (a builtin that holds the host
+    without a Python frame of the candidate's on the stack). An idle worker passes."""
     target = getattr(thread, "_target", None) or getattr(type(thread), "run", None)
     code = getattr(target, "__code__", None)
     filename = code.co_filename if code else ""
-    return not any(part in filename for part in (*_LIBRARY_PARTS, "threading.py"))
+    if not any(part in filename for part in (*_LIBRARY_PARTS, "threading.py")):
+        return True
+    if any(part in filename for part in ("/torch/", "/triton/")):
+        return False  # torch's own threads run what torch gives them
+    # inductor's and Triton's generated modules (in the build caches) are torch's work
+    caches = tuple(os.environ[v] for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+                   if os.environ.get(v))
+    return _candidate_code_on(stack, caches) or _runs_foreign_work_item(stack)
+
+
+def _runs_foreign_work_item(frame: FrameType | None) -> bool:
+    """Whether this stack is a thread pool's worker running a work item whose function is
+    not torch's or Triton's."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "run" and code.co_filename.endswith(_POOL_WORKER_FILE):
+            item = frame.f_locals.get("self")
+            future = getattr(item, "future", None)
+            if future is None or future.done():  # an item whose result is in: finishing
+                return False
+            fn = getattr(item, "fn", None)
+            while isinstance(fn, functools.partial):
+                fn = fn.func
+            return fn is not None and not _library_function(fn)
+        frame = frame.f_back
+    return False
+
+
+def _library_function(fn: Any) -> bool:
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        return any(part in code.co_filename for part in ("/torch/", "/triton/"))
+    module = getattr(fn, "__module__", None) or ""
+    return module.split(".")[0] in ("torch", "triton")
 
 
 def backend_flags() -> dict[str, Any]:
