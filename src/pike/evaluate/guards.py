@@ -37,7 +37,12 @@ import torch
 _EVALUATOR_DIR = str(Path(__file__).resolve().parent)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _NETWORK_EVENTS = ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg")
-_LIBRARY_PARTS = ("/torch/", "/triton/", "/lib/python3")
+_TORCH_PARTS = ("/torch/", "/triton/")
+_LIBRARY_PARTS = (*_TORCH_PARTS, "/lib/python3")
+# inductor's and Triton's generated modules (set in the child's environment at its start):
+# code there that a library thread runs is torch's work
+_BUILD_CACHES = tuple(os.environ[v] for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+                      if os.environ.get(v))
 # where the standard library's thread pool runs each submitted function
 _POOL_WORKER_FILE = os.path.join("concurrent", "futures", "thread.py")
 _GC_EVENTS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents")
@@ -208,12 +213,9 @@ def _runs_user_code(thread: threading.Thread, stack: FrameType | None) -> bool:
     filename = code.co_filename if code else ""
     if not any(part in filename for part in (*_LIBRARY_PARTS, "threading.py")):
         return True
-    if any(part in filename for part in ("/torch/", "/triton/")):
+    if any(part in filename for part in _TORCH_PARTS):
         return False  # torch's own threads run what torch gives them
-    # inductor's and Triton's generated modules (in the build caches) are torch's work
-    caches = tuple(os.environ[v] for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-                   if os.environ.get(v))
-    return _candidate_code_on(stack, caches) or _runs_foreign_work_item(stack)
+    return _candidate_code_on(stack, _BUILD_CACHES) or _runs_foreign_work_item(stack)
 
 
 def _runs_foreign_work_item(frame: FrameType | None) -> bool:
@@ -237,7 +239,7 @@ def _runs_foreign_work_item(frame: FrameType | None) -> bool:
 def _library_function(fn: Any) -> bool:
     code = getattr(fn, "__code__", None)
     if code is not None:
-        return any(part in code.co_filename for part in ("/torch/", "/triton/"))
+        return any(part in code.co_filename for part in _TORCH_PARTS)
     module = getattr(fn, "__module__", None) or ""
     return module.split(".")[0] in ("torch", "triton")
 

@@ -72,7 +72,6 @@ _ENDING = threading.Event()
 # worker thread that had passed the check could otherwise make its folder after the
 # cleanup's last look (seen in CI: a `pike-cand-*` left after an interrupted optimize).
 _NEW_WORK = threading.Lock()
-_ENDING_WAITS_S = 10.0
 
 
 def refuse_new_work_if_ending() -> None:
@@ -128,8 +127,8 @@ def end_children_and_remove_own_dirs(wait_s: float = 5.0) -> list[str]:
     CLI."""
     removed: list[str] = []
     # No new child or folder from here on. The lock is held only for a mkdtemp or a fork;
-    # the timeout keeps a stuck holder from holding up the exit.
-    got = _NEW_WORK.acquire(timeout=_ENDING_WAITS_S)
+    # the grace period keeps a stuck holder from holding up the exit.
+    got = _NEW_WORK.acquire(timeout=wait_s)
     _ENDING.set()
     if got:
         _NEW_WORK.release()
