@@ -74,3 +74,35 @@ def test_a_flipped_window_starts_with_the_last_timer() -> None:
         assert order == ["candidate", "eager", "eager", "candidate"] * 2
     finally:
         driver._time_one_block = original
+
+
+def test_a_kept_loop_cost_is_returned_without_taking_the_device_and_renewed_per_child(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    # Each evaluation asks for the reference's loop cost twice; with the cost kept, an
+    # exclusive hold only waited behind other windows and stopped every other child.
+    import contextlib
+
+    holds: list[bool] = []
+
+    @contextlib.contextmanager
+    def hold(device: str, *, exclusive: bool, keep: Any = ()) -> Any:
+        holds.append(exclusive)
+        yield
+
+    class Child:
+        def enter_phase(self, phase: str) -> None:
+            pass
+
+    measured: list[object] = []
+    monkeypatch.setattr(judge_module, "hold", hold)
+    monkeypatch.setattr(judge_module, "calibrate",
+                        lambda child: measured.append(child) or f"cost of {id(child)}")
+    first, second = Child(), Child()
+    reference = judge_module.ReferenceRun(inputs_dir=tmp_path, expected=[], env={},
+                                          child=first, _tmp=tmp_path, device="cuda:0")
+    assert reference.loop_cost() == f"cost of {id(first)}"
+    assert reference.loop_cost() == reference.loop_cost()
+    assert holds == [True] and measured == [first]
+    reference.child = second  # a renewed child measures its own
+    assert reference.loop_cost() == f"cost of {id(second)}"
+    assert holds == [True, True] and measured == [first, second]

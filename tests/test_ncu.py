@@ -188,6 +188,24 @@ def test_an_ncu_error_becomes_the_note_not_a_failure(fake_ncu: Path,
     assert summary.ncu.startswith("ncu wrote no report: ==ERROR== ERR_NVGPUCTRPERM")
 
 
+def test_a_target_that_fails_under_ncu_is_named_with_its_own_last_line(
+        fake_ncu: Path, build_cache: Path) -> None:
+    _fake_ncu(fake_ncu, """
+        print("==PROF== Connected to process 1")
+        print("Traceback (most recent call last):")
+        print("RuntimeError: CUDA error: out of memory")
+        print("==ERROR== The application returned an error code (1).")
+        sys.exit(1)
+    """)
+    summary = _summary()
+    ncu.attach_kernel_metrics(summary, MLP, FUSED, "cuda:0",
+                              EvalConfig(ncu=True, build_cache=build_cache))
+    assert summary.kernel_metrics == []
+    assert summary.ncu == ("ncu wrote no report: ==ERROR== The application returned an error "
+                           "code (1).; the target's last line: RuntimeError: CUDA error: out "
+                           "of memory")
+
+
 def test_a_hanging_ncu_is_stopped_at_its_limit_with_nothing_left(fake_ncu: Path,
                                                                   tmp_path: Path,
                                                                   build_cache: Path) -> None:

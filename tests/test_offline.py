@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 
 from pike.agents.offline import ALL, applicable, compatible, render
 from pike.cli import app
-from pike.config import EvalConfig
+from pike.config import COMPILE_MODES, EvalConfig
 from pike.evaluate import evaluate
 from pike.store import RunStore
 from pike.task import Task
@@ -519,6 +520,111 @@ def test_compile_modes_the_baseline_ruled_out_are_not_tried(
     assert ("skipped", {"skipped": skip}) in events
 
 
+def test_compile_modes_the_baseline_found_no_faster_than_eager_are_partners_not_candidates(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    # 63_Gemm_ReLU_Divide on an H200: each mode 0.96x in its baseline, and each judged alone
+    # held a lane for 70 to 260 s to say so again, while fp16 autocast alone was 6.45x.
+    from pike.agents.offline import named_in
+    from pike.evaluate.verdict import Verdict
+    from pike.search.offline import OfflineSearch
+    from pike.search.session import NO_GAIN, no_gain_modes
+
+    stored = {"modes": [
+        {"mode": "eager", "speedup_vs_eager": 1.0},
+        {"mode": "compile:default", "speedup_vs_eager": 0.96, "checked": True},
+        {"mode": "compile:max-autotune-no-cudagraphs", "speedup_vs_eager": 1.04,
+         "checked": True},
+        {"mode": "compile:reduce-overhead", "speedup_vs_eager": 0.9}]}  # not checked
+    known = no_gain_modes(stored)
+    assert known == {"compile:default": 0.96, "compile:max-autotune-no-cudagraphs": 1.04}
+    assert no_gain_modes({"modes": [{"mode": "compile:default", "checked": True,
+                                     "speedup_vs_eager": NO_GAIN}]}) == {}
+    assert no_gain_modes({"modes": [{"mode": "compile:default", "checked": True,
+                                     "speedup_vs_eager": 0.5, "error": "x"}]}) == {}
+    assert no_gain_modes(None) == {} and no_gain_modes({"modes": "junk"}) == {}
+
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    request.addfinalizer(store.close)
+    store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
+    alone_speed = {"autocast_fp16": 6.0, "tf32": 3.0, "compile:reduce-overhead": 0.9}
+    events: list[tuple[str, dict]] = []
+
+    def judge(sources: list[str]) -> Any:
+        for source in sources:
+            names = named_in(source)
+            speed = max(alone_speed.get(n, 1.0) for n in names) * (1.01 ** (len(names) - 1))
+            yield 0, Verdict(status="ok", speedup=speed)
+
+    OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=judge, max_candidates=30,
+                  max_seconds=1e6, on_event=lambda kind, **d: events.append((kind, d)),
+                  known_alone=known).run()
+    rows = store.candidates(MLP.name)
+    ideas = [r.idea for r in rows]
+    assert "compile:default" not in ideas and "compile:max-autotune-no-cudagraphs" not in ideas
+    assert "compile:reduce-overhead" in ideas  # its baseline was not checked: judged alone
+    assert ("known_alone", {"known": known}) in events
+    second = [r for r in rows if r.round == 1]
+    assert {r.idea for r in second} >= {"autocast_fp16 + compile:default",
+                                        "autocast_fp16 + compile:max-autotune-no-cudagraphs"}
+    # within the round: fastest partner alone first, the no-gain builds behind every other
+    order = [r.idea.replace("autocast_fp16 + ", "") for r in second]
+    assert order[0] == "tf32"
+    assert set(order[-2:]) == {"compile:default", "compile:max-autotune-no-cudagraphs"}
+
+
+def test_no_gain_builds_start_only_once_the_cheap_partners_leave_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    from pike.agents.offline import named_in
+    from pike.evaluate.verdict import Verdict
+    from pike.search import offline as offline_search
+
+    now = [0.0]
+    monkeypatch.setattr(offline_search, "_clock", lambda: now[0])
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    request.addfinalizer(store.close)
+    store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
+
+    def judge(sources: list[str]) -> Any:
+        for source in sources:
+            time.sleep(0.2)  # the lanes' candidates start together, then the clock moves
+            now[0] += 20.0  # the five cheap candidates alone: 100 s of the 120
+            yield 0, Verdict(status="ok", speedup=6.0 if "autocast_fp16" in named_in(source)
+                             else 1.0)
+
+    modes = [f"compile:{m}" for m in COMPILE_MODES]
+    offline_search.OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=judge,
+                                 max_candidates=30, max_seconds=120.0, batch=4,
+                                 known_alone=dict.fromkeys(modes, 0.97)).run()
+    ideas = [r.idea for r in store.candidates(MLP.name)]
+    # the three cheap partners start together with budget left; a build does not join them
+    assert len(ideas) == 8 and all(i.startswith("autocast_fp16 + ") for i in ideas[5:])
+    assert not any("compile:" in i for i in ideas), ideas
+
+
+def test_no_gain_compile_modes_are_judged_alone_where_nothing_else_is_correct(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    from pike.agents.offline import named_in
+    from pike.evaluate.verdict import Verdict
+    from pike.search.offline import OfflineSearch
+
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    request.addfinalizer(store.close)
+    store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
+    modes = [f"compile:{m}" for m in COMPILE_MODES]
+
+    def judge(sources: list[str]) -> Any:
+        for source in sources:
+            compiled = any(n.startswith("compile:") for n in named_in(source))
+            yield 0, (Verdict(status="ok", speedup=0.97) if compiled else
+                      Verdict(status="incorrect", message="off"))
+
+    OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=judge, max_candidates=30,
+                  max_seconds=1e6, known_alone=dict.fromkeys(modes, 0.97)).run()
+    judged = {r.idea: r.verdict for r in store.candidates(MLP.name)}
+    for mode in modes:
+        assert judged[mode] is not None and judged[mode].ok
+
+
 def test_a_campaigns_offline_search_takes_its_stored_baseline(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pike.search import session
@@ -545,7 +651,7 @@ def test_a_campaigns_offline_search_takes_its_stored_baseline(
 
     session._offline(store, MLP, cfg, "cuda:0", OnePool(), lambda kind, **data: None)
     assert seen["compile_speedups"] == {"compile:default": 1.7}
-    assert seen["skip"] == {}
+    assert seen["skip"] == {} and seen["known_alone"] == {}  # not checked: judged alone
     store.close()
 
 

@@ -73,6 +73,17 @@ def test_an_offline_search_shows_no_budget_and_no_fixer() -> None:
     assert text.splitlines()[-1].endswith("1_GeluMLP: round 0 | best 1.20x | verdicts: ok 1")
 
 
+def test_an_offline_search_says_which_builds_it_leaves_to_their_baseline() -> None:
+    console, out = piped()
+    with SearchProgress(console, "1_GeluMLP", OFFLINE) as progress:
+        progress("skipped", skipped={"compile:default": "incorrect: trial 0"})
+        progress("known_alone", known={"compile:reduce-overhead": 0.966})
+    text = out.getvalue()
+    assert "1_GeluMLP: not trying compile:default (its baseline: incorrect: trial 0)" in text
+    assert ("1_GeluMLP: compile:reduce-overhead: 0.97x alone in its baseline, tried with the "
+            "best set only") in text
+
+
 def test_evolve_counts_generations() -> None:
     console, out = piped()
     fields = StatusFields.for_search("evolve", uses_llm=True)

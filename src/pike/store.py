@@ -136,6 +136,7 @@ class CandidateRow(BaseModel):
     llm_call_id: int | None = None
     created_at: str  # ISO 8601, UTC
     verdict: Verdict | None = None  # None until evaluated
+    evaluated_at: str | None = None  # ISO 8601, UTC; when its verdict was recorded
 
 
 def _now() -> str:
@@ -461,7 +462,7 @@ class RunStore:
     def _candidates(self, where: str, args: tuple, *, order: bool = True) -> list[CandidateRow]:
         sql = (
             "SELECT id, task, source, parent_id, role, round, branch, idea, llm_call_id,"
-            f" created_at, verdict FROM candidates WHERE {where}"
+            f" created_at, verdict, evaluated_at FROM candidates WHERE {where}"
         )
         if order:
             sql += " ORDER BY id"

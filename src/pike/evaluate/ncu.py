@@ -225,7 +225,12 @@ def _error_line(log_path: Path) -> str:
     except OSError:
         return "no output"
     errors = [line for line in lines if "==ERROR==" in line]
-    return ((errors or lines or ["no output"])[-1])[:200]
+    said = ((errors or lines or ["no output"])[-1])[:200]
+    # ncu only says the target's exit code; the target's own last words say why
+    own = [line for line in lines if not line.startswith("==")]
+    if errors and "returned an error code" in said and own:
+        said += f"; the target's last line: {own[-1][:200]}"
+    return said
 
 
 @functools.cache

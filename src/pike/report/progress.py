@@ -89,6 +89,9 @@ class TaskStatus:
         elif kind == "skipped":  # the offline search's candidates its baseline ruled out
             return "; ".join(f"not trying {name} (its baseline: {why[:100]})"
                              for name, why in data["skipped"].items())
+        elif kind == "known_alone":  # compile modes its baseline found no faster than eager
+            return "; ".join(f"{name}: {x:.2f}x alone in its baseline, tried with the best set "
+                             "only" for name, x in data["known"].items())
         elif kind == "mode_built":  # a baseline's mode: minutes for a large max-autotune
             return built_line(data["mode"], data.get("build_s"), data.get("error"),
                               data.get("again", False))

@@ -1,11 +1,17 @@
 """The offline strategy: a greedy search over program transformations, no LLM.
 
 Round 1 judges every applicable transformation alone, less the torch.compile modes the
-task's baseline ruled out (incorrect, or no build within the limit: `hopeless_modes`).
+task's baseline ruled out (incorrect, or no build within the limit: `hopeless_modes`) and
+those it measured correct but no faster than eager (`known_alone`, session.no_gain_modes:
+on a GEMM task each mode is about 0.97x, and its candidate alone held a lane for one to
+four minutes to say so again); those stay partners for the later rounds, and are judged
+alone only where nothing else was correct alone. Each later round judges the best set
 so far plus one more compatible transformation that was correct alone (one that breaks the
 tolerance alone, such as fp16 on a deep network, breaks it in company too), and keeps the
-fastest if it beats the best by more than the noise margin. It stops when nothing improves or a budget (number of
-candidates, seconds) is spent. The seconds are those its lanes ran: wall-clock time less
+fastest if it beats the best by more than the noise margin; partners are tried fastest
+alone first, and the builds no faster than eager only once the others' verdicts are in
+and budget is left, so a short budget reaches the likeliest sets. It stops when nothing improves
+or a budget (number of candidates, seconds) is spent. The seconds are those its lanes ran: wall-clock time less
 the time its evaluations stood stopped by timing windows (`paused` in their verdicts,
 shared over its lanes): beside three other tasks on one GPU a 120 s budget was half spent
 with its candidates stopped. A window timing one of its own candidates stops its other
@@ -36,10 +42,13 @@ class OfflineSearch:
                  judge: Judge, max_candidates: int, max_seconds: float, batch: int = 1,
                  on_event: Callable[..., None] = lambda kind, **data: None,
                  compile_speedups: dict[str, float] | None = None,
-                 skip: dict[str, str] | None = None) -> None:
+                 skip: dict[str, str] | None = None,
+                 known_alone: dict[str, float] | None = None) -> None:
         self.store, self.task, self.task_source = store, task_name, task_source
         self.compile_speedups = compile_speedups
         self.skip = skip or {}  # transformations not worth a candidate here, with why
+        # transformations whose speedup alone the baseline measured: partners, not candidates
+        self.known_alone = known_alone or {}
         self.device, self.judge = device, judge
         self.max_candidates, self.max_seconds = max_candidates, max_seconds
         self.batch = max(1, batch)  # in evaluation at once (the pool's width)
@@ -57,19 +66,35 @@ class OfflineSearch:
         if skipped:
             self.on_event("skipped", skipped=skipped)
         names = [n for n in names if n not in skipped]
-        self.on_event("round", round=0, branches=len(names))
-        results = self._try([(n,) for n in names], 0)
+        known = {n: s for n, s in self.known_alone.items() if n in names}
+        if known:
+            self.on_event("known_alone", known=known)
+        alone = [n for n in names if n not in known]
+        self.on_event("round", round=0, branches=len(alone))
+        results = self._try([(n,) for n in alone], 0)
         best = self._fastest(results)
+        if best is None and known:  # nothing else correct alone: the modes' own verdicts
+            results.update(self._try([(n,) for n in known], 0))
+            best, known = self._fastest(results), {}
         best_speedup = self._speedup(results[best]) if best is not None else 0.0
-        names = [n for n in names if self._speedup(results[(n,)]) > 0]
+        speedups = {**known, **{s[0]: self._speedup(v) for s, v in results.items()}}
+        names = sorted((n for n in names if speedups.get(n, 0.0) > 0),
+                       key=lambda n: -speedups[n])  # fastest alone first; ties as listed
         round_ = 1
         while best is not None and self._room():
             self.on_event("round", round=round_, branches=len(names))
-            tries = [tuple(sorted((*best, n))) for n in names
-                     if n not in best and compatible((*best, n))]
-            if not tries:
+            partners = [n for n in names if n not in best and compatible((*best, n))]
+            if not partners:
                 return
-            results = {s: v for s, v in self._try(tries, round_).items() if v is not None}
+            tries = [tuple(sorted((*best, n))) for n in partners if n not in known]
+            found = self._try(tries, round_)
+            # A build no faster than eager alone starts once the cheap partners' verdicts
+            # are in, and only with budget left: started beside them, it held its lane (and
+            # the search's end) for minutes where a short budget was already spent.
+            later = [tuple(sorted((*best, n))) for n in partners if n in known]
+            if later and self._room():
+                found.update(self._try(later, round_, first_branch=len(tries)))
+            results = {s: v for s, v in found.items() if v is not None}
             challenger = self._fastest(results)
             if challenger is None:
                 return
@@ -85,7 +110,7 @@ class OfflineSearch:
     def _spent(self) -> float:
         return _clock() - self._started - self._stopped
 
-    def _try(self, sets: list[tuple[str, ...]], round_: int
+    def _try(self, sets: list[tuple[str, ...]], round_: int, first_branch: int = 0
              ) -> dict[tuple[str, ...], Verdict | None]:
         """Verdicts of these transformation sets (None: no budget left for it), `batch` in
         evaluation at a time: each one that ends makes room for the next, so a quick
@@ -93,7 +118,7 @@ class OfflineSearch:
         search) are not judged again; the store is written from this thread only."""
         results: dict[tuple[str, ...], Verdict | None] = dict.fromkeys(sets)
         known = {r.idea: r for r in self.store.candidates(self.task) if r.role == "offline"}
-        waiting = deque(enumerate(sets))
+        waiting = deque(enumerate(sets, first_branch))
         running: dict[Future[Verdict], tuple[tuple[str, ...], int]] = {}
         # one at a time: in this thread, as a search without a pool does (plain tracebacks)
         lanes = (ThreadPoolExecutor(self.batch, thread_name_prefix="pike-offline")

@@ -274,8 +274,8 @@ def _offline(store: RunStore, task: Task, cfg: RunConfig, device: str, pool: Poo
                   on_event=on_event,
                   compile_speedups=compile_speedups(baseline),
                   skip=hopeless_modes(baseline, timeouts=(cfg.eval.limits.build_seconds
-                                                          >= cfg.eval.limits.check_seconds))
-                  ).run()
+                                                          >= cfg.eval.limits.check_seconds)),
+                  known_alone=no_gain_modes(baseline)).run()
 
 
 def compile_speedups(baseline: object) -> dict[str, float]:
@@ -291,6 +291,22 @@ def _compile_rows(baseline: object) -> list[dict[str, Any]]:
         return []
     return [m for m in baseline.get("modes", [])
             if isinstance(m, dict) and str(m.get("mode", "")).startswith("compile:")]
+
+
+# A compile mode its baseline found under this much faster than eager is not judged alone.
+NO_GAIN = 1.05
+
+
+def no_gain_modes(baseline: object) -> dict[str, float]:
+    """torch.compile modes the task's baseline measured, checked against eager, and found
+    no faster than eager (under NO_GAIN): their speedup there. Judged alone, each would
+    hold a lane for a build of a minute or more to say what the baseline said; the offline
+    search tries them only in company of its best set (or alone where nothing else is
+    correct). A mode measured before pike checked modes (`checked` missing) is not one."""
+    return {str(m["mode"]): float(m["speedup_vs_eager"]) for m in _compile_rows(baseline)
+            if m.get("checked") is True and not m.get("error")
+            and isinstance(m.get("speedup_vs_eager"), (int, float))
+            and m["speedup_vs_eager"] < NO_GAIN}
 
 
 def hopeless_modes(baseline: object, timeouts: bool = True) -> dict[str, str]:

@@ -1,0 +1,122 @@
+"""Where a finished (or cut off) run's evaluation time went, from its store alone.
+
+    python bench/search_time.py RUN_DIR [--since ID] [--tag level2-h200] [--out bench/results]
+
+Nothing is re-run: each verdict in the store keeps its phases (`paused`: stopped by other
+evaluations' timing windows) and its steps. Per task: candidates judged, the search's wall
+time (first candidate made to last verdict) and its budgeted seconds; per kind of
+candidate (`build`: a torch.compile mode in its set, `cheap`: any other): median and total
+seconds of each step, so a search's budget can be read against what its evaluations did.
+`--since ID` keeps candidates from that id on (one device call's share of a resumed run).
+Results go to bench/results/search-time-<tag>.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from common import RESULTS, now, this_command, with_ext
+
+from pike.store import RunStore
+
+STEPS = ("total", "paused", "reference", "wait_for_device", "load_build_warm_up", "trials",
+         "compare", "timing", "final_check", "stop_child")
+
+
+def kind(idea: str | None) -> str:
+    return "build" if idea and "compile:" in idea else "cheap"
+
+
+def step_seconds(verdict: object) -> dict[str, float]:
+    """A verdict's total and paused seconds (its phases) and its parent-side steps."""
+    phases = getattr(verdict, "phase_seconds", {}) or {}
+    steps = getattr(verdict, "steps", {}) or {}
+    found = {"total": phases.get("total"), "paused": phases.get("paused", 0.0)}
+    found.update({s: steps.get(s, 0.0) for s in STEPS[2:]})
+    return {k: float(v) for k, v in found.items() if v is not None}
+
+
+def collect(run_dir: Path, since: int = 0) -> dict:
+    with RunStore.open(run_dir) as store:
+        rows = [r for r in store.candidates() if r.id >= since]
+        tasks: dict[str, dict] = {}
+        for r in rows:
+            t = tasks.setdefault(r.task, {"judged": 0, "ok": 0, "unfinished": 0, "first": None,
+                                          "last": None, "build_s": [], "cheap_s": []})
+            t["first"] = min(filter(None, [t["first"], r.created_at]))
+            if r.verdict is None:
+                t["unfinished"] += 1
+                continue
+            t["judged"] += 1
+            t["ok"] += bool(r.verdict.ok)
+            t["last"] = max(filter(None, [t["last"], r.evaluated_at]))
+            t[f"{kind(r.idea)}_s"].append(step_seconds(r.verdict).get("total", 0.0))
+        for name, t in tasks.items():
+            t["done"] = bool(store.get_state(name, "done"))
+            t["budget_s"] = store.get_state(name, "offline_seconds")
+        by_kind: dict[str, dict[str, list[float]]] = {}
+        for r in rows:
+            if r.verdict is not None:
+                seconds = step_seconds(r.verdict)
+                for s in STEPS:
+                    by_kind.setdefault(kind(r.idea), {}).setdefault(s, []).append(
+                        seconds.get(s, 0.0))
+    return {"tasks": tasks, "kinds": by_kind}
+
+
+def _wall(first: str | None, last: str | None) -> float | None:
+    import datetime as dt
+    if not first or not last:
+        return None
+    return (dt.datetime.fromisoformat(last) - dt.datetime.fromisoformat(first)).total_seconds()
+
+
+def render(found: dict, command: str, date: str, run_dir: Path) -> str:
+    lines = [f"# Where the evaluations' time went: {run_dir.name}", "",
+             f"- command: `{command}`", f"- date: {date}", "- from the run store's verdicts "
+             "alone (nothing re-run); seconds are wall seconds of the parent's steps", "",
+             "## Per task", "",
+             "| task | judged (ok) | unfinished | done | wall, first made to last verdict (s) "
+             "| budgeted s | median s, cheap | median s, builds |", "|---|---|---|---|---|---|---|---|"]
+    for name, t in sorted(found["tasks"].items(), key=lambda kv: int(kv[0].split("_")[0])
+                          if kv[0].split("_")[0].isdigit() else 0):
+        wall = _wall(t["first"], t["last"])
+        med = [f"{statistics.median(t[k]):.0f}" if t[k] else "-" for k in ("cheap_s", "build_s")]
+        budget = f"{float(t['budget_s']):.0f}" if t["budget_s"] is not None else "-"
+        lines.append(f"| {name} | {t['judged']} ({t['ok']}) | {t['unfinished']} | "
+                     f"{'yes' if t['done'] else 'no'} | {wall:.0f} | {budget} | {med[0]} | "
+                     f"{med[1]} |" if wall is not None else
+                     f"| {name} | {t['judged']} ({t['ok']}) | {t['unfinished']} | "
+                     f"{'yes' if t['done'] else 'no'} | - | {budget} | {med[0]} | {med[1]} |")
+    lines += ["", "## Per kind of candidate (median / total seconds of each step)", "",
+              "| kind | n | " + " | ".join(STEPS) + " |", "|---|---|" + "---|" * len(STEPS)]
+    for k, steps in sorted(found["kinds"].items()):
+        n = len(steps["total"])
+        cells = [f"{statistics.median(v):.1f} / {sum(v):.0f}" for v in
+                 (steps[s] for s in STEPS)]
+        lines.append(f"| {k} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--since", type=int, default=0, help="only candidates from this id on")
+    p.add_argument("--tag", default="run")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args()
+    found = collect(args.run_dir, args.since)
+    date, command = now(), this_command()
+    base = args.out / f"search-time-{args.tag}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    with_ext(base, ".json").write_text(json.dumps(
+        {"command": command, "date": date, "run_dir": str(args.run_dir), **found}, indent=1))
+    with_ext(base, ".md").write_text(render(found, command, date, args.run_dir))
+    print(with_ext(base, ".md").read_text())
+
+
+if __name__ == "__main__":
+    main()
