@@ -106,3 +106,5 @@ def test_a_kept_loop_cost_is_returned_without_taking_the_device_and_renewed_per_
     reference.child = second  # a renewed child measures its own
     assert reference.loop_cost() == f"cost of {id(second)}"
     assert holds == [True, True] and measured == [first, second]
+    reference.child = None  # closed: its last figure, no device
+    assert reference.loop_cost() == f"cost of {id(second)}" and holds == [True, True]

@@ -194,6 +194,8 @@ def test_a_target_that_fails_under_ncu_is_named_with_its_own_last_line(
         print("==PROF== Connected to process 1")
         print("Traceback (most recent call last):")
         print("RuntimeError: CUDA error: out of memory")
+        print("CUDA kernel errors might be asynchronously reported at some other API call")
+        print("Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
         print("==ERROR== The application returned an error code (1).")
         sys.exit(1)
     """)

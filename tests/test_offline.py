@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -578,18 +578,22 @@ def test_no_gain_builds_start_only_once_the_cheap_partners_leave_budget(
     from pike.evaluate.verdict import Verdict
     from pike.search import offline as offline_search
 
-    now = [0.0]
+    now, moving = [0.0], threading.Lock()
     monkeypatch.setattr(offline_search, "_clock", lambda: now[0])
     store = RunStore.create(tmp_path / "run", {}, "test")
     request.addfinalizer(store.close)
     store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
+    # the second round's three cheap candidates all start before the clock moves on
+    second_round = threading.Barrier(3)
 
     def judge(sources: list[str]) -> Any:
         for source in sources:
-            time.sleep(0.2)  # the lanes' candidates start together, then the clock moves
-            now[0] += 20.0  # the five cheap candidates alone: 100 s of the 120
-            yield 0, Verdict(status="ok", speedup=6.0 if "autocast_fp16" in named_in(source)
-                             else 1.0)
+            names = named_in(source)
+            if len(names) > 1:
+                second_round.wait(timeout=20)
+            with moving:
+                now[0] += 20.0  # the five cheap candidates alone: 100 s of the 120
+            yield 0, Verdict(status="ok", speedup=6.0 if "autocast_fp16" in names else 1.0)
 
     modes = [f"compile:{m}" for m in COMPILE_MODES]
     offline_search.OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=judge,
@@ -599,6 +603,35 @@ def test_no_gain_builds_start_only_once_the_cheap_partners_leave_budget(
     # the three cheap partners start together with budget left; a build does not join them
     assert len(ideas) == 8 and all(i.startswith("autocast_fp16 + ") for i in ideas[5:])
     assert not any("compile:" in i for i in ideas), ideas
+
+
+def test_a_resumed_search_keeps_a_no_gain_modes_verdict_from_before(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    # A store written by a pike that judged every mode alone: that verdict stands, and a
+    # mode found incorrect alone is no partner.
+    from pike.agents.offline import named_in
+    from pike.evaluate.verdict import Verdict
+    from pike.search.offline import OfflineSearch
+
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    request.addfinalizer(store.close)
+    store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
+    before = store.add_candidate(MLP.name, render(MLP.source, ("compile:default",)),
+                                 parent_id=None, role="offline", round=0, branch=2,
+                                 idea="compile:default")
+    store.set_verdict(before, Verdict(status="incorrect", message="off"))
+    judged: list[list[str]] = []
+
+    def judge(sources: list[str]) -> Any:
+        for source in sources:
+            judged.append(named_in(source))
+            yield 0, Verdict(status="ok", speedup=6.0 if "autocast_fp16" in judged[-1]
+                             else 1.0)
+
+    OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=judge, max_candidates=30,
+                  max_seconds=1e6, known_alone={"compile:default": 0.97}).run()
+    assert ["compile:default"] not in judged
+    assert not any("compile:default" in names for names in judged), judged
 
 
 def test_no_gain_compile_modes_are_judged_alone_where_nothing_else_is_correct(

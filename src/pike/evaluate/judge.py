@@ -131,8 +131,8 @@ class ReferenceRun:
         exclusively for a kept figure made it wait behind other windows (1.2 s median,
         up to 15 s, on an H200 level2 bench) and stopped every other child meanwhile."""
         kept = self._loop_cost
-        if kept is not None and kept[0] is self.child:
-            return kept[1]
+        if kept is not None and (kept[0] is self.child or self.child is None):
+            return kept[1]  # (a closed run keeps its last child's figure)
         # the calibration runs timing blocks (L2 flushes, events): timing, so exclusive
         with hold(self.device, exclusive=True), self.talking:
             if self._loop_cost is None or self._loop_cost[0] is not self.child:

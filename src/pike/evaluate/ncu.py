@@ -226,11 +226,16 @@ def _error_line(log_path: Path) -> str:
         return "no output"
     errors = [line for line in lines if "==ERROR==" in line]
     said = ((errors or lines or ["no output"])[-1])[:200]
-    # ncu only says the target's exit code; the target's own last words say why
+    # ncu only says the target's exit code; the target's own words say why: its exception
+    # (torch ends a CUDA error with hints about debugging), else its last line
     own = [line for line in lines if not line.startswith("==")]
     if errors and "returned an error code" in said and own:
-        said += f"; the target's last line: {own[-1][:200]}"
+        raised = [line for line in own if _EXCEPTION.match(line)]
+        said += f"; the target's last line: {(raised or own)[-1][:200]}"
     return said
+
+
+_EXCEPTION = re.compile(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b.*")
 
 
 @functools.cache

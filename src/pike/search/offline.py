@@ -66,7 +66,10 @@ class OfflineSearch:
         if skipped:
             self.on_event("skipped", skipped=skipped)
         names = [n for n in names if n not in skipped]
-        known = {n: s for n, s in self.known_alone.items() if n in names}
+        # a mode judged alone before (a search resumed from an older pike) keeps its verdict
+        judged = {r.idea: r.verdict for r in self.store.candidates(self.task)
+                  if r.role == "offline" and r.verdict is not None}
+        known = {n: s for n, s in self.known_alone.items() if n in names and n not in judged}
         if known:
             self.on_event("known_alone", known=known)
         alone = [n for n in names if n not in known]
@@ -74,7 +77,8 @@ class OfflineSearch:
         results = self._try([(n,) for n in alone], 0)
         best = self._fastest(results)
         if best is None and known:  # nothing else correct alone: the modes' own verdicts
-            results.update(self._try([(n,) for n in known], 0))
+            self.on_event("round", round=0, branches=len(known))
+            results.update(self._try([(n,) for n in known], 0, first_branch=len(alone)))
             best, known = self._fastest(results), {}
         best_speedup = self._speedup(results[best]) if best is not None else 0.0
         speedups = {**known, **{s[0]: self._speedup(v) for s, v in results.items()}}
