@@ -14,6 +14,7 @@ Results go to bench/results/search-time-<tag>.json and .md.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import statistics
 from pathlib import Path
@@ -68,7 +69,6 @@ def collect(run_dir: Path, since: int = 0) -> dict:
 
 
 def _wall(first: str | None, last: str | None) -> float | None:
-    import datetime as dt
     if not first or not last:
         return None
     return (dt.datetime.fromisoformat(last) - dt.datetime.fromisoformat(first)).total_seconds()
@@ -86,11 +86,10 @@ def render(found: dict, command: str, date: str, run_dir: Path) -> str:
         wall = _wall(t["first"], t["last"])
         med = [f"{statistics.median(t[k]):.0f}" if t[k] else "-" for k in ("cheap_s", "build_s")]
         budget = f"{float(t['budget_s']):.0f}" if t["budget_s"] is not None else "-"
+        wall_text = f"{wall:.0f}" if wall is not None else "-"
         lines.append(f"| {name} | {t['judged']} ({t['ok']}) | {t['unfinished']} | "
-                     f"{'yes' if t['done'] else 'no'} | {wall:.0f} | {budget} | {med[0]} | "
-                     f"{med[1]} |" if wall is not None else
-                     f"| {name} | {t['judged']} ({t['ok']}) | {t['unfinished']} | "
-                     f"{'yes' if t['done'] else 'no'} | - | {budget} | {med[0]} | {med[1]} |")
+                     f"{'yes' if t['done'] else 'no'} | {wall_text} | {budget} | {med[0]} | "
+                     f"{med[1]} |")
     lines += ["", "## Per kind of candidate (median / total seconds of each step)", "",
               "| kind | n | " + " | ".join(STEPS) + " |", "|---|---|" + "---|" * len(STEPS)]
     for k, steps in sorted(found["kinds"].items()):

@@ -1,0 +1,60 @@
+"""bench/search_time.py: where a run's evaluation time went, read from its store alone."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from pike.evaluate.verdict import Verdict
+from pike.store import RunStore
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture(scope="module")
+def search_time() -> ModuleType:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(BENCH))  # the bench scripts import their `common` module
+        return importlib.import_module("search_time")
+
+
+def _judged(store: RunStore, idea: str, total: float, paused: float,
+            steps: dict[str, float]) -> int:
+    cid = store.add_candidate("9_Gemm", "src", parent_id=None, role="offline", round=0,
+                              branch=0, idea=idea)
+    store.set_verdict(cid, Verdict(status="ok", speedup=1.0,
+                                   phase_seconds={"total": total, "paused": paused},
+                                   steps=steps))
+    return cid
+
+
+def test_steps_are_split_by_kind_and_counted_per_task(tmp_path: Path,
+                                                      search_time: ModuleType) -> None:
+    run = tmp_path / "run"
+    store = RunStore.create(run, {}, "test")
+    try:
+        store.add_task("9_Gemm", "9_Gemm.py", "0" * 64, "src")
+        _judged(store, "tf32", 40.0, 10.0, {"timing": 3.0, "load_build_warm_up": 5.0})
+        _judged(store, "cuda_graph", 60.0, 20.0, {"timing": 5.0})
+        later = _judged(store, "autocast_fp16 + compile:default", 200.0, 120.0,
+                        {"load_build_warm_up": 70.0})
+        store.add_candidate("9_Gemm", "src", parent_id=None, role="offline", round=1,
+                            branch=1, idea="autocast_fp16 + tf32")  # in flight
+        store.set_state("9_Gemm", "offline_seconds", 130.0)
+    finally:
+        store.close()
+    found = search_time.collect(run)
+    task = found["tasks"]["9_Gemm"]
+    assert (task["judged"], task["ok"], task["unfinished"]) == (3, 3, 1)
+    assert task["budget_s"] == 130.0 and not task["done"]
+    assert task["cheap_s"] == [40.0, 60.0] and task["build_s"] == [200.0]
+    cheap, build = found["kinds"]["cheap"], found["kinds"]["build"]
+    assert cheap["paused"] == [10.0, 20.0] and cheap["timing"] == [3.0, 5.0]
+    assert cheap["load_build_warm_up"] == [5.0, 0.0] and build["paused"] == [120.0]
+    text = search_time.render(found, "python bench/search_time.py run", "2026-01-01", run)
+    assert "| 9_Gemm | 3 (3) | 1 | no |" in text
+    assert "| cheap | 2 | 50.0 / 100 | 15.0 / 30 |" in text
+    assert search_time.collect(run, since=later)["tasks"]["9_Gemm"]["judged"] == 1
