@@ -21,7 +21,8 @@ from pathlib import Path
 
 from common import RESULTS, now, this_command, with_ext
 
-from pike.store import RunStore
+from pike.evaluate.verdict import Verdict
+from pike.store import DONE_STATE, RunStore
 
 STEPS = ("total", "paused", "reference", "wait_for_device", "load_build_warm_up", "trials",
          "compare", "timing", "final_check", "stop_child")
@@ -31,20 +32,20 @@ def kind(idea: str | None) -> str:
     return "build" if idea and "compile:" in idea else "cheap"
 
 
-def step_seconds(verdict: object) -> dict[str, float]:
+def step_seconds(verdict: Verdict) -> dict[str, float]:
     """A verdict's total and paused seconds (its phases) and its parent-side steps."""
-    phases = getattr(verdict, "phase_seconds", {}) or {}
-    steps = getattr(verdict, "steps", {}) or {}
-    found = {"total": phases.get("total"), "paused": phases.get("paused", 0.0)}
-    found.update({s: steps.get(s, 0.0) for s in STEPS[2:]})
-    return {k: float(v) for k, v in found.items() if v is not None}
+    phases, steps = verdict.phase_seconds, verdict.steps
+    return {"total": phases.get("total", 0.0), "paused": phases.get("paused", 0.0),
+            **{s: steps.get(s, 0.0) for s in STEPS[2:]}}
 
 
 def collect(run_dir: Path, since: int = 0) -> dict:
+    tasks: dict[str, dict] = {}
+    by_kind: dict[str, dict[str, list[float]]] = {}
     with RunStore.open(run_dir) as store:
-        rows = [r for r in store.candidates() if r.id >= since]
-        tasks: dict[str, dict] = {}
-        for r in rows:
+        for r in store.candidates():
+            if r.id < since:
+                continue
             t = tasks.setdefault(r.task, {"judged": 0, "ok": 0, "unfinished": 0, "first": None,
                                           "last": None, "build_s": [], "cheap_s": []})
             t["first"] = min(filter(None, [t["first"], r.created_at]))
@@ -54,17 +55,14 @@ def collect(run_dir: Path, since: int = 0) -> dict:
             t["judged"] += 1
             t["ok"] += bool(r.verdict.ok)
             t["last"] = max(filter(None, [t["last"], r.evaluated_at]))
-            t[f"{kind(r.idea)}_s"].append(step_seconds(r.verdict).get("total", 0.0))
+            seconds = step_seconds(r.verdict)
+            t[f"{kind(r.idea)}_s"].append(seconds["total"])
+            steps = by_kind.setdefault(kind(r.idea), {s: [] for s in STEPS})
+            for s in STEPS:
+                steps[s].append(seconds[s])
         for name, t in tasks.items():
-            t["done"] = bool(store.get_state(name, "done"))
+            t["done"] = bool(store.get_state(name, DONE_STATE))
             t["budget_s"] = store.get_state(name, "offline_seconds")
-        by_kind: dict[str, dict[str, list[float]]] = {}
-        for r in rows:
-            if r.verdict is not None:
-                seconds = step_seconds(r.verdict)
-                for s in STEPS:
-                    by_kind.setdefault(kind(r.idea), {}).setdefault(s, []).append(
-                        seconds.get(s, 0.0))
     return {"tasks": tasks, "kinds": by_kind}
 
 

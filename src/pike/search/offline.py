@@ -90,12 +90,13 @@ class OfflineSearch:
             partners = [n for n in names if n not in best and compatible((*best, n))]
             if not partners:
                 return
-            tries = [tuple(sorted((*best, n))) for n in partners if n not in known]
+            sets = {n: tuple(sorted((*best, n))) for n in partners}
+            tries = [sets[n] for n in partners if n not in known]
             found = self._try(tries, round_)
             # A build no faster than eager alone starts once the cheap partners' verdicts
             # are in, and only with budget left: started beside them, it held its lane (and
             # the search's end) for minutes where a short budget was already spent.
-            later = [tuple(sorted((*best, n))) for n in partners if n in known]
+            later = [sets[n] for n in partners if n in known]
             if later and self._room():
                 found.update(self._try(later, round_, first_branch=len(tries)))
             results = {s: v for s, v in found.items() if v is not None}
