@@ -320,6 +320,35 @@ def test_baseline_with_a_compile_mode(tmp_path: Path, config: Path) -> None:
     assert compiled["checked"] is True and eager["checked"] is None  # it answers as eager
 
 
+def _prebuild_on(config: Path) -> None:
+    """eval.prebuild_autotune on: `auto` leaves it off for `pike baseline`, one task at a
+    time."""
+    cfg = yaml.safe_load(config.read_text())
+    cfg["eval"]["prebuild_autotune"] = "on"
+    config.write_text(yaml.safe_dump(cfg))
+
+
+@pytest.mark.slow
+def test_an_autotuning_baseline_mode_is_built_first_beside_others(tmp_path: Path,
+                                                                   config: Path) -> None:
+    """max-autotune compiles once beside other evaluations, then again with the device
+    held alone (judge._prebuild): the build's line says how much of it held the device."""
+    _prebuild_on(config)
+    task = task_folder(tmp_path, **{"1_Double": TASK}) / "1_Double.py"
+    result = pike("baseline", task, "--modes", "eager,compile:max-autotune-no-cudagraphs",
+                  "--out", tmp_path / "out", "--json", "--config", config)
+    assert result.exit_code == 0, result.output
+    eager, tuned = json.loads(result.stdout)["baselines"][0]["modes"]
+    assert tuned["stats"]["median_ms"] > 0 and tuned["checked"] is True, tuned
+    assert 0 < tuned["prebuild_s"] < tuned["build_s"] and eager["prebuild_s"] is None
+    said = " ".join(result.stderr.split())
+    line = re.search(r"1_Double: baseline compile:max-autotune-no-cudagraphs built in "
+                     r"(\d+\.\d) s \((\d+\.\d) s of it with the device alone\)", said)
+    assert line, said
+    assert float(line[1]) == pytest.approx(tuned["build_s"], abs=0.06)
+    assert float(line[2]) == pytest.approx(tuned["build_s"] - tuned["prebuild_s"], abs=0.06)
+
+
 @pytest.mark.slow
 def test_a_compile_mode_whose_outputs_are_wrong_is_no_baseline(tmp_path: Path,
                                                               config: Path) -> None:
@@ -367,15 +396,20 @@ def test_a_compile_mode_that_takes_the_child_down_fails_alone(tmp_path: Path,
         "        return torch.relu(x) * 2")
     out = tmp_path / "out"
     task = task_folder(tmp_path, **{"1_Dies": dies}) / "1_Dies.py"
-    result = pike("baseline", task, "--modes", "eager,compile:default,compile:reduce-overhead",
-                  "--out", out, "--json", "--config", config)
+    _prebuild_on(config)
+    names = ["eager", "compile:default", "compile:reduce-overhead",
+             "compile:max-autotune-no-cudagraphs"]
+    result = pike("baseline", task, "--modes", ",".join(names), "--out", out, "--json",
+                  "--config", config)
     assert result.exit_code == 0, result.output
     modes = json.loads(result.stdout)["baselines"][0]["modes"]
-    assert [m["mode"] for m in modes] == ["eager", "compile:default", "compile:reduce-overhead"]
+    assert [m["mode"] for m in modes] == names
     eager, *compiled = modes
     assert eager["stats"]["median_ms"] > 0 and eager["error"] is None
     for mode in compiled:  # each took its child down in turn, each is said so
-        assert mode["stats"] is None and "phase" in mode["error"], mode
+        assert mode["stats"] is None and "phase 'build'" in mode["error"], mode
+    # max-autotune's went down in its pre-build, the first build of all
+    assert compiled[-1]["prebuild_s"] == compiled[-1]["build_s"] > 0
 
 
 @pytest.mark.slow

@@ -423,28 +423,40 @@ def test_baseline_modes_that_measure_nothing_build_beside_others(
     def prepare(timer: Any, cfg: Any, on_built: Any = None) -> None:
         order.append(f"build {timer.mode}")
 
+    def prebuild(timer: Any) -> None:
+        order.append(f"prebuild {timer.mode}")
+
     def timing(timers: list, cfg: Any, **options: Any) -> None:
         order.append("timing")
 
     listed: list[int] = []
     monkeypatch.setattr(judge_module, "hold", hold)
     monkeypatch.setattr(judge_module, "_prepare", prepare)
+    monkeypatch.setattr(judge_module, "_prebuild", prebuild)
     monkeypatch.setattr(judge_module, "time_interleaved", timing)
     monkeypatch.setattr(judge_module, "list_for_timers",
                         lambda child, device, scope: listed.append(child.proc.pid))
-    cfg = fast_config.model_copy(update={"device_lock": "pause_others"})
+    modes = ["eager", "compile:default", "compile:max-autotune-no-cudagraphs",
+             "compile:reduce-overhead"]
+    alone = ["exclusive", "build compile:max-autotune-no-cudagraphs", "timing", "released"]
+    cfg = fast_config.model_copy(update={"device_lock": "pause_others",
+                                         "prebuild_autotune": "on"})
     reference = judge_module.run_reference(mlp_task, cfg, "cpu", keep_child=True, cache=False)
     try:
-        judge_module.time_reference_modes(
-            mlp_task, reference, ["eager", "compile:default",
-                                  "compile:max-autotune-no-cudagraphs",
-                                  "compile:reduce-overhead"], cfg, "cpu")
+        judge_module.time_reference_modes(mlp_task, reference, modes, cfg, "cpu")
+        # max-autotune is compiled once beside the others first, before any other mode
+        # (its pre-build resets the compiled frames), so its build alone mostly measures
+        assert order == ["prebuild compile:max-autotune-no-cudagraphs", "build eager",
+                         "build compile:default", "build compile:reduce-overhead", *alone]
+        order.clear()
+        judge_module.time_reference_modes(  # auto, as no DeviceSlots settled it: off
+            mlp_task, reference, modes, cfg.model_copy(update={"prebuild_autotune": "auto"}),
+            "cpu")
     finally:
         reference.close()
     assert order == ["build eager", "build compile:default", "build compile:reduce-overhead",
-                     "exclusive", "build compile:max-autotune-no-cudagraphs", "timing",
-                     "released"]
-    assert len(listed) == 1  # the reference child, for those builds
+                     *alone]
+    assert len(listed) == 2  # the reference child, for those builds (once a call)
 
 
 def test_a_mode_that_takes_the_shared_child_down_mid_window_is_the_one_blamed(

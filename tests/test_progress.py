@@ -131,8 +131,17 @@ def test_each_baseline_mode_s_build_is_a_line_of_its_own() -> None:
                  again=True)
         progress("mode_built", task="10_ResNet101", mode="compile:reduce-overhead",
                  build_s=None, error="  ")
+        progress("mode_built", task="10_ResNet101", mode="compile:max-autotune", build_s=60.5,
+                 error=None, prebuild_s=52.25)
+        progress("mode_built", task="10_ResNet101", mode="compile:max-autotune", build_s=80.0,
+                 error="crashed in phase 'build': SIGSEGV", prebuild_s=80.0)
     lines = [line.split(" ", 1)[1] for line in out.getvalue().splitlines()]
-    assert lines[1:] == [
+    assert lines[-2:] == [
+        "10_ResNet101: baseline compile:max-autotune built in 60.5 s (8.2 s of it with the "
+        "device alone)",
+        "10_ResNet101: baseline compile:max-autotune failed in 80.0 s: crashed in phase "
+        "'build': SIGSEGV"]
+    assert lines[1:-2] == [
         "10_ResNet101: baseline compile:default built in 61.0 s",
         "10_ResNet101: baseline compile:max-autotune failed in 300.2 s: timeout in phase "
         "'timing': no progress for 300 s",

@@ -32,6 +32,9 @@ class ModeTiming(BaseModel):
     build_s: float | None = Field(None, description="building and warming the mode up before "
                                   "its timing (a torch.compile mode's compile and autotuning, "
                                   "and its check against eager)")
+    prebuild_s: float | None = Field(None, description="of build_s, a first build of an "
+                                     "autotuning mode beside other evaluations "
+                                     "(eval.prebuild_autotune); the rest held the device alone")
     checked: bool | None = Field(None, description="a compile mode's outputs were compared "
                                  "with eager's on the check trials and matched (a mode that "
                                  "did not is an error); False: it could not be checked "
@@ -90,14 +93,16 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
             break
         except ModeFailed as err:
             failed[err.mode] = ModeTiming(mode=err.mode, error=err.reason,
-                                          build_s=_rounded(err.build_s))
+                                          build_s=_rounded(err.build_s),
+                                          prebuild_s=_rounded(err.prebuild_s))
         finally:
             reference.close()
     timed = {t.mode: ModeTiming(mode=t.mode, stats=TimingStats.from_samples(t.samples),
-                                build_s=_rounded(t.build_s),
+                                build_s=_rounded(t.build_s), prebuild_s=_rounded(t.prebuild_s),
                                 checked=t.checked, check_note=t.check_note)
              if t.samples and not t.error else
-             ModeTiming(mode=t.mode, error=t.error or "failed", build_s=_rounded(t.build_s))
+             ModeTiming(mode=t.mode, error=t.error or "failed", build_s=_rounded(t.build_s),
+                        prebuild_s=_rounded(t.prebuild_s))
              for t in timers}
     results = [timed.get(m) or failed[m] for m in modes]
     eager = next((r.stats for r in results if r.mode == "eager" and r.stats), None)
@@ -124,7 +129,7 @@ def _built_reporter(on_event: Callable[..., None] | None,
 
     def report(timer: Timer) -> None:
         on_event("mode_built", mode=timer.mode, build_s=timer.build_s, error=_why(timer),
-                 again=again)
+                 again=again, prebuild_s=timer.prebuild_s)
     return report
 
 

@@ -39,7 +39,7 @@ class DeviceSlots:
         """The config for one piece of work: on the least busy GPU, `prefer` where it is
         one of them (the card that measured part of it before), else the first."""
         if not self.devices:
-            yield self._cfg
+            yield self._on(self._cfg.eval.device)
             return
         with self._lock:
             least = min(self._busy.values())
@@ -47,8 +47,17 @@ class DeviceSlots:
                       else min(self._busy, key=lambda d: self._busy[d]))
             self._busy[device] += 1
         try:
-            yield self._cfg.model_copy(update={"eval": self._cfg.eval.model_copy(
-                update={"device": device, "devices": []})})
+            yield self._on(device)
         finally:
             with self._lock:
                 self._busy[device] -= 1
+
+    def _on(self, device: str) -> RunConfig:
+        """The config of a piece on `device`, with `eval.prebuild_autotune: auto` settled:
+        on where more pieces run at once than there are GPUs (a piece's device-alone build
+        then stops the others), off where each piece has its GPU to itself."""
+        update: dict[str, object] = {"device": device, "devices": []}
+        if self._cfg.eval.prebuild_autotune == "auto":
+            shared = self.at_once > max(1, len(self.devices))
+            update["prebuild_autotune"] = "on" if shared else "off"
+        return self._cfg.model_copy(update={"eval": self._cfg.eval.model_copy(update=update)})

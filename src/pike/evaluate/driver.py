@@ -313,6 +313,7 @@ class Timer:
     failure: Verdict | None = None  # the child failed or died while timing
     warmed: bool = False
     build_s: float | None = None  # building and warming it up before timing (baselines)
+    prebuild_s: float | None = None  # of build_s, a first build beside other evaluations
     checked: bool | None = None  # a baseline's compile mode matched eager; False: uncheckable
     check_note: str | None = None  # why it could not be checked
     blocks: list[tuple[float, list[float]]] = field(default_factory=list)  # (wall s, samples)

@@ -20,7 +20,7 @@ import platform
 import re
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -281,11 +281,55 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
         outcome, why = mode_outcome(mode, atol, rtol)
         return outcome, "; ".join(note for note in (why, sharing.get(mode)) if note)
 
+    def prebuild(mode: str) -> None:
+        if compiled_modes:  # its reset would drop the modes already built
+            raise RuntimeError("a pre-build comes before every mode's own build")
+        prebuild_mode(model, mode, lambda fn: rotation.caller(fn)(), device)
+
     _serve_timing(req, chan, device, make_call, failed_mode,
                   after_block=lambda mode: rehearse_check_after(),
                   samples_for=lambda mode: calibration if mode == "empty" else own_work,
                   mode_outcome=outcome_and_sharing,
-                  forget=lambda mode: compiled.pop(mode, None))
+                  forget=lambda mode: compiled.pop(mode, None), prebuild=prebuild)
+
+
+def prebuild_mode(model: torch.nn.Module, mode: str,
+                  call_once: Callable[[Callable[..., Any]], object],
+                  device: torch.device) -> None:
+    """Compile a torch.compile `mode` of the model once (its own copy) and throw it away,
+    keeping only what any build of the same code may share: its compiled kernels."""
+    module, _ = own_copy(model)
+    fn = torch.compile(module, mode=mode.split(":", 1)[1])
+    try:
+        with _results_not_kept(), torch.no_grad():
+            call_once(fn)
+            _sync(device)
+    finally:
+        del fn, module
+        # Nothing of this build may be reused as it is: the mode's own build traces,
+        # compiles and autotunes again (its kernels then come from the caches on disk).
+        torch._dynamo.reset()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def _results_not_kept() -> Iterator[None]:
+    """Inductor's caches of whole results off: the compiled graph (whose kernels are
+    the ones autotuning chose), the AOT autograd graph that holds it, and the autotuning
+    timings. A pre-build's autotuning runs beside other evaluations, so its choices are
+    not the mode's; its compiled kernels (Triton's cache, inductor's code cache) are the
+    same code either way and stay. Options this torch does not have are left alone."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    patches = [(inductor_config, {"fx_graph_cache": False, "autotune_local_cache": False,
+                                  "autotune_remote_cache": False}),
+               (functorch_config, {"enable_autograd_cache": False})]
+    with contextlib.ExitStack() as stack:
+        for module, options in patches:
+            known = {k: v for k, v in options.items() if hasattr(module, k)}
+            stack.enter_context(module.patch(known))
+        yield
 
 
 def own_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
@@ -491,6 +535,7 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
                   samples_for: Callable[[str], TimedOutputSamples | None] = lambda mode: None,
                   mode_outcome: Callable[[str, float, float], tuple[str, str]] | None = None,
                   forget: Callable[[str], object] = lambda mode: None,
+                  prebuild: Callable[[str], None] | None = None,
                   ) -> None:
     """Time blocks of calls as the parent asks, one block per request, until it says stop.
 
@@ -510,6 +555,15 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
             continue
         if msg and msg.get("event") == "work" and req.role == "reference":
             _serve_work(req, msg, chan)
+            continue
+        if msg and msg.get("event") == "prebuild" and prebuild is not None:
+            try:
+                prebuild(str(msg["mode"]))
+            except BaseException as exc:  # the mode's own build fails or not, and says why
+                chan.send("prebuilt", error=describe_exception(exc).splitlines()[0][:500],
+                          seq=msg.get("seq"))
+                continue
+            chan.send("prebuilt", seq=msg.get("seq"))
             continue
         if msg and msg.get("event") == "prepare":  # build a mode and warm it up, untimed
             mode = str(msg["mode"])

@@ -94,7 +94,7 @@ class TaskStatus:
                              "only" for name, x in data["known"].items())
         elif kind == "mode_built":  # a baseline's mode: minutes for a large max-autotune
             return built_line(data["mode"], data.get("build_s"), data.get("error"),
-                              data.get("again", False))
+                              data.get("again", False), data.get("prebuild_s"))
         elif kind == "baseline_kept":  # a resumed audit on the card that timed them
             return f"baselines kept from an earlier call on this device ({data['device_id']})"
         elif kind == "task_done":
@@ -133,8 +133,10 @@ class TaskStatus:
 
 
 def built_line(mode: str, build_s: float | None, error: str | None,
-               again: bool = False) -> str:
+               again: bool = False, prebuild_s: float | None = None) -> str:
     took = f" in {build_s:.1f} s" if build_s is not None else ""
+    if build_s is not None and prebuild_s is not None and error is None:
+        took += f" ({build_s - prebuild_s:.1f} s of it with the device alone)"
     took += " (again, in a new child)" if again else ""
     if error is None:
         return f"baseline {mode} built{took}"
