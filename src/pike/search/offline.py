@@ -9,8 +9,9 @@ alone only where nothing else was correct alone. Each later round judges the bes
 so far plus one more compatible transformation that was correct alone (one that breaks the
 tolerance alone, such as fp16 on a deep network, breaks it in company too), and keeps the
 fastest if it beats the best by more than the noise margin; partners are tried fastest
-alone first, and the builds no faster than eager only once the others' verdicts are in
-and budget is left, so a short budget reaches the likeliest sets. It stops when nothing improves
+alone first, and of the builds no faster than eager only the quickest to build, once
+the others' verdicts are in and budget is left, so a short budget reaches the likeliest
+sets. It stops when nothing improves
 or a budget (number of candidates, seconds) is spent. The seconds are those its lanes ran: wall-clock time less
 the time its evaluations stood stopped by timing windows (`paused` in their verdicts,
 shared over its lanes): beside three other tasks on one GPU a 120 s budget was half spent
@@ -34,6 +35,18 @@ from pike.search.base import Judge
 from pike.search.drain import due
 
 _IMPROVES = 0.98  # a new set must be 2% faster than the best to count as better
+# torch.compile modes by what their build costs as a candidate beside other evaluations.
+# Of the modes a baseline found no faster than eager, only the first is tried with the
+# best set: on the H200 level2 bench (bench-level2-h200-fresh) the tries of all three
+# with the best set on 7 GEMM tasks never made a task's best with reduce-overhead or
+# max-autotune (4 bests were compile:default's), and max-autotune's took 69 to 186 s,
+# the last verdict of 5 of those 7 searches.
+_BUILD_ORDER = ("compile:default", "compile:reduce-overhead",
+                "compile:max-autotune-no-cudagraphs", "compile:max-autotune")
+
+
+def _build_rank(name: str) -> int:
+    return _BUILD_ORDER.index(name) if name in _BUILD_ORDER else len(_BUILD_ORDER)
 _clock = time.monotonic
 
 
@@ -95,10 +108,12 @@ class OfflineSearch:
             found = self._try(tries, round_)
             # A build no faster than eager alone starts once the cheap partners' verdicts
             # are in, and only with budget left: started beside them, it held its lane (and
-            # the search's end) for minutes where a short budget was already spent.
-            later = [sets[n] for n in partners if n in known]
+            # the search's end) for minutes where a short budget was already spent. Only
+            # the quickest to build of them is tried.
+            later = [n for n in partners if n in known]
             if later and self._room():
-                found.update(self._try(later, round_, first_branch=len(tries)))
+                quickest = min(later, key=_build_rank)
+                found.update(self._try([sets[quickest]], round_, first_branch=len(tries)))
             results = {s: v for s, v in found.items() if v is not None}
             challenger = self._fastest(results)
             if challenger is None:
