@@ -18,6 +18,16 @@ pytest_plugins = ["tests.fake_openai"]  # the `fake_llm` fixture: a local OpenAI
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 CANDIDATES = Path(__file__).resolve().parent / "candidates"
+BENCH = ROOT / "bench"
+
+
+def bench_script(name: str) -> Any:
+    """A bench/ script as a module (they import their `common` module from bench/)."""
+    import importlib
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(BENCH))
+        return importlib.import_module(name)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -3,7 +3,6 @@ later offline benchmark's results, on the stored measurement, with no GPU and no
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -12,7 +11,8 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from tests.conftest import bench_script
+
 MERGED = " (offline bench)"
 MEASURED = {"device": "cuda", "device_name": "Fake H100", "torch_version": "9.9.9",
             "host": "gpu-host", "date": "2026-01-02T03:04:05+00:00",
@@ -21,9 +21,7 @@ MEASURED = {"device": "cuda", "device_name": "Fake H100", "torch_version": "9.9.
 
 @pytest.fixture(scope="module")
 def bench_floor() -> ModuleType:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(BENCH))  # the bench scripts import their `common` module
-        return importlib.import_module("floor")
+    return bench_script("floor")
 
 
 def floor_row(task: str, eager_ms: float, floor_ms: float) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from types import ModuleType
 
@@ -10,15 +9,12 @@ import pytest
 
 from pike.evaluate.verdict import Verdict
 from pike.store import RunStore
-
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from tests.conftest import bench_script
 
 
 @pytest.fixture(scope="module")
 def search_time() -> ModuleType:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(BENCH))  # the bench scripts import their `common` module
-        return importlib.import_module("search_time")
+    return bench_script("search_time")
 
 
 def _judged(store: RunStore, idea: str, total: float, paused: float,

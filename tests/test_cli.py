@@ -328,20 +328,27 @@ def _prebuild_on(config: Path) -> None:
     config.write_text(yaml.safe_dump(cfg))
 
 
+def _autotuned_baseline(tmp_path: Path, config: Path, name: str,
+                        source: str) -> tuple[dict, dict, str]:
+    """`pike baseline` of one task in eager and max-autotune, its pre-build on: the two
+    modes' rows and what it said on stderr."""
+    _prebuild_on(config)
+    task = task_folder(tmp_path, **{name: source}) / f"{name}.py"
+    result = pike("baseline", task, "--modes", "eager,compile:max-autotune-no-cudagraphs",
+                  "--out", tmp_path / "out", "--json", "--config", config)
+    assert result.exit_code == 0, result.output
+    eager, tuned = json.loads(result.stdout)["baselines"][0]["modes"]
+    return eager, tuned, " ".join(result.stderr.split())
+
+
 @pytest.mark.slow
 def test_an_autotuning_baseline_mode_is_built_first_beside_others(tmp_path: Path,
                                                                    config: Path) -> None:
     """max-autotune compiles once beside other evaluations, then again with the device
     held alone (judge._prebuild): the build's line says how much of it held the device."""
-    _prebuild_on(config)
-    task = task_folder(tmp_path, **{"1_Double": TASK}) / "1_Double.py"
-    result = pike("baseline", task, "--modes", "eager,compile:max-autotune-no-cudagraphs",
-                  "--out", tmp_path / "out", "--json", "--config", config)
-    assert result.exit_code == 0, result.output
-    eager, tuned = json.loads(result.stdout)["baselines"][0]["modes"]
+    eager, tuned, said = _autotuned_baseline(tmp_path, config, "1_Double", TASK)
     assert tuned["stats"]["median_ms"] > 0 and tuned["checked"] is True, tuned
     assert 0 < tuned["prebuild_s"] < tuned["build_s"] and eager["prebuild_s"] is None
-    said = " ".join(result.stderr.split())
     line = re.search(r"1_Double: baseline compile:max-autotune-no-cudagraphs built in "
                      r"(\d+\.\d) s \((\d+\.\d) s of it with the device alone\)", said)
     assert line, said
@@ -408,8 +415,31 @@ def test_a_compile_mode_that_takes_the_child_down_fails_alone(tmp_path: Path,
     assert eager["stats"]["median_ms"] > 0 and eager["error"] is None
     for mode in compiled:  # each took its child down in turn, each is said so
         assert mode["stats"] is None and "phase 'build'" in mode["error"], mode
-    # max-autotune's went down in its pre-build, the first build of all
-    assert compiled[-1]["prebuild_s"] == compiled[-1]["build_s"] > 0
+    # max-autotune's took its child down in its pre-build first, then alone without one
+    said = " ".join(result.stderr.split())
+    assert "baseline compile:max-autotune-no-cudagraphs: its pre-build took the " \
+           "reference's child down (crashed in phase 'build'" in said, said
+    assert compiled[-1]["prebuild_s"] is None
+
+
+@pytest.mark.slow
+def test_a_pre_build_that_takes_the_child_down_fails_nothing(tmp_path: Path,
+                                                             config: Path) -> None:
+    """A pre-build may only save time: where it ends the child (here: only where the
+    compiled graph's cache is off, as in a pre-build), the mode is built again alone, as
+    without one, and timed."""
+    dies = TASK.replace("import torch\n", "import os\nimport torch\n", 1).replace(
+        "        return torch.relu(x) * 2",
+        "        if torch.compiler.is_compiling() and not torch._inductor.config.fx_graph_cache:"
+        "\n            os._exit(7)\n"
+        "        return torch.relu(x) * 2")
+    eager, tuned, said = _autotuned_baseline(tmp_path, config, "1_PreDies", dies)
+    assert eager["stats"]["median_ms"] > 0
+    assert tuned["error"] is None and tuned["stats"]["median_ms"] > 0, tuned
+    assert tuned["prebuild_s"] is None and tuned["checked"] is True
+    assert "baseline compile:max-autotune-no-cudagraphs: its pre-build took the " \
+           "reference's child down (crashed in phase 'build'" in said, said
+    assert "(again, in a new child)" in said
 
 
 @pytest.mark.slow

@@ -7,6 +7,8 @@ beside other work, to the mode's own build."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -69,3 +71,42 @@ def test_the_mode_s_own_build_reuses_nothing_of_its_pre_build(
     _own_build(other, y)
     assert _hits() >= 1
     torch._dynamo.reset()
+
+
+def test_the_mode_s_own_build_measures_every_kernel_choice_again(
+        tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Autotuning's timings are written to inductor's cache file whatever
+    autotune_local_cache says (helper-22's review): a pre-build that left its timings
+    there handed them to the own build, which then measured nothing. With freezing, the
+    CPU's GEMMs are autotuned (C++ templates against MKL), so the lookup runs here."""
+    import torch._inductor.codecache as codecache
+    import torch._inductor.config as inductor_config
+
+    from pike.evaluate.runner import prebuild_mode
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    looked_up: list[bool] = []  # one per lookup that had a benchmark: whether it ran
+    real = codecache.PersistentCache.lookup
+
+    def lookup(self: Any, choices: Any, op: str, inputs: str, benchmark: Any,
+               *args: Any, **kwargs: Any) -> Any:
+        ran: list[int] = []
+        counted = None if benchmark is None else (
+            lambda chosen: (ran.append(1), benchmark(chosen))[1])
+        timings = real(self, choices, op, inputs, counted, *args, **kwargs)
+        if benchmark is not None:
+            looked_up.append(bool(ran))
+        return timings
+
+    monkeypatch.setattr(codecache.PersistentCache, "lookup", lookup)
+    torch.manual_seed(0)
+    model, x = _model(56), torch.randn(24, 56)
+    with inductor_config.patch(freezing=True):
+        prebuild_mode(model, "compile:max-autotune-no-cudagraphs", lambda fn: fn(x),
+                      torch.device("cpu"))
+        if not looked_up:
+            pytest.skip("this CPU's GEMMs are not autotuned (no C++ GEMM template)")
+        looked_up.clear()
+        _own_build(model, x)
+    torch._dynamo.reset()
+    assert looked_up and all(looked_up), looked_up

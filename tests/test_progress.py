@@ -135,13 +135,17 @@ def test_each_baseline_mode_s_build_is_a_line_of_its_own() -> None:
                  error=None, prebuild_s=52.25)
         progress("mode_built", task="10_ResNet101", mode="compile:max-autotune", build_s=80.0,
                  error="crashed in phase 'build': SIGSEGV", prebuild_s=80.0)
+        progress("prebuild_failed", task="10_ResNet101", mode="compile:max-autotune",
+                 error="crashed in phase 'build': SIGSEGV")
     lines = [line.split(" ", 1)[1] for line in out.getvalue().splitlines()]
-    assert lines[-2:] == [
+    assert lines[-3:] == [
         "10_ResNet101: baseline compile:max-autotune built in 60.5 s (8.2 s of it with the "
         "device alone)",
         "10_ResNet101: baseline compile:max-autotune failed in 80.0 s: crashed in phase "
-        "'build': SIGSEGV"]
-    assert lines[1:-2] == [
+        "'build': SIGSEGV",
+        "10_ResNet101: baseline compile:max-autotune: its pre-build took the reference's "
+        "child down (crashed in phase 'build': SIGSEGV); built again alone, without one"]
+    assert lines[1:-3] == [
         "10_ResNet101: baseline compile:default built in 61.0 s",
         "10_ResNet101: baseline compile:max-autotune failed in 300.2 s: timeout in phase "
         "'timing': no progress for 300 s",

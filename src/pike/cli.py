@@ -24,7 +24,7 @@ from pike.errors import ConfigError, PikeError, TaskError
 from pike.evaluate import BASELINE_MODES, Baseline, evaluate, measure_baselines
 from pike.evaluate.leftovers import end_children_and_remove_own_dirs, sweep_orphaned_dirs
 from pike.preflight import check_devices, check_new_run_dir, check_run
-from pike.report.progress import StatusFields, built_line
+from pike.report.progress import StatusFields, built_line, prebuild_line
 from pike.report.tables import (
     baselines_heading,
     baselines_table,
@@ -752,8 +752,10 @@ def baseline_command(
 
 def _built_printer(task: str) -> Callable[..., None]:
     def printed(kind: str, **data: Any) -> None:
-        if kind == "mode_built":
-            err_console.print(f"{task}: {built_line(**data)}", markup=False, highlight=False,
+        line = (built_line(**data) if kind == "mode_built" else
+                prebuild_line(**data) if kind == "prebuild_failed" else None)
+        if line is not None:
+            err_console.print(f"{task}: {line}", markup=False, highlight=False,
                               soft_wrap=True)
     return printed
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Callable
 
 from pydantic import BaseModel, Field
@@ -19,7 +20,10 @@ from pike.evaluate.judge import (
 )
 from pike.evaluate.verdict import TimingStats
 from pike.floor import Floor, Work, floor, no_floor_reason
+from pike.report.progress import prebuild_line
 from pike.task import Task
+
+log = logging.getLogger(__name__)
 
 BASELINE_MODES = ["eager", *(f"compile:{m}" for m in COMPILE_MODES)]
 
@@ -69,7 +73,8 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
                       on_event: Callable[..., None] | None = None) -> Baseline:
     """Time the reference in each mode; a mode that fails to compile is reported, not raised.
     on_event("mode_built", mode=, build_s=, error=) as each mode is built, before the
-    timed window."""
+    timed window; on_event("prebuild_failed", mode=, error=) where an autotuning mode's
+    pre-build took the child down (it is built again alone)."""
     cfg = as_eval_config(config)
     device = resolve_device(cfg.device)
     modes = modes or BASELINE_MODES
@@ -83,15 +88,25 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     # limit, a crash) fails alone: the others are measured again in a new child without it.
     # Eager failing is the reference failing (TaskError).
     failed: dict[str, ModeTiming] = {}
+    no_prebuild: set[str] = set()  # autotuning modes whose pre-build took a child down
     while True:
         reference = run_reference(task, cfg, device, keep_child=True, cache=False)
         try:
             work = reference.work()
             timers = time_reference_modes(task, reference,
                                           [m for m in modes if m not in failed], cfg, device,
-                                          _built_reporter(on_event, again=bool(failed)))
+                                          _built_reporter(on_event,
+                                                          again=bool(failed or no_prebuild)),
+                                          no_prebuild=no_prebuild)
             break
         except ModeFailed as err:
+            if err.in_prebuild and err.mode not in no_prebuild:
+                if on_event is not None:
+                    on_event("prebuild_failed", mode=err.mode, error=err.reason)
+                else:
+                    log.warning("%s: %s", task.name, prebuild_line(err.mode, err.reason))
+                no_prebuild.add(err.mode)
+                continue
             failed[err.mode] = ModeTiming(mode=err.mode, error=err.reason,
                                           build_s=_rounded(err.build_s),
                                           prebuild_s=_rounded(err.prebuild_s))

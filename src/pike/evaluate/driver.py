@@ -314,6 +314,7 @@ class Timer:
     warmed: bool = False
     build_s: float | None = None  # building and warming it up before timing (baselines)
     prebuild_s: float | None = None  # of build_s, a first build beside other evaluations
+    prebuild_failed: bool = False  # that first build took the child down
     checked: bool | None = None  # a baseline's compile mode matched eager; False: uncheckable
     check_note: str | None = None  # why it could not be checked
     blocks: list[tuple[float, list[float]]] = field(default_factory=list)  # (wall s, samples)

@@ -18,7 +18,7 @@ import statistics
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -499,10 +499,12 @@ def _reference_failed(task: Task, failure: Verdict | None) -> TaskError:
 
 def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
                          cfg: EvalConfig, device: str,
-                         on_built: Callable[[Timer], None] | None = None) -> list[Timer]:
+                         on_built: Callable[[Timer], None] | None = None,
+                         no_prebuild: Collection[str] = ()) -> list[Timer]:
     """Time the reference's modes (eager, torch.compile ...) alternating with each other.
     on_built(timer) after each mode's build: a large model's max-autotune build can take
-    minutes, and the user should see which mode it is."""
+    minutes, and the user should see which mode it is. `no_prebuild`: autotuning modes
+    built alone only (their pre-build took a child down before)."""
     assert reference.child is not None
     timers = [Timer(reference.child, mode) for mode in modes]
     # Each mode is built (a torch.compile mode compiles, max-autotune also autotunes)
@@ -518,7 +520,8 @@ def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
     # alone for 343 of 566 s, every other evaluation stopped, mostly compiling).
     with _built_beside_others(reference.child, device, cfg.device_lock), reference.talking:
         for timer in timers:
-            if cfg.prebuild_autotune == "on" and _autotunes(timer.mode):
+            if cfg.prebuild_autotune == "on" and _autotunes(timer.mode) \
+                    and timer.mode not in no_prebuild:
                 _prebuild(timer)
         for timer in timers:
             if not _autotunes(timer.mode) and not any(t.failure for t in timers):
@@ -551,6 +554,7 @@ class ModeFailed(TaskError):
         self.mode = timer.mode
         self.build_s = timer.build_s
         self.prebuild_s = timer.prebuild_s
+        self.in_prebuild = timer.prebuild_failed
         first_line = (timer.failure.message or "no message").strip().splitlines() or [""]
         self.reason = f"{timer.failure.status} in phase '{timer.failure.phase}': {first_line[0]}"
 
@@ -574,14 +578,16 @@ def _built_beside_others(child: ChildProcess, device: str, scope: str) -> Iterat
 def _prebuild(timer: Timer) -> None:
     """Compile a mode of a live child once, untimed, its results thrown away (runner:
     prebuild). How long it took counts in the mode's build_s; an error is the mode's own
-    build's to report, a child that died is the mode's failure."""
+    build's to report. A child that died here ends this child's building as any build's
+    end does (ModeFailed), marked, so that the mode is built again without a pre-build
+    (measure_baselines): a pre-build may only save time, never fail a mode."""
     if timer.stopped:
         return
     started = time.perf_counter()
     reply = request(timer.child, "build", "prebuilt", "prebuild", mode=timer.mode)
     timer.prebuild_s = time.perf_counter() - started
     if isinstance(reply, Verdict):
-        timer.failure = reply
+        timer.failure, timer.prebuild_failed = reply, True
         timer.build_s = timer.prebuild_s
     elif reply.get("error"):
         log.info("the pre-build of %s failed (its own build says why): %s", timer.mode,

@@ -318,10 +318,23 @@ def _results_not_kept() -> Iterator[None]:
     """Inductor's caches of whole results off: the compiled graph (whose kernels are
     the ones autotuning chose), the AOT autograd graph that holds it, and the autotuning
     timings. A pre-build's autotuning runs beside other evaluations, so its choices are
-    not the mode's; its compiled kernels (Triton's cache, inductor's code cache) are the
-    same code either way and stay. Options this torch does not have are left alone."""
+    not the mode's; its compiled kernels are the same code either way and stay (Triton's
+    binaries; C++ kernels in inductor's cache). Options this torch does not have are left
+    alone; where it has no way to keep timings off the disk, there is no pre-build.
+
+    autotune_local_cache=False stops reading the kept timings, not writing them: the
+    algorithm selection's lookup writes its fresh timings to the cache file all the same
+    (helper-22's review: the mode's own build then took the pre-build's GEMM timings from
+    there), so the write itself is made a no-op here. With the option off, the generated
+    Triton sources (their inductor_meta names it) differ from the own build's, so no kernel
+    object the pre-build autotuned is found again in memory."""
+    import unittest.mock
+
     import torch._functorch.config as functorch_config
+    import torch._inductor.codecache as codecache
     import torch._inductor.config as inductor_config
+    if not callable(getattr(getattr(codecache, "CacheBase", None), "update_local_cache", None)):
+        raise RuntimeError("this torch keeps autotuning timings otherwise: no pre-build")
     patches = [(inductor_config, {"fx_graph_cache": False, "autotune_local_cache": False,
                                   "autotune_remote_cache": False}),
                (functorch_config, {"enable_autograd_cache": False})]
@@ -329,6 +342,8 @@ def _results_not_kept() -> Iterator[None]:
         for module, options in patches:
             known = {k: v for k, v in options.items() if hasattr(module, k)}
             stack.enter_context(module.patch(known))
+        stack.enter_context(unittest.mock.patch.object(
+            codecache.CacheBase, "update_local_cache", lambda self, local_cache: None))
         yield
 
 

@@ -95,6 +95,8 @@ class TaskStatus:
         elif kind == "mode_built":  # a baseline's mode: minutes for a large max-autotune
             return built_line(data["mode"], data.get("build_s"), data.get("error"),
                               data.get("again", False), data.get("prebuild_s"))
+        elif kind == "prebuild_failed":
+            return prebuild_line(data["mode"], data.get("error"))
         elif kind == "baseline_kept":  # a resumed audit on the card that timed them
             return f"baselines kept from an earlier call on this device ({data['device_id']})"
         elif kind == "task_done":
@@ -144,6 +146,12 @@ def built_line(mode: str, build_s: float | None, error: str | None,
     if reason.startswith("incorrect: "):  # it built, and answers otherwise than eager
         return f"baseline {mode} built{took}, but is incorrect: {reason[11:]}"
     return f"baseline {mode} failed{took}: {reason}"
+
+
+def prebuild_line(mode: str, error: str | None) -> str:
+    reason = (error or "").strip()[:120] or "no reason given"
+    return (f"baseline {mode}: its pre-build took the reference's child down ({reason}); "
+            "built again alone, without one")
 
 
 class _Progress:
