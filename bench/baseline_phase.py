@@ -31,6 +31,7 @@ from common import (
     RESULTS,
     apply_modes,
     device_name,
+    notes_section,
     now,
     run_script,
     task_ids,
@@ -105,7 +106,7 @@ def render(data: dict[str, Any]) -> str:
                              None)
                 cells.append(_cell(found, row))
             lines.append(f"| {name} | {mode} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + notes_section(data)) + "\n"
 
 
 def _cell(mode: dict[str, Any] | None, row: dict[str, Any] | None) -> str:

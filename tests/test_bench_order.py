@@ -118,17 +118,18 @@ def test_with_several_gpus_each_tasks_baselines_are_measured_on_one_all_at_once(
     assert max(at_once) == 2  # one per GPU, though the campaign runs one task at a time
 
 
-@pytest.mark.parametrize(("jobs", "devices", "asked", "expected"), [
-    (2, [], "auto", "on"),  # two tasks' baselines on one GPU: each build alone stops one
-    (1, [], "auto", "off"),  # one at a time: nobody waits for a device-alone build
-    (1, ["cuda:0", "cuda:1"], "auto", "off"),  # one per GPU
-    (3, ["cuda:0", "cuda:1"], "auto", "on"),
-    (2, [], "off", "off"),  # what the user set stands
-    (1, [], "on", "on"),
+@pytest.mark.parametrize(("jobs", "device", "devices", "asked", "expected"), [
+    (2, "cuda", [], "auto", "on"),  # two tasks' baselines on one GPU: each build alone
+    (1, "cuda", [], "auto", "off"),  # stops the other; one at a time: nobody waits
+    (1, None, ["cuda:0", "cuda:1"], "auto", "off"),  # one per GPU
+    (3, None, ["cuda:0", "cuda:1"], "auto", "on"),
+    (2, "cpu", [], "auto", "off"),  # no device lock on the CPU: nothing waits
+    (2, "cuda", [], "off", "off"),  # what the user set stands
+    (1, "cpu", [], "on", "on"),
 ])
 def test_autotuning_modes_are_pre_built_where_baselines_share_a_gpu(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, jobs: int, devices: list[str],
-        asked: str, expected: str) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, jobs: int, device: str | None,
+        devices: list[str], asked: str, expected: str) -> None:
     from types import SimpleNamespace
 
     _fakes(monkeypatch)
@@ -141,7 +142,7 @@ def test_autotuning_modes_are_pre_built_where_baselines_share_a_gpu(
     monkeypatch.setattr(campaign, "measure_baselines", measure)
     monkeypatch.setattr(campaign, "make_pool", lambda cfg: SimpleNamespace(close=lambda: None))
     cfg = RunConfig()
-    cfg.eval.devices = devices
+    cfg.eval.device, cfg.eval.devices = device, devices
     cfg.eval.prebuild_autotune = asked  # type: ignore[assignment]
     campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=jobs)
     assert seen == [expected] * 3

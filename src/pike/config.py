@@ -150,7 +150,7 @@ class EvalConfig(_Strict):
         "auto: on where this run measures several tasks' baselines on one GPU at once "
         "(pike bench, pike audit with more tasks at once than GPUs), off where a task has "
         "the GPU to itself (nobody waits for its build, and the second build's tracing "
-        "would only add time)")
+        "would only add time) and on the CPU (no device lock: nothing waits there)")
     build_cache: Path | None = Field(
         None, description="where compiled extensions and inductor's and Triton's caches are "
         "kept: candidates/ in it for candidates, the folder's name plus -reference beside it "

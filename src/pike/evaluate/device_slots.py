@@ -9,6 +9,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
+
 from pike.config import RunConfig
 
 
@@ -55,9 +57,13 @@ class DeviceSlots:
     def _on(self, device: str) -> RunConfig:
         """The config of a piece on `device`, with `eval.prebuild_autotune: auto` settled:
         on where more pieces run at once than there are GPUs (a piece's device-alone build
-        then stops the others), off where each piece has its GPU to itself."""
+        then stops the others), off where each piece has its GPU to itself, and off on the
+        CPU, which holds no device lock: nothing waits there, and a pre-build's compile
+        only loads the cores another task is timed on."""
         update: dict[str, object] = {"device": device, "devices": []}
         if self._cfg.eval.prebuild_autotune == "auto":
-            shared = self.at_once > max(1, len(self.devices))
+            on_gpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")) \
+                .startswith("cuda")
+            shared = on_gpu and self.at_once > max(1, len(self.devices))
             update["prebuild_autotune"] = "on" if shared else "off"
         return self._cfg.model_copy(update={"eval": self._cfg.eval.model_copy(update=update)})
