@@ -149,7 +149,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="pike-baseline-phase-") as cache:
             run_cfg = cfg.model_copy(deep=True)
             run_cfg.eval.prebuild_autotune = setting  # type: ignore[assignment]
-            run_cfg.eval.build_cache = Path(cache)
+            # the reference's cache sits beside the build cache: both inside the temp dir
+            run_cfg.eval.build_cache = Path(cache) / "build"
             print(f"setting {setting}: {len(tasks)} tasks, {args.jobs} at once", flush=True)
             data["settings"][setting] = measure_phase(tasks, run_cfg, args.jobs)
         data["date"] = now()
