@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
+import os
+import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,9 @@ from common import (
 from pike.config import RunConfig
 from pike.evaluate import measure_baselines
 from pike.evaluate.device_slots import DeviceSlots
+from pike.evaluate.leftovers import end_children_and_remove_own_dirs, make_temp_dir, remove_tree
 from pike.task import Task, load_tasks
+from pike.threads import run_each
 
 
 def measure_phase(tasks: list[Task], cfg: RunConfig, jobs: int) -> dict[str, Any]:
@@ -64,9 +66,10 @@ def measure_phase(tasks: list[Task], cfg: RunConfig, jobs: int) -> dict[str, Any
                 "modes": modes}
 
     started = time.perf_counter()
-    with ThreadPoolExecutor(slots.at_once, thread_name_prefix="baseline-phase") as pool:
-        rows = list(pool.map(one, tasks))
-    return {"wall_s": round(time.perf_counter() - started, 1), "tasks": rows}
+    finished = {row["task"]: row for row in run_each(one, tasks, slots.at_once,
+                                                      "baseline-phase")}
+    return {"wall_s": round(time.perf_counter() - started, 1),
+            "tasks": [finished[t.name] for t in tasks]}
 
 
 def alone_seconds(mode: dict[str, Any]) -> float:
@@ -146,13 +149,22 @@ def main() -> None:
         "settings": {}}
     args.out.mkdir(parents=True, exist_ok=True)
     for setting in [s.strip() for s in args.settings.split(",") if s.strip()]:
-        with tempfile.TemporaryDirectory(prefix="pike-baseline-phase-") as cache:
+        cache = make_temp_dir("cache")
+        try:
             run_cfg = cfg.model_copy(deep=True)
             run_cfg.eval.prebuild_autotune = setting  # type: ignore[assignment]
             # the reference's cache sits beside the build cache: both inside the temp dir
-            run_cfg.eval.build_cache = Path(cache) / "build"
+            run_cfg.eval.build_cache = cache / "build"
             print(f"setting {setting}: {len(tasks)} tasks, {args.jobs} at once", flush=True)
             data["settings"][setting] = measure_phase(tasks, run_cfg, args.jobs)
+        except KeyboardInterrupt:
+            # The worker threads may be mid-build: nothing waits for them. Their children
+            # end, this process's temp folders (the caches too) go, and the script exits.
+            end_children_and_remove_own_dirs()
+            print("interrupted: the settings measured before are in the results files",
+                  file=sys.stderr, flush=True)
+            os._exit(130)
+        remove_tree(cache)
         data["date"] = now()
         with_ext(stem, ".json").write_text(json.dumps(data, indent=1))
         with_ext(stem, ".md").write_text(render(data))

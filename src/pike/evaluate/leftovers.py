@@ -25,7 +25,8 @@ import psutil
 
 log = logging.getLogger(__name__)
 
-_KINDS = ("cand", "ref", "ncu", "ray-tasks")
+# cache: a build cache of its own for one measurement (bench/baseline_phase.py)
+_KINDS = ("cand", "ref", "ncu", "ray-tasks", "cache")
 _NAME = re.compile(r"^pike-(?:" + "|".join(_KINDS) + r")-(\d+)-(\d+)-")
 
 
