@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from collections.abc import Callable
 
 from pydantic import BaseModel, Field
@@ -20,10 +19,7 @@ from pike.evaluate.judge import (
 )
 from pike.evaluate.verdict import TimingStats
 from pike.floor import Floor, Work, floor, no_floor_reason
-from pike.report.progress import prebuild_line
 from pike.task import Task
-
-log = logging.getLogger(__name__)
 
 BASELINE_MODES = ["eager", *(f"compile:{m}" for m in COMPILE_MODES)]
 
@@ -101,10 +97,8 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
             break
         except ModeFailed as err:
             if err.in_prebuild and err.mode not in no_prebuild:
-                if on_event is not None:
+                if on_event is not None:  # said as the builds are: only where asked
                     on_event("prebuild_failed", mode=err.mode, error=err.reason)
-                else:
-                    log.warning("%s: %s", task.name, prebuild_line(err.mode, err.reason))
                 no_prebuild.add(err.mode)
                 continue
             failed[err.mode] = ModeTiming(mode=err.mode, error=err.reason,
