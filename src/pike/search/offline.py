@@ -35,6 +35,7 @@ from pike.search.base import Judge
 from pike.search.drain import due
 
 _IMPROVES = 0.98  # a new set must be 2% faster than the best to count as better
+_clock = time.monotonic
 # torch.compile modes by what their build costs as a candidate beside other evaluations.
 # Of the modes a baseline found no faster than eager, only the first is tried with the
 # best set: on the H200 level2 bench (bench-level2-h200-fresh) the tries of all three
@@ -47,7 +48,6 @@ _BUILD_ORDER = ("compile:default", "compile:reduce-overhead",
 
 def _build_rank(name: str) -> int:
     return _BUILD_ORDER.index(name) if name in _BUILD_ORDER else len(_BUILD_ORDER)
-_clock = time.monotonic
 
 
 class OfflineSearch:
