@@ -1,6 +1,7 @@
 """Where a finished (or cut off) run's evaluation time went, from its store alone.
 
-    python bench/search_time.py RUN_DIR [--since ID] [--tag level2-h200] [--out bench/results]
+    python bench/search_time.py RUN_DIR [--since ID] [--against OTHER_RUN_DIR]
+        [--tag level2-h200] [--out bench/results]
 
 Nothing is re-run: each verdict in the store keeps its phases (`paused`: stopped by other
 evaluations' timing windows) and its steps. Per task: candidates judged, the search's wall
@@ -8,6 +9,10 @@ time (first candidate made to last verdict) and its budgeted seconds; per kind o
 candidate (`build`: a torch.compile mode in its set, `cheap`: any other): median and total
 seconds of each step, so a search's budget can be read against what its evaluations did.
 `--since ID` keeps candidates from that id on (one device call's share of a resumed run).
+Each task's baselines too: every mode's speedup over eager, its build seconds and the part
+of them that held the device alone (an autotuning mode's build less its pre-build, which
+ran beside other work); `--against` sets them beside another run's of the same tasks, mode
+by mode (is a mode's figure the same where its build was made differently?).
 Results go to bench/results/search-time-<tag>.json and .md.
 """
 
@@ -22,7 +27,7 @@ from pathlib import Path
 from common import RESULTS, now, this_command, with_ext
 
 from pike.evaluate.verdict import Verdict
-from pike.store import DONE_STATE, RunStore
+from pike.store import BASELINE_STATE, DONE_STATE, RunStore
 
 STEPS = ("total", "paused", "reference", "wait_for_device", "load_build_warm_up", "trials",
          "compare", "timing", "final_check", "stop_child")
@@ -66,6 +71,27 @@ def collect(run_dir: Path, since: int = 0) -> dict:
     return {"tasks": tasks, "kinds": by_kind}
 
 
+AUTOTUNES = "max-autotune"  # modes whose build benchmarks kernels: built alone
+
+
+def collect_baselines(run_dir: Path) -> dict[str, dict[str, dict]]:
+    """Per task, per baseline mode: its speedup over eager, build and device-alone seconds."""
+    found: dict[str, dict[str, dict]] = {}
+    with RunStore.open(run_dir) as store:
+        for name in (t["name"] for t in store.tasks()):
+            baseline = store.get_state(name, BASELINE_STATE)
+            if not isinstance(baseline, dict):
+                continue
+            modes = found.setdefault(name, {})
+            for m in baseline.get("modes", []):
+                build = m.get("build_s")
+                alone = (build - (m.get("prebuild_s") or 0.0)
+                         if build is not None and AUTOTUNES in m["mode"] else 0.0)
+                modes[m["mode"]] = {"speedup": m.get("speedup_vs_eager"), "build_s": build,
+                                    "alone_s": alone, "error": bool(m.get("error"))}
+    return found
+
+
 def _wall(first: str | None, last: str | None) -> float | None:
     if not first or not last:
         return None
@@ -79,8 +105,7 @@ def render(found: dict, command: str, date: str, run_dir: Path) -> str:
              "## Per task", "",
              "| task | judged (ok) | unfinished | done | wall, first made to last verdict (s) "
              "| budgeted s | median s, cheap | median s, builds |", "|---|---|---|---|---|---|---|---|"]
-    for name, t in sorted(found["tasks"].items(), key=lambda kv: int(kv[0].split("_")[0])
-                          if kv[0].split("_")[0].isdigit() else 0):
+    for name, t in sorted(found["tasks"].items(), key=lambda kv: _task_number(kv[0])):
         wall = _wall(t["first"], t["last"])
         med = [f"{statistics.median(t[k]):.0f}" if t[k] else "-" for k in ("cheap_s", "build_s")]
         budget = f"{float(t['budget_s']):.0f}" if t["budget_s"] is not None else "-"
@@ -95,17 +120,76 @@ def render(found: dict, command: str, date: str, run_dir: Path) -> str:
         cells = [f"{statistics.median(v):.1f} / {sum(v):.0f}" for v in
                  (steps[s] for s in STEPS)]
         lines.append(f"| {k} | {n} | " + " | ".join(cells) + " |")
+    if found.get("baselines"):
+        lines += render_baselines(found["baselines"], found.get("against"))
     return "\n".join(lines) + "\n"
+
+
+def _figure(mode: dict | None) -> str:
+    if mode is None:
+        return "-"
+    if mode["error"] or mode["speedup"] is None:
+        return "failed"
+    return f"{mode['speedup']:.2f}x"
+
+
+def render_baselines(here: dict[str, dict[str, dict]],
+                     there: dict[str, dict[str, dict]] | None) -> list[str]:
+    modes = sorted({m for task in here.values() for m in task if m != "eager"})
+    alone = sum(m["alone_s"] for task in here.values() for m in task.values())
+    lines = ["", "## Baselines", "",
+             f"{len(here)} tasks; their autotuning builds held the device alone for "
+             f"{alone:.0f} s together (build less pre-build).", "",
+             "| task | " + " | ".join(f"{m}: over eager, build s (alone)" for m in modes) + " |",
+             "|---|" + "---|" * len(modes)]
+    for name in sorted(here, key=_task_number):
+        cells = []
+        for m in modes:
+            mode = here[name].get(m)
+            cells.append("-" if mode is None else f"{_figure(mode)}, {mode['build_s'] or 0:.1f}"
+                         + (f" ({mode['alone_s']:.1f})" if AUTOTUNES in m else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if there is None:
+        return lines
+    shared = [n for n in sorted(here, key=_task_number) if n in there]
+    alone_there = sum(there[n][m]["alone_s"] for n in shared for m in there[n])
+    alone_here = sum(here[n][m]["alone_s"] for n in shared for m in here[n])
+    ratios = [here[n][m]["speedup"] / there[n][m]["speedup"] for n in shared for m in modes
+              if m in here[n] and m in there[n] and here[n][m]["speedup"]
+              and there[n][m]["speedup"] and not here[n][m]["error"]
+              and not there[n][m]["error"]]
+    lines += ["", "## Baselines beside the other run's", "",
+              f"{len(shared)} tasks in both. Device-alone build seconds: {alone_here:.0f} here, "
+              f"{alone_there:.0f} there. Each mode's speedup over eager here over the same "
+              "mode's there: "
+              + (f"median {statistics.median(ratios):.3f}, from {min(ratios):.3f} to "
+                 f"{max(ratios):.3f} ({len(ratios)} modes)." if ratios else "none to compare."),
+              "", "| task | " + " | ".join(f"{m}: here / there" for m in modes) + " |",
+              "|---|" + "---|" * len(modes)]
+    for n in shared:
+        lines.append(f"| {n} | " + " | ".join(
+            f"{_figure(here[n].get(m))} / {_figure(there[n].get(m))}" for m in modes) + " |")
+    return lines
+
+
+def _task_number(name: str) -> int:
+    head = name.split("_")[0]
+    return int(head) if head.isdigit() else 0
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--since", type=int, default=0, help="only candidates from this id on")
+    p.add_argument("--against", type=Path, help="another run of the same tasks: its "
+                   "baselines beside this run's")
     p.add_argument("--tag", default="run")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     found = collect(args.run_dir, args.since)
+    found["baselines"] = collect_baselines(args.run_dir)
+    if args.against is not None:
+        found["against"] = collect_baselines(args.against)
     date, command = now(), this_command()
     base = args.out / f"search-time-{args.tag}"
     args.out.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ from types import ModuleType
 import pytest
 
 from pike.evaluate.verdict import Verdict
-from pike.store import RunStore
+from pike.store import BASELINE_STATE, RunStore
 from tests.conftest import bench_script
 
 
@@ -54,3 +54,39 @@ def test_steps_are_split_by_kind_and_counted_per_task(tmp_path: Path,
     assert "| 9_Gemm | 3 (3) | 1 | no |" in text
     assert "| cheap | 2 | 50.0 / 100 | 15.0 / 30 |" in text
     assert search_time.collect(run, since=later)["tasks"]["9_Gemm"]["judged"] == 1
+
+
+def _baseline(store: RunStore, task: str, modes: list[dict]) -> None:
+    store.set_state(task, BASELINE_STATE, {"task": task, "modes": modes})
+
+
+def test_baselines_say_what_held_the_device_alone_and_compare_with_another_run(
+        tmp_path: Path, search_time: ModuleType) -> None:
+    runs = []
+    for name, prebuild, tuned in (("here", 20.0, 2.10), ("there", None, 2.00)):
+        run = tmp_path / name
+        store = RunStore.create(run, {}, "test")
+        try:
+            store.add_task("17_Conv", "17_Conv.py", "0" * 64, "src")
+            _baseline(store, "17_Conv", [
+                {"mode": "eager", "speedup_vs_eager": 1.0, "build_s": 0.1},
+                {"mode": "compile:default", "speedup_vs_eager": 1.9, "build_s": 3.0},
+                {"mode": "compile:max-autotune-no-cudagraphs", "speedup_vs_eager": tuned,
+                 "build_s": 25.0, "prebuild_s": prebuild},
+                {"mode": "compile:reduce-overhead", "speedup_vs_eager": None, "build_s": 1.0,
+                 "error": "incorrect"}])
+        finally:
+            store.close()
+        runs.append(run)
+    here, there = (search_time.collect_baselines(r) for r in runs)
+    tuned = here["17_Conv"]["compile:max-autotune-no-cudagraphs"]
+    assert tuned["alone_s"] == 5.0 and tuned["build_s"] == 25.0
+    assert here["17_Conv"]["compile:default"]["alone_s"] == 0.0  # built beside others
+    assert there["17_Conv"]["compile:max-autotune-no-cudagraphs"]["alone_s"] == 25.0
+    text = "\n".join(search_time.render_baselines(here, there))
+    assert "held the device alone for 5 s together" in text
+    assert "| 17_Conv | 1.90x, 3.0 | 2.10x, 25.0 (5.0) | failed, 1.0 |" in text
+    assert "Device-alone build seconds: 5 here, 25 there" in text
+    # the failed mode is left out of the ratios: 1.9/1.9 and 2.1/2.0
+    assert "median 1.025, from 1.000 to 1.050 (2 modes)" in text
+    assert "| 17_Conv | 1.90x / 1.90x | 2.10x / 2.00x | failed / failed |" in text
