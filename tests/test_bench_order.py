@@ -1,5 +1,6 @@
-"""`pike bench` measures every task's baselines before any search starts, so no search's
-time budget runs while another task's baselines hold the GPU alone."""
+"""`pike bench`'s order: a task's search starts once its own baselines are in; on GPUs the
+next tasks' baselines are measured meanwhile (their device-alone parts stop the searches'
+candidates, whose budgets leave that time out), on the CPU every baseline comes first."""
 
 from __future__ import annotations
 
@@ -48,11 +49,14 @@ def _fakes(monkeypatch: pytest.MonkeyPatch, failing: str = "") -> list[tuple[str
     return steps
 
 
-def test_every_baseline_is_measured_before_any_search(monkeypatch: pytest.MonkeyPatch,
-                                                      tmp_path: Path) -> None:
+def test_on_the_cpu_every_baseline_is_measured_before_any_search(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Nothing holds the CPU alone: a search beside a baseline would be in its timings."""
     steps = _fakes(monkeypatch)
     phases: list[tuple[str, str]] = []
-    result = campaign.bench(TASKS, RunConfig(), out=tmp_path / "run", jobs=2,
+    cfg = RunConfig()
+    cfg.eval.device = "cpu"
+    result = campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=2,
                             on_event=lambda kind, **d: phases.append((d["task"], d.get("phase", kind))))
     names = [o.task for o in result.outcomes]
     assert len(names) == 3
@@ -72,12 +76,78 @@ def test_every_baseline_is_measured_before_any_search(monkeypatch: pytest.Monkey
     assert steps == [("search", names[0])]
 
 
+def test_on_a_gpu_a_search_starts_once_its_own_baselines_are_in(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The next task's baselines are measured while the first task searches: the second
+    baseline to start waits (up to 10 s) for the first search to start, which never
+    happens if every baseline must come first."""
+    from types import SimpleNamespace
+
+    steps = _fakes(monkeypatch)
+    names = sorted(p.stem for p in TASKS.glob("*.py"))
+    first_search = threading.Event()
+    lock = threading.Lock()
+    running = {"baseline": 0, "search": 0}
+    most = {"baseline": 0, "search": 0}
+
+    def busy(kind: str, name: str, work: Any) -> Any:
+        with lock:
+            steps.append((kind, name))
+            running[kind] += 1
+            most[kind] = max(most[kind], running[kind])
+        try:
+            return work()
+        finally:
+            with lock:
+                running[kind] -= 1
+
+    started = [0]
+
+    def measure(task: Task, cfg: Any, modes: Any, **_: Any) -> _Stored:
+        def work() -> _Stored:
+            with lock:
+                started[0] += 1
+                later = started[0] > 1
+            if later:
+                assert first_search.wait(10), "a baseline waited for every search"
+            return _Stored()
+        return busy("baseline", task.name, work)
+
+    def search(store: RunStore, task: Task, cfg: Any, replay: Any, event: Any,
+               evaluations: Any) -> OptimizeResult:
+        def work() -> OptimizeResult:
+            first_search.set()
+            with lock:
+                measured = ("baseline", task.name) in steps
+            assert measured, f"{task.name} searched before its baselines were in"
+            return OptimizeResult(run_dir=store.path.parent, task=task.name,
+                                  best_source=None, best_verdict=None, queries=0,
+                                  dollars=0.0, verdicts={})
+        return busy("search", task.name, work)
+
+    monkeypatch.setattr(campaign, "measure_baselines", measure)
+    monkeypatch.setattr(campaign, "search_task", search)
+    monkeypatch.setattr(campaign, "make_pool", lambda cfg: SimpleNamespace(close=lambda: None))
+    cfg = RunConfig()
+    cfg.eval.device = "cuda"
+    result = campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=1)
+    assert all(o.error is None for o in result.outcomes)
+    assert steps[0][0] == "baseline"
+    assert sorted(n for k, n in steps if k == "search") == names
+    assert most == {"baseline": 1, "search": 1}  # one GPU, --jobs 1: one of each at once
+
+
 def test_a_task_whose_reference_fails_in_its_baseline_is_done_with_its_error(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     failing = "2_ConvBlock"
     steps = _fakes(monkeypatch, failing=failing)
-    result = campaign.bench(TASKS, RunConfig(), out=tmp_path / "run", jobs=1)
+    done: list[dict[str, Any]] = []
+    result = campaign.bench(TASKS, RunConfig(), out=tmp_path / "run", jobs=1,
+                            on_event=lambda kind, **d: done.append(d) if (
+                                kind == "task_done" and d["task"] == failing) else None)
     assert ("search", failing) not in steps
+    # the display's last word on it is the failure, not a plain "done"
+    assert done and all(d.get("error") == "the reference failed" for d in done)
     outcome = next(o for o in result.outcomes if o.task == failing)
     assert outcome.error == "the reference failed"
     assert all(o.error is None for o in result.outcomes if o.task != failing)
@@ -120,8 +190,8 @@ def test_with_several_gpus_each_tasks_baselines_are_measured_on_one_all_at_once(
 
 @pytest.mark.parametrize(("jobs", "device", "devices", "asked", "expected"), [
     (2, "cuda", [], "auto", "on"),  # two tasks' baselines on one GPU: each build alone
-    (1, "cuda", [], "auto", "off"),  # stops the other; one at a time: nobody waits
-    (1, None, ["cuda:0", "cuda:1"], "auto", "off"),  # one per GPU
+    (1, "cuda", [], "auto", "on"),  # stops the other, and the searches beside them
+    (1, None, ["cuda:0", "cuda:1"], "auto", "on"),  # one per GPU, searches beside
     (3, None, ["cuda:0", "cuda:1"], "auto", "on"),
     (2, "cpu", [], "auto", "off"),  # no device lock on the CPU: nothing waits
     (2, "cuda", [], "off", "off"),  # what the user set stands
@@ -146,3 +216,31 @@ def test_autotuning_modes_are_pre_built_where_baselines_share_a_gpu(
     cfg.eval.prebuild_autotune = asked  # type: ignore[assignment]
     campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=jobs)
     assert seen == [expected] * 3
+
+
+def test_filled_baselines_are_measured_as_the_first_ones_were(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--fill-baselines takes a device slot: on the card that measured the task before,
+    with `eval.prebuild_autotune: auto` settled as for the first measurement (it was
+    left unsettled there, and meant no pre-build, whoever else was building)."""
+    from types import SimpleNamespace
+
+    _fakes(monkeypatch)
+    seen: list[tuple[str | None, str]] = []
+
+    def measure(task: Task, cfg: RunConfig, modes: Any, **_: Any) -> _Stored:
+        seen.append((cfg.eval.device, cfg.eval.prebuild_autotune))
+        return _Stored()  # eager only: every compile mode is a gap to fill
+
+    monkeypatch.setattr(campaign, "measure_baselines", measure)
+    monkeypatch.setattr(campaign, "make_pool", lambda cfg: SimpleNamespace(close=lambda: None))
+    cfg = RunConfig()
+    cfg.eval.devices = ["cuda:0", "cuda:1"]
+    campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=3)
+    assert {a for _, a in seen} == {"on"} and {d for d, _ in seen} == {"cuda:0", "cuda:1"}
+    with RunStore.open(tmp_path / "run") as store:  # say each was measured on cuda:1
+        for name in (p.stem for p in TASKS.glob("*.py")):
+            store.set_state(name, "baseline", {"device": "cuda:1", "modes": []})
+    seen.clear()
+    campaign.bench(None, resume=tmp_path / "run", jobs=1, fill_baselines=True)
+    assert seen == [("cuda:1", "on")] * 3

@@ -421,12 +421,15 @@ def test_on_a_gpu_a_batch_judges_cheap_candidates_beside_one_build(task: Task) -
                                                                               "cpu")]
 
 
-@pytest.mark.parametrize(("paused", "judged"), [(0.0, 3), (40.0, 8)])
+@pytest.mark.parametrize(("paused", "waited", "judged"),
+                         [(0.0, 0.0, 3), (40.0, 0.0, 8), (25.0, 15.0, 8), (0.0, 40.0, 8)])
 def test_the_time_budget_leaves_out_the_seconds_other_timers_stopped_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
-        paused: float, judged: int) -> None:
+        paused: float, waited: float, judged: int) -> None:
     # Each evaluation takes 50 s of wall clock; stopped for 40 s of them by other tasks'
-    # timing windows, it spent 10 s of a 120 s budget, and the search goes on.
+    # timing windows, or waiting while another held the device alone (a baseline's
+    # autotuning build beside the searches), it spent 10 s of a 120 s budget, and the
+    # search goes on.
     from pike.evaluate.verdict import Verdict
     from pike.search import offline as offline_search
 
@@ -439,7 +442,8 @@ def test_the_time_budget_leaves_out_the_seconds_other_timers_stopped_it(
         for _ in sources:
             now[0] += 50.0
             yield 0, Verdict(status="ok", speedup=1.0,
-                             phase_seconds={"paused": paused, "total": 50.0})
+                             phase_seconds={"paused": paused, "total": 50.0},
+                             steps={"wait_for_device": waited})
 
     request.addfinalizer(store.close)
     offline_search.OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=judge,
@@ -447,7 +451,7 @@ def test_the_time_budget_leaves_out_the_seconds_other_timers_stopped_it(
     verdicts = [r for r in store.candidates(MLP.name) if r.verdict is not None]
     assert len(verdicts) == judged
     spent = store.get_state(MLP.name, "offline_seconds")
-    assert spent == pytest.approx(judged * (50.0 - paused))
+    assert spent == pytest.approx(judged * (50.0 - paused - waited))
     # a resumed search counts what the first one spent, not the wall time since it began
     now[0] += 1000.0
     resumed = offline_search.OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=judge,

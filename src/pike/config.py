@@ -147,10 +147,11 @@ class EvalConfig(_Strict):
         "built once beside other evaluations first, its autotuning choices and compiled "
         "graph thrown away: its own build, which holds the device alone and stops every "
         "other evaluation, then finds its kernels compiled and mostly measures them. "
-        "auto: on where this run measures several tasks' baselines on one GPU at once "
-        "(pike bench, pike audit with more tasks at once than GPUs), off where a task has "
-        "the GPU to itself (nobody waits for its build, and the second build's tracing "
-        "would only add time) and on the CPU (no device lock: nothing waits there)")
+        "auto: on where other work shares the GPU with a task's baselines (pike bench, "
+        "whose searches run beside them; pike audit with more tasks at once than GPUs), "
+        "off where a task has the GPU to itself (nobody waits for its build, and the "
+        "second build's tracing would only add time) and on the CPU (no device lock: "
+        "nothing waits there)")
     build_cache: Path | None = Field(
         None, description="where compiled extensions and inductor's and Triton's caches are "
         "kept: candidates/ in it for candidates, the folder's name plus -reference beside it "

@@ -17,8 +17,11 @@ from pike.config import RunConfig
 class DeviceSlots:
     """The GPUs of a config's `eval.devices`; with none, everything runs on `eval.device`."""
 
-    def __init__(self, cfg: RunConfig, at_once: int = 1) -> None:
+    def __init__(self, cfg: RunConfig, at_once: int = 1, beside_others: bool = False) -> None:
+        """`beside_others`: other work (a campaign's searches) shares the GPUs with these
+        pieces, so a piece's device-alone build stops it even with a GPU to itself."""
         self._cfg = cfg
+        self._beside_others = beside_others
         # "cuda" and "cuda:0" are one GPU: two slots on it would not be one task per GPU
         self.devices = list(dict.fromkeys("cuda:0" if d == "cuda" else d
                                           for d in cfg.eval.devices))
@@ -26,6 +29,15 @@ class DeviceSlots:
         self._lock = threading.Lock()
         # Fewer pieces at once than GPUs would leave GPUs idle.
         self.at_once = max(at_once, len(self.devices))
+
+    @property
+    def locked(self) -> bool:
+        """Whether every piece runs on a GPU whose device lock keeps each timing window
+        alone from all other work. The CPU holds no lock, and `eval.device_lock:
+        timing_only` leaves builds and trials unstopped: there, work beside a piece is in
+        its timings."""
+        return self._cfg.eval.device_lock != "timing_only" and all(
+            _on_gpu(d) for d in self.devices or [self._cfg.eval.device])
 
     def note(self, what: str) -> list[str]:
         """A line for a result that says how `what` was spread (none with one GPU)."""
@@ -57,13 +69,18 @@ class DeviceSlots:
     def _on(self, device: str) -> RunConfig:
         """The config of a piece on `device`, with `eval.prebuild_autotune: auto` settled:
         on where more pieces run at once than there are GPUs (a piece's device-alone build
-        then stops the others), off where each piece has its GPU to itself, and off on the
+        then stops the others) or other work shares them, off where each piece has its
+        GPU to itself, and off on the
         CPU, which holds no device lock: nothing waits there, and a pre-build's compile
         only loads the cores another task is timed on."""
         update: dict[str, object] = {"device": device, "devices": []}
         if self._cfg.eval.prebuild_autotune == "auto":
-            on_gpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")) \
-                .startswith("cuda")
-            shared = on_gpu and self.at_once > max(1, len(self.devices))
+            shared = _on_gpu(device) and (self._beside_others
+                                          or self.at_once > max(1, len(self.devices)))
             update["prebuild_autotune"] = "on" if shared else "off"
         return self._cfg.model_copy(update={"eval": self._cfg.eval.model_copy(update=update)})
+
+
+def _on_gpu(device: str | None) -> bool:
+    # resolved here, not by judge.resolve_device, which raises on a host without CUDA
+    return (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")

@@ -1,11 +1,13 @@
 """`bench()`: one strategy over many tasks, unattended, in one run store.
 
 Each task gets its own budget (the ledger is per task), its baselines (eager and each
-torch.compile mode) measured once and kept in the store, and its own search. Every task's
-baselines are measured before any search starts: they hold the GPU alone for tens of
-seconds (max-autotune measures kernels), and a search beside them would spend its time
-budget with its candidates stopped. Tasks run in `jobs` threads at once: the evaluator's
-device lock keeps timing alone on each GPU, and LLM calls are I/O. Every step is in the store before it counts, so a campaign killed at
+torch.compile mode) measured once and kept in the store, and its own search, which starts
+once its own baselines are in. On GPUs, other tasks' baselines go on meanwhile: their
+builds and timed windows hold the device alone where they measure, which stops the
+searches' candidates, and a search's budget leaves that stopped time out. On the CPU,
+where nothing holds the device alone, every baseline is measured before any search
+starts, so no search runs in a baseline's timings. `jobs` tasks search at once: the
+evaluator's device lock keeps timing alone on each GPU, and LLM calls are I/O. Every step is in the store before it counts, so a campaign killed at
 any point resumes where it stopped: finished tasks are skipped, a task cut off mid-search
 continues with the calls and verdicts it already has.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -145,23 +148,35 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
     total = width * jobs if cfg.eval.cluster == "local" else width
     # Ctrl-C or a host-level error: queued tasks do not start; what ran is in the store
     # for --resume.
-    unmeasured = [t for t in tasks if store.get_state(t.name, DONE_STATE) is None
-                  and store.get_state(t.name, BASELINE_STATE) is None]
+    unmeasured = {t.name for t in tasks if store.get_state(t.name, DONE_STATE) is None
+                  and store.get_state(t.name, BASELINE_STATE) is None}
     # With several GPUs, each task's baselines are measured on one of them, all GPUs at
     # once (on one GPU, each task's max-autotune build and timing hold it alone in turn).
-    gpus = DeviceSlots(cfg, jobs)
+    gpus = DeviceSlots(cfg, jobs, beside_others=True)  # the searches, on GPUs
+    measuring, searching = threading.Semaphore(gpus.at_once), threading.Semaphore(jobs)
 
     def measure(task: Task) -> None:
-        with gpus.take() as on_gpu:
+        with measuring, gpus.take() as on_gpu:
             _measure_baseline(store, task, on_gpu, on_event)
 
-    for _ in run_each(measure, unmeasured, gpus.at_once, "pike-baseline",
-                      stop=_stop_the_others):
-        pass
+    if not gpus.locked:  # the CPU: every baseline before any search
+        for _ in run_each(measure, [t for t in tasks if t.name in unmeasured],
+                          gpus.at_once, "pike-baseline", stop=_stop_the_others):
+            pass
+        unmeasured.clear()
+
+    def one(task: Task, lane: Lane) -> TaskOutcome:
+        # A task's search waits for its own baselines only. Threads beyond `jobs` measure
+        # the next tasks' baselines meanwhile, at most `at_once` ahead of the searches.
+        if task.name in unmeasured:
+            measure(task)
+        with searching:
+            return _one_task(store, task, cfg, lane, on_event, gpus if fill_baselines else None)
+
+    threads = jobs + (gpus.at_once if unmeasured else 0)
     with closing(make_pool(cfg.eval.model_copy(update={"workers": total}))) as pool:
-        for outcome in run_each(lambda t: _one_task(store, t, cfg, Lane(pool, width), on_event,
-                                                    fill_baselines),
-                                tasks, jobs, "pike-bench", stop=_stop_the_others):
+        for outcome in run_each(lambda t: one(t, Lane(pool, width)), tasks, threads,
+                                "pike-bench", stop=_stop_the_others):
             outcomes[outcome.task] = outcome
     return [outcomes[t.name] for t in tasks]
 
@@ -176,16 +191,22 @@ def _stop_the_others(err: BaseException) -> None:
 
 
 def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
-              on_event: Callable[..., None], fill_baselines: bool = False) -> TaskOutcome:
+              on_event: Callable[..., None], fill_on: DeviceSlots | None = None
+              ) -> TaskOutcome:
+    """The task's search; `fill_on`: the slots a finished task's missing baselines are
+    measured again in (--fill-baselines), as the first ones were."""
     def event(kind: str, **data: Any) -> None:
         on_event(kind, task=task.name, **data)
 
     done = store.get_state(task.name, DONE_STATE)
-    if done and fill_baselines and not store.get_state(task.name, ERROR_STATE) \
+    if done and fill_on is not None and not store.get_state(task.name, ERROR_STATE) \
             and not drain.due():
-        _fill_baseline(store, task, cfg, event)
+        old = store.get_state(task.name, BASELINE_STATE)
+        with fill_on.take(old.get("device") if isinstance(old, dict) else None) as on_gpu:
+            _fill_baseline(store, task, on_gpu, event)
     if done:
-        event("task_done", resumed=True)
+        error = store.get_state(task.name, ERROR_STATE)
+        event("task_done", resumed=True, **({"error": str(error)} if error else {}))
         return TaskOutcome(task=task.name, result=task_result(store, task.name),
                            error=store.get_state(task.name, ERROR_STATE))
     if drain.due():

@@ -13,9 +13,9 @@ alone first, and of the builds no faster than eager only the quickest to build, 
 the others' verdicts are in and budget is left, so a short budget reaches the likeliest
 sets. It stops when nothing improves
 or a budget (number of candidates, seconds) is spent. The seconds are those its lanes ran: wall-clock time less
-the time its evaluations stood stopped by timing windows (`paused` in their verdicts,
-shared over its lanes): beside three other tasks on one GPU a 120 s budget was half spent
-with its candidates stopped. A window timing one of its own candidates stops its other
+the time its evaluations stood stopped by timing windows (`paused` in their verdicts) or
+waited for a device another held alone (`wait_for_device`), shared over its lanes: beside
+three other tasks on one GPU a 120 s budget was half spent with its candidates stopped. A window timing one of its own candidates stops its other
 lanes too, so with several lanes a search alone on a GPU also runs somewhat past its
 seconds of wall time. Candidates are recorded like LLM ones (role
 'offline', idea = the transformation set), so reports, resume and `--seed-offline` work.
@@ -44,6 +44,15 @@ _clock = time.monotonic
 # the last verdict of 5 of those 7 searches.
 _BUILD_ORDER = ("compile:default", "compile:reduce-overhead",
                 "compile:max-autotune-no-cudagraphs", "compile:max-autotune")
+
+
+def _stood(verdict: Verdict) -> float:
+    """Seconds an evaluation stood still for others: stopped by their timing windows
+    (`paused`), and waiting for the device while they held it alone, to start its child
+    or to time it (`wait_for_device`; a baseline's autotuning build and window beside the
+    searches on one GPU)."""
+    return (verdict.phase_seconds.get("paused", 0.0)
+            + verdict.steps.get("wait_for_device", 0.0))
 
 
 def _build_rank(name: str) -> int:
@@ -195,7 +204,7 @@ class OfflineSearch:
 
     def _record(self, cid: int, verdict: Verdict) -> None:
         self.store.set_verdict(cid, verdict)
-        self._stopped += verdict.phase_seconds.get("paused", 0.0) / self.batch
+        self._stopped += _stood(verdict) / self.batch
         self.store.set_state(self.task, "offline_seconds", self._spent())
         self.on_event("verdict", candidate=cid, verdict=verdict)
 
