@@ -241,6 +241,24 @@ def test_baseline_modes_compile_on_the_build_cores_before_their_window(
     assert all(m.checked is True for m in compiled), [(m.mode, m.check_note) for m in compiled]
 
 
+def test_an_autotuning_mode_pre_built_beside_others_is_built_and_checked_again_alone(
+        mlp_task: Task, gpu_config: EvalConfig) -> None:
+    """eval.prebuild_autotune on (a campaign's baselines beside its searches): the mode
+    is compiled once untimed, then built with the device alone, checked against eager's
+    check trials and timed; its baseline keeps both build times."""
+    from pike.evaluate import baseline
+
+    gpu_config.prebuild_autotune = "on"
+    modes = ["eager", "compile:default", "compile:max-autotune-no-cudagraphs"]
+    base = baseline.measure_baselines(mlp_task, gpu_config, modes)
+    eager, default, tuned = base.modes
+    print({m.mode: (m.build_s, m.prebuild_s) for m in base.modes})
+    assert tuned.error is None and tuned.checked is True, (tuned.error, tuned.check_note)
+    assert tuned.stats and tuned.stats.median_ms > 0
+    assert tuned.prebuild_s and tuned.build_s and tuned.build_s > tuned.prebuild_s
+    assert default.prebuild_s is None and eager.prebuild_s is None  # nothing to autotune
+
+
 STATEFUL_RNN = '''
 import torch
 import torch.nn as nn
