@@ -244,3 +244,38 @@ def test_filled_baselines_are_measured_as_the_first_ones_were(
     seen.clear()
     campaign.bench(None, resume=tmp_path / "run", jobs=1, fill_baselines=True)
     assert seen == [("cuda:1", "on")] * 3
+
+
+def test_a_reference_out_of_gpu_memory_beside_the_searches_is_measured_again_after_them(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A baseline now shares the GPU with the searches' children: its reference running
+    out of memory there does not fail the task (as it would alone); the task is measured
+    again once the other searches have ended, and searched."""
+    from types import SimpleNamespace
+
+    from pike.evaluate.judge import ReferenceOutOfMemory
+
+    steps = _fakes(monkeypatch)
+    crowded = sorted(p.stem for p in TASKS.glob("*.py"))[0]
+    tries = [0]
+
+    def measure(task: Task, cfg: RunConfig, modes: Any, **_: Any) -> _Stored:
+        steps.append(("baseline", task.name))
+        if task.name == crowded:
+            tries[0] += 1
+            if tries[0] == 1:
+                raise ReferenceOutOfMemory("the reference ran out of GPU memory")
+        return _Stored()
+
+    monkeypatch.setattr(campaign, "measure_baselines", measure)
+    monkeypatch.setattr(campaign, "make_pool", lambda cfg: SimpleNamespace(close=lambda: None))
+    cfg = RunConfig()
+    cfg.eval.device = "cuda"
+    result = campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=1)
+    assert all(o.error is None for o in result.outcomes)
+    assert [o.task for o in result.outcomes] == sorted(p.stem for p in TASKS.glob("*.py"))
+    searched = [n for k, n in steps if k == "search"]
+    assert searched[-1] == crowded and len(searched) == 3  # after every other search
+    assert steps[-2:] == [("baseline", crowded), ("search", crowded)] and tries[0] == 2
+    with RunStore.open(tmp_path / "run") as store:
+        assert store.get_state(crowded, "baseline") and not store.get_state(crowded, "error")

@@ -29,7 +29,7 @@ from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import measure_baselines
 from pike.evaluate.device_slots import DeviceSlots
-from pike.evaluate.judge import keep_references
+from pike.evaluate.judge import ReferenceOutOfMemory, keep_references
 from pike.evaluate.leftovers import remove_tree
 from pike.evaluate.pool import Lane, Pool, make_pool, one_line
 from pike.search import drain
@@ -155,9 +155,9 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
     gpus = DeviceSlots(cfg, jobs, beside_others=True)  # the searches, on GPUs
     measuring, searching = threading.Semaphore(gpus.at_once), threading.Semaphore(jobs)
 
-    def measure(task: Task) -> None:
+    def measure(task: Task, beside_searches: bool = False) -> bool:
         with measuring, gpus.take() as on_gpu:
-            _measure_baseline(store, task, on_gpu, on_event)
+            return _measure_baseline(store, task, on_gpu, on_event, beside_searches)
 
     if not gpus.locked:  # the CPU: every baseline before any search
         for _ in run_each(measure, [t for t in tasks if t.name in unmeasured],
@@ -165,11 +165,12 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
             pass
         unmeasured.clear()
 
-    def one(task: Task, lane: Lane) -> TaskOutcome:
+    def one(task: Task, lane: Lane, beside_searches: bool = True) -> TaskOutcome | None:
         # A task's search waits for its own baselines only. Threads beyond `jobs` measure
         # the next tasks' baselines meanwhile, at most `at_once` ahead of the searches.
-        if task.name in unmeasured:
-            measure(task)
+        # None: its reference ran out of GPU memory beside the searches (tried again later).
+        if task.name in unmeasured and not measure(task, beside_searches):
+            return None
         with searching:
             return _one_task(store, task, cfg, lane, on_event, gpus if fill_baselines else None)
 
@@ -177,6 +178,13 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
     with closing(make_pool(cfg.eval.model_copy(update={"workers": total}))) as pool:
         for outcome in run_each(lambda t: one(t, Lane(pool, width)), tasks, threads,
                                 "pike-bench", stop=_stop_the_others):
+            if outcome is not None:
+                outcomes[outcome.task] = outcome
+        # once the searches have ended, with only each other beside them, as before
+        later = [t for t in tasks if t.name not in outcomes]
+        for outcome in run_each(lambda t: one(t, Lane(pool, width), beside_searches=False),
+                                later, jobs, "pike-bench", stop=_stop_the_others):
+            assert outcome is not None
             outcomes[outcome.task] = outcome
     return [outcomes[t.name] for t in tasks]
 
@@ -226,24 +234,35 @@ def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
 
 
 def _measure_baseline(store: RunStore, task: Task, cfg: RunConfig,
-                      on_event: Callable[..., None]) -> None:
+                      on_event: Callable[..., None], beside_searches: bool = False) -> bool:
     """The task's baselines, stored; a task whose reference fails here is done, with its
-    error (the search would fail the same way)."""
+    error (the search would fail the same way). False, nothing stored, where the reference
+    ran out of GPU memory `beside_searches`: the searches' children held it, and the task
+    is measured again once they end."""
     def event(kind: str, **data: Any) -> None:
         on_event(kind, task=task.name, **data)
 
     if drain.due():
-        return
+        return True  # its search sees the drain too, and leaves the task open
 
     event("task_phase", phase="baseline")
     try:
         baseline = measure_baselines(task, cfg, cfg.search.baseline_modes,
                                      on_event=event)
+    except ReferenceOutOfMemory as err:
+        if not beside_searches:
+            _failed(store, task, err, event)
+            return True
+        log.warning("%s: %s; its baselines are measured again once the searches beside "
+                    "them have ended", task.name, one_line(err))
+        event("task_phase", phase="waiting")
+        return False
     except TaskError as err:
         _failed(store, task, err, event)
-        return
+        return True
     store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
     event("task_phase", phase="waiting")  # for a search slot
+    return True
 
 
 def _left_open(store: RunStore, task: Task, event: Callable[..., None]) -> TaskOutcome:
