@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from common import (
     RESULTS,
+    alone_seconds,
     apply_modes,
     device_name,
     notes_section,
@@ -39,7 +40,7 @@ from common import (
     with_ext,
 )
 
-from pike.config import RunConfig
+from pike.config import RunConfig, autotunes
 from pike.evaluate import measure_baselines
 from pike.evaluate.device_slots import DeviceSlots
 from pike.evaluate.leftovers import end_children_and_remove_own_dirs, make_temp_dir, remove_tree
@@ -70,13 +71,6 @@ def measure_phase(tasks: list[Task], cfg: RunConfig, jobs: int) -> dict[str, Any
                                                       "baseline-phase")}
     return {"wall_s": round(time.perf_counter() - started, 1),
             "tasks": [finished[t.name] for t in tasks]}
-
-
-def alone_seconds(mode: dict[str, Any]) -> float:
-    """The part of an autotuning mode's build that held the device alone."""
-    if "max-autotune" not in mode["mode"] or mode["build_s"] is None:
-        return 0.0
-    return mode["build_s"] - (mode["prebuild_s"] or 0.0)
 
 
 def render(data: dict[str, Any]) -> str:
@@ -118,7 +112,7 @@ def _cell(mode: dict[str, Any] | None, row: dict[str, Any] | None) -> str:
     if mode["error"]:
         return f"error: {mode['error'][:50]}"
     build = f"{mode['build_s']:.1f}" if mode["build_s"] is not None else "-"
-    alone = f" ({alone_seconds(mode):.1f})" if "max-autotune" in mode["mode"] else ""
+    alone = f" ({alone_seconds(mode):.1f})" if autotunes(mode["mode"]) else ""
     median = f"{mode['median_ms']:.3f} ms" if mode["median_ms"] is not None else "-"
     return f"{build}{alone}; {median}"
 

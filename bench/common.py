@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from pike.config import CONSTRUCT_ON, RunConfig
+from pike.config import CONSTRUCT_ON, RunConfig, autotunes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -93,6 +93,16 @@ def notes_section(data: dict) -> list[str]:
     the closing lines of its markdown: a blank line, then one bullet each."""
     notes = data.get("notes") or []
     return ["", *(f"- Note: {n}" for n in notes)] if notes else []
+
+
+def alone_seconds(mode: dict) -> float:
+    """The part of a stored baseline mode's build that held the device alone: an
+    autotuning mode's build less its pre-build (made beside other work); none for the
+    other modes, built beside other work."""
+    build = mode.get("build_s")
+    if not autotunes(mode["mode"]) or build is None:
+        return 0.0
+    return build - (mode.get("prebuild_s") or 0.0)
 
 
 def geomean(values: list[float | None]) -> float | None:

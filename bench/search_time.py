@@ -24,8 +24,9 @@ import json
 import statistics
 from pathlib import Path
 
-from common import RESULTS, now, this_command, with_ext
+from common import RESULTS, alone_seconds, now, this_command, with_ext
 
+from pike.config import autotunes
 from pike.evaluate.verdict import Verdict
 from pike.store import BASELINE_STATE, DONE_STATE, RunStore
 
@@ -71,9 +72,6 @@ def collect(run_dir: Path, since: int = 0) -> dict:
     return {"tasks": tasks, "kinds": by_kind}
 
 
-AUTOTUNES = "max-autotune"  # modes whose build benchmarks kernels: built alone
-
-
 def collect_baselines(run_dir: Path) -> dict[str, dict[str, dict]]:
     """Per task, per baseline mode: its speedup over eager, build and device-alone seconds."""
     found: dict[str, dict[str, dict]] = {}
@@ -84,11 +82,9 @@ def collect_baselines(run_dir: Path) -> dict[str, dict[str, dict]]:
                 continue
             modes = found.setdefault(name, {})
             for m in baseline.get("modes", []):
-                build = m.get("build_s")
-                alone = (build - (m.get("prebuild_s") or 0.0)
-                         if build is not None and AUTOTUNES in m["mode"] else 0.0)
-                modes[m["mode"]] = {"speedup": m.get("speedup_vs_eager"), "build_s": build,
-                                    "alone_s": alone, "error": bool(m.get("error"))}
+                modes[m["mode"]] = {"speedup": m.get("speedup_vs_eager"),
+                                    "build_s": m.get("build_s"), "alone_s": alone_seconds(m),
+                                    "error": bool(m.get("error"))}
     return found
 
 
@@ -147,7 +143,7 @@ def render_baselines(here: dict[str, dict[str, dict]],
         for m in modes:
             mode = here[name].get(m)
             cells.append("-" if mode is None else f"{_figure(mode)}, {mode['build_s'] or 0:.1f}"
-                         + (f" ({mode['alone_s']:.1f})" if AUTOTUNES in m else ""))
+                         + (f" ({mode['alone_s']:.1f})" if autotunes(m) else ""))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if there is None:
         return lines

@@ -5,7 +5,9 @@ candidates, whose budgets leave that time out), on the CPU every baseline comes 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -41,12 +43,28 @@ def _fakes(monkeypatch: pytest.MonkeyPatch, failing: str = "") -> list[tuple[str
                evaluations: Any) -> OptimizeResult:
         with lock:
             steps.append(("search", task.name))
-        return OptimizeResult(run_dir=store.path.parent, task=task.name, best_source=None,
-                              best_verdict=None, queries=0, dollars=0.0, verdicts={})
+        return _nothing_found(store, task)
 
     monkeypatch.setattr(campaign, "measure_baselines", measure)
     monkeypatch.setattr(campaign, "search_task", search)
     return steps
+
+
+def _nothing_found(store: RunStore, task: Task) -> OptimizeResult:
+    return OptimizeResult(run_dir=store.path.parent, task=task.name, best_source=None,
+                          best_verdict=None, queries=0, dollars=0.0, verdicts={})
+
+
+def _campaign_config(monkeypatch: pytest.MonkeyPatch, measure: Callable[..., _Stored],
+                     device: str | None = None, devices: list[str] | None = None
+                     ) -> RunConfig:
+    """A campaign whose baselines are `measure` and whose searches are faked (no
+    evaluation pool: on GPUs this host may not have), on `device` or `devices`."""
+    monkeypatch.setattr(campaign, "measure_baselines", measure)
+    monkeypatch.setattr(campaign, "make_pool", lambda cfg: SimpleNamespace(close=lambda: None))
+    cfg = RunConfig()
+    cfg.eval.device, cfg.eval.devices = device, devices or []
+    return cfg
 
 
 def test_on_the_cpu_every_baseline_is_measured_before_any_search(
@@ -81,8 +99,6 @@ def test_on_a_gpu_a_search_starts_once_its_own_baselines_are_in(
     """The next task's baselines are measured while the first task searches: the second
     baseline to start waits (up to 10 s) for the first search to start, which never
     happens if every baseline must come first."""
-    from types import SimpleNamespace
-
     steps = _fakes(monkeypatch)
     names = sorted(p.stem for p in TASKS.glob("*.py"))
     first_search = threading.Event()
@@ -120,16 +136,11 @@ def test_on_a_gpu_a_search_starts_once_its_own_baselines_are_in(
             with lock:
                 measured = ("baseline", task.name) in steps
             assert measured, f"{task.name} searched before its baselines were in"
-            return OptimizeResult(run_dir=store.path.parent, task=task.name,
-                                  best_source=None, best_verdict=None, queries=0,
-                                  dollars=0.0, verdicts={})
+            return _nothing_found(store, task)
         return busy("search", task.name, work)
 
-    monkeypatch.setattr(campaign, "measure_baselines", measure)
     monkeypatch.setattr(campaign, "search_task", search)
-    monkeypatch.setattr(campaign, "make_pool", lambda cfg: SimpleNamespace(close=lambda: None))
-    cfg = RunConfig()
-    cfg.eval.device = "cuda"
+    cfg = _campaign_config(monkeypatch, measure, device="cuda")
     result = campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=1)
     assert all(o.error is None for o in result.outcomes)
     assert steps[0][0] == "baseline"
@@ -160,8 +171,6 @@ def test_with_several_gpus_each_tasks_baselines_are_measured_on_one_all_at_once(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """`--devices`: the baseline phase is not one task after another on the first GPU."""
     import time
-    from types import SimpleNamespace
-
     _fakes(monkeypatch)
     where: dict[str, str] = {}
     at_once: list[int] = []
@@ -178,11 +187,7 @@ def test_with_several_gpus_each_tasks_baselines_are_measured_on_one_all_at_once(
             running[0] -= 1
         return _Stored()
 
-    monkeypatch.setattr(campaign, "measure_baselines", measure)
-    # the searches are faked: no evaluation pool on GPUs this host may not have
-    monkeypatch.setattr(campaign, "make_pool", lambda cfg: SimpleNamespace(close=lambda: None))
-    cfg = RunConfig()
-    cfg.eval.devices = ["cuda:0", "cuda:1"]
+    cfg = _campaign_config(monkeypatch, measure, devices=["cuda:0", "cuda:1"])
     campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=1)
     assert set(where.values()) == {"cuda:0", "cuda:1"} and len(where) == 3
     assert max(at_once) == 2  # one per GPU, though the campaign runs one task at a time
@@ -200,8 +205,6 @@ def test_with_several_gpus_each_tasks_baselines_are_measured_on_one_all_at_once(
 def test_autotuning_modes_are_pre_built_where_baselines_share_a_gpu(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, jobs: int, device: str | None,
         devices: list[str], asked: str, expected: str) -> None:
-    from types import SimpleNamespace
-
     _fakes(monkeypatch)
     seen: list[str] = []
 
@@ -209,10 +212,7 @@ def test_autotuning_modes_are_pre_built_where_baselines_share_a_gpu(
         seen.append(cfg.eval.prebuild_autotune)
         return _Stored()
 
-    monkeypatch.setattr(campaign, "measure_baselines", measure)
-    monkeypatch.setattr(campaign, "make_pool", lambda cfg: SimpleNamespace(close=lambda: None))
-    cfg = RunConfig()
-    cfg.eval.device, cfg.eval.devices = device, devices
+    cfg = _campaign_config(monkeypatch, measure, device, devices)
     cfg.eval.prebuild_autotune = asked  # type: ignore[assignment]
     campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=jobs)
     assert seen == [expected] * 3
@@ -223,8 +223,6 @@ def test_filled_baselines_are_measured_as_the_first_ones_were(
     """--fill-baselines takes a device slot: on the card that measured the task before,
     with `eval.prebuild_autotune: auto` settled as for the first measurement (it was
     left unsettled there, and meant no pre-build, whoever else was building)."""
-    from types import SimpleNamespace
-
     _fakes(monkeypatch)
     seen: list[tuple[str | None, str]] = []
 
@@ -232,10 +230,7 @@ def test_filled_baselines_are_measured_as_the_first_ones_were(
         seen.append((cfg.eval.device, cfg.eval.prebuild_autotune))
         return _Stored()  # eager only: every compile mode is a gap to fill
 
-    monkeypatch.setattr(campaign, "measure_baselines", measure)
-    monkeypatch.setattr(campaign, "make_pool", lambda cfg: SimpleNamespace(close=lambda: None))
-    cfg = RunConfig()
-    cfg.eval.devices = ["cuda:0", "cuda:1"]
+    cfg = _campaign_config(monkeypatch, measure, devices=["cuda:0", "cuda:1"])
     campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=3)
     assert {a for _, a in seen} == {"on"} and {d for d, _ in seen} == {"cuda:0", "cuda:1"}
     with RunStore.open(tmp_path / "run") as store:  # say each was measured on cuda:1
@@ -251,8 +246,6 @@ def test_a_reference_out_of_gpu_memory_beside_the_searches_is_measured_again_aft
     """A baseline now shares the GPU with the searches' children: its reference running
     out of memory there does not fail the task (as it would alone); the task is measured
     again once the other searches have ended, and searched."""
-    from types import SimpleNamespace
-
     from pike.evaluate.judge import ReferenceOutOfMemory
 
     steps = _fakes(monkeypatch)
@@ -267,10 +260,7 @@ def test_a_reference_out_of_gpu_memory_beside_the_searches_is_measured_again_aft
                 raise ReferenceOutOfMemory("the reference ran out of GPU memory")
         return _Stored()
 
-    monkeypatch.setattr(campaign, "measure_baselines", measure)
-    monkeypatch.setattr(campaign, "make_pool", lambda cfg: SimpleNamespace(close=lambda: None))
-    cfg = RunConfig()
-    cfg.eval.device = "cuda"
+    cfg = _campaign_config(monkeypatch, measure, device="cuda")
     result = campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=1)
     assert all(o.error is None for o in result.outcomes)
     assert [o.task for o in result.outcomes] == sorted(p.stem for p in TASKS.glob("*.py"))

@@ -13,6 +13,12 @@ from pike.errors import ConfigError
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
 
 
+def autotunes(mode: str) -> bool:
+    """Whether a torch.compile mode's build benchmarks kernels (and so holds the device
+    alone): max-autotune, with or without CUDA graphs."""
+    return "max-autotune" in mode
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -70,9 +70,8 @@ class DeviceSlots:
         """The config of a piece on `device`, with `eval.prebuild_autotune: auto` settled:
         on where more pieces run at once than there are GPUs (a piece's device-alone build
         then stops the others) or other work shares them, off where each piece has its
-        GPU to itself, and off on the
-        CPU, which holds no device lock: nothing waits there, and a pre-build's compile
-        only loads the cores another task is timed on."""
+        GPU to itself, and off on the CPU, which holds no device lock: nothing waits
+        there, and a pre-build's compile only loads the cores another task is timed on."""
         update: dict[str, object] = {"device": device, "devices": []}
         if self._cfg.eval.prebuild_autotune == "auto":
             shared = _on_gpu(device) and (self._beside_others

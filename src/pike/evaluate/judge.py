@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from pike.config import EvalConfig, RunConfig
+from pike.config import EvalConfig, RunConfig, autotunes
 from pike.errors import EvaluatorError, TaskError
 from pike.evaluate import check, spares
 from pike.evaluate.cores import timing_cores
@@ -520,16 +520,16 @@ def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
     # alone for 343 of 566 s, every other evaluation stopped, mostly compiling).
     with _built_beside_others(reference.child, device, cfg.device_lock), reference.talking:
         for timer in timers:
-            if cfg.prebuild_autotune == "on" and _autotunes(timer.mode) \
+            if cfg.prebuild_autotune == "on" and autotunes(timer.mode) \
                     and timer.mode not in no_prebuild:
                 _prebuild(timer)
         for timer in timers:
-            if not _autotunes(timer.mode) and not any(t.failure for t in timers):
+            if not autotunes(timer.mode) and not any(t.failure for t in timers):
                 _prepare(timer, cfg, on_built)
     with hold(device, exclusive=True), reference.talking:
         # autotuning measures kernels: alone on the device, as timing is
         for timer in timers:
-            if _autotunes(timer.mode) and not any(t.failure for t in timers):
+            if autotunes(timer.mode) and not any(t.failure for t in timers):
                 _prepare(timer, cfg, on_built)
         if not any(t.failure for t in timers):
             with timing_cores([_pid(reference.child)], device, cfg.timing_cores):
@@ -557,10 +557,6 @@ class ModeFailed(TaskError):
         self.in_prebuild = timer.prebuild_failed
         first_line = (timer.failure.message or "no message").strip().splitlines() or [""]
         self.reason = f"{timer.failure.status} in phase '{timer.failure.phase}': {first_line[0]}"
-
-
-def _autotunes(mode: str) -> bool:
-    return "max-autotune" in mode
 
 
 @contextmanager

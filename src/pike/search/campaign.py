@@ -7,9 +7,10 @@ builds and timed windows hold the device alone where they measure, which stops t
 searches' candidates, and a search's budget leaves that stopped time out. On the CPU,
 where nothing holds the device alone, every baseline is measured before any search
 starts, so no search runs in a baseline's timings. `jobs` tasks search at once: the
-evaluator's device lock keeps timing alone on each GPU, and LLM calls are I/O. Every step is in the store before it counts, so a campaign killed at
-any point resumes where it stopped: finished tasks are skipped, a task cut off mid-search
-continues with the calls and verdicts it already has.
+evaluator's device lock keeps timing alone on each GPU, and LLM calls are I/O. Every step
+is in the store before it counts, so a campaign killed at any point resumes where it
+stopped: finished tasks are skipped, a task cut off mid-search continues with the calls
+and verdicts it already has.
 """
 
 from __future__ import annotations
@@ -215,8 +216,7 @@ def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
     if done:
         error = store.get_state(task.name, ERROR_STATE)
         event("task_done", resumed=True, **({"error": str(error)} if error else {}))
-        return TaskOutcome(task=task.name, result=task_result(store, task.name),
-                           error=store.get_state(task.name, ERROR_STATE))
+        return TaskOutcome(task=task.name, result=task_result(store, task.name), error=error)
     if drain.due():
         return _left_open(store, task, event)
     try:

@@ -11,14 +11,15 @@ tolerance alone, such as fp16 on a deep network, breaks it in company too), and 
 fastest if it beats the best by more than the noise margin; partners are tried fastest
 alone first, and of the builds no faster than eager only the quickest to build, once
 the others' verdicts are in and budget is left, so a short budget reaches the likeliest
-sets. It stops when nothing improves
-or a budget (number of candidates, seconds) is spent. The seconds are those its lanes ran: wall-clock time less
-the time its evaluations stood stopped by timing windows (`paused` in their verdicts) or
-waited for a device another held alone (`wait_for_device`), shared over its lanes: beside
-three other tasks on one GPU a 120 s budget was half spent with its candidates stopped. A window timing one of its own candidates stops its other
-lanes too, so with several lanes a search alone on a GPU also runs somewhat past its
-seconds of wall time. Candidates are recorded like LLM ones (role
-'offline', idea = the transformation set), so reports, resume and `--seed-offline` work.
+sets. It stops when nothing improves or a budget (number of candidates, seconds) is
+spent. The seconds are those its lanes ran: wall-clock time less the time its evaluations
+stood stopped by timing windows (`paused` in their verdicts) or waited for a device
+another held alone (`wait_for_device`), shared over its lanes: beside three other tasks
+on one GPU a 120 s budget was half spent with its candidates stopped. A window timing one
+of its own candidates stops its other lanes too, so with several lanes a search alone on
+a GPU also runs somewhat past its seconds of wall time. Candidates are recorded like LLM
+ones (role 'offline', idea = the transformation set), so reports, resume and
+`--seed-offline` work.
 """
 
 from __future__ import annotations
