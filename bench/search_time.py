@@ -8,6 +8,13 @@ evaluations' timing windows) and its steps. Per task: candidates judged, the sea
 time (first candidate made to last verdict) and its budgeted seconds; per kind of
 candidate (`build`: a torch.compile mode in its set, `cheap`: any other): median and total
 seconds of each step, so a search's budget can be read against what its evaluations did.
+Each task's budget is also replayed from its verdicts under both rules for stopped time
+(`search/offline.py`): shared over all the search's lanes, busy or not (pike before
+2026-11-29), and shared among the evaluations that ran beside it (since). The replay
+counts the time some candidate of the task was in evaluation, so the gaps between device
+calls of a resumed run drop out; a candidate starts at its creation, or where its
+verdict's own seconds began if later (one made before an interrupt is judged anew in the
+next call).
 `--since ID` keeps candidates from that id on (one device call's share of a resumed run).
 Each task's baselines too: every mode's speedup over eager, its build seconds and the part
 of them that held the device alone (an autotuning mode's build less its pre-build, which
@@ -22,6 +29,7 @@ import argparse
 import datetime as dt
 import json
 import statistics
+from itertools import pairwise
 from pathlib import Path
 
 from common import RESULTS, alone_seconds, now, this_command, with_ext
@@ -53,7 +61,8 @@ def collect(run_dir: Path, since: int = 0) -> dict:
             if r.id < since:
                 continue
             t = tasks.setdefault(r.task, {"judged": 0, "ok": 0, "unfinished": 0, "first": None,
-                                          "last": None, "build_s": [], "cheap_s": []})
+                                          "last": None, "build_s": [], "cheap_s": [],
+                                          "spans": []})
             t["first"] = min(filter(None, [t["first"], r.created_at]))
             if r.verdict is None:
                 t["unfinished"] += 1
@@ -63,13 +72,48 @@ def collect(run_dir: Path, since: int = 0) -> dict:
             t["last"] = max(filter(None, [t["last"], r.evaluated_at]))
             seconds = step_seconds(r.verdict)
             t[f"{kind(r.idea)}_s"].append(seconds["total"])
+            if r.role == "offline" and r.created_at and r.evaluated_at:
+                # judged in a later device call than it was made in: it began there
+                end = _stamp(r.evaluated_at)
+                start = max(_stamp(r.created_at), end - seconds["total"])
+                t["spans"].append((start, end, seconds["paused"] + seconds["wait_for_device"]))
             steps = by_kind.setdefault(kind(r.idea), {s: [] for s in STEPS})
             for s in STEPS:
                 steps[s].append(seconds[s])
+        width = int(store.config().get("eval", {}).get("workers", 1) or 1)
         for name, t in tasks.items():
             t["done"] = bool(store.get_state(name, DONE_STATE))
             t["budget_s"] = store.get_state(name, "offline_seconds")
+            t["replay"] = replay_budget(t.pop("spans"), width)
     return {"tasks": tasks, "kinds": by_kind}
+
+
+def _stamp(iso: str) -> float:
+    return dt.datetime.fromisoformat(iso).timestamp()
+
+
+def replay_budget(spans: list[tuple[float, float, float]], width: int) -> dict[str, float]:
+    """A search's spent seconds from its candidates' (start, end, stood) alone: the time
+    some candidate was in evaluation, less the stood seconds shared over `width` lanes
+    (the old rule) or among the candidates in evaluation beside each (the rule now)."""
+    edges = sorted({x for a, b, _ in spans for x in (a, b)})
+    busy = 0.0
+    for a, b in pairwise(edges):
+        mid = (a + b) / 2
+        busy += (b - a) * any(s <= mid < e for s, e, _ in spans)
+
+    def beside(start: float, end: float) -> float:
+        if end <= start:
+            return 1.0
+        area = 0.0
+        for a, b in pairwise(edges):
+            if start <= a and b <= end:
+                area += (b - a) * sum(s <= (a + b) / 2 < e for s, e, _ in spans)
+        return max(1.0, area / (end - start))
+
+    return {"busy": busy,
+            "lanes": busy - sum(stood for *_, stood in spans) / width,
+            "beside": busy - sum(stood / beside(s, e) for s, e, stood in spans)}
 
 
 def collect_baselines(run_dir: Path) -> dict[str, dict[str, dict]]:
@@ -100,15 +144,19 @@ def render(found: dict, command: str, date: str, run_dir: Path) -> str:
              "alone (nothing re-run); seconds are wall seconds of the parent's steps", "",
              "## Per task", "",
              "| task | judged (ok) | unfinished | done | wall, first made to last verdict (s) "
-             "| budgeted s | median s, cheap | median s, builds |", "|---|---|---|---|---|---|---|---|"]
+             "| budgeted s | replayed: all lanes / beside | median s, cheap | median s, builds |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, t in sorted(found["tasks"].items(), key=lambda kv: _task_number(kv[0])):
         wall = _wall(t["first"], t["last"])
         med = [f"{statistics.median(t[k]):.0f}" if t[k] else "-" for k in ("cheap_s", "build_s")]
         budget = f"{float(t['budget_s']):.0f}" if t["budget_s"] is not None else "-"
         wall_text = f"{wall:.0f}" if wall is not None else "-"
+        replay = t.get("replay") or {}
+        replayed = (f"{replay['lanes']:.0f} / {replay['beside']:.0f}" if replay.get("busy")
+                    else "-")
         lines.append(f"| {name} | {t['judged']} ({t['ok']}) | {t['unfinished']} | "
-                     f"{'yes' if t['done'] else 'no'} | {wall_text} | {budget} | {med[0]} | "
-                     f"{med[1]} |")
+                     f"{'yes' if t['done'] else 'no'} | {wall_text} | {budget} | {replayed} | "
+                     f"{med[0]} | {med[1]} |")
     lines += ["", "## Per kind of candidate (median / total seconds of each step)", "",
               "| kind | n | " + " | ".join(STEPS) + " |", "|---|---|" + "---|" * len(STEPS)]
     for k, steps in sorted(found["kinds"].items()):

@@ -90,3 +90,15 @@ def test_baselines_say_what_held_the_device_alone_and_compare_with_another_run(
     # the failed mode is left out of the ratios: 1.9/1.9 and 2.1/2.0
     assert "median 1.025, from 1.000 to 1.050 (2 modes)" in text
     assert "| 17_Conv | 1.90x / 1.90x | 2.10x / 2.00x | failed / failed |" in text
+
+
+def test_a_budget_is_replayed_under_both_rules_for_stopped_time(
+        search_time: ModuleType) -> None:
+    # Two candidates side by side for 10 s, both stopped for the same 6 s window; then one
+    # alone for 10 s, stopped for 8 of them; then 100 s with none (a device call's end).
+    spans = [(0.0, 10.0, 6.0), (0.0, 10.0, 6.0), (10.0, 20.0, 8.0), (120.0, 130.0, 0.0)]
+    replay = search_time.replay_budget(spans, width=4)
+    assert replay["busy"] == pytest.approx(30.0)
+    assert replay["lanes"] == pytest.approx(30.0 - 20.0 / 4)
+    assert replay["beside"] == pytest.approx(30.0 - 6.0 / 2 - 6.0 / 2 - 8.0)
+    assert search_time.replay_budget([], width=4)["busy"] == 0.0

@@ -459,6 +459,54 @@ def test_the_time_budget_leaves_out_the_seconds_other_timers_stopped_it(
     assert resumed._spent() == pytest.approx(spent)
 
 
+def test_a_candidate_alone_in_a_wide_search_stood_it_still_for_all_its_stopped_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    # 14_Gemm_Divide_Sum_Scaling beside the baselines on an H200: its later rounds judged
+    # one candidate at a time in a four-lane search, and a build stopped for 63 of its 81 s
+    # took 65 s of the budget (its stopped time shared over four lanes, three of them idle).
+    from pike.evaluate.verdict import Verdict
+    from pike.search import offline as offline_search
+
+    now = [1000.0]
+    monkeypatch.setattr(offline_search, "_clock", lambda: now[0])
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    request.addfinalizer(store.close)
+    store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
+
+    def judge(sources: list[str]) -> Any:
+        for _ in sources:
+            now[0] += 50.0
+            yield 0, Verdict(status="ok", speedup=1.0,
+                             phase_seconds={"paused": 40.0, "total": 50.0})
+
+    offline_search.OfflineSearch(store, MLP.name, MLP.source, "cpu", judge=judge,
+                                 max_candidates=8, max_seconds=120.0, batch=4,
+                                 known_alone={"compile:default": 0.97}).run()
+    ideas = [r.idea for r in store.candidates(MLP.name)]
+    assert ideas == ["inference_mode", "compile:default + inference_mode"]
+    assert store.get_state(MLP.name, "offline_seconds") == pytest.approx(2 * 10.0)
+
+
+def test_stopped_time_is_shared_among_the_candidates_in_evaluation_together(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.search import offline as offline_search
+
+    now = [0.0]
+    monkeypatch.setattr(offline_search, "_clock", lambda: now[0])
+    flight = offline_search._InFlight()
+    flight.start(1)
+    flight.start(2)
+    now[0] = 10.0
+    assert flight.end(1) == pytest.approx(2.0)  # two in evaluation all its time
+    flight.start(3)
+    now[0] = 20.0
+    assert flight.end(2) == pytest.approx(2.0)
+    now[0] = 30.0
+    assert flight.end(3) == pytest.approx(1.5)  # two for half its time, then alone
+    flight.start(4)
+    assert flight.end(4) == 1.0  # no time at all: alone
+
+
 def test_the_baselines_fastest_compile_mode_is_judged_first_among_the_builds() -> None:
     from pike.search.session import compile_speedups
 

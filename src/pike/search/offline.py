@@ -15,7 +15,10 @@ sets. It stops when nothing improves or a budget (number of candidates, seconds)
 spent; where nothing improves with budget left, it spends the rest on the no-gain builds
 the rounds passed over, with the best set, one at a time. The seconds are those its lanes ran: wall-clock time less the time its evaluations
 stood stopped by timing windows (`paused` in their verdicts) or waited for a device
-another held alone (`wait_for_device`), shared over its lanes: beside three other tasks
+another held alone (`wait_for_device`), each one's shared among the search's candidates in
+evaluation beside it (on average over its time): one window stops them all at once, so
+two candidates stopped by it for 3 s stood the search still for 3 s, and a candidate in
+evaluation alone stood it still for all of its own stopped time. Beside three other tasks
 on one GPU a 120 s budget was half spent with its candidates stopped. A window timing one
 of its own candidates stops its other lanes too, so with several lanes a search alone on
 a GPU also runs somewhat past its seconds of wall time. Candidates are recorded like LLM
@@ -61,6 +64,34 @@ def _build_rank(name: str) -> int:
     return _BUILD_ORDER.index(name) if name in _BUILD_ORDER else len(_BUILD_ORDER)
 
 
+class _InFlight:
+    """How many of a search's candidates were in evaluation together, on average over each
+    one's time in it. A window stops every other child at once, so the stopped seconds of
+    candidates in evaluation together overlap: each one's, divided by this, adds up to the
+    time the search stood still. Called from the search's thread only."""
+
+    def __init__(self) -> None:
+        self._count, self._area, self._last = 0, 0.0, _clock()
+        self._began: dict[int, tuple[float, float]] = {}
+
+    def _now(self) -> float:
+        now = _clock()
+        self._area += self._count * (now - self._last)
+        self._last = now
+        return now
+
+    def start(self, key: int) -> None:
+        now = self._now()
+        self._count += 1
+        self._began[key] = (now, self._area)
+
+    def end(self, key: int) -> float:
+        now = self._now()
+        began, area = self._began.pop(key)
+        self._count -= 1
+        return max(1.0, (self._area - area) / (now - began)) if now > began else 1.0
+
+
 class OfflineSearch:
     def __init__(self, store: Any, task_name: str, task_source: str, device: str,
                  judge: Judge, max_candidates: int, max_seconds: float, batch: int = 1,
@@ -78,7 +109,8 @@ class OfflineSearch:
         self.batch = max(1, batch)  # in evaluation at once (the pool's width)
         self.on_event = on_event
         self._started = _clock()
-        self._stopped = 0.0  # seconds its lanes stood stopped by other timers, per lane
+        self._stopped = 0.0  # seconds the search stood stopped by other timers
+        self._in_flight = _InFlight()
         # a resumed search has the budget that is left, not a new one
         self._made = sum(1 for r in store.candidates(task_name) if r.role == "offline")
         spent = store.get_state(task_name, "offline_seconds") or 0.0
@@ -183,13 +215,15 @@ class OfflineSearch:
                     if row.verdict is not None:
                         results[names] = row.verdict
                         continue
+                    self._in_flight.start(cid)
                     running[submit(row.source)] = (names, cid)
                 if not running:
                     break
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished:
                     names, cid = running.pop(future)
-                    self._record(cid, future.result())
+                    beside = self._in_flight.end(cid)
+                    self._record(cid, future.result(), beside)
                     results[names] = self.store.candidate(cid).verdict
         finally:  # an error or Ctrl-C: what has not started is dropped
             if lanes is not None:
@@ -214,9 +248,9 @@ class OfflineSearch:
             return verdict
         raise AssertionError("the judge gave no verdict")  # pragma: no cover
 
-    def _record(self, cid: int, verdict: Verdict) -> None:
+    def _record(self, cid: int, verdict: Verdict, beside: float) -> None:
         self.store.set_verdict(cid, verdict)
-        self._stopped += _stood(verdict) / self.batch
+        self._stopped += _stood(verdict) / beside
         self.store.set_state(self.task, "offline_seconds", self._spent())
         self.on_event("verdict", candidate=cid, verdict=verdict)
 
