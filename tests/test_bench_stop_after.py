@@ -68,8 +68,8 @@ def test_work_past_the_limit_is_kept_and_not_judged_again(
     config.write_text(yaml.safe_dump(cfg))
     real_record = offline_search.OfflineSearch._record
 
-    def record_then_time_is_up(self: Any, cid: int, verdict: Any) -> None:
-        real_record(self, cid, verdict)
+    def record_then_time_is_up(self: Any, cid: int, verdict: Any, *rest: Any) -> None:
+        real_record(self, cid, verdict, *rest)
         drain._deadline = 0.0  # long past (the campaign's own limit is reset as it ends)
 
     monkeypatch.setattr(offline_search.OfflineSearch, "_record", record_then_time_is_up)
@@ -191,8 +191,8 @@ def test_an_error_in_one_task_leaves_the_others_work_recorded(
     judged = threading.Event()
     real_record, real_search = offline_search.OfflineSearch._record, campaign.search_task
 
-    def record(self: Any, cid: int, verdict: Any) -> None:
-        real_record(self, cid, verdict)
+    def record(self: Any, cid: int, verdict: Any, *rest: Any) -> None:
+        real_record(self, cid, verdict, *rest)
         judged.set()
 
     def search(store: Any, task: Any, *args: Any, **kwargs: Any) -> Any:

@@ -32,6 +32,7 @@ from pike.audit.result import AuditResult, TaskAudit, aggregate, relative, task_
 from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import Baseline, Verdict, evaluate, measure_baselines
+from pike.evaluate.baseline import BaselineStopped, stopped_meanwhile
 from pike.evaluate.device_identity import probe
 from pike.evaluate.device_slots import DeviceSlots
 from pike.evaluate.judge import keep_references, resolve_device
@@ -276,7 +277,7 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
         else:
             event("task_phase", phase="baseline")
             baseline = measure_baselines(task, cfg, cfg.search.baseline_modes,
-                                         on_event=event)
+                                         on_event=event, stopped=drain.halted)
             store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
         baselines[task.name] = baseline
         candidate_id = recorded.id if recorded is not None else store.add_candidate(
@@ -288,7 +289,11 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
         else:
             event("task_phase", phase="evaluate")
             verdict = evaluate(task, source, cfg)
+    except BaselineStopped:  # Ctrl-C during its baselines: measured again on resume
+        return None
     except TaskError as err:  # the reference itself fails: nothing to judge against
+        if stopped_meanwhile(drain.halted):  # the stop took the reference down, most likely
+            return None
         log.warning("%s: %s", task.name, err)
         store.set_state(task.name, ERROR_STATE, str(err))
         return base.model_copy(update={"status": "error", "message": str(err)})

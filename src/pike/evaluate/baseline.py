@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Callable
 
 from pydantic import BaseModel, Field
@@ -22,6 +23,14 @@ from pike.floor import Floor, Work, floor, no_floor_reason
 from pike.task import Task
 
 BASELINE_MODES = ["eager", *(f"compile:{m}" for m in COMPILE_MODES)]
+# How long a failed mode waits to see whether the caller was stopped: Ctrl-C reaches the
+# children and the caller's threads at once, and the failure can come first.
+_STOP_GRACE_S = 1.0
+
+
+class BaselineStopped(Exception):
+    """The caller was stopped (Ctrl-C, another task's error) while a mode failed: the
+    failure may be that stop killing its child, so nothing of this baseline is a result."""
 
 
 class ModeTiming(BaseModel):
@@ -66,11 +75,14 @@ class Baseline(BaseModel):
 
 def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
                       modes: list[str] | None = None,
-                      on_event: Callable[..., None] | None = None) -> Baseline:
+                      on_event: Callable[..., None] | None = None,
+                      stopped: Callable[[], bool] | None = None) -> Baseline:
     """Time the reference in each mode; a mode that fails to compile is reported, not raised.
     on_event("mode_built", mode=, build_s=, error=) as each mode is built, before the
     timed window; on_event("prebuild_failed", mode=, error=) where an autotuning mode's
-    pre-build took the child down (it is built again alone)."""
+    pre-build took the child down (it is built again alone). `stopped`: whether the caller
+    has been stopped; a mode failing then raises BaselineStopped instead of being recorded
+    as failed or built again."""
     cfg = as_eval_config(config)
     device = resolve_device(cfg.device)
     modes = modes or BASELINE_MODES
@@ -92,10 +104,13 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
             timers = time_reference_modes(task, reference,
                                           [m for m in modes if m not in failed], cfg, device,
                                           _built_reporter(on_event,
-                                                          again=bool(failed or no_prebuild)),
+                                                          again=bool(failed or no_prebuild),
+                                                          stopped=stopped),
                                           no_prebuild=no_prebuild)
             break
         except ModeFailed as err:
+            if stopped_meanwhile(stopped):
+                raise BaselineStopped(f"{task.name}: stopped while building {err.mode}") from err
             if err.in_prebuild and err.mode not in no_prebuild:
                 if on_event is not None:  # said as the builds are: only where asked
                     on_event("prebuild_failed", mode=err.mode, error=err.reason)
@@ -114,6 +129,8 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
                         prebuild_s=_rounded(t.prebuild_s))
              for t in timers}
     results = [timed.get(m) or failed[m] for m in modes]
+    if any(r.error for r in results) and stopped_meanwhile(stopped):
+        raise BaselineStopped(f"{task.name}: stopped while its modes were measured")
     eager = next((r.stats for r in results if r.mode == "eager" and r.stats), None)
     for r in results:
         if eager and r.stats:
@@ -130,13 +147,29 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     )
 
 
-def _built_reporter(on_event: Callable[..., None] | None,
-                    again: bool) -> Callable[[Timer], None] | None:
+def stopped_meanwhile(stopped: Callable[[], bool] | None) -> bool:
+    """Whether the caller has been stopped, or is within a moment: asked where something
+    failed, which the stop may have caused."""
+    if stopped is None:
+        return False
+    deadline = time.monotonic() + _STOP_GRACE_S
+    while not stopped():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _built_reporter(on_event: Callable[..., None] | None, again: bool,
+                    stopped: Callable[[], bool] | None = None
+                    ) -> Callable[[Timer], None] | None:
     """`again`: a new child builds the modes once more, after one took the last one down."""
     if on_event is None:
         return None
 
     def report(timer: Timer) -> None:
+        if stopped is not None and stopped() and _why(timer) is not None:
+            return  # the stop's doing, most likely: not a failure to show
         on_event("mode_built", mode=timer.mode, build_s=timer.build_s, error=_why(timer),
                  again=again, prebuild_s=timer.prebuild_s)
     return report

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import measure_baselines
+from pike.evaluate.baseline import BaselineStopped, stopped_meanwhile
 from pike.evaluate.device_slots import DeviceSlots
 from pike.evaluate.judge import ReferenceOutOfMemory, keep_references
 from pike.evaluate.leftovers import remove_tree
@@ -248,7 +249,9 @@ def _measure_baseline(store: RunStore, task: Task, cfg: RunConfig,
     event("task_phase", phase="baseline")
     try:
         baseline = measure_baselines(task, cfg, cfg.search.baseline_modes,
-                                     on_event=event)
+                                     on_event=event, stopped=drain.halted)
+    except BaselineStopped:
+        return True  # left open: --resume measures it
     except ReferenceOutOfMemory as err:
         if not beside_searches:
             _failed(store, task, err, event)
@@ -258,7 +261,8 @@ def _measure_baseline(store: RunStore, task: Task, cfg: RunConfig,
         event("task_phase", phase="waiting")
         return False
     except TaskError as err:
-        _failed(store, task, err, event)
+        if not stopped_meanwhile(drain.halted):  # else the stop took its reference down
+            _failed(store, task, err, event)
         return True
     store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
     event("task_phase", phase="waiting")  # for a search slot
@@ -293,8 +297,10 @@ def _fill_baseline(store: RunStore, task: Task, cfg: RunConfig,
         return
     event("task_phase", phase="baseline")
     try:
-        fresh = measure_baselines(task, cfg, modes,
-                                  on_event=event).model_dump(mode="json")
+        fresh = measure_baselines(task, cfg, modes, on_event=event,
+                                  stopped=drain.halted).model_dump(mode="json")
+    except BaselineStopped:
+        return
     except TaskError as err:  # the reference failed this time: the old baseline stays
         log.warning("%s: baselines not measured again: %s", task.name, err)
         return

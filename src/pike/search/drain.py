@@ -54,9 +54,13 @@ def halt() -> None:
         halted.set()
 
 
+def halted() -> bool:
+    """This thread's campaign has ended in an error or Ctrl-C (not by its time limit): its
+    evaluation children are being stopped, so a failure seen now may be that stop."""
+    halt_event = _halt.get()
+    return halt_event is not None and halt_event.is_set()
+
+
 def due() -> bool:
     """The time limit has passed, or this thread's campaign has ended: start nothing new."""
-    halted = _halt.get()
-    if halted is not None and halted.is_set():
-        return True
-    return _deadline is not None and time.monotonic() >= _deadline
+    return halted() or (_deadline is not None and time.monotonic() >= _deadline)
