@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One device call of a `pike bench` run that spans several calls of a lent GPU machine,
+# each cut off at a fixed limit, with the run dir carried between them as a tarball.
+# This is the driver behind the bench-level2-h200-* pages (until 2026-11-29 kept
+# git-ignored as .tasks/fresh.sh); on a machine of your own, `pike bench --resume` alone
+# does the same.
+#
+#   RUN=name LIMIT=592 TASKS_DIR=path CONFIG=file [TASKS=9,12,...] [JOBS=4] [WORKERS=4] \
+#     [SRC=path/to/src] [CARRY=dir] bash bench/device_calls.sh first|resume
+#
+# first: a fresh `pike bench TASKS_DIR --tasks TASKS` into .runs/RUN; resume: unpacks
+# CARRY/RUN.tgz (default .tasks/) and goes on with `pike bench --resume`. Either way the
+# bench gets SIGINT (as Ctrl-C) 25 s before LIMIT seconds from the start, so the
+# tarball ($OUT/RUN.tgz) and the log ($OUT/bench-call.log, with the driver's wall-clock
+# lines) are written within the call. It lists any pike, bwrap or compile-worker process
+# left behind. Where the machine lacks pike's small dependencies, wheels in .whl/ are
+# installed into /tmp/site (no network there); PIKE_BWRAP may name a bubblewrap binary.
+set -u
+T0=$(date +%s)
+mode=${1:?first or resume}
+RUN=${RUN:?}; LIMIT=${LIMIT:-592}; JOBS=${JOBS:-4}; WORKERS=${WORKERS:-4}
+SRC=${SRC:-$PWD/src}; CARRY=${CARRY:-.tasks}; OUT=${OUT:?the folder that comes back}
+if [ -d .whl ]; then
+  pip install -q --no-deps --no-index --find-links .whl --target /tmp/site \
+    pydantic pydantic-core annotated-types typing-inspection openai tenacity distro jiter \
+    sniffio >/dev/null 2>&1
+fi
+export PYTHONPATH=$SRC:/tmp/site
+[ -x .bwrap/bwrap ] && export PIKE_BWRAP=$PWD/.bwrap/bwrap
+mkdir -p .runs
+log=$OUT/bench-call.log
+[ "$mode" = resume ] && tar xzf "$CARRY/$RUN.tgz" -C .runs
+left=$(( LIMIT - ( $(date +%s) - T0 ) - 25 ))
+echo "$(date -u +%T) driver: $mode $RUN, bench limit ${left}s, src $SRC" | tee -a "$log"
+start=$(date +%s)
+if [ "$mode" = first ]; then
+  timeout -s INT "$left" python3 -m pike bench "${TASKS_DIR:?}" ${TASKS:+--tasks "$TASKS"} \
+    --jobs "$JOBS" --workers "$WORKERS" --device cuda ${CONFIG:+--config "$CONFIG"} \
+    --out ".runs/$RUN" >>"$log" 2>&1
+else
+  timeout -s INT "$left" python3 -m pike bench --resume ".runs/$RUN" --jobs "$JOBS" \
+    --workers "$WORKERS" >>"$log" 2>&1
+fi
+rc=$?
+echo "$(date -u +%T) driver: bench rc $rc after $(( $(date +%s) - start ))s" | tee -a "$log"
+sleep 3; echo "driver: processes left:" | tee -a "$log"
+ps -eo pid,ppid,etimes,pcpu,args | grep -E "[p]ike|[b]wrap|[c]ompile_worker" | cut -c1-220 \
+  | tee -a "$log"
+tar czf "$OUT/$RUN.tgz" -C .runs "$RUN"
+tail -5 "$log"
