@@ -107,6 +107,19 @@ def test_a_campaign_prints_a_line_per_phase_and_the_final_state_per_task() -> No
                      "[waiting] 2_B: round 0 | best - | verdicts: none yet"]
 
 
+def test_a_done_search_shows_its_confirmed_best_not_its_search_time_figure() -> None:
+    # On the H200 a search's [done] line said 8.33x, its search-time figure, and the next
+    # call's line for the same finished task 8.67x, from the confirming window.
+    from types import SimpleNamespace
+
+    console, out = piped()
+    with BenchProgress(console, ["1_A"], OFFLINE) as progress:
+        progress("verdict", task="1_A", candidate=1, verdict=Verdict(status="ok", speedup=8.33))
+        confirmed = Verdict(status="ok", speedup=8.67, confirmed=True, search_speedup=8.2)
+        progress("task_done", task="1_A", result=SimpleNamespace(best_verdict=confirmed))
+    assert "[done] 1_A: round 0 | best 8.67x | verdicts: ok 1" in out.getvalue()
+
+
 def test_an_audit_shows_each_file_s_verdict_not_search_fields() -> None:
     console, out = piped()
     with BenchProgress(console, ["1_A"], AUDIT_FIELDS) as progress:

@@ -115,6 +115,11 @@ class TaskStatus:
             self.phase = "failed: " + data["error"][:60]
             return
         self.phase = "done"
+        result = data.get("result")
+        confirmed = getattr(result, "best_verdict", None)
+        if confirmed is not None and confirmed.ok and confirmed.speedup:
+            # the figure its confirming window gave, as a resumed call shows it
+            self.best = confirmed.speedup
         audited = data.get("audit")
         if audited is not None:
             speedup = f" {audited.speedup:.2f}x" if audited.ok and audited.speedup else ""
