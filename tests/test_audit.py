@@ -625,6 +625,41 @@ def test_tasks_spread_over_gpus_each_measured_and_judged_on_one_alone(
         assert refused.exit_code == 2 and "asked for" in refused.output
 
 
+def test_a_file_whose_child_ctrl_c_killed_is_judged_on_resume_not_stored_as_crashed(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C reaches an evaluation's child and pike's threads at once: a verdict of the
+    killed child ("crashed") is no verdict on the file, and a resumed audit judges it."""
+    import importlib
+
+    from pike.audit import resume_audit
+    from pike.search import drain
+
+    monkeypatch.setattr(importlib.import_module("pike.evaluate.baseline"), "_STOP_GRACE_S", 0.2)
+    names = ["1_Scale", "2_Softplus"]
+    judge = FakeJudge(dict.fromkeys(names, 2.0), {n: fake_ok(3.0) for n in names})
+    judge.install(monkeypatch)
+    honest = judge.evaluate
+    killed = [True]
+
+    def evaluate(task: Task, source: str, cfg: RunConfig) -> Verdict:
+        if task.name == "2_Softplus" and killed[0]:
+            killed[0] = False
+            drain.halt(interrupted=True)  # as Ctrl-C would, a moment after the kill
+            return Verdict(status="crashed", phase="check",
+                           message="killed by signal SIGKILL during phase 'check'")
+        return honest(task, source, cfg)
+
+    monkeypatch.setattr(audit_run, "evaluate", evaluate)
+    folder = _files(tmp_path / "set", "task_1.py", "task_2.py")
+    out = tmp_path / "run"
+    first = audit(folder, TASKS, audit_config(build_cache), out=out, ids=[1, 2])
+    assert [t.task for t in first.tasks] == ["1_Scale"] and first.open_tasks == ["2_Softplus"]
+    with RunStore.open(out) as store:
+        assert all(r.verdict is None or r.verdict.ok for r in store.candidates())
+    done = resume_audit(out)
+    assert [t.status for t in done.tasks] == ["ok", "ok"]
+
+
 def test_a_time_limit_starts_no_new_task_and_resume_goes_on(
         tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--stop-after`: a device session ends at a known time; a task started after it

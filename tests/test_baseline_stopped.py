@@ -89,7 +89,7 @@ def test_a_reference_crashing_as_the_campaign_stops_leaves_its_task_open(
     first = sorted(p.stem for p in (EXAMPLES / "tasks").glob("*.py"))[0]
 
     def measure(task: Any, cfg: Any, modes: Any, **_: Any) -> Any:
-        drain.halt()  # Ctrl-C reached the campaign as its reference died
+        drain.halt(interrupted=True)  # Ctrl-C reached the campaign as its reference died
         raise TaskError("the reference crashed: killed by signal SIGKILL")
 
     monkeypatch.setattr(campaign, "measure_baselines", measure)
@@ -99,3 +99,48 @@ def test_a_reference_crashing_as_the_campaign_stops_leaves_its_task_open(
     with RunStore.open(tmp_path / "run") as store:
         assert store.get_state(first, "error") is None
         assert not store.get_state(first, "done")
+
+
+def _measured_for_real(monkeypatch: pytest.MonkeyPatch, halt: Any) -> list[str]:
+    """campaign -> the real measure_baselines, whose reference child and timed modes are
+    faked: the autotuning mode's build fails, and `halt` runs as it does."""
+    children: list[str] = []
+
+    def reference(*_: Any, **__: Any) -> Any:
+        children.append("reference")
+        return SimpleNamespace(work=lambda: None, close=lambda: None, env={})
+
+    def time_modes(task: Any, ref: Any, modes: list[str], *_: Any, **__: Any) -> list[Any]:
+        halt()
+        return [SimpleNamespace(mode=m, samples=[] if m == AUTOTUNE else [1.0] * 5,
+                                error="crashed: killed by signal SIGKILL" if m == AUTOTUNE
+                                else None, build_s=0.1, prebuild_s=None, checked=True,
+                                check_note=None, failure=None)
+                for m in modes]
+
+    monkeypatch.setattr(baseline_module, "run_reference", reference)
+    monkeypatch.setattr(baseline_module, "time_reference_modes", time_modes)
+    monkeypatch.setattr(baseline_module, "_STOP_GRACE_S", 0.2)
+    monkeypatch.setattr(campaign, "search_task", lambda *a: pytest.fail("no search"))
+    return children
+
+
+@pytest.mark.parametrize("interrupted", [True, False])
+def test_only_an_interrupt_takes_a_failed_mode_for_the_stop(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, interrupted: bool) -> None:
+    # Ctrl-C kills the children: the failed mode may be that, and nothing is stored.
+    # Another task's error only halts: the others finish what they are in, and a mode that
+    # failed then failed on its own; its baseline is stored with that failure.
+    _measured_for_real(monkeypatch, lambda: drain.halt(interrupted=interrupted))
+    cfg = RunConfig()
+    cfg.search.baseline_modes = ["eager", AUTOTUNE]
+    first = sorted(p.stem for p in (EXAMPLES / "tasks").glob("*.py"))[0]
+    campaign.bench(EXAMPLES / "tasks", cfg, out=tmp_path / "run", jobs=1)
+    with RunStore.open(tmp_path / "run") as store:
+        stored = store.get_state(first, "baseline")
+        assert store.get_state(first, "error") is None
+    if interrupted:
+        assert stored is None
+    else:
+        modes = {m["mode"]: m for m in stored["modes"]}
+        assert modes[AUTOTUNE]["error"] and modes["eager"]["stats"]

@@ -467,11 +467,7 @@ def test_a_candidate_alone_in_a_wide_search_stood_it_still_for_all_its_stopped_t
     from pike.evaluate.verdict import Verdict
     from pike.search import offline as offline_search
 
-    now = [1000.0]
-    monkeypatch.setattr(offline_search, "_clock", lambda: now[0])
-    store = RunStore.create(tmp_path / "run", {}, "test")
-    request.addfinalizer(store.close)
-    store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
+    now, store = _clocked_store(tmp_path, monkeypatch, request, start=1000.0)
 
     def judge(sources: list[str]) -> Any:
         for _ in sources:
@@ -485,6 +481,32 @@ def test_a_candidate_alone_in_a_wide_search_stood_it_still_for_all_its_stopped_t
     ideas = [r.idea for r in store.candidates(MLP.name)]
     assert ideas == ["inference_mode", "compile:default + inference_mode"]
     assert store.get_state(MLP.name, "offline_seconds") == pytest.approx(2 * 10.0)
+
+
+def test_candidates_stopped_together_count_their_window_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    # Two candidates side by side for 10 s, both stopped by the same 6 s window: the
+    # search stood still 6 s, not 12; then one alone for 10 s, stopped 6 s of them.
+    from pike.evaluate.verdict import Verdict
+    from pike.search import offline as offline_search
+
+    (now, store), moving = _clocked_store(tmp_path, monkeypatch, request), threading.Lock()
+    side_by_side = threading.Barrier(2)
+
+    def judge(sources: list[str]) -> Any:
+        for source in sources:
+            alone = " + " in source.split("pike offline transformation: ")[1].splitlines()[0]
+            if not alone:
+                side_by_side.wait(timeout=20)
+            with moving:
+                now[0] = 20.0 if alone else 10.0
+            yield 0, Verdict(status="ok", speedup=1.0,
+                             phase_seconds={"paused": 6.0, "total": 10.0})
+
+    offline_search.OfflineSearch(store, MLP.name, MLP.source, "cpu", judge=judge,
+                                 max_candidates=8, max_seconds=1e6, batch=2).run()
+    assert len(store.candidates(MLP.name)) == 3
+    assert store.get_state(MLP.name, "offline_seconds") == pytest.approx((10 - 6) + (10 - 6))
 
 
 def test_stopped_time_is_shared_among_the_candidates_in_evaluation_together(
@@ -636,11 +658,7 @@ def test_no_gain_builds_start_only_once_the_cheap_partners_leave_budget(
     from pike.evaluate.verdict import Verdict
     from pike.search import offline as offline_search
 
-    now, moving = [0.0], threading.Lock()
-    monkeypatch.setattr(offline_search, "_clock", lambda: now[0])
-    store = RunStore.create(tmp_path / "run", {}, "test")
-    request.addfinalizer(store.close)
-    store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
+    (now, store), moving = _clocked_store(tmp_path, monkeypatch, request), threading.Lock()
     # the second round's three cheap candidates all start before the clock moves on
     second_round = threading.Barrier(3)
 
@@ -663,16 +681,31 @@ def test_no_gain_builds_start_only_once_the_cheap_partners_leave_budget(
     assert not any("compile:" in i for i in ideas), ideas
 
 
-def test_budget_left_where_nothing_improves_goes_to_the_builds_passed_over(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
-    # 14_Gemm_Divide_Sum_Scaling on an H200: tf32 and both autocasts broke the tolerance,
-    # nothing else beat eager, and the search ended at 7 candidates with 8 s of 120 left.
+def _clocked_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                   request: pytest.FixtureRequest, start: float = 0.0,
+                   name: str = "run") -> tuple[list[float], RunStore]:
+    """The offline search's clock, set by the test (`now[0]`), and a store with MLP."""
+    from pike.search import offline as offline_search
+
+    now = [start]
+    monkeypatch.setattr(offline_search, "_clock", lambda: now[0])
+    store = RunStore.create(tmp_path / name, {}, "test")
+    request.addfinalizer(store.close)
+    store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
+    return now, store
+
+
+def _ran_out_of_sets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                     request: pytest.FixtureRequest, budget: float,
+                     builds: dict[str, float] | None = None) -> list[str]:
+    """The ideas judged, in order, where tf32 and both autocasts break the tolerance,
+    nothing else beats eager, and each candidate takes 10 s."""
     from pike.agents.offline import named_in
     from pike.evaluate.verdict import Verdict
     from pike.search import offline as offline_search
 
-    now = [0.0]
-    monkeypatch.setattr(offline_search, "_clock", lambda: now[0])
+    now, store = _clocked_store(tmp_path, monkeypatch, request,
+                                name=f"run-{budget:.0f}-{len(builds or {})}")
 
     def judge(sources: list[str]) -> Any:
         for source in sources:
@@ -685,20 +718,33 @@ def test_budget_left_where_nothing_improves_goes_to_the_builds_passed_over(
                                  else 1.0)
 
     modes = [f"compile:{m}" for m in COMPILE_MODES]
-    ideas = {}
-    for budget in (75.0, 1e6):
-        store = RunStore.create(tmp_path / f"run-{budget:.0f}", {}, "test")
-        request.addfinalizer(store.close)
-        store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
-        now[0] = 0.0
-        offline_search.OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=judge,
-                                     max_candidates=30, max_seconds=budget,
-                                     known_alone=dict.fromkeys(modes, 0.97)).run()
-        ideas[budget] = [r.idea for r in store.candidates(MLP.name)]
+    offline_search.OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=judge,
+                                 max_candidates=30, max_seconds=budget,
+                                 known_alone=dict.fromkeys(modes, 0.97),
+                                 build_seconds=builds).run()
+    return [r.idea for r in store.candidates(MLP.name)]
+
+
+def test_budget_left_where_nothing_improves_goes_to_the_builds_passed_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    # 14_Gemm_Divide_Sum_Scaling on an H200: tf32 and both autocasts broke the tolerance,
+    # nothing else beat eager, and the search ended at 7 candidates with 8 s of 120 left.
     greedy = ["compile:default + inference_mode"]  # the round's quickest no-gain build
-    assert ideas[75.0][6:] == [*greedy, "compile:reduce-overhead + inference_mode"]
-    assert ideas[1e6][6:] == [*greedy, "compile:reduce-overhead + inference_mode",
-                              "compile:max-autotune-no-cudagraphs + inference_mode"]
+    assert _ran_out_of_sets(tmp_path, monkeypatch, request, 75.0)[6:] == [
+        *greedy, "compile:reduce-overhead + inference_mode"]
+    assert _ran_out_of_sets(tmp_path, monkeypatch, request, 1e6)[6:] == [
+        *greedy, "compile:reduce-overhead + inference_mode",
+        "compile:max-autotune-no-cudagraphs + inference_mode"]
+
+
+def test_a_build_passed_over_waits_for_a_budget_its_baseline_build_fits_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    builds = {"compile:default": 1.0, "compile:reduce-overhead": 60.0,
+              "compile:max-autotune-no-cudagraphs": 20.0}
+    # 70 s spent when the greedy path ends: reduce-overhead's 60 s build does not fit in
+    # the 25 s left, max-autotune's 20 s does
+    assert _ran_out_of_sets(tmp_path, monkeypatch, request, 95.0, builds)[6:] == [
+        "compile:default + inference_mode", "compile:max-autotune-no-cudagraphs + inference_mode"]
 
 
 def test_a_resumed_search_keeps_a_no_gain_modes_verdict_from_before(

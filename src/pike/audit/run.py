@@ -277,7 +277,7 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
         else:
             event("task_phase", phase="baseline")
             baseline = measure_baselines(task, cfg, cfg.search.baseline_modes,
-                                         on_event=event, stopped=drain.halted)
+                                         on_event=event, stopped=drain.interrupted)
             store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
         baselines[task.name] = baseline
         candidate_id = recorded.id if recorded is not None else store.add_candidate(
@@ -289,10 +289,12 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
         else:
             event("task_phase", phase="evaluate")
             verdict = evaluate(task, source, cfg)
+            if not verdict.ok and stopped_meanwhile(drain.interrupted):
+                return None  # Ctrl-C killed its child, most likely: judged again on resume
     except BaselineStopped:  # Ctrl-C during its baselines: measured again on resume
         return None
     except TaskError as err:  # the reference itself fails: nothing to judge against
-        if stopped_meanwhile(drain.halted):  # the stop took the reference down, most likely
+        if stopped_meanwhile(drain.interrupted):  # Ctrl-C took the reference down, most likely
             return None
         log.warning("%s: %s", task.name, err)
         store.set_state(task.name, ERROR_STATE, str(err))

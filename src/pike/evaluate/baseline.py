@@ -29,7 +29,7 @@ _STOP_GRACE_S = 1.0
 
 
 class BaselineStopped(Exception):
-    """The caller was stopped (Ctrl-C, another task's error) while a mode failed: the
+    """The caller was interrupted (Ctrl-C, or a SIGTERM as one) while a mode failed: the
     failure may be that stop killing its child, so nothing of this baseline is a result."""
 
 
@@ -97,6 +97,7 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     # Eager failing is the reference failing (TaskError).
     failed: dict[str, ModeTiming] = {}
     no_prebuild: set[str] = set()  # autotuning modes whose pre-build took a child down
+    was_stopped = _StopCheck(stopped)
     while True:
         reference = run_reference(task, cfg, device, keep_child=True, cache=False)
         try:
@@ -105,11 +106,11 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
                                           [m for m in modes if m not in failed], cfg, device,
                                           _built_reporter(on_event,
                                                           again=bool(failed or no_prebuild),
-                                                          stopped=stopped),
+                                                          stopped=was_stopped),
                                           no_prebuild=no_prebuild)
             break
         except ModeFailed as err:
-            if stopped_meanwhile(stopped):
+            if was_stopped():
                 raise BaselineStopped(f"{task.name}: stopped while building {err.mode}") from err
             if err.in_prebuild and err.mode not in no_prebuild:
                 if on_event is not None:  # said as the builds are: only where asked
@@ -129,7 +130,7 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
                         prebuild_s=_rounded(t.prebuild_s))
              for t in timers}
     results = [timed.get(m) or failed[m] for m in modes]
-    if any(r.error for r in results) and stopped_meanwhile(stopped):
+    if any(r.error for r in results) and was_stopped():
         raise BaselineStopped(f"{task.name}: stopped while its modes were measured")
     eager = next((r.stats for r in results if r.mode == "eager" and r.stats), None)
     for r in results:
@@ -160,6 +161,24 @@ def stopped_meanwhile(stopped: Callable[[], bool] | None) -> bool:
     return True
 
 
+class _StopCheck:
+    """`stopped_meanwhile` for one baseline: its moment's wait is spent once, at its first
+    failure (a stop comes within a moment of the kill it causes, not minutes after); later
+    failures ask at once. So a baseline with genuinely failing modes waits one moment, not
+    one per mode."""
+
+    def __init__(self, stopped: Callable[[], bool] | None) -> None:
+        self._stopped, self._waited = stopped, False
+
+    def __call__(self) -> bool:
+        if self._stopped is None:
+            return False
+        if self._waited:
+            return self._stopped()
+        self._waited = True
+        return stopped_meanwhile(self._stopped)
+
+
 def _built_reporter(on_event: Callable[..., None] | None, again: bool,
                     stopped: Callable[[], bool] | None = None
                     ) -> Callable[[Timer], None] | None:
@@ -168,7 +187,7 @@ def _built_reporter(on_event: Callable[..., None] | None, again: bool,
         return None
 
     def report(timer: Timer) -> None:
-        if stopped is not None and stopped() and _why(timer) is not None:
+        if _why(timer) is not None and stopped is not None and stopped():
             return  # the stop's doing, most likely: not a failure to show
         on_event("mode_built", mode=timer.mode, build_s=timer.build_s, error=_why(timer),
                  again=again, prebuild_s=timer.prebuild_s)

@@ -197,7 +197,7 @@ def _stop_the_others(err: BaseException) -> None:
     if not isinstance(err, KeyboardInterrupt):
         log.warning("the campaign ends (%s): the other tasks start nothing more and finish "
                     "the evaluations they are in (Ctrl-C stops them at once)", one_line(err))
-    drain.halt()
+    drain.halt(interrupted=err)
 
 
 def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
@@ -249,7 +249,7 @@ def _measure_baseline(store: RunStore, task: Task, cfg: RunConfig,
     event("task_phase", phase="baseline")
     try:
         baseline = measure_baselines(task, cfg, cfg.search.baseline_modes,
-                                     on_event=event, stopped=drain.halted)
+                                     on_event=event, stopped=drain.interrupted)
     except BaselineStopped:
         return True  # left open: --resume measures it
     except ReferenceOutOfMemory as err:
@@ -261,7 +261,7 @@ def _measure_baseline(store: RunStore, task: Task, cfg: RunConfig,
         event("task_phase", phase="waiting")
         return False
     except TaskError as err:
-        if not stopped_meanwhile(drain.halted):  # else the stop took its reference down
+        if not stopped_meanwhile(drain.interrupted):  # else the stop took its reference down
             _failed(store, task, err, event)
         return True
     store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
@@ -298,7 +298,7 @@ def _fill_baseline(store: RunStore, task: Task, cfg: RunConfig,
     event("task_phase", phase="baseline")
     try:
         fresh = measure_baselines(task, cfg, modes, on_event=event,
-                                  stopped=drain.halted).model_dump(mode="json")
+                                  stopped=drain.interrupted).model_dump(mode="json")
     except BaselineStopped:
         return
     except TaskError as err:  # the reference failed this time: the old baseline stays

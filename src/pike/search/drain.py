@@ -19,6 +19,11 @@ _deadline: float | None = None
 # The campaign this thread works for, as its threads see it (threads.run_each carries the
 # caller's context into each item): set once the campaign ends in an error.
 _halt: ContextVar[threading.Event | None] = ContextVar("pike_campaign_halt", default=None)
+# Set with the halt where Ctrl-C (or a SIGTERM pike turned into one) ended the campaign:
+# its evaluation children are being killed, unlike after another task's error, where
+# they finish what they are in.
+_interrupt: ContextVar[threading.Event | None] = ContextVar("pike_campaign_interrupt",
+                                                            default=None)
 
 
 @contextmanager
@@ -32,33 +37,48 @@ def stop_after(seconds: float | None) -> Iterator[None]:
     or a search on another thread of the same process, starts as usual.
     """
     global _deadline
-    halted = threading.Event()
-    token = _halt.set(halted)
+    halted, interrupted = threading.Event(), threading.Event()
+    tokens = _halt.set(halted), _interrupt.set(interrupted)
     if seconds is not None:
         _deadline = time.monotonic() + seconds
     try:
         yield
-    except BaseException:
-        halted.set()
+    except BaseException as err:
+        halt(interrupted=_is_interrupt(err))
         raise
     finally:
-        _halt.reset(token)
+        _halt.reset(tokens[0])
+        _interrupt.reset(tokens[1])
         if seconds is not None:
             _deadline = None
 
 
-def halt() -> None:
-    """This campaign starts nothing more (its threads finish what they are in)."""
-    halted = _halt.get()
-    if halted is not None:
-        halted.set()
+def _is_interrupt(err: BaseException) -> bool:
+    return isinstance(err, (KeyboardInterrupt, SystemExit))
+
+
+def halt(interrupted: bool | BaseException = False) -> None:
+    """This campaign starts nothing more (its threads finish what they are in).
+    `interrupted` (or an error that is a Ctrl-C): its children are being killed too."""
+    if isinstance(interrupted, BaseException):
+        interrupted = _is_interrupt(interrupted)
+    for var, on in ((_halt, True), (_interrupt, interrupted)):
+        event = var.get()
+        if on and event is not None:
+            event.set()
 
 
 def halted() -> bool:
-    """This thread's campaign has ended in an error or Ctrl-C (not by its time limit): its
-    evaluation children are being stopped, so a failure seen now may be that stop."""
+    """This thread's campaign has ended, in an error or Ctrl-C (not by its time limit)."""
     halt_event = _halt.get()
     return halt_event is not None and halt_event.is_set()
+
+
+def interrupted() -> bool:
+    """This thread's campaign was ended by Ctrl-C: its evaluation children are being
+    killed, so a failure seen now may be that kill, not the work's own."""
+    event = _interrupt.get()
+    return event is not None and event.is_set()
 
 
 def due() -> bool:

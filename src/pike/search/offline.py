@@ -18,7 +18,10 @@ stood stopped by timing windows (`paused` in their verdicts) or waited for a dev
 another held alone (`wait_for_device`), each one's shared among the search's candidates in
 evaluation beside it (on average over its time): one window stops them all at once, so
 two candidates stopped by it for 3 s stood the search still for 3 s, and a candidate in
-evaluation alone stood it still for all of its own stopped time. Beside three other tasks
+evaluation alone stood it still for all of its own stopped time. It is exact where the
+number in evaluation stayed the same over each one's time; where it changed (a long build
+beside short candidates) it can leave out a few seconds more than the search stood still,
+since verdicts carry their stopped seconds, not when they were stopped. Beside three other tasks
 on one GPU a 120 s budget was half spent with its candidates stopped. A window timing one
 of its own candidates stops its other lanes too, so with several lanes a search alone on
 a GPU also runs somewhat past its seconds of wall time. Candidates are recorded like LLM
@@ -98,12 +101,16 @@ class OfflineSearch:
                  on_event: Callable[..., None] = lambda kind, **data: None,
                  compile_speedups: dict[str, float] | None = None,
                  skip: dict[str, str] | None = None,
-                 known_alone: dict[str, float] | None = None) -> None:
+                 known_alone: dict[str, float] | None = None,
+                 build_seconds: dict[str, float] | None = None) -> None:
         self.store, self.task, self.task_source = store, task_name, task_source
         self.compile_speedups = compile_speedups
         self.skip = skip or {}  # transformations not worth a candidate here, with why
         # transformations whose speedup alone the baseline measured: partners, not candidates
         self.known_alone = known_alone or {}
+        # each compile mode's build in the task's baseline: how long a candidate of it holds
+        # its lane before anything else (a guess for the budget left, not a limit)
+        self.build_seconds = build_seconds or {}
         self.device, self.judge = device, judge
         self.max_candidates, self.max_seconds = max_candidates, max_seconds
         self.batch = max(1, batch)  # in evaluation at once (the pool's width)
@@ -160,20 +167,24 @@ class OfflineSearch:
             challenger = self._fastest(results)
             speedup = self._speedup(results[challenger]) if challenger is not None else 0.0
             if challenger is None or speedup * _IMPROVES < best_speedup:
-                self._spend_the_rest([sets[n] for n in later[1:]], round_,
+                self._spend_the_rest([(n, sets[n]) for n in later[1:]], round_,
                                      first_branch=len(tries) + 1)
                 return
             best, best_speedup, round_ = challenger, speedup, round_ + 1
 
-    def _spend_the_rest(self, sets: list[tuple[str, ...]], round_: int,
+    def _spend_the_rest(self, sets: list[tuple[str, tuple[str, ...]]], round_: int,
                         first_branch: int) -> None:
         """Where the greedy path ends with budget left, the builds it passed over (the
         slower no-gain modes with the best set), quickest to build first and one at a time,
-        so none starts once the budget is spent: on the H200 level2 bench a GEMM task's
-        search ended so at 7 candidates with 8 of its 120 s unspent."""
-        for branch, names in enumerate(sets, first_branch):
+        so none starts once the budget is spent, nor where the mode's build in the baseline
+        took longer than the budget left (max-autotune's took 69 to 186 s as a candidate):
+        on the H200 level2 bench a GEMM task's search ended at 7 candidates with 8 of its
+        120 s unspent."""
+        for branch, (mode, names) in enumerate(sets, first_branch):
             if not self._room():
                 return
+            if self.build_seconds.get(mode, 0.0) > self.max_seconds - self._spent():
+                continue
             self._try([names], round_, first_branch=branch)
 
     def _room(self) -> bool:

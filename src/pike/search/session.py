@@ -275,7 +275,14 @@ def _offline(store: RunStore, task: Task, cfg: RunConfig, device: str, pool: Poo
                   compile_speedups=compile_speedups(baseline),
                   skip=hopeless_modes(baseline, timeouts=(cfg.eval.limits.build_seconds
                                                           >= cfg.eval.limits.check_seconds)),
-                  known_alone=no_gain_modes(baseline)).run()
+                  known_alone=no_gain_modes(baseline),
+                  build_seconds=compile_build_seconds(baseline)).run()
+
+
+def compile_build_seconds(baseline: object) -> dict[str, float]:
+    """Each torch.compile mode's build seconds in a stored baseline (pre-build included)."""
+    return {m["mode"]: float(m["build_s"]) for m in _compile_rows(baseline)
+            if isinstance(m.get("build_s"), (int, float))}
 
 
 def compile_speedups(baseline: object) -> dict[str, float]:
