@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 
 from pike.agents.roles import _templates
+from pike.config import COMPILE_MODES
 
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
 ALL = ("sdpa", "inference_mode", "cuda_graph", "channels_last", "cudnn_benchmark", "tf32",
        "autocast_bf16", "autocast_fp16", *(f"compile:{m}" for m in COMPILE_MODES))
 _CUDA_ONLY = {"cuda_graph", "cudnn_benchmark", "tf32", "autocast_bf16", "autocast_fp16",
