@@ -47,7 +47,7 @@ from pike.search.session import (
 from pike.solution_set import write_set
 from pike.store import BASELINE_STATE, DONE_STATE, ERROR_STATE, RunStore
 from pike.task import Task, load_tasks
-from pike.threads import run_each
+from pike.threads import run_each, unwinding_stop
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ def _stop_the_others(err: BaseException) -> None:
     if not isinstance(err, KeyboardInterrupt):
         log.warning("the campaign ends (%s): the other tasks start nothing more and finish "
                     "the evaluations they are in (Ctrl-C stops them at once)", one_line(err))
-    drain.halt(interrupted=err)
+    drain.halt(interrupted=unwinding_stop())  # called as run_each unwinds `err`
 
 
 def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,

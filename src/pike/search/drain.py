@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+from pike.threads import unwinding_stop
+
 _deadline: float | None = None
 # The campaign this thread works for, as its threads see it (threads.run_each carries the
 # caller's context into each item): set once the campaign ends in an error.
@@ -43,8 +45,8 @@ def stop_after(seconds: float | None) -> Iterator[None]:
         _deadline = time.monotonic() + seconds
     try:
         yield
-    except BaseException as err:
-        halt(interrupted=_is_interrupt(err))
+    except BaseException:
+        halt(interrupted=unwinding_stop())
         raise
     finally:
         _halt.reset(tokens[0])
@@ -53,15 +55,9 @@ def stop_after(seconds: float | None) -> Iterator[None]:
             _deadline = None
 
 
-def _is_interrupt(err: BaseException) -> bool:
-    return isinstance(err, (KeyboardInterrupt, SystemExit))
-
-
-def halt(interrupted: bool | BaseException = False) -> None:
+def halt(interrupted: bool = False) -> None:
     """This campaign starts nothing more (its threads finish what they are in).
-    `interrupted` (or an error that is a Ctrl-C): its children are being killed too."""
-    if isinstance(interrupted, BaseException):
-        interrupted = _is_interrupt(interrupted)
+    `interrupted` (a Ctrl-C): its children are being killed too."""
     for var, on in ((_halt, True), (_interrupt, interrupted)):
         event = var.get()
         if on and event is not None:

@@ -13,20 +13,21 @@ alone first, and of the builds no faster than eager only the quickest to build, 
 the others' verdicts are in and budget is left, so a short budget reaches the likeliest
 sets. It stops when nothing improves or a budget (number of candidates, seconds) is
 spent; where nothing improves with budget left, it spends the rest on the no-gain builds
-the rounds passed over, with the best set, one at a time. The seconds are those its lanes ran: wall-clock time less the time its evaluations
-stood stopped by timing windows (`paused` in their verdicts) or waited for a device
-another held alone (`wait_for_device`), each one's shared among the search's candidates in
-evaluation beside it (on average over its time): one window stops them all at once, so
-two candidates stopped by it for 3 s stood the search still for 3 s, and a candidate in
-evaluation alone stood it still for all of its own stopped time. It is exact where the
-number in evaluation stayed the same over each one's time; where it changed (a long build
-beside short candidates) it can leave out a few seconds more than the search stood still,
-since verdicts carry their stopped seconds, not when they were stopped. Beside three other tasks
-on one GPU a 120 s budget was half spent with its candidates stopped. A window timing one
-of its own candidates stops its other lanes too, so with several lanes a search alone on
-a GPU also runs somewhat past its seconds of wall time. Candidates are recorded like LLM
-ones (role 'offline', idea = the transformation set), so reports, resume and
-`--seed-offline` work.
+the rounds passed over, with the best set, one at a time. The seconds are those its lanes
+ran: wall-clock time less the time its evaluations stood stopped by timing windows
+(`paused` in their verdicts) or waited for a device another held alone
+(`wait_for_device`), each one's shared among the search's candidates in evaluation beside
+it (on average over its time): one window stops them all at once, so two candidates
+stopped by it for 3 s stood the search still for 3 s, and a candidate in evaluation alone
+stood it still for all of its own stopped time. It is exact where the number in
+evaluation stayed the same over each one's time; where it changed (a long build beside
+short candidates) it can leave out a few seconds more than the search stood still, since
+verdicts carry their stopped seconds, not when they were stopped. Beside three other
+tasks on one GPU a 120 s budget was half spent with its candidates stopped. A window
+timing one of its own candidates stops its other lanes too, so with several lanes a
+search alone on a GPU also runs somewhat past its seconds of wall time. Candidates are
+recorded like LLM ones (role 'offline', idea = the transformation set), so reports,
+resume and `--seed-offline` work.
 """
 
 from __future__ import annotations
