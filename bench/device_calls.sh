@@ -6,13 +6,14 @@
 # does the same.
 #
 #   RUN=name LIMIT=592 TASKS_DIR=path CONFIG=file [TASKS=9,12,...] [JOBS=4] [WORKERS=4] \
-#     [SRC=path/to/src] [CARRY=dir] bash bench/device_calls.sh first|resume
+#     [SRC=path/to/src] [CARRY=dir] [LOG=bench-call.log] bash bench/device_calls.sh first|resume
 #
 # first: a fresh `pike bench TASKS_DIR --tasks TASKS` into .runs/RUN; resume: unpacks
 # CARRY/RUN.tgz (default .tasks/) and goes on with `pike bench --resume`. Either way the
 # bench gets SIGINT (as Ctrl-C) 25 s before LIMIT seconds from the start, so the
-# tarball ($OUT/RUN.tgz) and the log ($OUT/bench-call.log, with the driver's wall-clock
-# lines) are written within the call. It lists any pike, bwrap or compile-worker process
+# tarball ($OUT/RUN.tgz) and the log ($OUT/LOG, with the driver's wall-clock lines) are
+# written within the call; two runs at once on a machine of two GPUs (each under its own
+# CUDA_VISIBLE_DEVICES and taskset) need two LOG names. It lists any pike, bwrap or compile-worker process
 # left behind. Where the machine lacks pike's small dependencies, wheels in .whl/ are
 # installed into /tmp/site (no network there); PIKE_BWRAP may name a bubblewrap binary.
 set -u
@@ -20,7 +21,7 @@ T0=$(date +%s)
 mode=${1:?first or resume}
 RUN=${RUN:?}; LIMIT=${LIMIT:-592}; JOBS=${JOBS:-4}; WORKERS=${WORKERS:-4}
 SRC=${SRC:-$PWD/src}; CARRY=${CARRY:-.tasks}; OUT=${OUT:?the folder that comes back}
-if [ -d .whl ]; then
+if [ -d .whl ] && [ ! -d /tmp/site/pydantic ]; then
   pip install -q --no-deps --no-index --find-links .whl --target /tmp/site \
     pydantic pydantic-core annotated-types typing-inspection openai tenacity distro jiter \
     sniffio >/dev/null 2>&1
@@ -28,7 +29,7 @@ fi
 export PYTHONPATH=$SRC:/tmp/site
 [ -x .bwrap/bwrap ] && export PIKE_BWRAP=$PWD/.bwrap/bwrap
 mkdir -p .runs
-log=$OUT/bench-call.log
+log=$OUT/${LOG:-bench-call.log}
 [ "$mode" = resume ] && tar xzf "$CARRY/$RUN.tgz" -C .runs
 left=$(( LIMIT - ( $(date +%s) - T0 ) - 25 ))
 echo "$(date -u +%T) driver: $mode $RUN, bench limit ${left}s, src $SRC" | tee -a "$log"

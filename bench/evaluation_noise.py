@@ -1,7 +1,8 @@
 """Timing noise between evaluations, with nothing else on the machine, per warm-up length.
 
     python bench/evaluation_noise.py [--device cuda] [--repeats 8] [--warmups 0.1,1.0]
-        [--max-calls 5000] [--size example|large] [--tag h100] [--out bench/results]
+        [--max-calls 5000] [--min-seconds 1.0,0.5] [--size example|large | --task FILE]
+        [--tag h100] [--out bench/results]
 
 bench/throughput.py measures the fixed candidate's CV while other candidates compile.
 This script measures the floor under that figure: the same candidate (tests/candidates/
@@ -10,7 +11,11 @@ fused.py on examples/tasks/1_GeluMLP.py at throughput.py's GPU-bound size) evalu
 (eval.timing.warmup_seconds) in turn, round robin, so a drift of the card's state over
 the run falls on every setting alike. `--max-calls 1000,5000` adds the timed calls' cap
 (eval.timing.max_calls) as a second setting: on a task of 0.1 ms the cap, not
-min_seconds, decides how long timing takes. Per setting: the CV of the candidate's medians, of
+min_seconds, decides how long timing takes. `--min-seconds 1.0,0.5` compares the timed run
+time each side keeps timing for (eval.timing.min_seconds): on a large-input task of
+milliseconds per call it decides how long the device is held alone. `--task FILE` judges a
+task's own module (ModelNew = Model) against it instead: its speedup should be 1.0, so how far
+each verdict's figure strays from 1.0 is the noise a search's ranking sees. Per setting: the CV of the candidate's medians, of
 the reference's medians and of the speedups. Results are rewritten after every
 evaluation under bench/results/evaluation-noise-<tag>.json and .md, with device, torch
 version, date and command.
@@ -26,18 +31,23 @@ from pathlib import Path
 
 import torch
 from common import RESULTS, device_name, notes_section, now, run_script, this_command, with_ext
+from eval_overhead import identity_candidate
 from throughput import CANDIDATES, FIXED, bench_task, cv
 
 from pike.config import EvalConfig
 from pike.evaluate.judge import evaluate
+from pike.task import Task
 
 
 def summary(rows: list[dict]) -> dict:
     ok = [r for r in rows if r["status"] == "ok"]
+    timing = [r["timing_s"] for r in rows if r.get("timing_s") is not None]
     return {"evaluations": len(rows), "ok": len(ok),
             "candidate_cv": cv([r["median_ms"] for r in ok]),
             "reference_cv": cv([r["reference_ms"] for r in ok]),
-            "speedup_cv": cv([r["speedup"] for r in ok])}
+            "speedup_cv": cv([r["speedup"] for r in ok]),
+            "worst_speedup_error": max((abs(r["speedup"] - 1) for r in ok), default=None),
+            "timing_s": sum(timing) / len(timing) if timing else None}
 
 
 def write(out: Path, tag: str, data: dict) -> None:
@@ -52,15 +62,18 @@ def write(out: Path, tag: str, data: dict) -> None:
     lines = [f"# Timing noise between evaluations ({data['device_name']})", "",
              f"- device: {data['device']}, torch {data['torch_version']}, host {data['host']}",
              f"- date: {data['date']}", f"- command: `{data['command']}`",
-             f"- candidate: tests/candidates/{FIXED}.py on {data['task']}, evaluated "
-             "one at a time with no other load, settings round robin", "",
-             "| warm-up (s), max calls | evaluations | ok | candidate median CV | reference median CV "
-             "| speedup CV | candidate medians (ms) |", "|---|---|---|---|---|---|---|"]
+             f"- candidate: {data['candidate']} on {data['task']}, evaluated "
+             "one at a time, settings round robin", "",
+             "| warm-up (s), max calls, min seconds | evaluations | ok | candidate median CV "
+             "| reference median CV | speedup CV | speedup's worst error | timing phase (s, mean) "
+             "| candidate medians (ms) |", "|---|---|---|---|---|---|---|---|---|"]
     for w, s in data["summary"].items():
         medians = ", ".join(f"{r['median_ms']:.3f}" for r in data["settings"][w]
                             if r["median_ms"])
+        timing = f"{s['timing_s']:.2f}" if s.get("timing_s") is not None else "-"
         lines.append(f"| {w} | {s['evaluations']} | {s['ok']} | {pct(s['candidate_cv'])} | "
-                     f"{pct(s['reference_cv'])} | {pct(s['speedup_cv'])} | {medians} |")
+                     f"{pct(s['reference_cv'])} | {pct(s['speedup_cv'])} | "
+                     f"{pct(s.get('worst_speedup_error'))} | {timing} | {medians} |")
     lines += notes_section(data)
     with_ext(stem, ".md").write_text("\n".join(lines) + "\n")
 
@@ -72,8 +85,12 @@ def main() -> int:
     p.add_argument("--warmups", default="0.1,1.0", help="warm-up lengths in seconds")
     p.add_argument("--max-calls", default=None,
                    help="timed calls' caps to compare (comma list; default: the config's)")
+    p.add_argument("--min-seconds", default=None,
+                   help="timed run time per side to compare (comma list; default: the config's)")
     p.add_argument("--size", choices=["example", "large"], default=None,
                    help="1_GeluMLP's size (default: large on CUDA, as throughput.py)")
+    p.add_argument("--task", type=Path, default=None,
+                   help="a task file whose own module is judged against it instead")
     p.add_argument("--tag", default=None)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
@@ -82,29 +99,38 @@ def main() -> int:
     warmups = [float(w) for w in args.warmups.split(",")]
     caps = ([int(c) for c in args.max_calls.split(",")] if args.max_calls
             else [EvalConfig().timing.max_calls])
-    settings = {f"{w}, {c}": (w, c) for w in warmups for c in caps}
+    spans = ([float(m) for m in args.min_seconds.split(",")] if args.min_seconds
+             else [EvalConfig().timing.min_seconds])
+    settings = {f"{w}, {c}, {m}": (w, c, m) for w in warmups for c in caps for m in spans}
+    if args.task:
+        task = Task.from_file(args.task)
+        source, candidate, described = (identity_candidate(task), "its own module",
+                                        str(args.task))
+    else:
+        task = bench_task(size == "large", Path(tempfile.mkdtemp()))
+        source = (CANDIDATES / f"{FIXED}.py").read_text()
+        candidate, described = f"tests/candidates/{FIXED}.py", f"examples/tasks/1_GeluMLP.py at size {size}"
     data = {"benchmark": "evaluation-noise", "device": args.device,
             "device_name": device_name(args.device), "torch_version": torch.__version__,
             "host": platform.node(), "date": now(), "command": this_command(),
-            "task": f"examples/tasks/1_GeluMLP.py at size {size}",
+            "task": described, "candidate": candidate,
             "settings": {name: [] for name in settings}}
-    task = bench_task(size == "large", Path(tempfile.mkdtemp()))
-    source = (CANDIDATES / f"{FIXED}.py").read_text()
     base = EvalConfig(device=args.device)
     for i in range(args.repeats):
-        for name, (w, cap) in settings.items():
+        for name, (w, cap, span) in settings.items():
             cfg = base.model_copy(update={"timing": base.timing.model_copy(
-                update={"warmup_seconds": w, "max_calls": cap})})
+                update={"warmup_seconds": w, "max_calls": cap, "min_seconds": span})})
             verdict = evaluate(task, source, cfg)
+            timing_s = verdict.phase_seconds.get("timing")
             data["settings"][name].append({
                 "status": verdict.status,
                 "median_ms": verdict.runtime.median_ms if verdict.runtime else None,
                 "reference_ms": verdict.reference.median_ms if verdict.reference else None,
-                "speedup": verdict.speedup})
+                "speedup": verdict.speedup, "timing_s": timing_s})
             write(args.out, args.tag or ("cuda" if cuda else "cpu"), data)
-            print(f"repeat {i + 1}/{args.repeats}, warm-up {w} s, max calls {cap}: "
-                  f"{verdict.status} {verdict.speedup} "
-                  f"({verdict.phase_seconds.get('timing', 0):.1f} s timing)", flush=True)
+            print(f"repeat {i + 1}/{args.repeats}, warm-up {w} s, max calls {cap}, "
+                  f"min seconds {span}: {verdict.status} {verdict.speedup} "
+                  f"({timing_s or 0:.1f} s timing)", flush=True)
     return 0
 
 
