@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 from collections.abc import Callable
 
@@ -13,14 +14,17 @@ from pike.evaluate.cores import build_cores
 from pike.evaluate.driver import Timer
 from pike.evaluate.judge import (
     ModeFailed,
+    ReferenceRun,
     as_eval_config,
     resolve_device,
     run_reference,
     time_reference_modes,
 )
-from pike.evaluate.verdict import TimingStats
+from pike.evaluate.verdict import TimingStats, says_out_of_memory
 from pike.floor import Floor, Work, floor, no_floor_reason
 from pike.task import Task
+
+log = logging.getLogger(__name__)
 
 BASELINE_MODES = ["eager", *(f"compile:{m}" for m in COMPILE_MODES)]
 # How long a failed mode waits to see whether the caller was stopped: Ctrl-C reaches the
@@ -82,7 +86,8 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     timed window; on_event("prebuild_failed", mode=, error=) where an autotuning mode's
     pre-build took the child down (it is built again alone). `stopped`: whether the caller
     has been stopped; a mode failing then raises BaselineStopped instead of being recorded
-    as failed or built again."""
+    as failed or built again. On a GPU, a baseline where a mode ran out of memory (the
+    device's, which other evaluations may hold) is measured once more, whole."""
     cfg = as_eval_config(config)
     device = resolve_device(cfg.device)
     modes = modes or BASELINE_MODES
@@ -92,12 +97,48 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
         # workers (at one, max-autotune's compile held the GPU for minutes).
         cfg = cfg.model_copy(update={"compile_threads": max(
             cfg.compile_threads, build_cores(device, cfg.timing_cores))})
+    was_stopped = _StopCheck(stopped)
+    results, reference, work = _measure_modes(task, cfg, device, modes, on_event, was_stopped,
+                                              again=False)
+    if device.startswith("cuda") and any(says_out_of_memory(r.error) for r in results):
+        # The GPU is shared with other evaluations (a campaign's searches, an audit's other
+        # tasks), whose memory a mode's build or window may find taken: on an H200 level1
+        # bench a reduce-overhead mode failed so in 0.5 s beside four searches. Measured
+        # once more, whole, in a new child; a mode that runs out again keeps its failure.
+        if was_stopped():
+            raise BaselineStopped(f"{task.name}: stopped while its modes were measured")
+        log.warning("%s: a baseline mode ran out of GPU memory; its modes are measured "
+                    "once more", task.name)
+        results, reference, work = _measure_modes(task, cfg, device, modes, on_event,
+                                                  was_stopped, again=True)
+    if any(r.error for r in results) and was_stopped():
+        raise BaselineStopped(f"{task.name}: stopped while its modes were measured")
+    eager = next((r.stats for r in results if r.mode == "eager" and r.stats), None)
+    for r in results:
+        if eager and r.stats:
+            r.speedup_vs_eager = eager.median_ms / r.stats.median_ms
+    device_name = reference.env.get("device_name", "")
+    floor_name = device_name if device.startswith("cuda") else "cpu"
+    return Baseline(
+        task=task.name, task_path=str(task.path), task_sha256=task.sha256, device=device,
+        device_name=device_name, device_id=reference.env.get("device_id", ""),
+        torch_version=reference.env.get("torch_version", ""), host=reference.env.get("host", ""),
+        date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), modes=results,
+        work=work, floor=floor(work, floor_name) if work else None,
+        no_floor=(no_floor_reason(work, floor_name) if work else "the FLOPs could not be counted"),
+    )
+
+
+def _measure_modes(task: Task, cfg: EvalConfig, device: str, modes: list[str],
+                   on_event: Callable[..., None] | None, was_stopped: _StopCheck,
+                   again: bool) -> tuple[list[ModeTiming], ReferenceRun, Work | None]:
+    """Every mode's timing (or failure) in `modes`' order, the reference run they were
+    measured in (closed) and the task's work."""
     # A compile mode that takes the child down (a max-autotune build past the phase's
     # limit, a crash) fails alone: the others are measured again in a new child without it.
     # Eager failing is the reference failing (TaskError).
     failed: dict[str, ModeTiming] = {}
     no_prebuild: set[str] = set()  # autotuning modes whose pre-build took a child down
-    was_stopped = _StopCheck(stopped)
     while True:
         reference = run_reference(task, cfg, device, keep_child=True, cache=False)
         try:
@@ -105,7 +146,7 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
             timers = time_reference_modes(task, reference,
                                           [m for m in modes if m not in failed], cfg, device,
                                           _built_reporter(on_event,
-                                                          again=bool(failed or no_prebuild),
+                                                          again=again or bool(failed or no_prebuild),
                                                           stopped=was_stopped),
                                           no_prebuild=no_prebuild)
             break
@@ -130,22 +171,7 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
                         prebuild_s=_rounded(t.prebuild_s))
              for t in timers}
     results = [timed.get(m) or failed[m] for m in modes]
-    if any(r.error for r in results) and was_stopped():
-        raise BaselineStopped(f"{task.name}: stopped while its modes were measured")
-    eager = next((r.stats for r in results if r.mode == "eager" and r.stats), None)
-    for r in results:
-        if eager and r.stats:
-            r.speedup_vs_eager = eager.median_ms / r.stats.median_ms
-    device_name = reference.env.get("device_name", "")
-    floor_name = device_name if device.startswith("cuda") else "cpu"
-    return Baseline(
-        task=task.name, task_path=str(task.path), task_sha256=task.sha256, device=device,
-        device_name=device_name, device_id=reference.env.get("device_id", ""),
-        torch_version=reference.env.get("torch_version", ""), host=reference.env.get("host", ""),
-        date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), modes=results,
-        work=work, floor=floor(work, floor_name) if work else None,
-        no_floor=(no_floor_reason(work, floor_name) if work else "the FLOPs could not be counted"),
-    )
+    return results, reference, work
 
 
 def stopped_meanwhile(stopped: Callable[[], bool] | None) -> bool:
