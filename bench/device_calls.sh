@@ -13,9 +13,12 @@
 # bench gets SIGINT (as Ctrl-C) 25 s before LIMIT seconds from the start, so the
 # tarball ($OUT/RUN.tgz) and the log ($OUT/LOG, with the driver's wall-clock lines) are
 # written within the call; two runs at once on a machine of two GPUs (each under its own
-# CUDA_VISIBLE_DEVICES and taskset) need two LOG names. It lists any pike, bwrap or compile-worker process
-# left behind. Where the machine lacks pike's small dependencies, wheels in .whl/ are
-# installed into /tmp/site (no network there); PIKE_BWRAP may name a bubblewrap binary.
+# CUDA_VISIBLE_DEVICES and taskset) need two LOG names. It lists any pike, bwrap or
+# compile-worker process left behind, and where the bench was killed (status 137: a
+# level1 bench was, twice, with no word in its log) the kernel's out-of-memory lines and
+# the host's memory. Where the machine lacks pike's small dependencies, wheels in .whl/
+# are installed into /tmp/site (no network there); PIKE_BWRAP may name a bubblewrap
+# binary.
 set -u
 T0=$(date +%s)
 mode=${1:?first or resume}
@@ -44,6 +47,11 @@ else
 fi
 rc=$?
 echo "$(date -u +%T) driver: bench rc $rc after $(( $(date +%s) - start ))s" | tee -a "$log"
+if [ "$rc" = 137 ]; then  # SIGKILL: nothing in pike sends it to itself; the OOM killer?
+  { echo "driver: killed; the kernel's last words on it and the host's memory:"
+    dmesg 2>&1 | grep -iE "out of memory|killed process|oom" | tail -5
+    free -g; } 2>&1 | tee -a "$log"
+fi
 sleep 3; echo "driver: processes left:" | tee -a "$log"
 ps -eo pid,ppid,etimes,pcpu,args | grep -E "[p]ike|[b]wrap|[c]ompile_worker" | cut -c1-220 \
   | tee -a "$log"
