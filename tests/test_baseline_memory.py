@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pike.config import RunConfig
+from pike.errors import TaskError
 from pike.evaluate import baseline as baseline_module
 from pike.evaluate.judge import ModeFailed
 from pike.task import load_task
@@ -38,29 +39,38 @@ def _mode_failed(mode: str, reason: str) -> ModeFailed:
 
 
 def _measure(monkeypatch: pytest.MonkeyPatch, passes: list[Any], device: str = "cuda:0",
-             stopped: bool = False) -> tuple[Any, list[list[str]]]:
+             stopped: bool = False, events: list[dict] | None = None
+             ) -> tuple[Any, list[list[str]]]:
     """measure_baselines with each reference child's modes answered by the next of
-    `passes`: {mode: error or None}, or a ModeFailed to raise. Returns the baseline (or
-    the exception raised) and the modes each child was asked for."""
+    `passes`: {mode: error or None}, or an exception (ModeFailed, TaskError) to raise.
+    Returns the baseline (or the BaselineStopped raised) and the modes each child was
+    asked for; `events` collects on_event's calls."""
     asked: list[list[str]] = []
 
     def reference(*_: Any, **__: Any) -> Any:
         return SimpleNamespace(work=lambda: None, close=lambda: None, env={})
 
-    def time_modes(task: Any, ref: Any, modes: list[str], *_: Any, **__: Any) -> list[Any]:
+    def time_modes(task: Any, ref: Any, modes: list[str], cfg: Any, dev: Any,
+                   on_built: Any = None, **__: Any) -> list[Any]:
         asked.append(list(modes))
         answer = passes[min(len(asked), len(passes)) - 1]
-        if isinstance(answer, ModeFailed):
+        if isinstance(answer, Exception):
             raise answer
-        return [_timer(m, answer.get(m)) for m in modes]
+        timers = [_timer(m, answer.get(m)) for m in modes]
+        for timer in timers:
+            if on_built is not None:
+                on_built(timer)
+        return timers
 
     monkeypatch.setattr(baseline_module, "run_reference", reference)
     monkeypatch.setattr(baseline_module, "time_reference_modes", time_modes)
     monkeypatch.setattr(baseline_module, "resolve_device", lambda d: device)
     monkeypatch.setattr(baseline_module, "_STOP_GRACE_S", 0.1)
+    monkeypatch.setattr(baseline_module, "_OUT_OF_MEMORY_WAIT_S", 0.1)
+    on_event = None if events is None else (lambda kind, **d: events.append({"kind": kind, **d}))
     try:
         result = baseline_module.measure_baselines(load_task(TASK), RunConfig(), MODES,
-                                                   stopped=lambda: stopped)
+                                                   on_event=on_event, stopped=lambda: stopped)
     except baseline_module.BaselineStopped as err:
         return err, asked
     return result, asked
@@ -72,10 +82,35 @@ def _errors(result: Any) -> dict[str, str | None]:
 
 def test_a_mode_out_of_memory_once_is_measured_again_with_the_others(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    result, asked = _measure(monkeypatch, [{"compile:reduce-overhead": OOM}, {}])
+    events: list[dict] = []
+    result, asked = _measure(monkeypatch, [{"compile:reduce-overhead": OOM}, {}],
+                             events=events)
     assert asked == [MODES, MODES]  # whole, so every mode is beside the same eager
     assert all(error is None for error in _errors(result).values())
     assert all(m.speedup_vs_eager for m in result.modes)
+    # the second pass's builds are shown as a new child's
+    assert [e["again"] for e in events] == [False] * 3 + [True] * 3
+
+
+def test_a_mode_failing_on_its_own_keeps_its_failure_unbuilt_in_the_second_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    own = "InductorError: a lowering failed"
+    result, asked = _measure(monkeypatch, [
+        {"compile:default": own, "compile:reduce-overhead": OOM}, {}])
+    assert asked == [MODES, ["eager", "compile:reduce-overhead"]]
+    assert _errors(result) == {"eager": None, "compile:default": own,
+                               "compile:reduce-overhead": None}
+
+
+def test_a_second_pass_that_fails_more_modes_or_cannot_run_leaves_the_first_standing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    first = {"compile:reduce-overhead": OOM}
+    worse, asked = _measure(monkeypatch, [first, {"compile:default": OOM,
+                                                  "compile:reduce-overhead": OOM}])
+    assert len(asked) == 2 and _errors(worse)["compile:default"] is None
+    lost, asked = _measure(monkeypatch, [first, TaskError("the reference ran out too")])
+    assert len(asked) == 2 and _errors(lost) == {"eager": None, "compile:default": None,
+                                                 "compile:reduce-overhead": OOM}
 
 
 def test_a_mode_out_of_memory_twice_keeps_its_failure_and_is_not_tried_a_third_time(

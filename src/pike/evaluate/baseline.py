@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field
 
 from pike.config import COMPILE_MODES, EvalConfig, RunConfig
+from pike.errors import TaskError
 from pike.evaluate.cores import build_cores
 from pike.evaluate.driver import Timer
 from pike.evaluate.judge import (
@@ -30,6 +31,9 @@ BASELINE_MODES = ["eager", *(f"compile:{m}" for m in COMPILE_MODES)]
 # How long a failed mode waits to see whether the caller was stopped: Ctrl-C reaches the
 # children and the caller's threads at once, and the failure can come first.
 _STOP_GRACE_S = 1.0
+# How long a baseline whose mode ran out of GPU memory waits before its second pass: as a
+# reference that ran out does (judge._OUT_OF_MEMORY_WAIT_S), for the neighbours' memory.
+_OUT_OF_MEMORY_WAIT_S = 15.0
 
 
 class BaselineStopped(Exception):
@@ -98,19 +102,15 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
         cfg = cfg.model_copy(update={"compile_threads": max(
             cfg.compile_threads, build_cores(device, cfg.timing_cores))})
     was_stopped = _StopCheck(stopped)
+    no_prebuild: set[str] = set()  # autotuning modes whose pre-build took a child down
     results, reference, work = _measure_modes(task, cfg, device, modes, on_event, was_stopped,
-                                              again=False)
-    if device.startswith("cuda") and any(says_out_of_memory(r.error) for r in results):
-        # The GPU is shared with other evaluations (a campaign's searches, an audit's other
-        # tasks), whose memory a mode's build or window may find taken: on an H200 level1
-        # bench a reduce-overhead mode failed so in 0.5 s beside four searches. Measured
-        # once more, whole, in a new child; a mode that runs out again keeps its failure.
-        if was_stopped():
-            raise BaselineStopped(f"{task.name}: stopped while its modes were measured")
-        log.warning("%s: a baseline mode ran out of GPU memory; its modes are measured "
-                    "once more", task.name)
-        results, reference, work = _measure_modes(task, cfg, device, modes, on_event,
-                                                  was_stopped, again=True)
+                                              no_prebuild)
+    short = [r.mode for r in results if says_out_of_memory(r.error)]
+    if device.startswith("cuda") and short:
+        results, reference, work = _measured_again(task, cfg, device, modes, on_event,
+                                                   stopped, no_prebuild,
+                                                   (results, reference, work), short)
+        was_stopped = _StopCheck(stopped)
     if any(r.error for r in results) and was_stopped():
         raise BaselineStopped(f"{task.name}: stopped while its modes were measured")
     eager = next((r.stats for r in results if r.mode == "eager" and r.stats), None)
@@ -129,16 +129,49 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     )
 
 
+_Pass = tuple[list[ModeTiming], ReferenceRun, Work | None]
+
+
+def _measured_again(task: Task, cfg: EvalConfig, device: str, modes: list[str],
+                    on_event: Callable[..., None] | None,
+                    stopped: Callable[[], bool] | None, no_prebuild: set[str],
+                    first: _Pass, short: list[str]) -> _Pass:
+    """A baseline where `short` modes ran out of GPU memory, measured once more, whole
+    (every mode beside the same eager), after a wait: the GPU is shared with other
+    evaluations (a campaign's searches, an audit's other tasks), whose memory a mode's
+    build or window may find taken. On an H200 level1 bench a reduce-overhead mode failed
+    so in 0.5 s beside four searches. The modes that failed otherwise keep their failure
+    unbuilt; the second pass is kept only where it fails fewer modes, and where it cannot
+    run at all (its reference out of memory too) the first stands."""
+    if stopped_meanwhile(stopped, _OUT_OF_MEMORY_WAIT_S):
+        raise BaselineStopped(f"{task.name}: stopped while its modes were measured")
+    log.warning("%s: baseline %s ran out of GPU memory; its modes are measured once more",
+                task.name, ", ".join(short))
+    own_failures = {r.mode: r for r in first[0] if r.error and r.mode not in short}
+    try:
+        again = _measure_modes(task, cfg, device, modes, on_event, _StopCheck(stopped),
+                               no_prebuild, carried=own_failures)
+    except TaskError as err:
+        log.warning("%s: the baseline's second pass failed (%s); the first stands",
+                    task.name, str(err).splitlines()[0] if str(err) else type(err).__name__)
+        return first
+    failures = sum(1 for r in again[0] if r.error)
+    return again if failures < sum(1 for r in first[0] if r.error) else first
+
+
 def _measure_modes(task: Task, cfg: EvalConfig, device: str, modes: list[str],
                    on_event: Callable[..., None] | None, was_stopped: _StopCheck,
-                   again: bool) -> tuple[list[ModeTiming], ReferenceRun, Work | None]:
+                   no_prebuild: set[str], carried: dict[str, ModeTiming] | None = None
+                   ) -> _Pass:
     """Every mode's timing (or failure) in `modes`' order, the reference run they were
-    measured in (closed) and the task's work."""
+    measured in (closed) and the task's work. `carried`: failures of an earlier pass,
+    kept without building those modes again; `no_prebuild` is added to as pre-builds
+    take children down."""
     # A compile mode that takes the child down (a max-autotune build past the phase's
     # limit, a crash) fails alone: the others are measured again in a new child without it.
     # Eager failing is the reference failing (TaskError).
-    failed: dict[str, ModeTiming] = {}
-    no_prebuild: set[str] = set()  # autotuning modes whose pre-build took a child down
+    failed: dict[str, ModeTiming] = dict(carried or {})
+    again = carried is not None  # a second pass: its builds are shown as such
     while True:
         reference = run_reference(task, cfg, device, keep_child=True, cache=False)
         try:
@@ -174,12 +207,15 @@ def _measure_modes(task: Task, cfg: EvalConfig, device: str, modes: list[str],
     return results, reference, work
 
 
-def stopped_meanwhile(stopped: Callable[[], bool] | None) -> bool:
-    """Whether the caller has been stopped, or is within a moment: asked where something
-    failed, which the stop may have caused."""
+def stopped_meanwhile(stopped: Callable[[], bool] | None,
+                      seconds: float | None = None) -> bool:
+    """Whether the caller has been stopped, or is within a moment (or `seconds`): asked
+    where something failed, which the stop may have caused, and to wait before trying
+    again."""
     if stopped is None:
+        time.sleep(seconds or 0)
         return False
-    deadline = time.monotonic() + _STOP_GRACE_S
+    deadline = time.monotonic() + (_STOP_GRACE_S if seconds is None else seconds)
     while not stopped():
         if time.monotonic() >= deadline:
             return False
