@@ -292,7 +292,10 @@ def abnormal_end(event: ChildExit | PhaseTimeout | MemoryExceeded, phase: str) -
                        message=f"exceeded the memory limit: {event.used_bytes / 2**30:.1f} GiB "
                                f"used, limit {event.limit_bytes / 2**30:.1f} GiB")
     code = event.returncode
-    if code is not None and code < 0:
+    if event.host_out_of_memory:  # said so that a crowded GPU's retry rule sees it too
+        how = ("killed by signal SIGKILL: the host ran out of memory (the kernel's "
+               "out-of-memory killer was at work meanwhile)")
+    elif code is not None and code < 0:
         how = f"killed by signal {signal.Signals(-code).name}"
     elif code == 0:
         how = "exited with status 0 before reporting a result (os._exit or exit in candidate code?)"

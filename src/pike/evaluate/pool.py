@@ -74,7 +74,8 @@ def requeue_once(attempt: Callable[[int], Verdict],
 
 
 def out_of_device_memory(verdict: Verdict) -> bool:
-    """The candidate failed because the GPU had no memory left (its own or its neighbours')."""
+    """The candidate failed because the GPU had no memory left (its own or its neighbours'),
+    or the host's out-of-memory killer took its child (sandbox.ChildExit)."""
     return (verdict.status in ("runtime_error", "crashed")
             and says_out_of_memory(verdict.message))
 

@@ -115,6 +115,9 @@ class ChildExit:
 
     returncode: int | None
     output_tail: str
+    # killed by SIGKILL, which pike did not send, while the kernel's out-of-memory killer
+    # ended some process of the host: the host ran out of memory, most likely this way
+    host_out_of_memory: bool = False
 
 
 @dataclass
@@ -215,12 +218,44 @@ class _Spawner:
 _SPAWNER = _Spawner()
 
 
-def _child_setup(parent: int) -> Callable[[], None]:
-    """Run in the new child before it starts Python: no core dumps, and killed when pike
-    dies however it ends (bwrap's --die-with-parent does this in the OS sandbox; this is
-    the same where there is none). If pike died before the signal was armed, stop now."""
+# How much likelier than pike each child is to be chosen by the kernel's out-of-memory
+# killer (/proc/PID/oom_score_adj, -1000 to 1000; raising it needs no privilege). On a
+# lent two-GPU H200 host a level1 `pike bench` was killed twice by a SIGKILL nothing in
+# pike sends, minutes in, beside another bench: with pike gone, every evaluation in
+# flight is lost at once. A child taken instead loses one evaluation, and says why
+# (ChildExit.host_out_of_memory); the untrusted candidate goes before a reference.
+OOM_SCORE_ADJ = {"candidate": 1000, "reference": 500}
+
+
+def host_oom_kills(vmstat: str = "/proc/vmstat") -> int | None:
+    """How many processes the kernel's out-of-memory killer has ended on this host since
+    it started (/proc/vmstat's oom_kill, Linux 4.13 on); None where it is not kept."""
+    try:
+        with open(vmstat, "rb") as f:
+            for line in f:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _child_setup(parent: int, oom_score_adj: int = 0) -> Callable[[], None]:
+    """Run in the new child before it starts Python: no core dumps, first in line for the
+    kernel's out-of-memory killer, and killed when pike dies however it ends (bwrap's
+    --die-with-parent does this in the OS sandbox; this is the same where there is none).
+    If pike died before the signal was armed, stop now."""
     def setup() -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if oom_score_adj:
+            try:  # plain os calls: this runs between fork and exec
+                fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+                try:
+                    os.write(fd, str(oom_score_adj).encode())
+                finally:
+                    os.close(fd)
+            except OSError:  # not Linux, or /proc not mounted: the kernel's own choice
+                pass
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         except (OSError, AttributeError):  # not Linux: the parent's cleanup still runs
@@ -262,6 +297,7 @@ class ChildProcess:
         self.unresponsive = False
         self._ready_at = self.line_ready_at = 0.0  # perf_counter: the last line's arrival
         self._memory_walked = 0.0
+        self._oom_kills_at_start: int | None = None
         self.begun = False  # the request is handed over by `begin`
         self.see: Callable[[str], str] = str  # a host path as the child sees it
 
@@ -288,8 +324,10 @@ class ChildProcess:
                  str(child_writes), str(child_reads)],
                 cwd=self.work_dir, env=self.env, stdin=subprocess.DEVNULL, stdout=self._log,
                 stderr=subprocess.STDOUT, pass_fds=(child_writes, child_reads),
-                start_new_session=True, preexec_fn=_child_setup(os.getpid()),
+                start_new_session=True,
+                preexec_fn=_child_setup(os.getpid(), OOM_SCORE_ADJ.get(self.request.role, 0)),
             ))
+            self._oom_kills_at_start = host_oom_kills()
         except BaseException:  # no child: nothing of its start may stay open
             for fd in (from_child, to_child):
                 os.close(fd)
@@ -366,7 +404,9 @@ class ChildProcess:
             if self.proc.poll() is not None:
                 if self._read_some(0):
                     continue
-                return ChildExit(self._exit_status(), self.output_tail())
+                code = self._exit_status()
+                return ChildExit(code, self.output_tail(),
+                                 host_out_of_memory=self._killed_by_the_oom_killer(code))
             now = time.monotonic()
             if self._stopped_by_a_timer():  # another evaluation's window: not its time
                 self.not_its_time(now - looked)
@@ -447,6 +487,14 @@ class ChildProcess:
             except psutil.Error:
                 pass
         return total
+
+    def _killed_by_the_oom_killer(self, code: int | None) -> bool:
+        """Whether this child's SIGKILL came with the kernel's out-of-memory killer at
+        work: pike's own kills (a phase's limit, the memory limit, a cleanup) are told
+        apart before a ChildExit is read, and the killer ended something meanwhile."""
+        before, now = self._oom_kills_at_start, host_oom_kills()
+        return (code == -signal.SIGKILL and before is not None and now is not None
+                and now > before)
 
     def _exit_status(self) -> int | None:
         assert self.proc is not None

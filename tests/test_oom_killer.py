@@ -1,0 +1,102 @@
+"""The kernel's out-of-memory killer takes an evaluation's child before pike, and a child
+it took says so.
+
+On a lent two-GPU H200 host a level1 `pike bench` (bench/results/bench-level1-h200-partial.md)
+was killed twice by a SIGKILL nothing in pike sends, minutes in: every evaluation in
+flight was lost with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pike.config import EvalConfig
+from pike.evaluate import sandbox
+from pike.evaluate.driver import abnormal_end, finish
+from pike.evaluate.judge import run_reference
+from pike.evaluate.pool import out_of_device_memory
+from pike.evaluate.sandbox import OOM_SCORE_ADJ, ChildExit, ChildProcess, host_oom_kills
+from pike.task import Task
+from tests.conftest import candidate
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
+
+
+def _adj(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+
+
+@linux
+def test_the_child_setup_raises_the_childs_score_and_leaves_the_parents() -> None:
+    mine = _adj(os.getpid())
+    proc = subprocess.Popen(["sleep", "30"], preexec_fn=sandbox._child_setup(os.getpid(), 700))
+    try:
+        assert _adj(proc.pid) == 700 and _adj(os.getpid()) == mine
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@linux
+def test_candidates_and_references_start_first_in_line_candidates_before_references(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    from pike.evaluate.driver import launch_child
+    from pike.evaluate.judge import candidate_folders, fill_candidate
+    from pike.evaluate.leftovers import make_temp_dir, remove_tree
+
+    assert OOM_SCORE_ADJ["candidate"] > OOM_SCORE_ADJ["reference"] > 0
+    folder = make_temp_dir("cand")
+    try:
+        files = candidate_folders(fast_config, "cpu", folder)
+        fill_candidate(files, mlp_task, candidate("fused"), fast_config)
+        child = launch_child(files.request, files.work_dir, fast_config, "x")
+        assert child.proc is not None
+        assert _adj(child.proc.pid) == OOM_SCORE_ADJ["candidate"]  # bwrap's, or the child's
+        finish(child)
+    finally:
+        remove_tree(folder)
+    reference = run_reference(mlp_task, fast_config, "cpu", keep_child=True, cache=False)
+    try:
+        assert reference.child is not None and reference.child.proc is not None
+        assert _adj(reference.child.proc.pid) == OOM_SCORE_ADJ["reference"]
+    finally:
+        reference.close()
+
+
+def test_the_hosts_oom_kills_are_read_from_vmstat(tmp_path: Path) -> None:
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 12\noom_kill 7\npgfault 3\n")
+    assert host_oom_kills(str(vmstat)) == 7
+    vmstat.write_text("nr_free_pages 12\n")  # before Linux 4.13
+    assert host_oom_kills(str(vmstat)) is None
+    assert host_oom_kills(str(tmp_path / "none")) is None
+
+
+@pytest.mark.parametrize(("code", "at_start", "now", "killed"), [
+    (-signal.SIGKILL, 3, 4, True),
+    (-signal.SIGKILL, 3, 3, False),  # a SIGKILL with no OOM kill on the host meanwhile
+    (-signal.SIGTERM, 3, 4, False),  # not the killer's signal
+    (1, 3, 4, False),
+    (-signal.SIGKILL, None, 4, False),  # the count is not kept here
+])
+def test_a_child_is_taken_for_the_oom_killers_only_where_both_signs_agree(
+        monkeypatch: pytest.MonkeyPatch, code: int, at_start: int | None, now: int,
+        killed: bool) -> None:
+    child = ChildProcess.__new__(ChildProcess)
+    child._oom_kills_at_start = at_start
+    monkeypatch.setattr(sandbox, "host_oom_kills", lambda: now)
+    assert child._killed_by_the_oom_killer(code) is killed
+
+
+def test_a_child_the_oom_killer_took_is_a_crash_that_says_out_of_memory() -> None:
+    taken = abnormal_end(ChildExit(-signal.SIGKILL, "", host_out_of_memory=True), "check")
+    assert taken.status == "crashed" and "out of memory" in (taken.message or "")
+    assert out_of_device_memory(taken)  # so a crowded GPU's pool judges it once more
+    killed = abnormal_end(ChildExit(-signal.SIGKILL, ""), "check")
+    assert killed.message.startswith("killed by signal SIGKILL during phase 'check'")
+    assert not out_of_device_memory(killed)
