@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pike.config import EvalConfig
@@ -20,7 +21,13 @@ from pike.evaluate import sandbox
 from pike.evaluate.driver import abnormal_end, finish
 from pike.evaluate.judge import run_reference
 from pike.evaluate.pool import out_of_device_memory
-from pike.evaluate.sandbox import OOM_SCORE_ADJ, ChildExit, ChildProcess, host_oom_kills
+from pike.evaluate.sandbox import (
+    OOM_SCORE_ADJ,
+    ChildExit,
+    ChildProcess,
+    child_oom_score,
+    host_oom_kills,
+)
 from pike.task import Task
 from tests.conftest import candidate
 
@@ -34,7 +41,7 @@ def _adj(pid: int) -> int:
 @linux
 def test_the_child_setup_raises_the_childs_score_and_leaves_the_parents() -> None:
     mine = _adj(os.getpid())
-    proc = subprocess.Popen(["sleep", "30"], preexec_fn=sandbox._child_setup(os.getpid(), 700))
+    proc = subprocess.Popen(["sleep", "30"], preexec_fn=sandbox.child_setup(os.getpid(), 700))
     try:
         assert _adj(proc.pid) == 700 and _adj(os.getpid()) == mine
     finally:
@@ -56,7 +63,12 @@ def test_candidates_and_references_start_first_in_line_candidates_before_referen
         fill_candidate(files, mlp_task, candidate("fused"), fast_config)
         child = launch_child(files.request, files.work_dir, fast_config, "x")
         assert child.proc is not None
-        assert _adj(child.proc.pid) == OOM_SCORE_ADJ["candidate"]  # bwrap's, or the child's
+        # bwrap's (or the child's, without the OS sandbox), and the Python runner's in it
+        assert _adj(child.proc.pid) == OOM_SCORE_ADJ["candidate"]
+        top = psutil.Process(child.proc.pid)
+        runners = [p for p in [top, *top.children(recursive=True)]
+                   if "pike.evaluate.runner" in " ".join(p.cmdline())]
+        assert runners and all(_adj(p.pid) == OOM_SCORE_ADJ["candidate"] for p in runners)
         finish(child)
     finally:
         remove_tree(folder)
@@ -77,6 +89,50 @@ def test_the_hosts_oom_kills_are_read_from_vmstat(tmp_path: Path) -> None:
     assert host_oom_kills(str(tmp_path / "none")) is None
 
 
+@pytest.mark.parametrize(("own", "candidate", "reference"), [(0, 1000, 500), (800, 1000, 800)])
+def test_no_child_starts_below_pikes_own_score(monkeypatch: pytest.MonkeyPatch, own: int,
+                                               candidate: int, reference: int) -> None:
+    monkeypatch.setattr(sandbox, "_own_oom_score", lambda: own)
+    assert (child_oom_score("candidate"), child_oom_score("reference")) == (candidate, reference)
+
+
+def _watched(proc: subprocess.Popen) -> ChildProcess:
+    """A ChildProcess around `proc`, as _receive_one reads it (test_device_lock's way)."""
+    import time
+
+    read_fd, _ = os.pipe()
+    child = ChildProcess.__new__(ChildProcess)
+    child.proc, child._from_child, child._buffer = proc, read_fd, b""
+    child.phase, child.phase_started, child.phase_seconds = "check", time.monotonic(), {}
+    child.phase_limits = {"load": 30.0, "check": 30.0}
+    child.memory_limit, child.stage, child.unresponsive = 2**40, None, False
+    child._log, child.pausable_on, child.sandboxed = None, None, False
+    child._memory_walked, child._last_rss = 0.0, None
+    return child
+
+
+@pytest.mark.parametrize("rose", [True, False])
+def test_a_child_found_killed_says_whether_the_oom_killer_was_at_work_since_it_was_seen(
+        monkeypatch: pytest.MonkeyPatch, rose: bool) -> None:
+    import time
+
+    count = [5]
+    monkeypatch.setattr(sandbox, "host_oom_kills", lambda: count[0])
+    proc = subprocess.Popen(["sleep", "30"])
+    child = _watched(proc)
+    child._see_oom_count(time.monotonic())  # seen alive, at 5
+    child._last_rss = 3 * 2**30
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    count[0] += 1 if rose else 0
+    event = child._receive_one()
+    assert isinstance(event, ChildExit) and event.returncode == -signal.SIGKILL
+    assert event.host_out_of_memory is rose and event.last_rss_bytes == 3 * 2**30
+    verdict = abnormal_end(event, "check")
+    assert ("host ran out of memory" in verdict.message) is rose
+    assert ("3.0 GiB" in verdict.message) is rose
+
+
 @pytest.mark.parametrize(("code", "at_start", "now", "killed"), [
     (-signal.SIGKILL, 3, 4, True),
     (-signal.SIGKILL, 3, 3, False),  # a SIGKILL with no OOM kill on the host meanwhile
@@ -88,7 +144,7 @@ def test_a_child_is_taken_for_the_oom_killers_only_where_both_signs_agree(
         monkeypatch: pytest.MonkeyPatch, code: int, at_start: int | None, now: int,
         killed: bool) -> None:
     child = ChildProcess.__new__(ChildProcess)
-    child._oom_kills_at_start = at_start
+    child._oom_kills_seen = at_start
     monkeypatch.setattr(sandbox, "host_oom_kills", lambda: now)
     assert child._killed_by_the_oom_killer(code) is killed
 

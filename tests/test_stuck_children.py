@@ -96,7 +96,7 @@ def test_a_child_that_cannot_start_leaves_no_descriptor_open(
     def cannot(*args: object, **kwargs: object) -> None:
         raise OSError("no such interpreter")
 
-    monkeypatch.setattr(sandbox._SPAWNER, "run", cannot)
+    monkeypatch.setattr(sandbox.SPAWNER, "run", cannot)
     before = sorted(os.listdir("/proc/self/fd"))
     with pytest.raises(OSError, match="no such interpreter"):
         child.__enter__()

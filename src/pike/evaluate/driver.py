@@ -293,8 +293,10 @@ def abnormal_end(event: ChildExit | PhaseTimeout | MemoryExceeded, phase: str) -
                                f"used, limit {event.limit_bytes / 2**30:.1f} GiB")
     code = event.returncode
     if event.host_out_of_memory:  # said so that a crowded GPU's retry rule sees it too
+        used = (f"; its processes used {event.last_rss_bytes / 2**30:.1f} GiB when last "
+                "measured" if event.last_rss_bytes is not None else "")
         how = ("killed by signal SIGKILL: the host ran out of memory (the kernel's "
-               "out-of-memory killer was at work meanwhile)")
+               f"out-of-memory killer was at work meanwhile{used})")
     elif code is not None and code < 0:
         how = f"killed by signal {signal.Signals(-code).name}"
     elif code == 0:

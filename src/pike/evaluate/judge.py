@@ -319,8 +319,8 @@ def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
     try:
         return _run_or_reuse(task, cfg, device, keep_child, cache)
     except ReferenceOutOfMemory:
-        log.warning("%s: the reference ran out of GPU memory; run once more in %.0f s (other "
-                    "evaluations on the GPU may have held it)", task.name,
+        log.warning("%s: the reference ran out of memory (the GPU's, or the host's); run "
+                    "once more in %.0f s (other evaluations may have held it)", task.name,
                     _OUT_OF_MEMORY_WAIT_S)
     _wait(_OUT_OF_MEMORY_WAIT_S)
     return _run_or_reuse(task, cfg, device, keep_child, cache)

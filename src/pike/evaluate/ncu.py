@@ -31,8 +31,11 @@ from pike.evaluate.leftovers import make_temp_dir
 from pike.evaluate.ncu_target import NVTX_RANGE
 from pike.evaluate.profile import KernelMetrics, ProfileSummary
 from pike.evaluate.sandbox import (
+    SPAWNER,
     _marked_processes,
     child_environment,
+    child_oom_score,
+    child_setup,
     make_child_dirs,
     network_prefix,
 )
@@ -192,8 +195,13 @@ def _run_isolated(command: list[str], work: Path, cfg: EvalConfig, build_key: st
     env = child_environment(str(work), uuid.uuid4().hex, str(cache_root / build_key),
                             str(cache_root))
     with open(work / "ncu.log", "wb") as out:
-        proc = subprocess.Popen(command, cwd=work, env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # The candidate's code runs in it: started as a candidate's child is (first for
+        # the out-of-memory killer, ended with pike), from the spawning thread, whose life
+        # the death signal follows.
+        proc = SPAWNER.run(functools.partial(
+            subprocess.Popen, command, cwd=work, env=env, stdin=subprocess.DEVNULL,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=child_setup(os.getpid(), child_oom_score("candidate"))))
         try:
             proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:

@@ -174,8 +174,8 @@ class LocalPool:
             # The GPU ran out with other evaluations on it: their memory is not this
             # candidate's fault. Judged once more; a candidate that needs more than the
             # card runs out again and keeps its verdict.
-            log.warning("a candidate ran out of GPU memory with other evaluations on the "
-                        "GPU; judged once more")
+            log.warning("a candidate ran out of memory (the GPU's, or the host's) with other "
+                        "evaluations on the GPU; judged once more")
             verdict = requeue_once(attempt, _evaluator_failure)
         return verdict
 

@@ -118,6 +118,7 @@ class ChildExit:
     # killed by SIGKILL, which pike did not send, while the kernel's out-of-memory killer
     # ended some process of the host: the host ran out of memory, most likely this way
     host_out_of_memory: bool = False
+    last_rss_bytes: int | None = None  # the child tree's memory when pike last measured it
 
 
 @dataclass
@@ -215,7 +216,7 @@ class _Spawner:
                 done.set_exception(err)
 
 
-_SPAWNER = _Spawner()
+SPAWNER = _Spawner()
 
 
 # How much likelier than pike each child is to be chosen by the kernel's out-of-memory
@@ -224,7 +225,25 @@ _SPAWNER = _Spawner()
 # pike sends, minutes in, beside another bench: with pike gone, every evaluation in
 # flight is lost at once. A child taken instead loses one evaluation, and says why
 # (ChildExit.host_out_of_memory); the untrusted candidate goes before a reference.
+# Never below pike's own score (a service manager may have raised it): see child_oom_score.
 OOM_SCORE_ADJ = {"candidate": 1000, "reference": 500}
+# How often a waiting parent reads the host's out-of-memory kill count while a child
+# lives: a child found killed is blamed on the killer only where the count rose since.
+_OOM_COUNT_EVERY_S = 1.0
+
+
+def _own_oom_score() -> int:
+    try:
+        with open("/proc/self/oom_score_adj", "rb") as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def child_oom_score(role: str) -> int:
+    """The out-of-memory score a child of `role` starts with: its OOM_SCORE_ADJ, or pike's
+    own where that is higher (a child below pike would be taken after it)."""
+    return max(_own_oom_score(), OOM_SCORE_ADJ.get(role, 0))
 
 
 def host_oom_kills(vmstat: str = "/proc/vmstat") -> int | None:
@@ -240,18 +259,20 @@ def host_oom_kills(vmstat: str = "/proc/vmstat") -> int | None:
     return None
 
 
-def _child_setup(parent: int, oom_score_adj: int = 0) -> Callable[[], None]:
-    """Run in the new child before it starts Python: no core dumps, first in line for the
-    kernel's out-of-memory killer, and killed when pike dies however it ends (bwrap's
-    --die-with-parent does this in the OS sandbox; this is the same where there is none).
-    If pike died before the signal was armed, stop now."""
+def child_setup(parent: int, oom_score_adj: int = 0) -> Callable[[], None]:
+    """Run in the new child before it starts Python: no core dumps, `oom_score_adj` for
+    the kernel's out-of-memory killer (child_oom_score), and killed when pike dies however
+    it ends (bwrap's --die-with-parent does this in the OS sandbox; this is the same where
+    there is none). If pike died before the signal was armed, stop now."""
+    score = str(oom_score_adj).encode()  # made here: setup runs between fork and exec
+
     def setup() -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if oom_score_adj:
-            try:  # plain os calls: this runs between fork and exec
+            try:  # plain system calls only
                 fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
                 try:
-                    os.write(fd, str(oom_score_adj).encode())
+                    os.write(fd, score)
                 finally:
                     os.close(fd)
             except OSError:  # not Linux, or /proc not mounted: the kernel's own choice
@@ -272,6 +293,11 @@ class ChildProcess:
     # The GPU whose timers may stop this child (device_lock.list_child); its phase limits
     # then count only the time it was let run.
     pausable_on: str | None = None
+    # The host's out-of-memory kill count when the child was last seen alive, and when
+    # that was (monotonic); the child tree's memory when last measured.
+    _oom_kills_seen: int | None = None
+    _oom_count_seen_at = 0.0
+    _last_rss: int | None = None
 
     def __init__(self, request: ChildRequest, work_dir: Path, env: dict[str, str],
                  limits: LimitsConfig, phase_limits: dict[str, float],
@@ -297,7 +323,6 @@ class ChildProcess:
         self.unresponsive = False
         self._ready_at = self.line_ready_at = 0.0  # perf_counter: the last line's arrival
         self._memory_walked = 0.0
-        self._oom_kills_at_start: int | None = None
         self.begun = False  # the request is handed over by `begin`
         self.see: Callable[[str], str] = str  # a host path as the child sees it
 
@@ -318,16 +343,17 @@ class ChildProcess:
         # so. Nothing of it survives a kill, and the child sees only its descriptor.
         try:
             self._log = tempfile.TemporaryFile(prefix="pike-child-")
-            self.proc = _SPAWNER.run(functools.partial(
+            self.proc = SPAWNER.run(functools.partial(
                 subprocess.Popen,
                 [*self.prefix, sys.executable, "-m", "pike.evaluate.runner", seen_request,
                  str(child_writes), str(child_reads)],
                 cwd=self.work_dir, env=self.env, stdin=subprocess.DEVNULL, stdout=self._log,
                 stderr=subprocess.STDOUT, pass_fds=(child_writes, child_reads),
                 start_new_session=True,
-                preexec_fn=_child_setup(os.getpid(), OOM_SCORE_ADJ.get(self.request.role, 0)),
+                preexec_fn=child_setup(os.getpid(), child_oom_score(
+                    self.request.role if self.request is not None else "candidate")),
             ))
-            self._oom_kills_at_start = host_oom_kills()
+            self._see_oom_count(time.monotonic())
         except BaseException:  # no child: nothing of its start may stay open
             for fd in (from_child, to_child):
                 os.close(fd)
@@ -406,8 +432,11 @@ class ChildProcess:
                     continue
                 code = self._exit_status()
                 return ChildExit(code, self.output_tail(),
-                                 host_out_of_memory=self._killed_by_the_oom_killer(code))
+                                 host_out_of_memory=self._killed_by_the_oom_killer(code),
+                                 last_rss_bytes=self._last_rss)
             now = time.monotonic()
+            if now - self._oom_count_seen_at >= _OOM_COUNT_EVERY_S:
+                self._see_oom_count(now)
             if self._stopped_by_a_timer():  # another evaluation's window: not its time
                 self.not_its_time(now - looked)
             looked = now
@@ -415,7 +444,7 @@ class ChildProcess:
                 self.unresponsive = True
                 return PhaseTimeout(self.phase, limit)
             if self._memory_due(now):
-                used = self._tree_rss()
+                used = self._last_rss = self._tree_rss()
                 if used > self.memory_limit:
                     self.unresponsive = True
                     return MemoryExceeded(used, self.memory_limit)
@@ -488,11 +517,17 @@ class ChildProcess:
                 pass
         return total
 
+    def _see_oom_count(self, now: float) -> None:
+        """The host's out-of-memory kill count, read while this child is known alive."""
+        self._oom_kills_seen, self._oom_count_seen_at = host_oom_kills(), now
+
     def _killed_by_the_oom_killer(self, code: int | None) -> bool:
         """Whether this child's SIGKILL came with the kernel's out-of-memory killer at
         work: pike's own kills (a phase's limit, the memory limit, a cleanup) are told
-        apart before a ChildExit is read, and the killer ended something meanwhile."""
-        before, now = self._oom_kills_at_start, host_oom_kills()
+        apart before a ChildExit is read, and the host's kill count rose since the child
+        was last seen alive (at most about a second before). The count is the host's, so
+        another process taken in that second looks the same: the cost is a retry."""
+        before, now = self._oom_kills_seen, host_oom_kills()
         return (code == -signal.SIGKILL and before is not None and now is not None
                 and now > before)
 
