@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,22 @@ def judged_in(run_dir: Path) -> dict[int, Any]:
     except StoreError:
         return {}
 
+
+def listening_child(proc: subprocess.Popen, limit_s: float, pausable_on: str | None = "cuda:0"
+                    ) -> tuple[Any, int]:
+    """A ChildProcess around `proc` (not started by pike) that reads the messages written
+    to the returned fd, as its _receive_one does."""
+    from pike.evaluate.sandbox import ChildProcess
+
+    read_fd, write_fd = os.pipe()
+    child = ChildProcess.__new__(ChildProcess)
+    child.proc, child._from_child, child._buffer = proc, read_fd, b""
+    child.phase, child.phase_started, child.phase_seconds = "check", time.monotonic(), {}
+    child.phase_limits = {"load": limit_s, "check": limit_s}
+    child.memory_limit, child.stage, child.unresponsive = 2**40, None, False
+    child._log, child.sandboxed = None, False
+    child.pausable_on = pausable_on
+    return child, write_fd
 
 def candidate(name: str) -> str:
     return (CANDIDATES / f"{name}.py").read_text()

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from pike.evaluate.device_lock import hold
+from tests.conftest import listening_child
 
 
 @pytest.fixture(autouse=True)
@@ -284,28 +285,13 @@ def test_a_child_left_stopped_by_a_timer_that_died_is_let_go_by_its_parent(child
                    for p in [child, *child.children(recursive=True)])
 
 
-def _listening_child(proc: subprocess.Popen, limit_s: float):
-    """A ChildProcess around `proc` that reads the messages written to the returned fd."""
-    from pike.evaluate.sandbox import ChildProcess
-
-    read_fd, write_fd = os.pipe()
-    child = ChildProcess.__new__(ChildProcess)
-    child.proc, child._from_child, child._buffer = proc, read_fd, b""
-    child.phase, child.phase_started, child.phase_seconds = "check", time.monotonic(), {}
-    child.phase_limits = {"load": limit_s, "check": limit_s}
-    child.memory_limit, child.stage, child.unresponsive = 2**40, None, False
-    child._log = None
-    child.pausable_on = "cuda:0"
-    return child, write_fd
-
-
 def test_the_time_a_timer_keeps_a_child_stopped_does_not_count_against_its_limit():
     from pike.evaluate import device_lock
     from pike.evaluate.sandbox import PhaseTimeout
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        child, write_fd = _listening_child(proc, limit_s=1.0)
+        child, write_fd = listening_child(proc, limit_s=1.0)
         device_lock.list_child("cuda:0", proc.pid, "pause_others")
 
         def window_then_answer() -> None:
@@ -323,7 +309,7 @@ def test_the_time_a_timer_keeps_a_child_stopped_does_not_count_against_its_limit
         os.close(child._from_child)
 
         # stopped with no timer (by itself): let go on, and its limit runs as always
-        child, write_fd = _listening_child(proc, limit_s=0.5)
+        child, write_fd = listening_child(proc, limit_s=0.5)
         proc.send_signal(signal.SIGSTOP)
         event = child.receive()
         assert isinstance(event, PhaseTimeout)

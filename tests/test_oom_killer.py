@@ -29,7 +29,7 @@ from pike.evaluate.sandbox import (
     host_oom_kills,
 )
 from pike.task import Task
-from tests.conftest import candidate
+from tests.conftest import candidate, listening_child
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
@@ -96,21 +96,6 @@ def test_no_child_starts_below_pikes_own_score(monkeypatch: pytest.MonkeyPatch, 
     assert (child_oom_score("candidate"), child_oom_score("reference")) == (candidate, reference)
 
 
-def _watched(proc: subprocess.Popen) -> ChildProcess:
-    """A ChildProcess around `proc`, as _receive_one reads it (test_device_lock's way)."""
-    import time
-
-    read_fd, _ = os.pipe()
-    child = ChildProcess.__new__(ChildProcess)
-    child.proc, child._from_child, child._buffer = proc, read_fd, b""
-    child.phase, child.phase_started, child.phase_seconds = "check", time.monotonic(), {}
-    child.phase_limits = {"load": 30.0, "check": 30.0}
-    child.memory_limit, child.stage, child.unresponsive = 2**40, None, False
-    child._log, child.pausable_on, child.sandboxed = None, None, False
-    child._memory_walked, child._last_rss = 0.0, None
-    return child
-
-
 @pytest.mark.parametrize("rose", [True, False])
 def test_a_child_found_killed_says_whether_the_oom_killer_was_at_work_since_it_was_seen(
         monkeypatch: pytest.MonkeyPatch, rose: bool) -> None:
@@ -119,7 +104,7 @@ def test_a_child_found_killed_says_whether_the_oom_killer_was_at_work_since_it_w
     count = [5]
     monkeypatch.setattr(sandbox, "host_oom_kills", lambda: count[0])
     proc = subprocess.Popen(["sleep", "30"])
-    child = _watched(proc)
+    child, _ = listening_child(proc, limit_s=30.0, pausable_on=None)
     child._see_oom_count(time.monotonic())  # seen alive, at 5
     child._last_rss = 3 * 2**30
     proc.send_signal(signal.SIGKILL)

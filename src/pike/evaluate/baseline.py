@@ -13,7 +13,8 @@ from pike.config import COMPILE_MODES, EvalConfig, RunConfig
 from pike.errors import TaskError
 from pike.evaluate.cores import build_cores
 from pike.evaluate.driver import Timer
-from pike.evaluate.judge import (
+from pike.evaluate.judge import (  # the wait: a baseline's second pass waits as a reference's
+    _OUT_OF_MEMORY_WAIT_S,
     ModeFailed,
     ReferenceRun,
     as_eval_config,
@@ -21,6 +22,7 @@ from pike.evaluate.judge import (
     run_reference,
     time_reference_modes,
 )
+from pike.evaluate.pool import one_line
 from pike.evaluate.verdict import TimingStats, says_out_of_memory
 from pike.floor import Floor, Work, floor, no_floor_reason
 from pike.task import Task
@@ -31,9 +33,6 @@ BASELINE_MODES = ["eager", *(f"compile:{m}" for m in COMPILE_MODES)]
 # How long a failed mode waits to see whether the caller was stopped: Ctrl-C reaches the
 # children and the caller's threads at once, and the failure can come first.
 _STOP_GRACE_S = 1.0
-# How long a baseline whose mode ran out of GPU memory waits before its second pass: as a
-# reference that ran out does (judge._OUT_OF_MEMORY_WAIT_S), for the neighbours' memory.
-_OUT_OF_MEMORY_WAIT_S = 15.0
 
 
 class BaselineStopped(Exception):
@@ -153,7 +152,7 @@ def _measured_again(task: Task, cfg: EvalConfig, device: str, modes: list[str],
                                no_prebuild, carried=own_failures)
     except TaskError as err:
         log.warning("%s: the baseline's second pass failed (%s); the first stands",
-                    task.name, str(err).splitlines()[0] if str(err) else type(err).__name__)
+                    task.name, one_line(err))
         return first
     failures = sum(1 for r in again[0] if r.error)
     return again if failures < sum(1 for r in first[0] if r.error) else first
