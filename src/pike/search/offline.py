@@ -11,8 +11,9 @@ tolerance alone, such as fp16 on a deep network, breaks it in company too), and 
 fastest if it beats the best by more than the noise margin; partners are tried fastest
 alone first, and of the builds no faster than eager only the quickest to build, once
 the others' verdicts are in and budget is left, so a short budget reaches the likeliest
-sets. It stops when nothing improves or a budget (number of candidates, seconds) is
-spent; where nothing improves with budget left, it spends the rest on the no-gain builds
+sets. Lanes a round leaves free while its last candidates run take the next round as
+its verdicts so far make it (`_try`'s `ahead`). It stops when nothing improves or a
+budget (number of candidates, seconds) is spent; where nothing improves with budget left, it spends the rest on the no-gain builds
 the rounds passed over, with the best set, one at a time. The seconds are those its lanes
 ran: wall-clock time less the time its evaluations stood stopped by timing windows
 (`paused` in their verdicts) or waited for a device another held alone
@@ -36,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import Any
 
 from pike.agents.offline import applicable, compatible, render
@@ -120,11 +122,24 @@ class OfflineSearch:
         self._stopped = 0.0  # seconds the search stood stopped by other timers
         self._in_flight = _InFlight()
         # a resumed search has the budget that is left, not a new one
-        self._made = sum(1 for r in store.candidates(task_name) if r.role == "offline")
+        made = [r for r in store.candidates(task_name) if r.role == "offline"]
+        self._made = len(made)
+        self._ideas = {r.idea: int(r.id) for r in made}  # each set's candidate
+        self._idea_of = {cid: idea for idea, cid in self._ideas.items()}
+        self._running: dict[Future[Verdict], int] = {}  # in evaluation: candidate ids
+        self._lanes: ThreadPoolExecutor | None = None
         spent = store.get_state(task_name, "offline_seconds") or 0.0
         self._started -= float(spent)
 
     def run(self) -> None:
+        try:
+            self._search()
+            self._finish_ahead()
+        finally:  # an error or Ctrl-C: what has not started is dropped
+            if self._lanes is not None:
+                self._lanes.shutdown(wait=False, cancel_futures=True)
+
+    def _search(self) -> None:
         names = applicable(self.task_source, self.device, self.compile_speedups)
         skipped = {n: why for n, why in self.skip.items() if n in names}
         if skipped:
@@ -138,7 +153,14 @@ class OfflineSearch:
             self.on_event("known_alone", known=known)
         alone = [n for n in names if n not in known]
         self.on_event("round", round=0, branches=len(alone))
-        results = self._try([(n,) for n in alone], 0)
+
+        def pairs_with_the_fastest_so_far(found: dict[tuple[str, ...], Verdict | None]
+                                          ) -> list[tuple[str, ...]]:
+            ok = {s[0]: self._speedup(v) for s, v in found.items() if self._speedup(v) > 0}
+            order = sorted(ok, key=lambda n: -ok[n])
+            return self._next_sets(tuple(order[:1]), order, known) if order else []
+
+        results = self._try([(n,) for n in alone], 0, ahead=pairs_with_the_fastest_so_far)
         best = self._fastest(results)
         if best is None and known:  # nothing else correct alone: the modes' own verdicts
             self.on_event("round", round=0, branches=len(known))
@@ -156,14 +178,19 @@ class OfflineSearch:
                 return
             sets = {n: tuple(sorted((*best, n))) for n in partners}
             tries = [sets[n] for n in partners if n not in known]
-            found = self._try(tries, round_)
+
+            if_it_improves = partial(self._next_if_it_improves, bar=best_speedup,
+                                     names=names, known=known)
+            found = self._try(tries, round_, ahead=if_it_improves)
             # A build no faster than eager alone starts once the cheap partners' verdicts
             # are in, and only with budget left: started beside them, it held its lane (and
             # the search's end) for minutes where a short budget was already spent. Only
             # the quickest to build of them is tried.
             later = sorted((n for n in partners if n in known), key=_build_rank)
             if later and self._room():
-                found.update(self._try([sets[later[0]]], round_, first_branch=len(tries)))
+                # the build runs alone: the next round may start beside it
+                found.update(self._try([sets[later[0]]], round_, first_branch=len(tries),
+                                       ahead=partial(if_it_improves, before=dict(found))))
             results = {s: v for s, v in found.items() if v is not None}
             challenger = self._fastest(results)
             speedup = self._speedup(results[challenger]) if challenger is not None else 0.0
@@ -195,65 +222,123 @@ class OfflineSearch:
     def _spent(self) -> float:
         return _clock() - self._started - self._stopped
 
-    def _try(self, sets: list[tuple[str, ...]], round_: int, first_branch: int = 0
+    def _next_sets(self, best: tuple[str, ...], names: list[str],
+                   known: dict[str, float]) -> list[tuple[str, ...]]:
+        """The round after `best`: it with each compatible partner of `names` (in their
+        order), less the no-gain builds, which wait for their turn in the round itself."""
+        return [tuple(sorted((*best, n))) for n in names
+                if n not in best and n not in known and compatible((*best, n))]
+
+    def _next_if_it_improves(self, found: dict[tuple[str, ...], Verdict | None], *,
+                             bar: float, names: list[str], known: dict[str, float],
+                             before: dict[tuple[str, ...], Verdict | None] | None = None
+                             ) -> list[tuple[str, ...]]:
+        """The round after this one's fastest so far (with the round's verdicts `before`
+        this call), where it beats the best `bar` by the margin; none where it does not."""
+        done = {s: v for s, v in {**(before or {}), **found}.items() if v is not None}
+        lead = self._fastest(done)
+        if lead is None or self._speedup(done[lead]) * _IMPROVES < bar:
+            return []
+        return self._next_sets(lead, names, known)
+
+    def _try(self, sets: list[tuple[str, ...]], round_: int, first_branch: int = 0,
+             ahead: Callable[[dict[tuple[str, ...], Verdict | None]],
+                             list[tuple[str, ...]]] | None = None
              ) -> dict[tuple[str, ...], Verdict | None]:
         """Verdicts of these transformation sets (None: no budget left for it), `batch` in
         evaluation at a time: each one that ends makes room for the next, so a quick
         candidate never waits for a slow compile beside it. Sets judged before (a resumed
-        search) are not judged again; the store is written from this thread only."""
+        search, or started ahead of this round) are not judged again; the store is
+        written from this thread only.
+
+        Where the round has nothing left to start and lanes stand free while its last
+        candidates run, `ahead` names the next round's sets as the verdicts so far make
+        it (the fastest so far with each partner), and they start in those lanes as the
+        next round's candidates: on the H200 level2 bench a four-lane search had 2.2 to
+        3.3 candidates in evaluation on average, each round's last one or two running
+        alone. Where the round ends with another best, those are extra candidates of the
+        search, judged and kept like any other."""
         results: dict[tuple[str, ...], Verdict | None] = dict.fromkeys(sets)
-        known = {r.idea: r for r in self.store.candidates(self.task) if r.role == "offline"}
         waiting = deque(enumerate(sets, first_branch))
-        running: dict[Future[Verdict], tuple[tuple[str, ...], int]] = {}
-        # one at a time: in this thread, as a search without a pool does (plain tracebacks)
-        lanes = (ThreadPoolExecutor(self.batch, thread_name_prefix="pike-offline")
-                 if self.batch > 1 else None)
-
-        def submit(source: str) -> Future[Verdict]:
-            if lanes is not None:
-                return lanes.submit(self._judge_one, source)
-            done: Future[Verdict] = Future()
-            done.set_result(self._judge_one(source))
-            return done
-
-        try:
-            while waiting or running:
-                while waiting and len(running) < self.batch:
-                    branch, names = waiting.popleft()
-                    cid = self._candidate(names, round_, branch, known)
-                    if cid is None:
-                        continue
-                    row = self.store.candidate(cid)
-                    if row.verdict is not None:
-                        results[names] = row.verdict
-                        continue
-                    self._in_flight.start(cid)
-                    running[submit(row.source)] = (names, cid)
-                if not running:
-                    break
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    names, cid = running.pop(future)
-                    beside = self._in_flight.end(cid)
-                    self._record(cid, future.result(), beside)
+        mine: set[int] = set()  # this round's candidates in evaluation
+        while True:
+            while waiting and len(self._running) < self.batch:
+                branch, names = waiting.popleft()
+                cid = self._candidate(names, round_, branch)
+                if cid is None:
+                    continue
+                if cid in self._running.values():
+                    mine.add(cid)  # started ahead of this round
+                    continue
+                row = self.store.candidate(cid)
+                if row.verdict is not None:
+                    results[names] = row.verdict
+                    continue
+                mine.add(cid)
+                self._start(cid, row.source)
+            if ahead is not None and not waiting and mine and len(self._running) < self.batch:
+                self._start_ahead(ahead(results), round_ + 1)
+            if not mine and not waiting:
+                return results
+            for cid in self._next_verdicts():
+                if cid in mine:
+                    mine.discard(cid)
+                    names = next(s for s in sets if " + ".join(s) == self._idea_of[cid])
                     results[names] = self.store.candidate(cid).verdict
-        finally:  # an error or Ctrl-C: what has not started is dropped
-            if lanes is not None:
-                lanes.shutdown(wait=False, cancel_futures=True)
-        return results
 
-    def _candidate(self, names: tuple[str, ...], round_: int, branch: int,
-                   known: dict[str, Any]) -> int | None:
+    def _start(self, cid: int, source: str) -> None:
+        self._in_flight.start(cid)
+        if self.batch > 1:
+            # one set of lanes for the whole search: a candidate started ahead of its
+            # round is still in evaluation when that round begins
+            if self._lanes is None:
+                self._lanes = ThreadPoolExecutor(self.batch, thread_name_prefix="pike-offline")
+            future = self._lanes.submit(self._judge_one, source)
+        else:  # one at a time, in this thread, as a search without a pool does
+            future = Future()
+            future.set_result(self._judge_one(source))
+        self._running[future] = cid
+
+    def _start_ahead(self, sets: list[tuple[str, ...]], round_: int) -> None:
+        for branch, names in enumerate(sets):
+            if len(self._running) >= self.batch:
+                return
+            if " + ".join(names) in self._ideas:
+                continue  # judged, in evaluation, or made before
+            cid = self._candidate(names, round_, branch)
+            if cid is None:
+                return
+            self._start(cid, self.store.candidate(cid).source)
+
+    def _next_verdicts(self) -> list[int]:
+        """Wait for one or more evaluations to end; record their verdicts."""
+        finished, _ = wait(self._running, return_when=FIRST_COMPLETED)
+        ended = []
+        for future in finished:
+            cid = self._running.pop(future)
+            self._record(cid, future.result(), self._in_flight.end(cid))
+            ended.append(cid)
+        return ended
+
+    def _finish_ahead(self) -> None:
+        """Candidates started ahead of a round that did not come (another best, or the
+        budget spent) are judged to the end and kept, not dropped."""
+        while self._running:
+            self._next_verdicts()
+
+    def _candidate(self, names: tuple[str, ...], round_: int, branch: int) -> int | None:
         """The candidate of this set: recorded before, new while there is budget, or None."""
         idea = " + ".join(names)
-        if idea in known:
-            return int(known[idea].id)
+        if idea in self._ideas:
+            return self._ideas[idea]
         if not self._room():
             return None
         self._made += 1
-        return int(self.store.add_candidate(
+        cid = int(self.store.add_candidate(
             self.task, render(self.task_source, names), parent_id=None,
             role="offline", round=round_, branch=branch, idea=idea))
+        self._ideas[idea], self._idea_of[cid] = cid, idea
+        return cid
 
     def _judge_one(self, source: str) -> Verdict:
         for _, verdict in self.judge([source]):
