@@ -35,8 +35,9 @@ def _idea(source: str) -> str:
 class Lanes:
     """A judge whose evaluations of the `held` sets end only when the test lets them."""
 
-    def __init__(self, held: set[str], alone: dict[str, float] = ALONE) -> None:
-        self.alone = alone
+    def __init__(self, held: set[str], alone: dict[str, float] = ALONE,
+                 interrupt: str = "") -> None:
+        self.alone, self.interrupt = alone, interrupt
         self.held = {idea: threading.Event() for idea in held}
         self.judged: list[str] = []
         self.changed = threading.Condition()
@@ -49,6 +50,8 @@ class Lanes:
                 self.changed.notify_all()
             if idea in self.held:
                 assert self.held[idea].wait(timeout=30), f"{idea} never let go"
+            if idea == self.interrupt:
+                raise KeyboardInterrupt  # Ctrl-C while it is in evaluation
             speedup = math.prod(self.alone.get(n, 1.0) for n in idea.split(" + "))
             yield 0, Verdict(status="ok", speedup=speedup, phase_seconds={"total": 1.0})
 
@@ -60,11 +63,13 @@ class Lanes:
         self.held[idea].set()
 
 
-def _search(tmp_path: Path, request: pytest.FixtureRequest, lanes: Lanes
+def _search(tmp_path: Path, request: pytest.FixtureRequest, lanes: Lanes,
+            store: RunStore | None = None
             ) -> tuple[RunStore, threading.Thread, list[BaseException]]:
-    store = RunStore.create(tmp_path / "run", {}, "test")
-    request.addfinalizer(store.close)
-    store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
+    if store is None:
+        store = RunStore.create(tmp_path / "run", {}, "test")
+        request.addfinalizer(store.close)
+        store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -160,3 +165,23 @@ def test_a_round_that_does_not_improve_starts_nothing_ahead(
     rounds = _ended(store, thread, errors, lanes)
     assert max(rounds.values()) <= 2
     assert not any(idea.count(" + ") == 3 for idea in rounds)
+
+
+def test_a_candidate_started_ahead_and_cut_off_is_judged_when_the_search_resumes(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    # Ctrl-C while a pair started ahead (with autocast_bf16, not the round's best) is in
+    # evaluation: the resumed search's rounds never reach it, and it is judged at its end.
+    first = Lanes(held={"autocast_fp16"}, interrupt="autocast_bf16 + tf32")
+    store, thread, errors = _search(tmp_path, request, first)
+    thread.join(timeout=30)
+    first.let_go("autocast_fp16")
+    assert len(errors) == 1 and isinstance(errors[0], KeyboardInterrupt)
+    cut = [r.idea for r in store.candidates(MLP.name) if r.verdict is None]
+    assert "autocast_bf16 + tf32" in cut
+    again = Lanes(held=set())
+    _, thread, errors = _search(tmp_path, request, again, store=store)
+    thread.join(timeout=60)
+    assert not thread.is_alive() and not errors, errors
+    assert all(r.verdict is not None for r in store.candidates(MLP.name))
+    assert set(cut) <= set(again.judged)
+    assert Counter(again.judged).most_common(1)[0][1] == 1

@@ -322,9 +322,15 @@ class OfflineSearch:
 
     def _finish_ahead(self) -> None:
         """Candidates started ahead of a round that did not come (another best, or the
-        budget spent) are judged to the end and kept, not dropped."""
+        budget spent) are judged to the end and kept, not dropped; so are those a run cut
+        off before (Ctrl-C, a campaign's time limit) had in evaluation where this run's
+        rounds did not reach them again."""
         while self._running:
             self._next_verdicts()
+        left = [idea for idea, cid in self._ideas.items()
+                if self.store.candidate(cid).verdict is None]
+        if left and not due():
+            self._try([tuple(idea.split(" + ")) for idea in left], 0)
 
     def _candidate(self, names: tuple[str, ...], round_: int, branch: int) -> int | None:
         """The candidate of this set: recorded before, new while there is budget, or None."""
