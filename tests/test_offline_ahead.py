@@ -185,3 +185,17 @@ def test_a_candidate_started_ahead_and_cut_off_is_judged_when_the_search_resumes
     assert all(r.verdict is not None for r in store.candidates(MLP.name))
     assert set(cut) <= set(again.judged)
     assert Counter(again.judged).most_common(1)[0][1] == 1
+
+
+def test_the_builds_passed_over_run_side_by_side_where_nothing_improves(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    # Round 1 finds nothing faster than autocast_fp16 alone, with budget left: the slower
+    # no-gain builds with it take the free lanes together instead of one after the other.
+    flat = dict(ALONE, tf32=1.0, cuda_graph=1.0)
+    slow = "autocast_fp16 + compile:reduce-overhead"
+    lanes = Lanes(held={slow}, alone=flat)
+    store, thread, errors = _search(tmp_path, request, lanes)
+    lanes.wait_for(lambda judged: "autocast_fp16 + compile:max-autotune-no-cudagraphs" in judged)
+    lanes.let_go(slow)
+    rounds = _ended(store, thread, errors, lanes)
+    assert max(rounds.values()) == 1

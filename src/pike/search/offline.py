@@ -203,17 +203,18 @@ class OfflineSearch:
     def _spend_the_rest(self, sets: list[tuple[str, tuple[str, ...]]], round_: int,
                         first_branch: int) -> None:
         """Where the greedy path ends with budget left, the builds it passed over (the
-        slower no-gain modes with the best set), quickest to build first and one at a time,
-        so none starts once the budget is spent, nor where the mode's build in the baseline
-        took longer than the budget left (max-autotune's took 69 to 186 s as a candidate):
-        on the H200 level2 bench a GEMM task's search ended at 7 candidates with 8 of its
-        120 s unspent."""
-        for branch, (mode, names) in enumerate(sets, first_branch):
-            if not self._room():
-                return
-            if self.build_seconds.get(mode, 0.0) > self.max_seconds - self._spent():
-                continue
-            self._try([names], round_, first_branch=branch)
+        slower no-gain modes with the best set), quickest to build first, side by side in
+        the lanes free, each started only while budget is left and where the mode's build
+        in the baseline fits in the budget left (max-autotune's took 69 to 186 s as a
+        candidate): on the H200 level2 bench a GEMM task's search ended at 7 candidates
+        with 8 of its 120 s unspent. One at a time, they were each search's last 100 to
+        160 s with three of its four lanes idle (H200, 2026-11-30)."""
+        modes = {names: mode for mode, names in sets}
+
+        def fits(names: tuple[str, ...]) -> bool:
+            return self.build_seconds.get(modes[names], 0.0) <= self.max_seconds - self._spent()
+
+        self._try([names for _, names in sets], round_, first_branch, may_start=fits)
 
     def _room(self) -> bool:
         return (self._made < self.max_candidates
@@ -243,13 +244,14 @@ class OfflineSearch:
 
     def _try(self, sets: list[tuple[str, ...]], round_: int, first_branch: int = 0,
              ahead: Callable[[dict[tuple[str, ...], Verdict | None]],
-                             list[tuple[str, ...]]] | None = None
+                             list[tuple[str, ...]]] | None = None,
+             may_start: Callable[[tuple[str, ...]], bool] | None = None
              ) -> dict[tuple[str, ...], Verdict | None]:
         """Verdicts of these transformation sets (None: no budget left for it), `batch` in
         evaluation at a time: each one that ends makes room for the next, so a quick
         candidate never waits for a slow compile beside it. Sets judged before (a resumed
-        search, or started ahead of this round) are not judged again; the store is
-        written from this thread only.
+        search, or started ahead of this round) are not judged again; a new one starts
+        only where `may_start` allows it then. The store is written from this thread only.
 
         Where the round has nothing left to start and lanes stand free while its last
         candidates run, `ahead` names the next round's sets as the verdicts so far make
@@ -264,6 +266,9 @@ class OfflineSearch:
         while True:
             while waiting and len(self._running) < self.batch:
                 branch, names = waiting.popleft()
+                if may_start is not None and " + ".join(names) not in self._ideas \
+                        and not may_start(names):
+                    continue
                 cid = self._candidate(names, round_, branch)
                 if cid is None:
                     continue
