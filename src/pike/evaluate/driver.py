@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pike.config import EvalConfig, TimingConfig
-from pike.evaluate import device_lock
+from pike.evaluate import device_lock, host_memory
 from pike.evaluate.cores import start_on_build_cores
 from pike.evaluate.os_sandbox import INSIDE_ROOT, Mount, SandboxPlan, sandbox_active
 from pike.evaluate.protocol import DESCENDANTS_GRACE_S, ChildRequest, Role
@@ -36,6 +36,7 @@ from pike.evaluate.sandbox import (
     network_prefix,
 )
 from pike.evaluate.staging import InputStage
+from pike.evaluate.steps import current as step_clock
 from pike.evaluate.verdict import Verdict
 from pike.threads import unwinding_stop
 
@@ -117,9 +118,21 @@ def build_cache_root(cfg: EvalConfig, role: Role = "candidate") -> Path:
 def begin_child(child: ChildProcess, cfg: EvalConfig, run_limit_s: float | None = None) -> None:
     """Hand a launched child its request: it loads, builds and runs from here (hold the
     device first where it has one). `run_limit_s` tightens the check and timing limits
-    (the config's stay ceilings)."""
+    (the config's stay ceilings). A child not yet given its room on the host
+    (`wait_for_room`) waits for it here."""
+    wait_for_room(child)
     child.phase_limits = _phase_limits(cfg, run_limit_s)
     child.begin()
+
+
+def wait_for_room(child: ChildProcess) -> None:
+    """Wait until the host's memory has room for the child to begin (host_memory); call
+    it before any device hold, since timers would wait behind the hold meanwhile. The
+    wait is the step `wait_for_memory`."""
+    task = child.request.task_sha256 or child.request.module_path
+    waited = host_memory.HOST.admit(child, task)
+    if waited:
+        step_clock().add("wait_for_memory", waited)
 
 
 def list_for_timers(child: ChildProcess, device: str, scope: str) -> None:

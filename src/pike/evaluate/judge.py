@@ -46,6 +46,7 @@ from pike.evaluate.driver import (
     start_child,
     time_interleaved,
     unaccounted_wall_time,
+    wait_for_room,
     wait_ready,
     wall_clock_factor,
 )
@@ -405,6 +406,7 @@ def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: boo
             # Its imports need no device; from "begin" on, loading and building use the GPU
             # too (a CUDA context, a prefill).
             child = launch_child(request, work_dir, cfg, build_key="reference")
+            wait_for_room(child)
             with hold_for_work(device, cfg.device_lock):
                 begin_child(child, cfg)
                 ok = run_trials(child, report)
@@ -851,6 +853,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
         # (the default) the timer stops this child, listed before it begins, whatever it
         # is doing; with every_gpu_use its start, load, builds, the warm-up's lazy compiles
         # and autotuning, CUDA-graph capture and the trials hold the device shared.
+        wait_for_room(child)  # before any hold: timers would wait behind it
         with ExitStack() as device_held:
             with span("wait_for_device"):
                 list_for_timers(child, device, cfg.device_lock)

@@ -32,7 +32,7 @@ import psutil
 
 from pike.config import LimitsConfig
 from pike.errors import EvaluatorError
-from pike.evaluate import device_lock
+from pike.evaluate import device_lock, host_memory
 from pike.evaluate.leftovers import new_work, refuse_new_work_if_ending
 from pike.evaluate.protocol import Channel, ChildRequest
 from pike.evaluate.staging import InputStage
@@ -298,6 +298,7 @@ class ChildProcess:
     _oom_kills_seen: int | None = None
     _oom_count_seen_at = 0.0
     _last_rss: int | None = None
+    peak_rss = 0  # the most the child tree held when measured (host_memory learns from it)
 
     def __init__(self, request: ChildRequest, work_dir: Path, env: dict[str, str],
                  limits: LimitsConfig, phase_limits: dict[str, float],
@@ -375,8 +376,13 @@ class ChildProcess:
         self.begun = True
         self.send("begin")
 
+    @property
+    def last_rss_bytes(self) -> int | None:
+        return self._last_rss
+
     def __exit__(self, *exc: object) -> None:
         self.kill()
+        host_memory.HOST.release(self)
         if self._log is not None:
             self._log.close()
         os.close(self._from_child)
@@ -445,6 +451,7 @@ class ChildProcess:
                 return PhaseTimeout(self.phase, limit)
             if self._memory_due(now):
                 used = self._last_rss = self._tree_rss()
+                self.peak_rss = max(self.peak_rss, used)
                 if used > self.memory_limit:
                     self.unresponsive = True
                     return MemoryExceeded(used, self.memory_limit)

@@ -61,9 +61,11 @@ def _stood(verdict: Verdict) -> float:
     """Seconds an evaluation stood still for others: stopped by their timing windows
     (`paused`), and waiting for the device while they held it alone, to start its child
     or to time it (`wait_for_device`; a baseline's autotuning build and window beside the
-    searches on one GPU)."""
+    searches on one GPU), and waiting for host memory other children held
+    (`wait_for_memory`)."""
     return (verdict.phase_seconds.get("paused", 0.0)
-            + verdict.steps.get("wait_for_device", 0.0))
+            + verdict.steps.get("wait_for_device", 0.0)
+            + verdict.steps.get("wait_for_memory", 0.0))
 
 
 def _build_rank(name: str) -> int:

@@ -1,0 +1,131 @@
+"""Room on the host for one more evaluation child: start it only where its memory fits.
+
+The pool and a benchmark's `--jobs` count children, not bytes. On KernelBench level1 a
+child of one task holds gigabytes of the host's memory (its inputs are drawn there, and
+the CUDA context and pinned staging take more), so `pike bench --jobs 4 --workers 3` on
+one H200 host of 125 GiB had the kernel's out-of-memory killer take references and
+baseline builds again and again: a task failed when its reference was killed twice, and
+baselines were stored as failed (bench-level1-h200-partial). What the killer takes is
+chosen well (children before pike, `sandbox.child_oom_score`), but a killed evaluation is
+time lost and may end a task.
+
+So a child waits, before it begins loading (after its imports, which every child needs),
+until the host's available memory, less what the children already begun are still
+expected to take, covers what a child of its task took before plus a headroom. What a
+task's child takes is learned from its own children: the most any of them held when pike
+measured it (`ChildProcess.peak_rss`), the reference's first, which every task begins
+with. A task nobody has measured yet is expected to take what the largest one measured
+took. Nothing waits where no other child is begun (there is nothing to wait for), and no
+child waits longer than `_LONGEST_WAIT_S`: a kept reference holds its memory for its
+task's whole search, and a host too small for the reference and one candidate must
+still make progress, as it did before (the killer remains the last word there).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+_GIB = 2**30
+_POLL_S = 0.25
+_LONGEST_WAIT_S = 300.0
+
+
+class Measured(Protocol):
+    """What the gate reads of a child (sandbox.ChildProcess has it)."""
+
+    @property
+    def last_rss_bytes(self) -> int | None: ...
+
+    @property
+    def peak_rss(self) -> int: ...
+
+
+def _available() -> int:
+    return int(psutil.virtual_memory().available)
+
+
+def default_headroom() -> int:
+    """What stays free for pike itself, the page cache and the unmeasured: 5% of the
+    host's memory, at least 2 GiB."""
+    return max(2 * _GIB, psutil.virtual_memory().total // 20)
+
+
+class HostMemory:
+    """The children begun in this process and what each task's children take."""
+
+    def __init__(self, available: Callable[[], int] = _available,
+                 headroom: int | None = None, longest_wait_s: float = _LONGEST_WAIT_S,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self._available, self._sleep = available, sleep
+        self._headroom = headroom
+        self.longest_wait_s = longest_wait_s
+        self._lock = threading.Lock()
+        self._begun: dict[int, tuple[Measured, str]] = {}
+        self._peak: dict[str, int] = {}  # task (its sha256) -> the most one child took
+
+    @property
+    def headroom(self) -> int:
+        if self._headroom is None:
+            self._headroom = default_headroom()
+        return self._headroom
+
+    def expected(self, task: str) -> int:
+        """What a child of `task` is expected to take: the most one of its children took
+        (those begun included), else the most any task's child took."""
+        own = [c.peak_rss for c, t in self._begun.values() if t == task]
+        if task in self._peak or any(own):
+            return max([self._peak.get(task, 0), *own])
+        anyone = [*self._peak.values(), *(c.peak_rss for c, _ in self._begun.values())]
+        return max(anyone, default=0)
+
+    def _fits(self, task: str) -> bool:
+        if not self._begun:
+            return True
+        # memory the begun children are still expected to take: a child that has begun
+        # loading has not yet allocated what its task takes
+        coming = sum(max(0, self.expected(t) - (c.last_rss_bytes or 0))
+                     for c, t in self._begun.values())
+        return self._available() - coming >= self.expected(task) + self.headroom
+
+    def admit(self, child: Measured, task: str) -> float:
+        """Wait until the host has room for `child` of `task`, then count it as begun;
+        the seconds waited. Call `release` when it has ended."""
+        started = time.monotonic()
+        said = False
+        while True:
+            with self._lock:
+                if id(child) in self._begun:
+                    return 0.0
+                waited = time.monotonic() - started
+                if self._fits(task) or waited >= self.longest_wait_s:
+                    if waited >= self.longest_wait_s:
+                        log.warning("a child started after %.0f s without the host memory "
+                                    "it is expected to take (%.1f GiB)", waited,
+                                    self.expected(task) / _GIB)
+                    self._begun[id(child)] = (child, task)
+                    return waited if said else 0.0
+                if not said:
+                    log.info("a child waits for host memory: %.1f GiB expected, %.1f GiB "
+                             "available", self.expected(task) / _GIB,
+                             self._available() / _GIB)
+                    said = True
+            self._sleep(_POLL_S)
+
+    def release(self, child: Measured) -> None:
+        """`child` has ended: what it took is kept for its task's next children."""
+        with self._lock:
+            entry = self._begun.pop(id(child), None)
+            if entry is not None and child.peak_rss:
+                task = entry[1]
+                self._peak[task] = max(self._peak.get(task, 0), child.peak_rss)
+
+
+HOST = HostMemory()  # one per process: every evaluation thread's children share the host

@@ -1,0 +1,173 @@
+"""A child begins only where the host's memory has room for what its task's children take."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from pike.config import EvalConfig
+from pike.evaluate import evaluate, host_memory
+from pike.evaluate.host_memory import HostMemory
+from pike.evaluate.judge import close_references
+from pike.task import Task
+
+GIB = 2**30
+
+
+@dataclass(eq=False)
+class Child:
+    """What the gate reads of a sandbox.ChildProcess."""
+
+    last_rss_bytes: int | None = None
+    peak_rss: int = 0
+
+
+class Host:
+    """A host whose available memory the test sets; each sleep of the gate is counted."""
+
+    def __init__(self, available: int) -> None:
+        self.available, self.sleeps = available, 0
+        self.on_sleep: list = []
+
+    def sleep(self, _: float) -> None:
+        self.sleeps += 1
+        for step in self.on_sleep:
+            step()
+
+
+def _gate(host: Host, **kw: float) -> HostMemory:
+    return HostMemory(available=lambda: host.available, headroom=2 * GIB,
+                      sleep=host.sleep, **kw)
+
+
+def test_a_child_begins_at_once_where_no_other_is_begun() -> None:
+    host = Host(available=1 * GIB)  # less than the headroom: nothing else to wait for
+    gate = _gate(host)
+    assert gate.admit(Child(), "a") == 0.0 and host.sleeps == 0
+
+
+def test_a_child_waits_until_what_its_task_took_fits_beside_the_others() -> None:
+    host = Host(available=100 * GIB)
+    gate = _gate(host)
+    first = Child(peak_rss=30 * GIB)
+    gate.admit(first, "a")
+    gate.release(first)  # the reference: it took 30 GiB, so will each child of "a"
+    assert gate.expected("a") == 30 * GIB
+    running = Child(last_rss_bytes=30 * GIB, peak_rss=30 * GIB)
+    gate.admit(running, "a")
+    host.available = 20 * GIB  # the host's other users and that child hold the rest
+    waiting = Child()
+    freed = [lambda: setattr(host, "available", 60 * GIB) if host.sleeps == 3 else None]
+    host.on_sleep = freed
+    gate.admit(waiting, "a")
+    assert host.sleeps == 3  # it began only once 30 GiB + the headroom were free
+
+
+def test_children_begun_but_still_loading_count_what_they_will_take() -> None:
+    # Two children of a 30 GiB task just begun: the host shows them at 1 GiB each, but
+    # they will take 58 GiB more, so a third does not fit in 70 GiB available.
+    host = Host(available=70 * GIB)
+    gate = _gate(host)
+    done = Child(peak_rss=30 * GIB)
+    gate.admit(done, "a")
+    gate.release(done)
+    loading = [Child(last_rss_bytes=GIB), Child(last_rss_bytes=GIB)]
+    for child in loading:
+        gate.admit(child, "a")
+    host.on_sleep = [lambda: [setattr(c, "last_rss_bytes", 30 * GIB) for c in loading],
+                     lambda: setattr(host, "available", 20 * GIB + 32 * GIB)]
+    gate.admit(Child(), "a")
+    assert host.sleeps == 1  # 52 GiB free once they had loaded: 30 + 2 fit
+
+
+def test_a_task_nobody_measured_yet_is_expected_to_take_the_most_any_took() -> None:
+    gate = _gate(Host(available=100 * GIB))
+    big, small = Child(peak_rss=40 * GIB), Child(peak_rss=GIB)
+    for child, task in ((big, "big"), (small, "small")):
+        gate.admit(child, task)
+        gate.release(child)
+    assert gate.expected("new") == 40 * GIB
+    assert gate.expected("small") == GIB  # its own children's, not the largest
+    growing = Child(peak_rss=5 * GIB)
+    gate.admit(growing, "small")  # a begun child that grew past what its task took
+    assert gate.expected("small") == 5 * GIB
+
+
+def test_no_child_waits_longer_than_the_longest_wait(caplog: pytest.LogCaptureFixture) -> None:
+    # A kept reference holds its memory for its task's whole search: on a host too small
+    # for it and one candidate, the candidate still begins, as before the gate.
+    host = Host(available=10 * GIB)
+    gate = HostMemory(available=lambda: host.available, headroom=2 * GIB,
+                      longest_wait_s=0.3)
+    reference = Child(last_rss_bytes=30 * GIB, peak_rss=30 * GIB)
+    gate.admit(reference, "a")
+    waited = gate.admit(Child(), "a")
+    assert 0.3 <= waited < 5
+    assert "without the host memory it is expected to take" in caplog.text
+
+
+def test_children_of_several_threads_do_not_all_pass_at_once() -> None:
+    # Room for one more 30 GiB child, four threads asking at once: one begins, the others
+    # wait, each seeing the one before as still to load.
+    host = Host(available=34 * GIB)
+    gate = HostMemory(available=lambda: host.available, headroom=2 * GIB,
+                      longest_wait_s=1.0)
+    done = Child(peak_rss=30 * GIB)
+    gate.admit(done, "a")
+    gate.release(done)
+    gate.admit(Child(last_rss_bytes=30 * GIB), "a")  # one running, fully loaded
+    begun, waited = [], []
+
+    def one() -> None:
+        child = Child(last_rss_bytes=0)
+        waited.append(gate.admit(child, "a"))
+        begun.append(child)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert sorted(w < 0.2 for w in waited) == [False, False, False, True]
+
+
+@pytest.fixture
+def no_kept_reference() -> Iterator[None]:
+    """No reference child kept from another test (its gate would be another), none left."""
+    close_references()
+    yield
+    close_references()
+
+
+@pytest.mark.usefixtures("no_kept_reference")
+def test_every_child_of_an_evaluation_is_released_and_its_task_measured(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = HostMemory()
+    monkeypatch.setattr(host_memory, "HOST", gate)
+    verdict = evaluate(mlp_task, mlp_task.source.replace("class Model", "class ModelNew")
+                       + "\nclass Model(ModelNew):\n    pass\n", fast_config)
+    assert verdict.status in ("ok", "rejected", "incorrect"), verdict.message
+    assert len(gate._begun) == 1  # the reference's child, kept for the next candidate
+    close_references()
+    assert gate._begun == {}  # it and the candidate's: both ended
+    assert gate.expected(mlp_task.sha256) > 50 * 2**20  # a child imports torch at least
+
+
+@pytest.mark.usefixtures("no_kept_reference")
+def test_a_wait_for_memory_is_a_step_of_the_verdict_and_stood_for_the_budget(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.search.offline import _stood
+
+    class Waits(HostMemory):
+        def admit(self, child: object, task: str) -> float:
+            super().admit(child, task)  # type: ignore[arg-type]
+            return 1.5
+
+    monkeypatch.setattr(host_memory, "HOST", Waits())
+    verdict = evaluate(mlp_task, mlp_task.source.replace("class Model", "class ModelNew")
+                       + "\nclass Model(ModelNew):\n    pass\n", fast_config)
+    assert verdict.steps.get("wait_for_memory", 0.0) >= 1.5
+    assert _stood(verdict) >= 1.5
