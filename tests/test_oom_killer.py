@@ -141,3 +141,27 @@ def test_a_child_the_oom_killer_took_is_a_crash_that_says_out_of_memory() -> Non
     killed = abnormal_end(ChildExit(-signal.SIGKILL, ""), "check")
     assert killed.message.startswith("killed by signal SIGKILL during phase 'check'")
     assert not out_of_device_memory(killed)
+
+
+def test_a_tree_gone_before_its_death_is_seen_keeps_its_last_real_measurement(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The killer takes the runner; bwrap lives a moment longer, and a walk then finds no
+    # tree: that 0 is no measurement, and the message said "used 0.0 GiB" (level1 bench).
+    proc = subprocess.Popen(["sleep", "30"])
+    child, _ = listening_child(proc, limit_s=30.0, pausable_on=None)
+    walks = [3 * 2**30, 0]
+    monkeypatch.setattr(child, "_tree_rss", lambda: walks.pop(0) if walks else 0)
+    monkeypatch.setattr(sandbox, "_POLL_SECONDS", 0.01)
+    ticks = iter(range(1000))
+    monkeypatch.setattr(child, "_memory_due", lambda now: next(ticks) < 2)
+
+    def killed_after_two_walks(timeout: float) -> bool:
+        if not walks and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        return False
+
+    monkeypatch.setattr(child, "_read_some", killed_after_two_walks)
+    event = child._receive_one()
+    assert isinstance(event, ChildExit) and event.last_rss_bytes == 3 * 2**30
+    assert child.peak_rss == 3 * 2**30

@@ -450,8 +450,10 @@ class ChildProcess:
                 self.unresponsive = True
                 return PhaseTimeout(self.phase, limit)
             if self._memory_due(now):
-                used = self._last_rss = self._tree_rss()
-                self.peak_rss = max(self.peak_rss, used)
+                used = self._tree_rss()
+                if used:  # 0: the tree is gone (killed meanwhile), not a measurement
+                    self._last_rss = used
+                    self.peak_rss = max(self.peak_rss, used)
                 if used > self.memory_limit:
                     self.unresponsive = True
                     return MemoryExceeded(used, self.memory_limit)
