@@ -269,3 +269,51 @@ def test_a_reference_out_of_gpu_memory_beside_the_searches_is_measured_again_aft
     assert steps[-2:] == [("baseline", crowded), ("search", crowded)] and tries[0] == 2
     with RunStore.open(tmp_path / "run") as store:
         assert store.get_state(crowded, "baseline") and not store.get_state(crowded, "error")
+
+
+def test_a_search_whose_reference_runs_out_of_memory_beside_others_goes_on_after_them(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The level1 bench on an H200: the host's out-of-memory killer took a search's
+    reference twice beside the other tasks' children, and the task failed. It now waits
+    for the others to end and searches then, from what it had judged."""
+    from pike.evaluate.judge import ReferenceOutOfMemory
+
+    steps = _fakes(monkeypatch)
+    crowded = sorted(p.stem for p in TASKS.glob("*.py"))[0]
+    tries = [0]
+
+    def search(store: RunStore, task: Task, cfg: Any, replay: Any, event: Any,
+               evaluations: Any) -> OptimizeResult:
+        steps.append(("search", task.name))
+        if task.name == crowded:
+            tries[0] += 1
+            if tries[0] == 1:
+                raise ReferenceOutOfMemory("reference failed in phase 'check': killed by "
+                                           "signal SIGKILL during phase 'check'")
+        return _nothing_found(store, task)
+
+    monkeypatch.setattr(campaign, "search_task", search)
+    result = campaign.bench(TASKS, RunConfig(), out=tmp_path / "run", jobs=1)
+    assert all(o.error is None for o in result.outcomes)
+    searched = [n for k, n in steps if k == "search"]
+    assert searched[0] == crowded and searched[-1] == crowded and len(searched) == 4
+    with RunStore.open(tmp_path / "run") as store:
+        assert store.get_state(crowded, "done") and not store.get_state(crowded, "error")
+
+
+def test_a_search_whose_reference_runs_out_of_memory_with_nothing_beside_fails(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pike.evaluate.judge import ReferenceOutOfMemory
+
+    _fakes(monkeypatch)
+    crowded = sorted(p.stem for p in TASKS.glob("*.py"))[0]
+
+    def search(store: RunStore, task: Task, *_: Any) -> OptimizeResult:
+        if task.name == crowded:
+            raise ReferenceOutOfMemory("reference failed: killed by signal SIGKILL")
+        return _nothing_found(store, task)
+
+    monkeypatch.setattr(campaign, "search_task", search)
+    result = campaign.bench(TASKS, RunConfig(), out=tmp_path / "run", jobs=1)
+    failed = [o for o in result.outcomes if o.error]
+    assert [o.task for o in failed] == [crowded] and "SIGKILL" in failed[0].error

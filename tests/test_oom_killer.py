@@ -165,3 +165,28 @@ def test_a_tree_gone_before_its_death_is_seen_keeps_its_last_real_measurement(
     event = child._receive_one()
     assert isinstance(event, ChildExit) and event.last_rss_bytes == 3 * 2**30
     assert child.peak_rss == 3 * 2**30
+
+
+@pytest.mark.parametrize(("status", "message", "device", "memory"), [
+    ("crashed", "killed by signal SIGKILL during phase 'check'", "cpu", True),
+    ("crashed", "killed by signal SIGKILL: the host ran out of memory (the kernel's ...)",
+     "cuda:0", True),
+    ("crashed", "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB", "cuda:0", True),
+    ("crashed", "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB", "cpu", False),
+    ("crashed", "exceeded the memory limit: 9.0 GiB used, limit 8.0 GiB", "cuda:0", False),
+    ("timeout", "no progress for 300 s in phase 'check'", "cuda:0", False),
+    ("crashed", "killed by signal SIGSEGV during phase 'load'", "cuda:0", False),
+    ("crashed", "ValueError: bad shape", "cuda:0", False),
+])
+def test_a_reference_ended_by_memory_is_told_apart_from_the_tasks_own_failure(
+        status: str, message: str, device: str, memory: bool) -> None:
+    from pike.evaluate.judge import ReferenceOutOfMemory, _reference_failed
+    from pike.evaluate.verdict import Verdict
+    from pike.task import Task
+    from tests.conftest import EXAMPLES
+
+    task = Task.from_file(EXAMPLES / "tasks" / "1_GeluMLP.py")
+    err = _reference_failed(task, Verdict(status=status, phase="check", message=message),
+                            device)
+    assert isinstance(err, ReferenceOutOfMemory) is memory
+    assert message.splitlines()[0] in str(err)

@@ -52,7 +52,7 @@ from pike.evaluate.driver import (
 )
 from pike.evaluate.explain import explain_guards
 from pike.evaluate.leaf_files import read_leaves
-from pike.evaluate.leftovers import make_temp_dir, remove_tree
+from pike.evaluate.leftovers import make_temp_dir, refuse_new_work_if_ending, remove_tree
 from pike.evaluate.ncu import attach_kernel_metrics
 from pike.evaluate.os_sandbox import sandbox_problem
 from pike.evaluate.outputs_handoff import OutputsBuffer
@@ -320,6 +320,7 @@ def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
     try:
         return _run_or_reuse(task, cfg, device, keep_child, cache)
     except ReferenceOutOfMemory:
+        refuse_new_work_if_ending()  # pike's own exit killed it: no wait, no second run
         log.warning("%s: the reference ran out of memory (the GPU's, or the host's); run "
                     "once more in %.0f s (other evaluations may have held it)", task.name,
                     _OUT_OF_MEMORY_WAIT_S)
@@ -368,17 +369,25 @@ _wait = time.sleep
 
 
 class ReferenceOutOfMemory(TaskError):
-    """The reference ran out of GPU memory (run_reference runs it once more)."""
+    """The reference ran out of GPU memory, or was killed by a SIGKILL pike did not send
+    (run_reference runs it once more)."""
 
 
 def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> ReferenceRun:
     run = _reference_attempt(task, cfg, device, keep_child)
     if isinstance(run, ReferenceRun):
         return run
-    failed = _reference_failed(task, run)
-    if run is not None and device.startswith("cuda") and says_out_of_memory(run.message):
-        raise ReferenceOutOfMemory(str(failed))
-    raise failed
+    raise _reference_failed(task, run, device)
+
+
+def _killed_from_outside(failure: Verdict) -> bool:
+    """The task's own module (trusted) ended by a SIGKILL that pike did not send (its
+    limits' kills read otherwise): on the level1 bench on an H200 that was the host's
+    out-of-memory killer each time, named so or not (the host's kill count had not moved
+    since the child was last seen alive), and the task failed for its neighbours'
+    memory."""
+    return failure.status == "crashed" and (failure.message or "").startswith(
+        "killed by signal SIGKILL")
 
 
 def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: bool
@@ -492,11 +501,17 @@ def _make_read_only(folder: Path) -> None:
     folder.chmod(0o555)
 
 
-def _reference_failed(task: Task, failure: Verdict | None) -> TaskError:
+def _reference_failed(task: Task, failure: Verdict | None, device: str = "") -> TaskError:
+    """The task's error; ReferenceOutOfMemory where memory, not the task, ended it (the
+    GPU's, said so on `device`, or a SIGKILL from outside), which a campaign tries again
+    once the other tasks' children are gone."""
     message = failure.message.strip() if failure and failure.message else "no message"
     phase = failure.phase if failure else "?"
-    return TaskError(f"{task.path}: reference failed in phase '{phase}': "
-                     f"{message.splitlines()[0]}")
+    text = f"{task.path}: reference failed in phase '{phase}': {message.splitlines()[0]}"
+    if failure is not None and (device.startswith("cuda") and says_out_of_memory(message)
+                                or _killed_from_outside(failure)):
+        return ReferenceOutOfMemory(text)
+    return TaskError(text)
 
 
 def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
@@ -542,7 +557,7 @@ def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
         reference.close()
         if broken.mode != "eager":
             raise ModeFailed(task, broken)
-        raise _reference_failed(task, broken.failure)
+        raise _reference_failed(task, broken.failure, device)
     return timers
 
 
@@ -921,7 +936,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
             comparison.return_buffer()
     if timers and timers[0].failure is not None:
         reference.close()
-        raise _reference_failed(task, timers[0].failure)
+        raise _reference_failed(task, timers[0].failure, device)
     verdict = _candidate_verdict(report, correctness, timers, final)
     verdict.trials = cfg.trials
     verdict.device = device

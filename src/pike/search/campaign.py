@@ -170,11 +170,13 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
     def one(task: Task, lane: Lane, beside_searches: bool = True) -> TaskOutcome | None:
         # A task's search waits for its own baselines only. Threads beyond `jobs` measure
         # the next tasks' baselines meanwhile, at most `at_once` ahead of the searches.
-        # None: its reference ran out of GPU memory beside the searches (tried again later).
+        # None: its reference ran out of memory beside the searches, for its baselines or
+        # its search (tried again later).
         if task.name in unmeasured and not measure(task, beside_searches):
             return None
         with searching:
-            return _one_task(store, task, cfg, lane, on_event, gpus if fill_baselines else None)
+            return _one_task(store, task, cfg, lane, on_event,
+                             gpus if fill_baselines else None, beside_searches)
 
     threads = jobs + (gpus.at_once if unmeasured else 0)
     with closing(make_pool(cfg.eval.model_copy(update={"workers": total}))) as pool:
@@ -201,10 +203,12 @@ def _stop_the_others(err: BaseException) -> None:
 
 
 def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
-              on_event: Callable[..., None], fill_on: DeviceSlots | None = None
-              ) -> TaskOutcome:
+              on_event: Callable[..., None], fill_on: DeviceSlots | None = None,
+              beside_others: bool = False) -> TaskOutcome | None:
     """The task's search; `fill_on`: the slots a finished task's missing baselines are
-    measured again in (--fill-baselines), as the first ones were."""
+    measured again in (--fill-baselines), as the first ones were. None where its
+    reference ran out of memory (twice) `beside_others`: the other tasks' children held
+    it, and the search goes on once they have ended, as a baseline's does."""
     def event(kind: str, **data: Any) -> None:
         on_event(kind, task=task.name, **data)
 
@@ -223,6 +227,13 @@ def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
     try:
         event("task_phase", phase="search")
         result = search_task(store, task, cfg, None, event, evaluations)
+    except ReferenceOutOfMemory as err:
+        if not beside_others:
+            return _failed(store, task, err, event)
+        log.warning("%s: %s; its search goes on once the searches beside it have ended",
+                    task.name, one_line(err))
+        event("task_phase", phase="waiting")
+        return None
     except TaskError as err:  # the task's reference fails: report it, go on with the rest
         return _failed(store, task, err, event)
     if result.stopped:  # the time limit cut its search, or came before its confirming window
