@@ -317,3 +317,39 @@ def test_a_search_whose_reference_runs_out_of_memory_with_nothing_beside_fails(
     result = campaign.bench(TASKS, RunConfig(), out=tmp_path / "run", jobs=1)
     failed = [o for o in result.outcomes if o.error]
     assert [o.task for o in failed] == [crowded] and "SIGKILL" in failed[0].error
+
+
+def test_a_resumed_campaign_tries_again_the_tasks_that_failed_for_memory_only(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pike.evaluate.judge import ReferenceOutOfMemory
+
+    steps = _fakes(monkeypatch)
+    names = sorted(p.stem for p in TASKS.glob("*.py"))
+    fail = {names[0]: ReferenceOutOfMemory(
+                f"{names[0]}.py: reference failed in phase 'check': killed by signal "
+                "SIGKILL: the host ran out of memory"),
+            names[1]: TaskError(f"{names[1]}.py: reference failed in phase 'load': "
+                                "ValueError: bad shape")}
+
+    def search(store: RunStore, task: Task, *_: Any) -> OptimizeResult:
+        steps.append(("search", task.name))
+        if task.name in fail:
+            raise fail[task.name]
+        return _nothing_found(store, task)
+
+    monkeypatch.setattr(campaign, "search_task", search)
+    monkeypatch.setattr(campaign, "_one_task", _alone(campaign._one_task))
+    campaign.bench(TASKS, RunConfig(), out=tmp_path / "run", jobs=1)
+    fail.clear()
+    steps.clear()
+    result = campaign.bench(None, resume=tmp_path / "run", jobs=1)
+    assert [n for k, n in steps if k == "search"] == [names[0]]
+    errors = {o.task: o.error for o in result.outcomes}
+    assert errors[names[0]] is None and "bad shape" in errors[names[1]]
+
+
+def _alone(one_task: Callable[..., Any]) -> Callable[..., Any]:
+    """Every task as if nothing were beside it: a memory failure fails it at once."""
+    def alone(*args: Any, **kwargs: Any) -> Any:
+        return one_task(*args[:6], **{**kwargs, "beside_others": False})
+    return alone

@@ -573,6 +573,11 @@ class RunStore:
                 (task, key, encoded),
             )
 
+    def clear_state(self, task: str, *keys: str) -> None:
+        with self._db() as db:
+            db.executemany("DELETE FROM state WHERE task = ? AND key = ?",
+                           [(task, key) for key in keys])
+
     def forget_task(self, task: str) -> dict[str, int]:
         """Drop everything recorded for `task` but the task itself (candidates, LLM calls
         and their reservations, resume markers and baselines), for a campaign that runs it

@@ -386,8 +386,16 @@ def _killed_from_outside(failure: Verdict) -> bool:
     out-of-memory killer each time, named so or not (the host's kill count had not moved
     since the child was last seen alive), and the task failed for its neighbours'
     memory."""
-    return failure.status == "crashed" and (failure.message or "").startswith(
-        "killed by signal SIGKILL")
+    return failure.status == "crashed" and (failure.message or "").startswith(_KILLED)
+
+
+_KILLED = "killed by signal SIGKILL"
+
+
+def failed_for_memory(error: str) -> bool:
+    """Whether a task's stored error is its reference ended by memory (ReferenceOutOfMemory's
+    message), not by the task: a resumed campaign tries such a task again."""
+    return "reference failed" in error and (_KILLED in error or says_out_of_memory(error))
 
 
 def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: bool

@@ -31,7 +31,7 @@ from pike.errors import ConfigError, TaskError
 from pike.evaluate import measure_baselines
 from pike.evaluate.baseline import BaselineStopped, stopped_meanwhile
 from pike.evaluate.device_slots import DeviceSlots
-from pike.evaluate.judge import ReferenceOutOfMemory, keep_references
+from pike.evaluate.judge import ReferenceOutOfMemory, failed_for_memory, keep_references
 from pike.evaluate.leftovers import remove_tree
 from pike.evaluate.pool import Lane, Pool, make_pool, one_line
 from pike.search import drain
@@ -86,6 +86,7 @@ def bench(folder: Path | None, config: RunConfig | None = None, *,
         tasks = stored_tasks(store)
         try:
             _forget(store, tasks, redo or [], on_event)
+            _reopen_memory_failures(store, tasks, on_event)
         except BaseException:
             store.close()
             raise
@@ -127,6 +128,20 @@ def _forget(store: RunStore, tasks: list[Task], redo: list[int],
         log.info("%s: run again; dropped %d candidates and %d LLM calls", by_id[i].name,
                  gone["candidates"], gone["llm_calls"])
         on_event("task_phase", task=by_id[i].name, phase="redo")
+
+
+def _reopen_memory_failures(store: RunStore, tasks: list[Task],
+                            on_event: Callable[..., None]) -> None:
+    """Tasks that failed because their reference was ended by memory (other tasks'
+    children held it, before pike deferred such tasks, or in the campaign's last pass)
+    go on with this resume, from what they had judged: the failure was not the task's."""
+    for task in tasks:
+        error = store.get_state(task.name, ERROR_STATE)
+        if isinstance(error, str) and failed_for_memory(error):
+            store.clear_state(task.name, ERROR_STATE, DONE_STATE)
+            log.info("%s: failed for memory before (%s); it goes on", task.name,
+                     error.splitlines()[0][-160:])
+            on_event("task_phase", task=task.name, phase="redo")
 
 
 def baseline_gaps(baseline: object, modes: list[str]) -> list[str]:
