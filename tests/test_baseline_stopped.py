@@ -93,7 +93,7 @@ def test_a_reference_crashing_as_the_campaign_stops_leaves_its_task_open(
         raise TaskError("the reference crashed: killed by signal SIGKILL")
 
     monkeypatch.setattr(campaign, "measure_baselines", measure)
-    monkeypatch.setattr(campaign, "search_task", lambda *a: pytest.fail("no search"))
+    monkeypatch.setattr(campaign, "search_task", lambda *a, **k: pytest.fail("no search"))
     result = campaign.bench(EXAMPLES / "tasks", RunConfig(), out=tmp_path / "run", jobs=1)
     assert first in result.open_tasks
     with RunStore.open(tmp_path / "run") as store:
@@ -121,7 +121,7 @@ def _measured_for_real(monkeypatch: pytest.MonkeyPatch, halt: Any) -> list[str]:
     monkeypatch.setattr(baseline_module, "run_reference", reference)
     monkeypatch.setattr(baseline_module, "time_reference_modes", time_modes)
     monkeypatch.setattr(baseline_module, "_STOP_GRACE_S", 0.2)
-    monkeypatch.setattr(campaign, "search_task", lambda *a: pytest.fail("no search"))
+    monkeypatch.setattr(campaign, "search_task", lambda *a, **k: pytest.fail("no search"))
     return children
 
 

@@ -40,7 +40,7 @@ def _fakes(monkeypatch: pytest.MonkeyPatch, failing: str = "") -> list[tuple[str
         return _Stored()
 
     def search(store: RunStore, task: Task, cfg: Any, replay: Any, event: Any,
-               evaluations: Any) -> OptimizeResult:
+               evaluations: Any, **_: Any) -> OptimizeResult:
         with lock:
             steps.append(("search", task.name))
         return _nothing_found(store, task)
@@ -130,7 +130,7 @@ def test_on_a_gpu_a_search_starts_once_its_own_baselines_are_in(
         return busy("baseline", task.name, work)
 
     def search(store: RunStore, task: Task, cfg: Any, replay: Any, event: Any,
-               evaluations: Any) -> OptimizeResult:
+               evaluations: Any, **_: Any) -> OptimizeResult:
         def work() -> OptimizeResult:
             first_search.set()
             with lock:
@@ -283,7 +283,7 @@ def test_a_search_whose_reference_runs_out_of_memory_beside_others_goes_on_after
     tries = [0]
 
     def search(store: RunStore, task: Task, cfg: Any, replay: Any, event: Any,
-               evaluations: Any) -> OptimizeResult:
+               evaluations: Any, **_: Any) -> OptimizeResult:
         steps.append(("search", task.name))
         if task.name == crowded:
             tries[0] += 1
@@ -308,7 +308,7 @@ def test_a_search_whose_reference_runs_out_of_memory_with_nothing_beside_fails(
     _fakes(monkeypatch)
     crowded = sorted(p.stem for p in TASKS.glob("*.py"))[0]
 
-    def search(store: RunStore, task: Task, *_: Any) -> OptimizeResult:
+    def search(store: RunStore, task: Task, *_: Any, **__: Any) -> OptimizeResult:
         if task.name == crowded:
             raise ReferenceOutOfMemory("reference failed: killed by signal SIGKILL")
         return _nothing_found(store, task)
@@ -331,7 +331,7 @@ def test_a_resumed_campaign_tries_again_the_tasks_that_failed_for_memory_only(
             names[1]: TaskError(f"{names[1]}.py: reference failed in phase 'load': "
                                 "ValueError: bad shape")}
 
-    def search(store: RunStore, task: Task, *_: Any) -> OptimizeResult:
+    def search(store: RunStore, task: Task, *_: Any, **__: Any) -> OptimizeResult:
         steps.append(("search", task.name))
         if task.name in fail:
             raise fail[task.name]
@@ -353,3 +353,27 @@ def _alone(one_task: Callable[..., Any]) -> Callable[..., Any]:
     def alone(*args: Any, **kwargs: Any) -> Any:
         return one_task(*args[:6], **{**kwargs, "beside_others": False})
     return alone
+
+
+def test_the_next_task_searches_beside_a_tasks_confirming_window(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--jobs 1: once a search has judged its last candidate, its confirming window (a
+    minute on the H200, outside the pool) no longer holds the slot the next one waits for."""
+    _fakes(monkeypatch)
+    names = sorted(p.stem for p in TASKS.glob("*.py"))
+    next_started = threading.Event()
+    confirmed_beside: list[bool] = []
+
+    def search(store: RunStore, task: Task, *_: Any, searched: Any = None,
+               **__: Any) -> OptimizeResult:
+        if task.name == names[0]:
+            searched()  # the last candidate judged; its confirming window now
+            confirmed_beside.append(next_started.wait(10))
+        else:
+            next_started.set()
+        return _nothing_found(store, task)
+
+    monkeypatch.setattr(campaign, "search_task", search)
+    result = campaign.bench(TASKS, RunConfig(), out=tmp_path / "run", jobs=1)
+    assert confirmed_beside == [True]
+    assert all(o.error is None for o in result.outcomes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +24,11 @@ class Child:
 
     last_rss_bytes: int | None = None
     peak_rss: int = 0
+    phase: str = "setup"
+    dead: bool = False
+
+    def ended(self) -> bool:
+        return self.dead
 
 
 class Host:
@@ -162,12 +168,93 @@ def test_a_wait_for_memory_is_a_step_of_the_verdict_and_stood_for_the_budget(
     from pike.search.offline import _stood
 
     class Waits(HostMemory):
-        def admit(self, child: object, task: str) -> float:
-            super().admit(child, task)  # type: ignore[arg-type]
-            return 1.5
+        def admit(self, child: object, task: str, role: str = "candidate",
+                  limit_s: float | None = None) -> float:
+            super().admit(child, task, role, limit_s)  # type: ignore[arg-type]
+            return 1.5 if role == "candidate" else 0.0
 
     monkeypatch.setattr(host_memory, "HOST", Waits())
     verdict = evaluate(mlp_task, mlp_task.source.replace("class Model", "class ModelNew")
                        + "\nclass Model(ModelNew):\n    pass\n", fast_config)
     assert verdict.steps.get("wait_for_memory", 0.0) >= 1.5
     assert _stood(verdict) >= 1.5
+
+
+def test_an_idle_kept_child_counts_its_own_peak_not_its_tasks() -> None:
+    # A kept reference of 8 GiB, idle, in a task whose candidates took 24 GiB: it takes
+    # no more than it holds, and a new 24 GiB candidate fits in what is free (helper-28's
+    # review: four such tasks kept a new candidate waiting its whole limit).
+    host = Host(available=83 * GIB)
+    gate = _gate(host, longest_wait_s=0.5)
+    for task in "abcd":
+        done = Child(peak_rss=24 * GIB)
+        gate.admit(done, task)
+        gate.release(done)
+        gate.admit(Child(last_rss_bytes=8 * GIB, peak_rss=8 * GIB, phase="idle"), task,
+                   role="reference")
+    assert gate.admit(Child(), "a") == 0.0 and host.sleeps == 0
+    loading = Child(last_rss_bytes=GIB, phase="load")
+    gate.admit(loading, "b")  # 23 GiB still to come: 83 - 23 = 60 >= 24 + 2
+    assert host.sleeps == 0
+
+
+def test_references_and_candidates_are_expected_apart() -> None:
+    gate = _gate(Host(available=100 * GIB))
+    for child, role in ((Child(peak_rss=40 * GIB), "reference"), (Child(peak_rss=6 * GIB),
+                                                                   "candidate")):
+        gate.admit(child, "a", role=role)
+        gate.release(child)
+    assert gate.expected("a", "reference") == 40 * GIB  # its baseline's builds
+    assert gate.expected("a", "candidate") == 6 * GIB
+    assert gate.expected("b", "candidate") == 6 * GIB  # the largest candidate's
+
+
+def test_a_child_counted_at_once_does_not_wait() -> None:
+    # A reference started under the reference cache's lock, or one renewed with the device
+    # held alone, is counted at once: nobody waits behind a lock or a hold for memory.
+    host = Host(available=GIB)
+    gate = _gate(host)
+    gate.admit(Child(last_rss_bytes=30 * GIB, peak_rss=30 * GIB, phase="idle"), "a")
+    assert gate.admit(Child(), "a", role="reference", limit_s=0.0) == 0.0
+    assert host.sleeps == 0
+
+
+def test_a_child_killed_while_it_waits_begins_at_once() -> None:
+    # The killer takes the waiting candidate (first in line for it): its crash is reported
+    # at once instead of after the whole wait.
+    host = Host(available=GIB)
+    gate = _gate(host)
+    gate.admit(Child(last_rss_bytes=30 * GIB, peak_rss=30 * GIB, phase="check"), "a")
+    waiting = Child()
+    host.on_sleep = [lambda: setattr(waiting, "dead", True)]
+    gate.admit(waiting, "a")
+    assert host.sleeps == 1
+
+
+def test_a_candidate_waits_for_memory_before_any_device_hold(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import judge
+
+    order: list[str] = []
+
+    class Recorded(HostMemory):
+        def admit(self, child: object, task: str, role: str = "candidate",
+                  limit_s: float | None = None) -> float:
+            order.append(f"admit {role} {limit_s}")
+            return super().admit(child, task, role, limit_s)  # type: ignore[arg-type]
+
+    def hold_for_build(*_: object) -> object:
+        order.append("hold")
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(host_memory, "HOST", Recorded())
+    monkeypatch.setattr(judge, "hold_for_build", hold_for_build)
+    close_references()
+    try:
+        evaluate(mlp_task, mlp_task.source.replace("class Model", "class ModelNew")
+                 + "\nclass Model(ModelNew):\n    pass\n", fast_config)
+    finally:
+        close_references()
+    candidate = order.index("admit candidate None")
+    assert "hold" in order[candidate:] and "hold" not in order[:candidate]
+    assert "admit reference 0.0" in order  # the cached reference: counted at once

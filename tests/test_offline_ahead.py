@@ -64,7 +64,7 @@ class Lanes:
 
 
 def _search(tmp_path: Path, request: pytest.FixtureRequest, lanes: Lanes,
-            store: RunStore | None = None
+            store: RunStore | None = None, max_candidates: int = 24
             ) -> tuple[RunStore, threading.Thread, list[BaseException]]:
     if store is None:
         store = RunStore.create(tmp_path / "run", {}, "test")
@@ -75,7 +75,7 @@ def _search(tmp_path: Path, request: pytest.FixtureRequest, lanes: Lanes,
     def run() -> None:
         try:
             OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=lanes,
-                          max_candidates=24, max_seconds=1e6, batch=4,
+                          max_candidates=max_candidates, max_seconds=1e6, batch=4,
                           known_alone=NO_GAIN).run()
         except BaseException as err:  # reported by the test
             errors.append(err)
@@ -199,3 +199,17 @@ def test_the_builds_passed_over_run_side_by_side_where_nothing_improves(
     lanes.let_go(slow)
     rounds = _ended(store, thread, errors, lanes)
     assert max(rounds.values()) == 1
+
+
+def test_nothing_starts_ahead_that_would_leave_no_room_for_the_round_that_comes(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    # 8 candidates in all (helper-28's review): the three pairs with autocast_bf16 ahead
+    # would take the last three, and round 1 with autocast_fp16, the real best, none.
+    lanes = Lanes(held={"autocast_fp16"})
+    store, thread, errors = _search(tmp_path, request, lanes, max_candidates=8)
+    lanes.wait_for(lambda judged: len(judged) == 5)  # round 0, autocast_fp16 held
+    time.sleep(0.3)  # what would start ahead starts at once
+    lanes.let_go("autocast_fp16")
+    rounds = _ended(store, thread, errors, lanes)
+    assert not any(idea.startswith("autocast_bf16 + ") for idea in rounds)
+    assert _fastest(store) == "autocast_fp16 + tf32"

@@ -28,6 +28,7 @@ from pike.evaluate.driver import (
     run_trials,
     time_interleaved,
     unaccounted_wall_time,
+    wait_for_room,
     wait_ready,
     wall_clock_factor,
 )
@@ -125,6 +126,9 @@ def _ready_child(task: Task, cid: int, source: str, cfg: EvalConfig, device: str
     report = ChildReport()
     try:
         list_for_timers(child, device, cfg.device_lock)
+        # counted at once: the caller may hold the device shared, and the search's own
+        # children, which took this memory, have just ended
+        wait_for_room(child, 0.0)
         begin_child(child, cfg)
         if wait_ready(child, report) and run_trials(child, report):
             return child, ""

@@ -125,12 +125,13 @@ def begin_child(child: ChildProcess, cfg: EvalConfig, run_limit_s: float | None 
     child.begin()
 
 
-def wait_for_room(child: ChildProcess) -> None:
-    """Wait until the host's memory has room for the child to begin (host_memory); call
-    it before any device hold, since timers would wait behind the hold meanwhile. The
-    wait is the step `wait_for_memory`."""
+def wait_for_room(child: ChildProcess, limit_s: float | None = None) -> None:
+    """Wait until the host's memory has room for the child to begin (host_memory), at
+    most `limit_s` (0: count it at once, for a caller that holds the device or a lock
+    others need); call it before any device hold, since timers would wait behind the
+    hold meanwhile. The wait is the step `wait_for_memory`."""
     task = child.request.task_sha256 or child.request.module_path
-    waited = host_memory.HOST.admit(child, task)
+    waited = host_memory.HOST.admit(child, task, child.request.role, limit_s)
     if waited:
         step_clock().add("wait_for_memory", waited)
 

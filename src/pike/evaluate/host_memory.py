@@ -31,6 +31,8 @@ from typing import Protocol
 
 import psutil
 
+from pike.evaluate.leftovers import refuse_new_work_if_ending
+
 log = logging.getLogger(__name__)
 
 _GIB = 2**30
@@ -47,6 +49,11 @@ class Measured(Protocol):
     @property
     def peak_rss(self) -> int: ...
 
+    @property
+    def phase(self) -> str: ...
+
+    def ended(self) -> bool: ...
+
 
 def _available() -> int:
     return int(psutil.virtual_memory().available)
@@ -58,8 +65,15 @@ def default_headroom() -> int:
     return max(2 * _GIB, psutil.virtual_memory().total // 20)
 
 
+# Phases in which a child has not yet allocated what its task takes (its inputs, its
+# model); past them it is counted at its own peak, not at its task's.
+_LOADING = ("setup", "load")
+
+
 class HostMemory:
-    """The children begun in this process and what each task's children take."""
+    """The children begun in this process and what each task's children take, by role
+    (a reference's baseline builds take more than its search-time child; candidates
+    differ from references)."""
 
     def __init__(self, available: Callable[[], int] = _available,
                  headroom: int | None = None, longest_wait_s: float = _LONGEST_WAIT_S,
@@ -68,8 +82,8 @@ class HostMemory:
         self._headroom = headroom
         self.longest_wait_s = longest_wait_s
         self._lock = threading.Lock()
-        self._begun: dict[int, tuple[Measured, str]] = {}
-        self._peak: dict[str, int] = {}  # task (its sha256) -> the most one child took
+        self._begun: dict[int, tuple[Measured, str, str]] = {}  # id -> child, task, role
+        self._peak: dict[tuple[str, str], int] = {}  # (task, role) -> the most one took
 
     @property
     def headroom(self) -> int:
@@ -77,44 +91,55 @@ class HostMemory:
             self._headroom = default_headroom()
         return self._headroom
 
-    def expected(self, task: str) -> int:
-        """What a child of `task` is expected to take: the most one of its children took
-        (those begun included), else the most any task's child took."""
-        own = [c.peak_rss for c, t in self._begun.values() if t == task]
-        if task in self._peak or any(own):
-            return max([self._peak.get(task, 0), *own])
-        anyone = [*self._peak.values(), *(c.peak_rss for c, _ in self._begun.values())]
+    def expected(self, task: str, role: str = "candidate") -> int:
+        """What a child of `task` in `role` is expected to take: the most one of its
+        children in that role took (those begun included), else the most any child in
+        that role took."""
+        own = [c.peak_rss for c, t, r in self._begun.values() if (t, r) == (task, role)]
+        if (task, role) in self._peak or any(own):
+            return max([self._peak.get((task, role), 0), *own])
+        anyone = [*(v for (_, r), v in self._peak.items() if r == role),
+                  *(c.peak_rss for c, _, r in self._begun.values() if r == role)]
         return max(anyone, default=0)
 
-    def _fits(self, task: str) -> bool:
+    def _coming(self, child: Measured, task: str, role: str) -> int:
+        """What a begun child is still expected to take: its task's expectation while it
+        loads, at most its own peak once past loading (a kept reference, idle, takes no
+        more than it has held)."""
+        goal = (self.expected(task, role) if child.phase in _LOADING else child.peak_rss)
+        return max(0, goal - (child.last_rss_bytes or 0))
+
+    def _fits(self, task: str, role: str) -> bool:
         if not self._begun:
             return True
-        # memory the begun children are still expected to take: a child that has begun
-        # loading has not yet allocated what its task takes
-        coming = sum(max(0, self.expected(t) - (c.last_rss_bytes or 0))
-                     for c, t in self._begun.values())
-        return self._available() - coming >= self.expected(task) + self.headroom
+        coming = sum(self._coming(c, t, r) for c, t, r in self._begun.values())
+        return self._available() - coming >= self.expected(task, role) + self.headroom
 
-    def admit(self, child: Measured, task: str) -> float:
-        """Wait until the host has room for `child` of `task`, then count it as begun;
-        the seconds waited. Call `release` when it has ended."""
+    def admit(self, child: Measured, task: str, role: str = "candidate",
+              limit_s: float | None = None) -> float:
+        """Wait until the host has room for `child` of `task` in `role` (at most
+        `limit_s`, the gate's longest wait by default; 0 counts it at once), then count
+        it as begun; the seconds waited. Call `release` when it has ended."""
+        limit = self.longest_wait_s if limit_s is None else limit_s
         started = time.monotonic()
         said = False
         while True:
+            refuse_new_work_if_ending()  # pike's exit: the child is killed, not begun
             with self._lock:
                 if id(child) in self._begun:
                     return 0.0
                 waited = time.monotonic() - started
-                if self._fits(task) or waited >= self.longest_wait_s:
-                    if waited >= self.longest_wait_s:
+                # a child the killer took meanwhile begins at once: its crash is reported
+                if self._fits(task, role) or waited >= limit or child.ended():
+                    if said and waited >= limit:
                         log.warning("a child started after %.0f s without the host memory "
                                     "it is expected to take (%.1f GiB)", waited,
-                                    self.expected(task) / _GIB)
-                    self._begun[id(child)] = (child, task)
+                                    self.expected(task, role) / _GIB)
+                    self._begun[id(child)] = (child, task, role)
                     return waited if said else 0.0
                 if not said:
                     log.info("a child waits for host memory: %.1f GiB expected, %.1f GiB "
-                             "available", self.expected(task) / _GIB,
+                             "available", self.expected(task, role) / _GIB,
                              self._available() / _GIB)
                     said = True
             self._sleep(_POLL_S)
@@ -124,8 +149,8 @@ class HostMemory:
         with self._lock:
             entry = self._begun.pop(id(child), None)
             if entry is not None and child.peak_rss:
-                task = entry[1]
-                self._peak[task] = max(self._peak.get(task, 0), child.peak_rss)
+                key = (entry[1], entry[2])
+                self._peak[key] = max(self._peak.get(key, 0), child.peak_rss)
 
 
 HOST = HostMemory()  # one per process: every evaluation thread's children share the host

@@ -43,7 +43,6 @@ from pike.evaluate.driver import (
     list_for_timers,
     request,
     run_trials,
-    start_child,
     time_interleaved,
     unaccounted_wall_time,
     wait_for_room,
@@ -178,8 +177,15 @@ class ReferenceRun:
         for d in (tmp / "inputs", tmp / "expected", tmp / "work"):
             d.mkdir()
         report = ChildReport()
-        fresh = start_child(request, tmp / "work", self.cfg, build_key="reference")
-        if not run_trials(fresh, report):
+        fresh = launch_child(request, tmp / "work", self.cfg, build_key="reference")
+        try:
+            wait_for_room(fresh, 0.0)  # the caller holds the device alone: no wait here
+            begin_child(fresh, self.cfg)
+            ready = run_trials(fresh, report)
+        except BaseException:
+            finish(fresh)
+            raise
+        if not ready:
             finish(fresh)
             log.info("no fresh reference child: %s", report.failure)
             return False
@@ -342,10 +348,14 @@ def _run_or_reuse(task: Task, cfg: EvalConfig, device: str, keep_child: bool,
         else:
             if cached is not None:
                 _references.pop(key).close()
-            cached = _references[key] = _start_reference(task, cfg, device, keep_child)
-            idle = [k for k, run in _references.items() if run.users == 0 and k != key]
-            for old in idle[:max(0, len(_references) - _REFERENCE_CACHE_SIZE)]:
+            # idle ones beyond the cache's size go first, so the new child finds their
+            # memory free; it does not wait for more (this lock is every task's): it is
+            # counted at once, and candidates wait for room instead
+            idle = [k for k, run in _references.items() if run.users == 0]
+            for old in idle[:max(0, len(_references) + 1 - _REFERENCE_CACHE_SIZE)]:
                 _references.pop(old).close()
+            cached = _references[key] = _start_reference(task, cfg, device, keep_child,
+                                                         room_wait_s=0.0)
         cached.users += 1
         return cached
 
@@ -373,8 +383,9 @@ class ReferenceOutOfMemory(TaskError):
     (run_reference runs it once more)."""
 
 
-def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> ReferenceRun:
-    run = _reference_attempt(task, cfg, device, keep_child)
+def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool,
+                     room_wait_s: float | None = None) -> ReferenceRun:
+    run = _reference_attempt(task, cfg, device, keep_child, room_wait_s)
     if isinstance(run, ReferenceRun):
         return run
     raise _reference_failed(task, run, device)
@@ -398,8 +409,8 @@ def failed_for_memory(error: str) -> bool:
     return "reference failed" in error and (_KILLED in error or says_out_of_memory(error))
 
 
-def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: bool
-                       ) -> ReferenceRun | Verdict | None:
+def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: bool,
+                       room_wait_s: float | None = None) -> ReferenceRun | Verdict | None:
     """The reference run, or the failure that ended it (None: no failure was reported).
     Whatever ends it early (an error, Ctrl-C) leaves no child and no folder behind."""
     tmp = make_temp_dir("ref")
@@ -423,7 +434,7 @@ def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: boo
             # Its imports need no device; from "begin" on, loading and building use the GPU
             # too (a CUDA context, a prefill).
             child = launch_child(request, work_dir, cfg, build_key="reference")
-            wait_for_room(child)
+            wait_for_room(child, room_wait_s)
             with hold_for_work(device, cfg.device_lock):
                 begin_child(child, cfg)
                 ok = run_trials(child, report)

@@ -380,9 +380,14 @@ class ChildProcess:
     def last_rss_bytes(self) -> int | None:
         return self._last_rss
 
+    def ended(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
     def __exit__(self, *exc: object) -> None:
-        self.kill()
-        host_memory.HOST.release(self)
+        try:
+            self.kill()
+        finally:
+            host_memory.HOST.release(self)
         if self._log is not None:
             self._log.close()
         os.close(self._from_child)

@@ -182,18 +182,28 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
             pass
         unmeasured.clear()
 
+    ahead = jobs + (gpus.at_once if unmeasured else 0)
+    # tasks begun and not yet past their search: measuring, waiting for a slot, searching
+    begun = threading.Semaphore(ahead)
+
     def one(task: Task, lane: Lane, beside_searches: bool = True) -> TaskOutcome | None:
         # A task's search waits for its own baselines only. Threads beyond `jobs` measure
         # the next tasks' baselines meanwhile, at most `at_once` ahead of the searches.
+        # A task whose search has judged its last candidate leaves both counts for its
+        # confirming window, so up to `jobs` more threads confirm beside the searches.
         # None: its reference ran out of memory beside the searches, for its baselines or
         # its search (tried again later).
-        if task.name in unmeasured and not measure(task, beside_searches):
-            return None
-        with searching:
-            return _one_task(store, task, cfg, lane, on_event,
-                             gpus if fill_baselines else None, beside_searches)
+        with _Slot(begun) as pending:
+            if task.name in unmeasured and not measure(task, beside_searches):
+                return None
+            with _Slot(searching) as slot:
+                def searched() -> None:
+                    slot.free()
+                    pending.free()
+                return _one_task(store, task, cfg, lane, on_event,
+                                 gpus if fill_baselines else None, beside_searches, searched)
 
-    threads = jobs + (gpus.at_once if unmeasured else 0)
+    threads = ahead + jobs
     with closing(make_pool(cfg.eval.model_copy(update={"workers": total}))) as pool:
         for outcome in run_each(lambda t: one(t, Lane(pool, width)), tasks, threads,
                                 "pike-bench", stop=_stop_the_others):
@@ -202,7 +212,7 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
         # once the searches have ended, with only each other beside them, as before
         later = [t for t in tasks if t.name not in outcomes]
         for outcome in run_each(lambda t: one(t, Lane(pool, width), beside_searches=False),
-                                later, jobs, "pike-bench", stop=_stop_the_others):
+                                later, 2 * jobs, "pike-bench", stop=_stop_the_others):
             assert outcome is not None
             outcomes[outcome.task] = outcome
     return [outcomes[t.name] for t in tasks]
@@ -217,13 +227,41 @@ def _stop_the_others(err: BaseException) -> None:
     drain.halt(interrupted=unwinding_stop())  # called as run_each unwinds `err`
 
 
+class _Slot:
+    """A search slot of the campaign (`--jobs`), held from the task's search start until
+    it has judged its last candidate (`free`), or until it ends: its confirming window,
+    about a minute of loading, checking and timing its top candidates again outside the
+    pool (66 to 75 s a task on the H200 level2 wave), no longer keeps the next task's
+    search from starting. That window holds the device alone as every timing does."""
+
+    def __init__(self, slots: threading.Semaphore) -> None:
+        self._slots, self._held = slots, False
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> _Slot:
+        self._slots.acquire()
+        self._held = True
+        return self
+
+    def free(self) -> None:
+        with self._lock:
+            if self._held:
+                self._held = False
+                self._slots.release()
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+
 def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
               on_event: Callable[..., None], fill_on: DeviceSlots | None = None,
-              beside_others: bool = False) -> TaskOutcome | None:
+              beside_others: bool = False, searched: Callable[[], None] = lambda: None
+              ) -> TaskOutcome | None:
     """The task's search; `fill_on`: the slots a finished task's missing baselines are
     measured again in (--fill-baselines), as the first ones were. None where its
     reference ran out of memory (twice) `beside_others`: the other tasks' children held
-    it, and the search goes on once they have ended, as a baseline's does."""
+    it, and the search goes on once they have ended, as a baseline's does. `searched`:
+    called when the search has judged its last candidate (search_task)."""
     def event(kind: str, **data: Any) -> None:
         on_event(kind, task=task.name, **data)
 
@@ -241,7 +279,7 @@ def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
         return _left_open(store, task, event)
     try:
         event("task_phase", phase="search")
-        result = search_task(store, task, cfg, None, event, evaluations)
+        result = search_task(store, task, cfg, None, event, evaluations, searched=searched)
     except ReferenceOutOfMemory as err:
         if not beside_others:
             return _failed(store, task, err, event)

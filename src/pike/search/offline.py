@@ -12,12 +12,15 @@ fastest if it beats the best by more than the noise margin; partners are tried f
 alone first, and of the builds no faster than eager only the quickest to build, once
 the others' verdicts are in and budget is left, so a short budget reaches the likeliest
 sets. Lanes a round leaves free while its last candidates run take the next round as
-its verdicts so far make it (`_try`'s `ahead`). It stops when nothing improves or a
-budget (number of candidates, seconds) is spent; where nothing improves with budget left, it spends the rest on the no-gain builds
-the rounds passed over, with the best set, one at a time. The seconds are those its lanes
-ran: wall-clock time less the time its evaluations stood stopped by timing windows
-(`paused` in their verdicts) or waited for a device another held alone
-(`wait_for_device`), each one's shared among the search's candidates in evaluation beside
+its verdicts so far make it (`_try`'s `ahead`), where the candidate count leaves room
+for the round that comes after them. It stops when nothing improves or a budget (number
+of candidates, seconds) is spent; where nothing improves with budget left, it spends the
+rest on the no-gain builds the rounds passed over, with the best set, side by side. The
+seconds are those its lanes ran: wall-clock time less the time its evaluations stood
+stopped by timing windows (`paused` in their verdicts), waited for a device another held
+alone (`wait_for_device`) or for host memory (`wait_for_memory`: mostly other tasks'
+children; a wide search of a large task can also wait for its own, and then runs past
+its seconds), each one's shared among the search's candidates in evaluation beside
 it (on average over its time): one window stops them all at once, so two candidates
 stopped by it for 3 s stood the search still for 3 s, and a candidate in evaluation alone
 stood it still for all of its own stopped time. It is exact where the number in
@@ -307,6 +310,9 @@ class OfflineSearch:
         self._running[future] = cid
 
     def _start_ahead(self, sets: list[tuple[str, ...]], round_: int) -> None:
+        new = [names for names in sets if " + ".join(names) not in self._ideas]
+        if self.max_candidates - self._made < 2 * len(new):
+            return  # the round that comes (another best, maybe) must still fit in the count
         for branch, names in enumerate(sets):
             if len(self._running) >= self.batch:
                 return

@@ -110,12 +110,15 @@ def show_what_was_kept(store: RunStore, tasks: list[Task],
 
 def search_task(store: RunStore, task: Task, cfg: RunConfig,
                 recorded: dict[str, RecordedCall] | None,
-                on_event: Callable[..., None], pool: Pool | None = None) -> OptimizeResult:
+                on_event: Callable[..., None], pool: Pool | None = None,
+                searched: Callable[[], None] = lambda: None) -> OptimizeResult:
     """Run (or continue) the configured strategy on one task of the store; its candidates
-    are judged by `pool` (one the config asks for when None)."""
+    are judged by `pool` (one the config asks for when None). `searched` is called once
+    its last candidate is judged, before its confirming window (which judges nothing in
+    the pool): a campaign lets its next task search beside that window's minute."""
     if pool is None:
         with closing(make_pool(cfg.eval)) as own:
-            return search_task(store, task, cfg, recorded, on_event, own)
+            return search_task(store, task, cfg, recorded, on_event, own, searched)
     device = resolve_device(cfg.eval.device)
     seeds: list[Seed] = []
     if not cfg.llm.model or cfg.search.seed_offline:  # replays too: it needs no LLM
@@ -123,6 +126,7 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
         if due():  # past a campaign's time limit: the task stays open, nothing more starts
             return task_result(store, task.name, stopped=True)
         if not cfg.llm.model:
+            searched()
             confirm_best(store, task, cfg)
             return task_result(store, task.name, False)
         best = _best_offline(store, task.name)
@@ -177,6 +181,7 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
         exhausted = True  # the recorded run ended here; so does the replay
     if due():
         return task_result(store, task.name, exhausted, stopped=True)
+    searched()
     confirm_best(store, task, cfg)
     return task_result(store, task.name, exhausted)
 
