@@ -53,7 +53,8 @@ def test_the_reference_cache_keeps_apart_models_built_or_timed_differently(
     task = Task.from_file(path)
     started: list[tuple[str, float]] = []
 
-    def start(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> Any:
+    def start(task: Task, cfg: EvalConfig, device: str, keep_child: bool,
+              room_wait_s: float | None = None) -> Any:
         started.append((cfg.construct_on, cfg.timing.min_seconds))
         return types.SimpleNamespace(usable=lambda: True, users=0, close=lambda: None)
 
