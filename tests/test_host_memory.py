@@ -148,38 +148,6 @@ def no_kept_reference() -> Iterator[None]:
     close_references()
 
 
-@pytest.mark.usefixtures("no_kept_reference")
-def test_every_child_of_an_evaluation_is_released_and_its_task_measured(
-        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    gate = HostMemory()
-    monkeypatch.setattr(host_memory, "HOST", gate)
-    verdict = evaluate(mlp_task, mlp_task.source.replace("class Model", "class ModelNew")
-                       + "\nclass Model(ModelNew):\n    pass\n", fast_config)
-    assert verdict.status in ("ok", "rejected", "incorrect"), verdict.message
-    assert len(gate._begun) == 1  # the reference's child, kept for the next candidate
-    close_references()
-    assert gate._begun == {}  # it and the candidate's: both ended
-    assert gate.expected(mlp_task.sha256) > 50 * 2**20  # a child imports torch at least
-
-
-@pytest.mark.usefixtures("no_kept_reference")
-def test_a_wait_for_memory_is_a_step_of_the_verdict_and_stood_for_the_budget(
-        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pike.search.offline import _stood
-
-    class Waits(HostMemory):
-        def admit(self, child: object, task: str, role: str = "candidate",
-                  limit_s: float | None = None) -> float:
-            super().admit(child, task, role, limit_s)  # type: ignore[arg-type]
-            return 1.5 if role == "candidate" else 0.0
-
-    monkeypatch.setattr(host_memory, "HOST", Waits())
-    verdict = evaluate(mlp_task, mlp_task.source.replace("class Model", "class ModelNew")
-                       + "\nclass Model(ModelNew):\n    pass\n", fast_config)
-    assert verdict.steps.get("wait_for_memory", 0.0) >= 1.5
-    assert _stood(verdict) >= 1.5
-
-
 def test_an_idle_kept_child_counts_its_own_peak_not_its_tasks() -> None:
     # A kept reference of 8 GiB, idle, in a task whose candidates took 24 GiB: it takes
     # no more than it holds, and a new 24 GiB candidate fits in what is free (helper-28's
@@ -231,9 +199,14 @@ def test_a_child_killed_while_it_waits_begins_at_once() -> None:
     assert host.sleeps == 1
 
 
-def test_a_candidate_waits_for_memory_before_any_device_hold(
+@pytest.mark.usefixtures("no_kept_reference")
+def test_a_real_evaluations_children_are_counted_waited_for_and_released(
         mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One evaluation on the CPU (each is seconds of CI): the candidate waits before any
+    device hold, the cached reference is counted at once, the wait is a step of the
+    verdict that the offline budget leaves out, and every child is released and measured."""
     from pike.evaluate import judge
+    from pike.search.offline import _stood
 
     order: list[str] = []
 
@@ -241,20 +214,24 @@ def test_a_candidate_waits_for_memory_before_any_device_hold(
         def admit(self, child: object, task: str, role: str = "candidate",
                   limit_s: float | None = None) -> float:
             order.append(f"admit {role} {limit_s}")
-            return super().admit(child, task, role, limit_s)  # type: ignore[arg-type]
+            super().admit(child, task, role, limit_s)  # type: ignore[arg-type]
+            return 1.5 if role == "candidate" else 0.0  # as if it had waited
 
     def hold_for_build(*_: object) -> object:
         order.append("hold")
         return contextlib.nullcontext()
 
-    monkeypatch.setattr(host_memory, "HOST", Recorded())
+    gate = Recorded()
+    monkeypatch.setattr(host_memory, "HOST", gate)
     monkeypatch.setattr(judge, "hold_for_build", hold_for_build)
-    close_references()
-    try:
-        evaluate(mlp_task, mlp_task.source.replace("class Model", "class ModelNew")
-                 + "\nclass Model(ModelNew):\n    pass\n", fast_config)
-    finally:
-        close_references()
+    verdict = evaluate(mlp_task, mlp_task.source.replace("class Model", "class ModelNew")
+                       + "\nclass Model(ModelNew):\n    pass\n", fast_config)
+    assert verdict.status in ("ok", "rejected", "incorrect"), verdict.message
     candidate = order.index("admit candidate None")
     assert "hold" in order[candidate:] and "hold" not in order[:candidate]
     assert "admit reference 0.0" in order  # the cached reference: counted at once
+    assert verdict.steps.get("wait_for_memory", 0.0) >= 1.5 and _stood(verdict) >= 1.5
+    assert len(gate._begun) == 1  # the reference's child, kept for the next candidate
+    close_references()
+    assert gate._begun == {}  # it and the candidate's: both ended
+    assert gate.expected(mlp_task.sha256) > 50 * 2**20  # a child imports torch at least
