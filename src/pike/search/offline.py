@@ -130,7 +130,6 @@ class OfflineSearch:
         made = [r for r in store.candidates(task_name) if r.role == "offline"]
         self._made = len(made)
         self._ideas = {r.idea: int(r.id) for r in made}  # each set's candidate
-        self._idea_of = {cid: idea for idea, cid in self._ideas.items()}
         self._running: dict[Future[Verdict], int] = {}  # in evaluation: candidate ids
         self._lanes: ThreadPoolExecutor | None = None
         spent = store.get_state(task_name, "offline_seconds") or 0.0
@@ -267,7 +266,7 @@ class OfflineSearch:
         search, judged and kept like any other."""
         results: dict[tuple[str, ...], Verdict | None] = dict.fromkeys(sets)
         waiting = deque(enumerate(sets, first_branch))
-        mine: set[int] = set()  # this round's candidates in evaluation
+        mine: dict[int, tuple[str, ...]] = {}  # this round's candidates in evaluation
         while True:
             while waiting and len(self._running) < self.batch:
                 branch, names = waiting.popleft()
@@ -278,13 +277,13 @@ class OfflineSearch:
                 if cid is None:
                     continue
                 if cid in self._running.values():
-                    mine.add(cid)  # started ahead of this round
+                    mine[cid] = names  # started ahead of this round
                     continue
                 row = self.store.candidate(cid)
                 if row.verdict is not None:
                     results[names] = row.verdict
                     continue
-                mine.add(cid)
+                mine[cid] = names
                 self._start(cid, row.source)
             if ahead is not None and not waiting and mine and len(self._running) < self.batch:
                 self._start_ahead(ahead(results), round_ + 1)
@@ -292,9 +291,7 @@ class OfflineSearch:
                 return results
             for cid in self._next_verdicts():
                 if cid in mine:
-                    mine.discard(cid)
-                    names = next(s for s in sets if " + ".join(s) == self._idea_of[cid])
-                    results[names] = self.store.candidate(cid).verdict
+                    results[mine.pop(cid)] = self.store.candidate(cid).verdict
 
     def _start(self, cid: int, source: str) -> None:
         self._in_flight.start(cid)
@@ -356,7 +353,7 @@ class OfflineSearch:
         cid = int(self.store.add_candidate(
             self.task, render(self.task_source, names), parent_id=None,
             role="offline", round=round_, branch=branch, idea=idea))
-        self._ideas[idea], self._idea_of[cid] = cid, idea
+        self._ideas[idea] = cid
         return cid
 
     def _judge_one(self, source: str) -> Verdict:
