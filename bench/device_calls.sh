@@ -27,13 +27,15 @@ SRC=${SRC:-$PWD/src}; CARRY=${CARRY:-.tasks}; OUT=${OUT:?the folder that comes b
 if [ -d .whl ] && [ ! -d /tmp/site/pydantic ]; then
   pip install -q --no-deps --no-index --find-links .whl --target /tmp/site \
     pydantic pydantic-core annotated-types typing-inspection openai tenacity distro jiter \
-    sniffio >/dev/null 2>&1
+    sniffio httpx httpcore h11 anyio idna certifi tqdm >/dev/null 2>&1
 fi
 export PYTHONPATH=$SRC:/tmp/site
 [ -x .bwrap/bwrap ] && export PIKE_BWRAP=$PWD/.bwrap/bwrap
 mkdir -p .runs
 log=$OUT/${LOG:-bench-call.log}
-[ "$mode" = resume ] && tar xzf "$CARRY/$RUN.tgz" -C .runs
+# a machine still warm from the last call keeps .runs/RUN (git-ignored build outputs stay
+# between calls); a fresh one unpacks the carried tarball
+if [ "$mode" = resume ] && [ ! -d ".runs/$RUN" ]; then tar xzf "$CARRY/$RUN.tgz" -C .runs; fi
 left=$(( LIMIT - ( $(date +%s) - T0 ) - 25 ))
 echo "$(date -u +%T) driver: $mode $RUN, bench limit ${left}s, src $SRC" | tee -a "$log"
 start=$(date +%s)
