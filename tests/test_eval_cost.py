@@ -139,11 +139,12 @@ def test_a_comparison_without_room_on_the_gpu_is_made_on_the_host(
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 MiB.")
         return real_load(path, mapped, None, like)  # no GPU here: the bytes land on the host
 
-    def compare(exp: list, act: list, trial: int, cfg: EvalConfig, on: torch.device) -> list:
+    def compare(exp: list, act: list, trial: int, cfg: EvalConfig, on: torch.device,
+                atol: float | list[float] | None = None) -> list:
         tried_on.append(f"compare on {on.type}")
         if on == gpu:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 498.00 MiB.")
-        return real_compare(exp, act, trial, cfg, on)
+        return real_compare(exp, act, trial, cfg, on, atol)
 
     monkeypatch.setattr(judge, "_load_leaves", load)
     monkeypatch.setattr(judge, "_compare_leaves", compare)
@@ -180,9 +181,9 @@ def test_trials_compared_as_the_child_saves_them_are_each_compared_once_and_all_
     compared: list[int] = []
     real = judge._compare_with_room
 
-    def counted(exp: list, act: list, trial: int, cfg: EvalConfig, on: torch.device) -> list:
+    def counted(exp: list, act: list, trial: int, *rest: Any) -> list:
         compared.append(trial)
-        return real(exp, act, trial, cfg, on)
+        return real(exp, act, trial, *rest)
 
     monkeypatch.setattr(judge, "_compare_with_room", counted)
     comparison = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=3),

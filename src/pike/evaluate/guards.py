@@ -39,6 +39,9 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _NETWORK_EVENTS = ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg")
 _TORCH_PARTS = ("/torch/", "/triton/")
 _LIBRARY_PARTS = (*_TORCH_PARTS, "/lib/python3")
+# Import roots outside the usual layout (a PYTHONPATH folder, `pip install --target`):
+# set by Guards.install before any candidate code runs (library_roots)
+_library_roots: tuple[str, ...] = ()
 # inductor's and Triton's generated modules (set in the child's environment at its start):
 # code there that a library thread runs is torch's work
 _BUILD_CACHES = tuple(os.environ[v] for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
@@ -78,10 +81,37 @@ def _candidate_code_on(frame: FrameType | None, also_trusted: tuple[str, ...] = 
     while frame is not None:
         name = frame.f_code.co_filename
         if not (name.startswith((_EVALUATOR_DIR, "<frozen ", *also_trusted))
-                or any(p in name for p in _LIBRARY_PARTS)):
+                or _library_file(name)):
             return True
         frame = frame.f_back
     return False
+
+
+def _library_file(filename: str) -> bool:
+    return any(p in filename for p in _LIBRARY_PARTS) or filename.startswith(_library_roots)
+
+
+def library_roots(path: list[str], untrusted: list[str]) -> tuple[str, ...]:
+    """The interpreter's import roots (`path`, as sys.path before the candidate loads)
+    whose code counts as a library's wherever it lies: on the H200 a PYTHONPATH folder
+    held tqdm, whose idle monitor thread, started inside torch.compile, was taken for the
+    candidate's and rejected every compile candidate. A root that holds, or is, any of
+    `untrusted` (the folders the child may write, the candidate's own file) is none: what
+    lies there the candidate could have put there."""
+    roots: list[str] = []
+    for entry in path:
+        if not entry or not os.path.isabs(entry) or not os.path.isdir(entry):
+            continue  # the working directory ('' or relative) is never a library's
+        for form in {os.path.abspath(entry), os.path.realpath(entry)}:
+            if not any(_within(os.path.realpath(u), form) or _within(u, form)
+                       for u in untrusted):
+                roots.append(form.rstrip(os.sep) + os.sep)
+    return tuple(dict.fromkeys(roots))
+
+
+def _within(path: str, root: str) -> bool:
+    path, root = os.path.abspath(path), os.path.abspath(root)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def _loopback_probe(args: tuple[Any, ...]) -> bool:
@@ -110,6 +140,7 @@ class Guards:
 
     writable: list[str]
     enabled: bool = True
+    module_path: str = ""  # the candidate's file: no folder holding it counts as a library's
     violations: list[str] = field(default_factory=list)
     armed: bool = False  # off while the evaluator itself loads inputs and saves outputs
     _protected: tuple[type, ...] = ()
@@ -124,6 +155,10 @@ class Guards:
         self._snapshot = _integrity_snapshot()
         self._flags = backend_flags()
         self._threads = {t.ident or 0 for t in threading.enumerate()}
+        global _library_roots
+        _library_roots = library_roots(
+            list(sys.path), [*self.writable, *_BUILD_CACHES, os.getcwd(),
+                             *([self.module_path] if self.module_path else [])])
         sys.addaudithook(self._audit)
 
     def _refuse(self, what: str) -> None:
@@ -211,7 +246,7 @@ def _runs_user_code(thread: threading.Thread, stack: FrameType | None) -> bool:
     target = getattr(thread, "_target", None) or getattr(type(thread), "run", None)
     code = getattr(target, "__code__", None)
     filename = code.co_filename if code else ""
-    if not any(part in filename for part in (*_LIBRARY_PARTS, "threading.py")):
+    if not (_library_file(filename) or "threading.py" in filename):
         return True
     if any(part in filename for part in _TORCH_PARTS):
         return False  # torch's own threads run what torch gives them

@@ -663,7 +663,7 @@ def _serve_work(req: ChildRequest, msg: dict, chan: Channel) -> None:
 
 
 def run_candidate(req: ChildRequest, chan: Channel, device: torch.device) -> None:
-    guards = Guards(writable=req.writable, enabled=req.guards)
+    guards = Guards(writable=req.writable, enabled=req.guards, module_path=req.module_path)
     guards.install()
     try:
         _run_candidate(req, chan, device, guards)
