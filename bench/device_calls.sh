@@ -33,8 +33,9 @@ export PYTHONPATH=$SRC:/tmp/site
 [ -x .bwrap/bwrap ] && export PIKE_BWRAP=$PWD/.bwrap/bwrap
 mkdir -p .runs
 log=$OUT/${LOG:-bench-call.log}
-# a machine still warm from the last call keeps .runs/RUN (git-ignored build outputs stay
-# between calls); a fresh one unpacks the carried tarball
+# a machine still warm from the last call keeps .runs/RUN (ignored in .gitignore, so it
+# stays between calls as build outputs do; on 2026-12-01, ignored only in the local
+# .git/info/exclude, it was removed); a fresh one unpacks the carried tarball
 if [ "$mode" = resume ] && [ ! -d ".runs/$RUN" ]; then tar xzf "$CARRY/$RUN.tgz" -C .runs; fi
 left=$(( LIMIT - ( $(date +%s) - T0 ) - 25 ))
 echo "$(date -u +%T) driver: $mode $RUN, bench limit ${left}s, src $SRC" | tee -a "$log"

@@ -377,3 +377,19 @@ def test_the_next_task_searches_beside_a_tasks_confirming_window(
     result = campaign.bench(TASKS, RunConfig(), out=tmp_path / "run", jobs=1)
     assert confirmed_beside == [True]
     assert all(o.error is None for o in result.outcomes)
+
+
+def test_every_task_begun_at_once_keeps_its_live_reference(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Searching, confirming beside the next searches, and measured ahead: the reference
+    cache keeps one live reference child for each task that can be in any of these at once
+    (at jobs + 1 the H200 level2 bench closed the idle ones of tasks between their
+    baselines and their searches, and each search's first candidates waited for it)."""
+    _fakes(monkeypatch)
+    kept: list[int] = []
+    monkeypatch.setattr(campaign, "keep_references", kept.append)
+    cfg = _campaign_config(monkeypatch, lambda task, cfg, modes, **_: _Stored(), device="cuda")
+    result = campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=2)
+    assert all(o.error is None for o in result.outcomes)
+    jobs, confirming, measuring_ahead = 2, 2, 1
+    assert kept and max(kept) >= jobs + confirming + measuring_ahead + 1

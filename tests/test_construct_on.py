@@ -53,8 +53,7 @@ def test_the_reference_cache_keeps_apart_models_built_or_timed_differently(
     task = Task.from_file(path)
     started: list[tuple[str, float]] = []
 
-    def start(task: Task, cfg: EvalConfig, device: str, keep_child: bool,
-              room_wait_s: float | None = None) -> Any:
+    def start(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> Any:
         started.append((cfg.construct_on, cfg.timing.min_seconds))
         return types.SimpleNamespace(usable=lambda: True, users=0, close=lambda: None)
 
@@ -67,3 +66,53 @@ def test_the_reference_cache_keeps_apart_models_built_or_timed_differently(
     finally:
         judge._references.clear()
     assert started == [("cpu", 0.1), ("device", 0.1), ("cpu", 0.2)]
+
+
+def test_references_of_different_tasks_are_made_at_once_and_each_only_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Made one after another under the cache's lock, the references of the eight tasks a
+    resumed level2 bench took up again kept their first candidates waiting 100 s each on
+    an H200; a task's own evaluations still share one."""
+    import threading
+    import time
+
+    tasks = []
+    for name in ("1_A", "2_B"):
+        path = tmp_path / f"{name}.py"
+        path.write_text(f"# {name}\nimport torch\n\n\nclass Model(torch.nn.Module):\n"
+                        "    pass\n\n\ndef get_inputs():\n    return []\n\n\n"
+                        "def get_init_inputs():\n    return []\n")
+        tasks.append(Task.from_file(path))
+    making: list[str] = []
+    met: list[bool] = []
+    overlapped = threading.Event()
+    lock = threading.Lock()
+
+    def start(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> Any:
+        with lock:
+            making.append(task.name)
+            if len(making) == 2:
+                overlapped.set()
+        met.append(overlapped.wait(5))  # under one lock the other could not start meanwhile
+        time.sleep(0.1)  # the task's second evaluation asks meanwhile
+        return types.SimpleNamespace(usable=lambda: True, users=0, close=lambda: None)
+
+    monkeypatch.setattr(judge, "_start_reference", start)
+    got: dict[str, list[Any]] = {t.name: [] for t in tasks}
+
+    def evaluation(task: Task) -> None:
+        got[task.name].append(judge.run_reference(task, EvalConfig(), "cpu", keep_child=True))
+
+    threads = [threading.Thread(target=evaluation, args=(t,)) for t in (*tasks, tasks[0])]
+    try:
+        for thread in threads:
+            thread.start()
+            time.sleep(0.02)
+        for thread in threads:
+            thread.join(10)
+    finally:
+        judge._references.clear()
+    assert met == [True, True]
+    assert sorted(making) == ["1_A", "2_B"]  # the first task's second evaluation made none
+    first, again = got["1_A"]
+    assert first is again and first.users == 2

@@ -36,8 +36,7 @@ def attempts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     answers: list[Any] = []
     calls: list[str] = []
 
-    def attempt(task: Task, cfg: EvalConfig, device: str, keep_child: bool,
-                room_wait_s: float | None = None) -> Any:
+    def attempt(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> Any:
         calls.append(device)
         return answers.pop(0)
 

@@ -263,11 +263,17 @@ def _copy_within_share(expected: list[list[Any]], on: torch.device
 
 _references: OrderedDict[str, ReferenceRun] = OrderedDict()
 _references_lock = threading.Lock()  # evaluations of several tasks run in threads (bench)
+# Reference runs being made, by cache key: set once the run is in the cache (or failed).
+# Each is made outside the lock, so several tasks' references are made at once.
+_making: dict[str, threading.Event] = {}
+_exiting = False  # close_references(at_once): a run made after it is closed at once
 
 
 def close_references(at_once: bool = False) -> None:
     """Stop every cached reference child (also run at interpreter exit)."""
+    global _exiting
     with _references_lock:
+        _exiting = _exiting or at_once
         while _references:
             run = _references.popitem()[1]
             if at_once and run.child is not None:
@@ -341,23 +347,47 @@ def _run_or_reuse(task: Task, cfg: EvalConfig, device: str, keep_child: bool,
     key = "|".join([task.sha256, device, protocol, str(keep_child)])
     if not cache:
         return _start_reference(task, cfg, device, keep_child)
-    with _references_lock:
-        cached = _references.get(key)
-        if cached is not None and cached.usable():
-            _references.move_to_end(key)
-        else:
-            if cached is not None:
-                _references.pop(key).close()
-            # idle ones beyond the cache's size go first, so the new child finds their
-            # memory free; it does not wait for more (this lock is every task's): it is
-            # counted at once, and candidates wait for room instead
-            idle = [k for k, run in _references.items() if run.users == 0]
-            for old in idle[:max(0, len(_references) + 1 - _REFERENCE_CACHE_SIZE)]:
-                _references.pop(old).close()
-            cached = _references[key] = _start_reference(task, cfg, device, keep_child,
-                                                         room_wait_s=0.0)
-        cached.users += 1
-        return cached
+    while True:
+        with _references_lock:
+            cached = _references.get(key)
+            if cached is not None and cached.usable():
+                _references.move_to_end(key)
+                cached.users += 1
+                return cached
+            making = _making.get(key)
+            if making is None:
+                if cached is not None:
+                    _references.pop(key).close()
+                # idle ones beyond the cache's size go first, so the new child finds their
+                # memory free
+                idle = [k for k, run in _references.items() if run.users == 0]
+                for old in idle[:max(0, len(_references) + len(_making) + 1
+                                     - _REFERENCE_CACHE_SIZE)]:
+                    _references.pop(old).close()
+                making = _making[key] = threading.Event()
+                break
+        # Made by another evaluation of the task: in the cache once it is set; where that
+        # one failed, this one tries for itself.
+        making.wait()
+    # Made outside the lock: under it, on the H200 level2 bench, the references of the
+    # tasks a resumed run took up again were made one after another, and the first
+    # candidates of the last ones waited 100 s each. Outside it, a reference waits for
+    # host memory as a candidate does (under it, it was counted at once: a wait there
+    # would have held every task's evaluations).
+    run: ReferenceRun | None = None
+    try:
+        run = _start_reference(task, cfg, device, keep_child)
+    finally:
+        with _references_lock:
+            del _making[key]
+            if run is not None:
+                _references[key] = run
+                run.users += 1
+                if _exiting:
+                    _references.pop(key)
+                    run.close()
+        making.set()
+    return run
 
 
 def keep_references(count: int) -> None:
@@ -383,9 +413,9 @@ class ReferenceOutOfMemory(TaskError):
     (run_reference runs it once more)."""
 
 
-def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool,
-                     room_wait_s: float | None = None) -> ReferenceRun:
-    run = _reference_attempt(task, cfg, device, keep_child, room_wait_s)
+def _start_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool
+                     ) -> ReferenceRun:
+    run = _reference_attempt(task, cfg, device, keep_child)
     if isinstance(run, ReferenceRun):
         return run
     raise _reference_failed(task, run, device)
@@ -409,8 +439,8 @@ def failed_for_memory(error: str) -> bool:
     return "reference failed" in error and (_KILLED in error or says_out_of_memory(error))
 
 
-def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: bool,
-                       room_wait_s: float | None = None) -> ReferenceRun | Verdict | None:
+def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: bool
+                       ) -> ReferenceRun | Verdict | None:
     """The reference run, or the failure that ended it (None: no failure was reported).
     Whatever ends it early (an error, Ctrl-C) leaves no child and no folder behind."""
     tmp = make_temp_dir("ref")
@@ -434,7 +464,7 @@ def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: boo
             # Its imports need no device; from "begin" on, loading and building use the GPU
             # too (a CUDA context, a prefill).
             child = launch_child(request, work_dir, cfg, build_key="reference")
-            wait_for_room(child, room_wait_s)
+            wait_for_room(child)
             with hold_for_work(device, cfg.device_lock):
                 begin_child(child, cfg)
                 ok = run_trials(child, report)

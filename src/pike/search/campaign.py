@@ -156,7 +156,6 @@ def baseline_gaps(baseline: object, modes: list[str]) -> list[str]:
 def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
              on_event: Callable[..., None], fill_baselines: bool = False) -> list[TaskOutcome]:
     outcomes: dict[str, TaskOutcome] = {}
-    keep_references(jobs + 1)
     # One evaluation pool for all tasks, `eval.workers` evaluations per task at once: each
     # task's search gets its own lane of that width, so a task's time budget never runs
     # while its candidates wait behind another task's.
@@ -204,6 +203,12 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
                                  gpus if fill_baselines else None, beside_searches, searched)
 
     threads = ahead + jobs
+    # A live reference child for every task begun (measured and waiting for a search
+    # slot, searching, confirming): with the cache at jobs + 1 once the confirming windows
+    # ran beside the searches, the H200 level2 bench closed idle references of tasks
+    # between their baselines and their searches, and their first candidates waited for
+    # the reference to be made again (2,300 s of the candidates' evaluation in all).
+    keep_references(threads + 1)
     with closing(make_pool(cfg.eval.model_copy(update={"workers": total}))) as pool:
         for outcome in run_each(lambda t: one(t, Lane(pool, width)), tasks, threads,
                                 "pike-bench", stop=_stop_the_others):

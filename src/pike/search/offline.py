@@ -18,9 +18,9 @@ of candidates, seconds) is spent; where nothing improves with budget left, it sp
 rest on the no-gain builds the rounds passed over, with the best set, side by side. The
 seconds are those its lanes ran: wall-clock time less the time its evaluations stood
 stopped by timing windows (`paused` in their verdicts), waited for a device another held
-alone (`wait_for_device`) or for host memory (`wait_for_memory`: mostly other tasks'
+alone (`wait_for_device`), for host memory (`wait_for_memory`: mostly other tasks'
 children; a wide search of a large task can also wait for its own, and then runs past
-its seconds), each one's shared among the search's candidates in evaluation beside
+its seconds) or for the task's reference run (`reference`), each one's shared among the search's candidates in evaluation beside
 it (on average over its time): one window stops them all at once, so two candidates
 stopped by it for 3 s stood the search still for 3 s, and a candidate in evaluation alone
 stood it still for all of its own stopped time. It is exact where the number in
@@ -64,11 +64,15 @@ def _stood(verdict: Verdict) -> float:
     """Seconds an evaluation stood still for others: stopped by their timing windows
     (`paused`), and waiting for the device while they held it alone, to start its child
     or to time it (`wait_for_device`; a baseline's autotuning build and window beside the
-    searches on one GPU), and waiting for host memory other children held
-    (`wait_for_memory`)."""
+    searches on one GPU), waiting for host memory other children held
+    (`wait_for_memory`), and waiting for the task's reference run (`reference`: made once
+    per task, as its baselines are, and near zero where a live one is kept; on the H200
+    level2 bench the first four candidates of tasks resumed beside seven others each
+    waited 100 s for it, and two searches ended after 4 and 5 candidates)."""
     return (verdict.phase_seconds.get("paused", 0.0)
             + verdict.steps.get("wait_for_device", 0.0)
-            + verdict.steps.get("wait_for_memory", 0.0))
+            + verdict.steps.get("wait_for_memory", 0.0)
+            + verdict.steps.get("reference", 0.0))
 
 
 def _build_rank(name: str) -> int:
