@@ -34,10 +34,13 @@ def test_import_roots_count_unless_the_child_may_write_or_holds_its_file_there(
     candidate_dir = tmp_path / "cand"
     for folder in (libs, work, candidate_dir):
         folder.mkdir()
+    (work / "out" / "site").mkdir(parents=True)
     roots = library_roots([str(libs), str(tmp_path), "", "relative/dir", str(work),
-                           str(candidate_dir), str(tmp_path / "missing")],
+                           str(candidate_dir), str(tmp_path / "missing"),
+                           str(work / "out" / "site")],
                           untrusted=[str(work / "out"), str(candidate_dir / "model.py")])
-    assert roots == (f"{libs}/",)  # tmp_path holds both; work is the child's own
+    # tmp_path holds both; work holds the child's own; work/out/site lies in it
+    assert roots == (f"{libs}/",)
 
 
 @pytest.mark.parametrize("trusted", [True, False])

@@ -36,6 +36,9 @@ pytestmark = pytest.mark.timing
     ("memo_by_version", "incorrect", ""),
     ("stale_when_fast", "incorrect", ""),
     ("mock_patches_tensor", "rejected", "patching torch.Tensor"),
+    # round 3: code passed off as a library's by its file name or its folder's name
+    ("names_code_as_library", "rejected", "library's file"),
+    ("helper_in_torch_folder", "rejected", "thread"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:

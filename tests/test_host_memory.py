@@ -236,3 +236,34 @@ def test_a_real_evaluations_children_are_counted_waited_for_and_released(
     close_references()
     assert gate._begun == {}  # it and the candidate's: both ended
     assert gate.expected(mlp_task.sha256) > 50 * 2**20  # a child imports torch at least
+
+
+def test_a_waiting_child_has_idle_kept_children_closed_before_it_waits_longer() -> None:
+    """An idle kept reference holds its memory for nothing: a child that would wait for it
+    has it closed (the cache's least recently used idle one) instead of waiting out the
+    gate's longest wait; one that fits closes nothing."""
+    host = Host(available=40 * GIB)
+    gate = _gate(host, longest_wait_s=60.0)
+    kept = [Child(last_rss_bytes=30 * GIB, peak_rss=30 * GIB, phase="idle")]
+    for child in kept:
+        gate.admit(child, "a", role="reference")
+    closed: list[Child] = []
+
+    def free_one() -> bool:
+        if not kept:
+            return False
+        child = kept.pop()
+        gate.release(child)
+        host.available += 30 * GIB  # its process ended
+        closed.append(child)
+        return True
+
+    gate.reclaim_with(free_one)
+    small = Child(peak_rss=5 * GIB)
+    gate.admit(small, "b")  # fits beside it: nothing closed
+    assert closed == [] and host.sleeps == 0
+    gate.release(small)
+    big = Child()
+    gate._peak[("c", "candidate")] = 50 * GIB
+    waited = gate.admit(big, "c")
+    assert len(closed) == 1 and host.sleeps == 0 and waited < 5

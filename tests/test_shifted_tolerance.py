@@ -64,3 +64,25 @@ def test_a_shortcut_that_assumes_randn_values_still_fails_the_shifted_trial(
     verdict = _judged(tmp_path, expected, [expected[0], expected[1], clipped])
     assert verdict.status == "incorrect"
     assert "another distribution" in verdict.message
+
+
+def test_a_reference_run_works_its_tolerance_out_once_for_every_candidate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    expected = _expected(scale=3.0)
+    run = judge.ReferenceRun(inputs_dir=tmp_path, expected=expected, env={}, child=None,
+                             _tmp=tmp_path)
+    worked: list[int] = []
+    real = check.shifted_atols
+    monkeypatch.setattr(check, "shifted_atols",
+                        lambda *a: worked.append(1) or real(*a))  # type: ignore[func-returns-value]
+    first = run.shifted_atols(TRIALS, 0.01)
+    assert run.shifted_atols(TRIALS, 0.01) == first and worked == [1]
+    assert 0.025 < first[0] < 0.035
+    # what a comparison is given it uses, and works out nothing itself
+    off = [leaf + 0.02 for leaf in expected[2]]
+    for t, leaves in enumerate([expected[0], expected[1], off]):
+        write_leaves(leaves, tmp_path / f"outputs_{t}.pt")
+    verdict = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=TRIALS),
+                                    torch.device("cpu"), first).verdict()
+    assert verdict.status == "ok", verdict.message
+    assert worked == [1]

@@ -112,8 +112,7 @@ def compare_leaves(expected: list[Any], actual: list[Any], trial: int,
 SHIFT_ATOL_MAX = 10.0
 
 
-def shifted_atols(own: list[Any], shifted: list[Any], atol: float,
-                  on: torch.device | None = None) -> list[float]:
+def shifted_atols(own: list[Any], shifted: list[Any], atol: float) -> list[float]:
     """The absolute tolerance for each output of the trial with inputs of another
     distribution: `atol` times how much larger that output's expected values are than in
     a trial of the task's own inputs (mean magnitude; at least 1, at most SHIFT_ATOL_MAX).
@@ -123,24 +122,25 @@ def shifted_atols(own: list[Any], shifted: list[Any], atol: float,
     assumes randn inputs is off by about the outputs themselves, far beyond this."""
     atols = []
     for mine, theirs in zip(own, shifted, strict=False):
-        usual, larger = _magnitude(mine, on), _magnitude(theirs, on)
+        usual, larger = _magnitude(mine), _magnitude(theirs)
         factor = (1.0 if not usual or larger is None
                   else min(max(larger / usual, 1.0), SHIFT_ATOL_MAX))
         atols.append(atol * factor)
     return atols + [atol] * (len(shifted) - len(atols))
 
 
-def _magnitude(value: Any, on: torch.device | None) -> float | None:
+def _magnitude(value: Any) -> float | None:
     """The mean absolute value of a floating tensor's finite values (None for anything
-    else, or where none is finite)."""
+    else, or where none is finite), where the tensor lies, chunk by chunk (a chunk's
+    temporaries stay within twice its size)."""
     if not isinstance(value, _Tensor) or not value.is_floating_point() or value.numel() == 0:
         return None
     total, count = 0.0, 0
     flat = value.detach().reshape(-1)
     for start in range(0, flat.numel(), COMPARE_CHUNK):
-        chunk = flat[start:start + COMPARE_CHUNK].to(on or torch.device("cpu"), torch.float64)
+        chunk = flat[start:start + COMPARE_CHUNK]
         finite = torch.isfinite(chunk)
-        total += float(torch.where(finite, chunk.abs(), 0.0).sum())
+        total += float(torch.where(finite, chunk.abs(), 0).sum(dtype=torch.float64))
         count += int(finite.sum())
     return total / count if count else None
 

@@ -42,6 +42,12 @@ _LIBRARY_PARTS = (*_TORCH_PARTS, "/lib/python3")
 # Import roots outside the usual layout (a PYTHONPATH folder, `pip install --target`):
 # set by Guards.install before any candidate code runs (library_roots)
 _library_roots: tuple[str, ...] = ()
+# The folders the child may write (as prefixes): nothing in them is a library's, whatever
+# its path says (a candidate's own work/torch/helper.py is not torch's). Set by install.
+_untrusted_dirs: tuple[str, ...] = ()
+# Events that give code a file name: a name the guards trust, given by the candidate's own
+# code, would pass its threads and patches off as a library's
+_NAMING_EVENTS = ("compile", "code.__new__", "exec")
 # inductor's and Triton's generated modules (set in the child's environment at its start):
 # code there that a library thread runs is torch's work
 _BUILD_CACHES = tuple(os.environ[v] for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
@@ -88,7 +94,22 @@ def _candidate_code_on(frame: FrameType | None, also_trusted: tuple[str, ...] = 
 
 
 def _library_file(filename: str) -> bool:
+    if filename.startswith(_untrusted_dirs):
+        return False
     return any(p in filename for p in _LIBRARY_PARTS) or filename.startswith(_library_roots)
+
+
+def _trusted_name(filename: str) -> bool:
+    """A code file name some guard takes for the evaluator's, a library's or a build's."""
+    return filename.startswith((_EVALUATOR_DIR, "<frozen ", *_BUILD_CACHES)) or _library_file(
+        filename)
+
+
+def _named_file(event: str, args: tuple[Any, ...]) -> str | None:
+    """The file name a compile, a new code object or an exec'd code object carries."""
+    name = getattr(args[0], "co_filename", None) if event == "exec" and args else (
+        args[1] if len(args) > 1 else None)
+    return os.fsdecode(name) if isinstance(name, (str, bytes)) else None
 
 
 def library_roots(path: list[str], untrusted: list[str]) -> tuple[str, ...]:
@@ -97,14 +118,14 @@ def library_roots(path: list[str], untrusted: list[str]) -> tuple[str, ...]:
     held tqdm, whose idle monitor thread, started inside torch.compile, was taken for the
     candidate's and rejected every compile candidate. A root that holds, or is, any of
     `untrusted` (the folders the child may write, the candidate's own file) is none: what
-    lies there the candidate could have put there."""
+    lies there the candidate could have put there; so is one inside any of them."""
     roots: list[str] = []
     for entry in path:
         if not entry or not os.path.isabs(entry) or not os.path.isdir(entry):
             continue  # the working directory ('' or relative) is never a library's
         for form in {os.path.abspath(entry), os.path.realpath(entry)}:
-            if not any(_within(os.path.realpath(u), form) or _within(u, form)
-                       for u in untrusted):
+            if not any(_within(v, form) or _within(form, v)
+                       for u in untrusted for v in {u, os.path.realpath(u)}):
                 roots.append(form.rstrip(os.sep) + os.sep)
     return tuple(dict.fromkeys(roots))
 
@@ -155,10 +176,13 @@ class Guards:
         self._snapshot = _integrity_snapshot()
         self._flags = backend_flags()
         self._threads = {t.ident or 0 for t in threading.enumerate()}
-        global _library_roots
+        global _library_roots, _untrusted_dirs
         _library_roots = library_roots(
             list(sys.path), [*self.writable, *_BUILD_CACHES, os.getcwd(),
                              *([self.module_path] if self.module_path else [])])
+        _untrusted_dirs = tuple(dict.fromkeys(
+            form.rstrip(os.sep) + os.sep for w in self.writable
+            for form in (os.path.abspath(w), os.path.realpath(w))))
         sys.addaudithook(self._audit)
 
     def _refuse(self, what: str) -> None:
@@ -184,6 +208,13 @@ class Guards:
                     self._refuse(f"patching {args[0].__module__}.{args[0].__qualname__}")
         elif event == "open":
             self._check_open(args)
+        elif event in _NAMING_EVENTS:
+            name = _named_file(event, args)
+            # only the candidate's own call: torch's compilers name code after torch's
+            # files while the candidate's forward is further down the stack
+            if name is not None and _trusted_name(name) and not _trusted_name(
+                    sys._getframe(1).f_code.co_filename):
+                self._refuse(f"code named after a library's file ({name})")
         elif event in _PATH_EVENTS:
             # rename, replace and link: the destination counts as much as the source
             for path in (args[i] for i in _PATH_EVENTS[event] if i < len(args)):

@@ -84,6 +84,13 @@ class HostMemory:
         self._lock = threading.Lock()
         self._begun: dict[int, tuple[Measured, str, str]] = {}  # id -> child, task, role
         self._peak: dict[tuple[str, str], int] = {}  # (task, role) -> the most one took
+        self._reclaimers: list[Callable[[], bool]] = []
+
+    def reclaim_with(self, free_one: Callable[[], bool]) -> None:
+        """`free_one` ends one child pike keeps only for later (an idle cached reference)
+        and says whether it did; a child waiting for room calls it before each longer
+        wait, so a kept child never holds a waiting one off for the gate's whole wait."""
+        self._reclaimers.append(free_one)
 
     @property
     def headroom(self) -> int:
@@ -142,7 +149,8 @@ class HostMemory:
                              "available", self.expected(task, role) / _GIB,
                              self._available() / _GIB)
                     said = True
-            self._sleep(_POLL_S)
+            if not any(free_one() for free_one in list(self._reclaimers)):
+                self._sleep(_POLL_S)
 
     def release(self, child: Measured) -> None:
         """`child` has ended: what it took is kept for its task's next children."""

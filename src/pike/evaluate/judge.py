@@ -28,7 +28,7 @@ import torch
 
 from pike.config import EvalConfig, RunConfig, autotunes
 from pike.errors import EvaluatorError, TaskError
-from pike.evaluate import check, spares
+from pike.evaluate import check, host_memory, spares
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import hold, hold_for_build, hold_for_work, unlist_child
 from pike.evaluate.driver import (
@@ -60,6 +60,7 @@ from pike.evaluate.protocol import EXTRA_TRIALS, ChildRequest, ShiftSpec, timed_
 from pike.evaluate.redact import mask_secrets
 from pike.evaluate.sandbox import ChildProcess, passed_to_child
 from pike.evaluate.staging import InputStage
+from pike.evaluate.steps import current as current_steps
 from pike.evaluate.steps import measuring, span
 from pike.evaluate.verdict import OutputMismatch, TimingStats, Verdict, says_out_of_memory
 from pike.floor import Work, floor, times_floor
@@ -116,9 +117,19 @@ class ReferenceRun:
     _loop_cost: tuple[ChildProcess, LoopCost] | None = None  # and the child it is of
     _work: Work | None = None
     _work_asked: bool = False
+    _shifted_atols: dict[float, list[float]] = field(default_factory=dict)  # by atol
     users: int = 0  # evaluations using it now; the cache evicts only unused ones
     # Evaluations of one task in a pool share this child: one request at a time.
     talking: threading.RLock = field(default_factory=threading.RLock)
+
+    def shifted_atols(self, trials: int, atol: float) -> list[float]:
+        """The shifted trial's absolute tolerance per output (check.shifted_atols), from
+        its expected outputs and trial 0's, worked out once per run (on the host: the
+        outputs are read from their mapped files, and no GPU memory is asked for)."""
+        if atol not in self._shifted_atols and len(self.expected) > trials:
+            self._shifted_atols[atol] = check.shifted_atols(self.expected[0],
+                                                            self.expected[trials], atol)
+        return self._shifted_atols.get(atol, [])
 
     def usual_ms(self) -> float | None:
         """The reference's usual time in this run: the median of its windows so far."""
@@ -347,47 +358,99 @@ def _run_or_reuse(task: Task, cfg: EvalConfig, device: str, keep_child: bool,
     key = "|".join([task.sha256, device, protocol, str(keep_child)])
     if not cache:
         return _start_reference(task, cfg, device, keep_child)
-    while True:
-        with _references_lock:
-            cached = _references.get(key)
-            if cached is not None and cached.usable():
-                _references.move_to_end(key)
-                cached.users += 1
-                return cached
-            making = _making.get(key)
-            if making is None:
-                if cached is not None:
-                    _references.pop(key).close()
-                # idle ones beyond the cache's size go first, so the new child finds their
-                # memory free
-                idle = [k for k, run in _references.items() if run.users == 0]
-                for old in idle[:max(0, len(_references) + len(_making) + 1
-                                     - _REFERENCE_CACHE_SIZE)]:
-                    _references.pop(old).close()
-                making = _making[key] = threading.Event()
-                break
-        # Made by another evaluation of the task: in the cache once it is set; where that
-        # one failed, this one tries for itself.
-        making.wait()
-    # Made outside the lock: under it, on the H200 level2 bench, the references of the
-    # tasks a resumed run took up again were made one after another, and the first
-    # candidates of the last ones waited 100 s each. Outside it, a reference waits for
-    # host memory as a candidate does (under it, it was counted at once: a wait there
-    # would have held every task's evaluations).
-    run: ReferenceRun | None = None
+    mine: _Making | None = None
     try:
-        run = _start_reference(task, cfg, device, keep_child)
-    finally:
+        while True:
+            with _references_lock:
+                cached = _references.get(key)
+                if cached is not None and cached.usable():
+                    _references.move_to_end(key)
+                    cached.users += 1
+                    return cached
+                making = _making.get(key)
+                if making is None:
+                    if cached is not None:
+                        _references.pop(key).close()
+                    # idle ones beyond the cache's size go first, so the new child finds
+                    # their memory free
+                    idle = [k for k, run in _references.items() if run.users == 0]
+                    for old in idle[:max(0, len(_references) + len(_making) + 1
+                                         - _REFERENCE_CACHE_SIZE)]:
+                        _references.pop(old).close()
+                    mine = _making[key] = _Making()
+                    break
+            # Made by another evaluation of the task: in the cache once it is set. Its
+            # failure is this one's too (one out of memory is tried again by each caller's
+            # run_reference, after its wait); where it was interrupted, this one tries.
+            making.done.wait()
+            if isinstance(making.error, TaskError):
+                raise making.error
+        # Made outside the lock: under it, on the H200 level2 bench, the references of the
+        # tasks a resumed run took up again were made one after another, and the first
+        # candidates of the last ones waited 100 s each. Outside it, a reference waits for
+        # host memory as a candidate does (under it, it was counted at once: a wait there
+        # would have held every task's evaluations).
+        run = _made_reference(task, cfg, device, keep_child)
         with _references_lock:
-            del _making[key]
-            if run is not None:
-                _references[key] = run
-                run.users += 1
-                if _exiting:
-                    _references.pop(key)
-                    run.close()
-        making.set()
-    return run
+            _references[key] = run
+            run.users += 1
+            if _exiting:  # close_references(at_once) ran meanwhile: pike is ending
+                _references.pop(key).close()
+                raise KeyboardInterrupt("pike is ending")
+        return run
+    except BaseException as err:
+        if mine is not None:
+            mine.error = err
+        raise
+    finally:
+        if mine is not None:
+            with _references_lock:
+                if _making.get(key) is mine:
+                    del _making[key]
+            mine.done.set()
+
+
+class _Making:
+    """A reference run being made: `done` once it is in the cache or has failed (`error`)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+def _made_reference(task: Task, cfg: EvalConfig, device: str, keep_child: bool
+                    ) -> ReferenceRun:
+    """`_start_reference`, its steps added to the evaluation's that asked, its wait for
+    host memory as `reference.wait_for_memory`: the evaluation's `reference` step already
+    holds it, and a budget that leaves both out would count it twice."""
+    spans: dict[str, float] = {}
+    try:
+        with measuring() as made:
+            spans = made.spans  # filled as the reference is made
+            return _start_reference(task, cfg, device, keep_child)
+    finally:
+        waited = spans.pop("wait_for_memory", 0.0)
+        clock = current_steps()  # the asking evaluation's again
+        clock.merge(spans)
+        if waited:
+            clock.add("reference.wait_for_memory", waited)
+
+
+def _close_an_idle_reference() -> bool:
+    """Close the least recently used cached reference no evaluation uses (a child waiting
+    for host memory asks); whether there was one. Kept ones are kept for speed only: with
+    one per task begun, idle ones held room a reference or candidate waited for."""
+    with _references_lock:
+        key = next((k for k, run in _references.items() if run.users == 0), None)
+        if key is None:
+            return False
+        run = _references.pop(key)
+    log.info("an idle reference child closed: a child waits for host memory")
+    run.close()  # outside the lock: it waits for the child to end
+    return True
+
+
+host_memory.HOST.reclaim_with(_close_an_idle_reference)
 
 
 def keep_references(count: int) -> None:
@@ -930,7 +993,8 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                                         if cfg.limits.fitted else None)
             on = compare_device(device)
             comparison = TrialComparison(reference.expected_on(on)[:cfg.trials + cfg.guards],
-                                         outputs_dir, cfg, on)
+                                         outputs_dir, cfg, on,
+                                         reference.shifted_atols(cfg.trials, cfg.atol))
             early = _compare_early(comparison, child, device, cfg)
             if early is not None and trials_ran:  # taken trial by trial, so lent only then
                 comparison.buffer = OutputsBuffer.offer(comparison.expected, on)
@@ -1232,8 +1296,9 @@ class TrialComparison:
     once, in the verdict at the latest."""
 
     def __init__(self, expected: list[list[Any]], outputs_dir: Path, cfg: EvalConfig,
-                 on: torch.device) -> None:
+                 on: torch.device, shifted_atols: list[float] | None = None) -> None:
         self.expected, self.outputs_dir, self.cfg, self.on = expected, outputs_dir, cfg, on
+        self.shifted_atols = shifted_atols  # worked out here when not given
         self.compared: set[int] = set()
         self.mismatches: list[OutputMismatch] = []
         self.first: tuple[list[Any], list[Any]] | None = None  # trial 0's outputs, in short
@@ -1291,7 +1356,14 @@ class TrialComparison:
             self.repeated.append(trial)
         atol: float | list[float] = self.cfg.atol
         if trial == self.cfg.trials:  # the other distribution's larger values
-            atol = check.shifted_atols(self.expected[0], exp_here, self.cfg.atol, here)
+            if not self.shifted_atols:
+                try:
+                    self.shifted_atols = check.shifted_atols(self.expected[0], exp_here,
+                                                             self.cfg.atol)
+                except torch.OutOfMemoryError as err:
+                    self.shifted_atols = check.shifted_atols(
+                        _on_host(self.expected[0], err), _on_host(exp_here), self.cfg.atol)
+            atol = self.shifted_atols
         compared = _compare_with_room(exp_here, act_leaves, trial, self.cfg, here, atol)
         del act_leaves
         self.max_abs = max([self.max_abs, *(c.max_abs_error or 0.0 for c in compared)])

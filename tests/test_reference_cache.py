@@ -1,0 +1,178 @@
+"""The reference cache of a campaign: each task's reference made once, different tasks'
+at once, outside the cache's lock; a failure is every waiting evaluation's; the wait
+for host memory inside the making counted once."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pike.config import EvalConfig
+from pike.errors import TaskError
+from pike.evaluate import judge
+from pike.evaluate.steps import current, measuring
+from pike.task import Task
+
+
+def _tasks(tmp_path: Path, *names: str) -> list[Task]:
+    tasks = []
+    for name in names:
+        path = tmp_path / f"{name}.py"
+        path.write_text(f"# {name}\nimport torch\n\n\nclass Model(torch.nn.Module):\n"
+                        "    pass\n\n\ndef get_inputs():\n    return []\n\n\n"
+                        "def get_init_inputs():\n    return []\n")
+        tasks.append(Task.from_file(path))
+    return tasks
+
+
+def _run() -> Any:
+    return types.SimpleNamespace(usable=lambda: True, users=0, close=lambda: None)
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache() -> Iterator[None]:
+    yield
+    judge._references.clear()
+    judge._making.clear()
+
+
+def _in_threads(work: Callable[[], Any], count: int) -> list[Any]:
+    got: list[Any] = []
+
+    def one() -> None:
+        try:
+            got.append(work())
+        except BaseException as err:  # noqa: BLE001 - what each caller saw
+            got.append(err)
+
+    threads = [threading.Thread(target=one) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.02)
+    for thread in threads:
+        thread.join(10)
+    return got
+
+
+def test_references_of_different_tasks_are_made_at_once_and_each_only_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Made one after another under the cache's lock, the references of the eight tasks a
+    resumed level2 bench took up again kept their first candidates waiting 100 s each on
+    an H200; a task's own evaluations still share one."""
+    tasks = _tasks(tmp_path, "1_A", "2_B")
+    making: list[str] = []
+    met: list[bool] = []
+    overlapped = threading.Event()
+    lock = threading.Lock()
+
+    def start(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> Any:
+        with lock:
+            making.append(task.name)
+            if len(making) == 2:
+                overlapped.set()
+        met.append(overlapped.wait(5))  # under one lock the other could not start meanwhile
+        time.sleep(0.1)  # the task's second evaluation asks meanwhile
+        return types.SimpleNamespace(usable=lambda: True, users=0, close=lambda: None)
+
+    monkeypatch.setattr(judge, "_start_reference", start)
+    got: dict[str, list[Any]] = {t.name: [] for t in tasks}
+
+    def evaluation(task: Task) -> None:
+        got[task.name].append(judge.run_reference(task, EvalConfig(), "cpu", keep_child=True))
+
+    threads = [threading.Thread(target=evaluation, args=(t,)) for t in (*tasks, tasks[0])]
+    try:
+        for thread in threads:
+            thread.start()
+            time.sleep(0.02)
+        for thread in threads:
+            thread.join(10)
+    finally:
+        judge._references.clear()
+    assert met == [True, True]
+    assert sorted(making) == ["1_A", "2_B"]  # the first task's second evaluation made none
+    first, again = got["1_A"]
+    assert first is again and first.users == 2
+
+
+def test_a_failed_reference_is_the_failure_of_every_evaluation_waiting_for_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (task,) = _tasks(tmp_path, "1_A")
+    attempts: list[str] = []
+
+    def start(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> Any:
+        attempts.append(task.name)
+        time.sleep(0.2)  # the others ask meanwhile
+        raise TaskError("reference failed: the task's own module raised")
+
+    monkeypatch.setattr(judge, "_start_reference", start)
+    got = _in_threads(lambda: judge.run_reference(task, EvalConfig(), "cpu", keep_child=True),
+                      3)
+    assert attempts == ["1_A"]  # made once, failed once: not once per waiting evaluation
+    assert len(got) == 3 and all(isinstance(e, TaskError) for e in got)
+    assert judge._making == {}
+
+
+def test_a_reference_whose_maker_was_interrupted_is_made_by_the_next_evaluation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (task,) = _tasks(tmp_path, "1_A")
+    attempts: list[int] = []
+
+    def start(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> Any:
+        attempts.append(len(attempts))
+        time.sleep(0.2)
+        if len(attempts) == 1:
+            raise KeyboardInterrupt  # its own evaluation unwinds; the task's others go on
+        return _run()
+
+    monkeypatch.setattr(judge, "_start_reference", start)
+    got = _in_threads(lambda: judge.run_reference(task, EvalConfig(), "cpu", keep_child=True),
+                      2)
+    assert attempts == [0, 1]
+    assert sum(isinstance(g, KeyboardInterrupt) for g in got) == 1
+    assert sum(isinstance(g, types.SimpleNamespace) for g in got) == 1
+
+
+def test_the_references_wait_for_memory_is_counted_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside the asking evaluation's `reference` step, as `reference.wait_for_memory`: a
+    budget that leaves out both `reference` and `wait_for_memory` counted it twice."""
+    from pike.search.offline import _stood
+
+    (task,) = _tasks(tmp_path, "1_A")
+
+    def start(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> Any:
+        current().add("wait_for_memory", 30.0)  # as driver.wait_for_room records it
+        current().add("launch_child", 1.0)
+        return _run()
+
+    monkeypatch.setattr(judge, "_start_reference", start)
+    with measuring() as clock:
+        with clock.span("reference"):
+            judge.run_reference(task, EvalConfig(), "cpu", keep_child=True)
+        clock.add("reference", 31.0)  # the seconds the making took, as its span says
+    assert "wait_for_memory" not in clock.spans
+    assert clock.spans["reference.wait_for_memory"] == 30.0
+    assert clock.spans["launch_child"] == 1.0
+    verdict = judge.Verdict(status="ok", steps=clock.rounded())
+    assert _stood(verdict) == pytest.approx(clock.spans["reference"], abs=1e-3)
+
+
+def test_a_child_waiting_for_memory_closes_the_least_recently_used_idle_reference() -> None:
+    closed: list[str] = []
+
+    def run(name: str, users: int) -> Any:
+        return types.SimpleNamespace(users=users, close=lambda: closed.append(name))
+
+    judge._references.update({"busy": run("busy", 1), "old": run("old", 0),
+                              "new": run("new", 0)})
+    assert judge._close_an_idle_reference() and closed == ["old"]
+    assert judge._close_an_idle_reference() and closed == ["old", "new"]
+    assert not judge._close_an_idle_reference()  # the one in use stays
+    assert list(judge._references) == ["busy"]
