@@ -6,12 +6,13 @@ the reference unchanged, wrapped. Transformations compose; `compatible` says whi
 
 from __future__ import annotations
 
+import ast
 import re
 
 from pike.agents.roles import _templates
 from pike.config import COMPILE_MODES
 
-ALL = ("sdpa", "inference_mode", "cuda_graph", "channels_last", "cudnn_benchmark", "tf32",
+ALL = ("fold_linear_sum", "sdpa", "inference_mode", "cuda_graph", "channels_last", "cudnn_benchmark", "tf32",
        "autocast_bf16", "autocast_fp16", *(f"compile:{m}" for m in COMPILE_MODES))
 _CUDA_ONLY = {"cuda_graph", "cudnn_benchmark", "tf32", "autocast_bf16", "autocast_fp16",
               "compile:max-autotune-no-cudagraphs", "compile:reduce-overhead"}
@@ -28,7 +29,7 @@ _MULTIHEAD = re.compile(r"\bMultiheadAttention\b")
 # bench/results/bench-level2-h100-offline120-baselinesfirst.md): a compile mode comes
 # after every two cheap candidates, so a batch of lanes judges cheap ones beside one build
 # instead of waiting on three builds while a short budget runs out.
-_CUDA_CHEAP = ("cuda_graph", "tf32", "sdpa", "autocast_fp16", "channels_last", "autocast_bf16",
+_CUDA_CHEAP = ("fold_linear_sum", "cuda_graph", "tf32", "sdpa", "autocast_fp16", "channels_last", "autocast_bf16",
                "cudnn_benchmark", "inference_mode")
 _CHEAP_PER_BUILD = 2
 
@@ -52,12 +53,78 @@ def applicable(task_source: str, device: str,
         if name == "sdpa" and not (_SOFTMAX.search(task_source) and _MATMUL.search(task_source)
                                    or _MULTIHEAD.search(task_source)):
             continue
+        if name == "fold_linear_sum" and not sums_a_linear(task_source):
+            continue
         names.append(name)
     if compile_speedups:
         builds = sorted((n for n in names if n.startswith("compile:")),
                         key=lambda n: -compile_speedups.get(n, 0.0))  # stable: ties as listed
         names = [n for n in names if not n.startswith("compile:")] + builds
     return _spread_builds(names) if on_cuda else names
+
+
+def sums_a_linear(task_source: str) -> bool:
+    """Whether a forward sums a linear layer's output (`torch.sum(y, ...)` or
+    `y.sum(...)`, where y is an nn.Linear's, F.linear's or a matrix product's result,
+    perhaps scaled): a cheap look at the source, where the trace then checks exactly
+    (on KernelBench level 2: 14_Gemm_Divide_Sum_Scaling and 18_Matmul_Sum_Max_..., not
+    56_Matmul_Sigmoid_Sum, whose sigmoid comes between)."""
+    try:
+        tree = ast.parse(task_source)
+    except SyntaxError:
+        return False
+    layers = {target.attr for node in ast.walk(tree) if isinstance(node, ast.Assign)
+              and isinstance(node.value, ast.Call) and _called(node.value) == "Linear"
+              for target in node.targets if isinstance(target, ast.Attribute)}
+    for forward in ast.walk(tree):
+        if not (isinstance(forward, ast.FunctionDef) and forward.name == "forward"):
+            continue
+        linear: set[str] = set()  # names that hold a linear layer's output now
+        for statement in forward.body:
+            value = getattr(statement, "value", None)
+            if isinstance(value, ast.expr) and _sums_of(value, layers, linear):
+                return True
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and (
+                    isinstance(statement.targets[0], ast.Name)):
+                name = statement.targets[0].id
+                (linear.add if _is_linear(value, layers, linear) else linear.discard)(name)
+    return False
+
+
+def _called(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def _is_linear(node: ast.expr | None, layers: set[str], linear: set[str]) -> bool:
+    """A linear layer's output: self.<an nn.Linear>(x), F.linear, matmul or @, or a name
+    holding one, times or divided by something else."""
+    if isinstance(node, ast.Name):
+        return node.id in linear
+    if isinstance(node, ast.Call):
+        func = node.func
+        layer = (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+                 and func.value.id == "self" and func.attr in layers)
+        return layer or _called(node) in ("matmul", "linear", "mm")
+    if isinstance(node, ast.BinOp):
+        if isinstance(node.op, ast.MatMult):
+            return True
+        if isinstance(node.op, (ast.Mult, ast.Div)):
+            return _is_linear(node.left, layers, linear) or (
+                isinstance(node.op, ast.Mult) and _is_linear(node.right, layers, linear))
+    return False
+
+
+def _sums_of(node: ast.expr, layers: set[str], linear: set[str]) -> bool:
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call) and _called(call) == "sum":
+            func = call.func
+            summed = call.args[0] if (isinstance(func, ast.Attribute) and isinstance(
+                func.value, ast.Name) and func.value.id == "torch" and call.args) else (
+                func.value if isinstance(func, ast.Attribute) else None)
+            if summed is not None and _is_linear(summed, layers, linear):
+                return True
+    return False
 
 
 def _spread_builds(names: list[str]) -> list[str]:
