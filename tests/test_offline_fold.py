@@ -156,3 +156,63 @@ def test_the_folded_candidate_passes_the_evaluator(tmp_path: Path,
     task = _task(tmp_path, GEMM_SUM)
     verdict = evaluate(task, render(task.source, ("fold_linear_sum",)), fast_config)
     assert verdict.status == "ok", verdict.message
+
+
+def test_the_fold_runs_where_the_linear_layer_did_so_later_in_place_changes_do_not_reach_it(
+        tmp_path: Path) -> None:
+    source = LINEAR_SUM.replace("        return torch.tanh(y.sum(DIM))",
+                                "        x.relu_()\n        return y.sum(-1) + x.sum(-1)")
+    reference, candidate = _built(_task(tmp_path, source))
+    assert candidate.sums_folded == 1
+    x = torch.randn(4, 32)
+    torch.testing.assert_close(candidate(x.clone()), reference(x.clone()), atol=1e-4,
+                               rtol=1e-4)
+
+
+# the parameter on the left, a 1-D input, integers: folded or run as written, never wrong
+LEFT_PRODUCT = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(24, 16), requires_grad=False)
+
+    def forward(self, x):
+        return torch.sum(torch.matmul(self.w, x) * 3 / -2, dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(16, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("x", [torch.randn(16, 8), torch.randn(16)], ids=["2-D", "1-D"])
+def test_a_parameter_times_the_input_folds_too(tmp_path: Path, x: torch.Tensor) -> None:
+    reference, candidate = _built(_task(tmp_path, LEFT_PRODUCT))
+    assert candidate.sums_folded == 1
+    torch.testing.assert_close(candidate(x), reference(x), atol=1e-4, rtol=1e-4)
+
+
+def test_integer_tensors_run_as_written(tmp_path: Path) -> None:
+    source = LEFT_PRODUCT.replace("torch.randn(24, 16)", "torch.randint(-3, 3, (24, 16))")
+    reference, candidate = _built(_task(tmp_path, source))
+    x = torch.randint(-3, 3, (16, 8))
+    out = candidate(x)
+    assert out.dtype == reference(x).dtype and torch.equal(out, reference(x))
+
+
+def test_under_autocast_the_folded_sum_is_in_fp32_as_the_sum_it_stands_for(
+        tmp_path: Path) -> None:
+    task = _task(tmp_path, GEMM_SUM)
+    reference, candidate = _built(task, ("fold_linear_sum", "autocast_bf16"))
+    x = torch.rand(16, 64)
+    out = candidate(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, reference(x), atol=1e-4, rtol=1e-4)  # no bf16 in it

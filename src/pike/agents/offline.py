@@ -84,10 +84,17 @@ def sums_a_linear(task_source: str) -> bool:
             value = getattr(statement, "value", None)
             if isinstance(value, ast.expr) and _sums_of(value, layers, linear):
                 return True
-            if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and (
-                    isinstance(statement.targets[0], ast.Name)):
-                name = statement.targets[0].id
-                (linear.add if _is_linear(value, layers, linear) else linear.discard)(name)
+            if not isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                continue
+            targets = (statement.targets if isinstance(statement, ast.Assign)
+                       else [statement.target])
+            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            single = isinstance(statement, ast.Assign) and len(targets) == 1 and isinstance(
+                targets[0], ast.Name)
+            holds = single and _is_linear(value, layers, linear)
+            linear -= names  # assigned anew (a tuple, an in-place operator): no longer known
+            if holds:
+                linear |= names
     return False
 
 
@@ -105,7 +112,7 @@ def _is_linear(node: ast.expr | None, layers: set[str], linear: set[str]) -> boo
         func = node.func
         layer = (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
                  and func.value.id == "self" and func.attr in layers)
-        return layer or _called(node) in ("matmul", "linear", "mm")
+        return layer or _called(node) in ("matmul", "linear")
     if isinstance(node, ast.BinOp):
         if isinstance(node.op, ast.MatMult):
             return True
