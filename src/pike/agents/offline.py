@@ -12,8 +12,8 @@ import re
 from pike.agents.roles import _templates
 from pike.config import COMPILE_MODES
 
-ALL = ("fold_linear_sum", "sdpa", "inference_mode", "cuda_graph", "channels_last", "cudnn_benchmark", "tf32",
-       "autocast_bf16", "autocast_fp16", *(f"compile:{m}" for m in COMPILE_MODES))
+ALL = ("fold_linear_sum", "sdpa", "inference_mode", "cuda_graph", "channels_last",
+       "cudnn_benchmark", "tf32", "autocast_bf16", "autocast_fp16", *(f"compile:{m}" for m in COMPILE_MODES))
 _CUDA_ONLY = {"cuda_graph", "cudnn_benchmark", "tf32", "autocast_bf16", "autocast_fp16",
               "compile:max-autotune-no-cudagraphs", "compile:reduce-overhead"}
 _CONV = re.compile(r"\bConv(?:Transpose)?[123]d\b|\bconv(?:_transpose)?[123]d\b")
@@ -29,8 +29,8 @@ _MULTIHEAD = re.compile(r"\bMultiheadAttention\b")
 # bench/results/bench-level2-h100-offline120-baselinesfirst.md): a compile mode comes
 # after every two cheap candidates, so a batch of lanes judges cheap ones beside one build
 # instead of waiting on three builds while a short budget runs out.
-_CUDA_CHEAP = ("fold_linear_sum", "cuda_graph", "tf32", "sdpa", "autocast_fp16", "channels_last", "autocast_bf16",
-               "cudnn_benchmark", "inference_mode")
+_CUDA_CHEAP = ("fold_linear_sum", "cuda_graph", "tf32", "sdpa", "autocast_fp16",
+               "channels_last", "autocast_bf16", "cudnn_benchmark", "inference_mode")
 _CHEAP_PER_BUILD = 2
 
 

@@ -85,9 +85,7 @@ def _candidate_code_on(frame: FrameType | None, also_trusted: tuple[str, ...] = 
     """Whether a frame of this stack runs code outside the evaluator, the libraries and
     the folders in `also_trusted`."""
     while frame is not None:
-        name = frame.f_code.co_filename
-        if not (name.startswith((_EVALUATOR_DIR, "<frozen ", *also_trusted))
-                or _library_file(name)):
+        if not _trusted_name(frame.f_code.co_filename, also_trusted):
             return True
         frame = frame.f_back
     return False
@@ -99,9 +97,10 @@ def _library_file(filename: str) -> bool:
     return any(p in filename for p in _LIBRARY_PARTS) or filename.startswith(_library_roots)
 
 
-def _trusted_name(filename: str) -> bool:
-    """A code file name some guard takes for the evaluator's, a library's or a build's."""
-    return filename.startswith((_EVALUATOR_DIR, "<frozen ", *_BUILD_CACHES)) or _library_file(
+def _trusted_name(filename: str, also_trusted: tuple[str, ...] = _BUILD_CACHES) -> bool:
+    """A code file name the guards take for the evaluator's, a library's or one of
+    `also_trusted`'s (by default the build caches', which some guards trust)."""
+    return filename.startswith((_EVALUATOR_DIR, "<frozen ", *also_trusted)) or _library_file(
         filename)
 
 

@@ -20,8 +20,8 @@ seconds are those its lanes ran: wall-clock time less the time its evaluations s
 stopped by timing windows (`paused` in their verdicts), waited for a device another held
 alone (`wait_for_device`), for host memory (`wait_for_memory`: mostly other tasks'
 children; a wide search of a large task can also wait for its own, and then runs past
-its seconds) or for the task's reference run (`reference`), each one's shared among the search's candidates in evaluation beside
-it (on average over its time): one window stops them all at once, so two candidates
+its seconds) or for the task's reference run (`reference`), each one's shared among the
+search's candidates in evaluation beside it (on average over its time): one window stops them all at once, so two candidates
 stopped by it for 3 s stood the search still for 3 s, and a candidate in evaluation alone
 stood it still for all of its own stopped time. It is exact where the number in
 evaluation stayed the same over each one's time; where it changed (a long build beside
