@@ -130,6 +130,7 @@ def test_correct_faster_candidate_is_ok_and_timed(mlp_task: Task, fast_config: E
     assert verdict.speedup == pytest.approx(
         verdict.reference.median_ms / verdict.runtime.median_ms)
     assert verdict.torch_version and verdict.device == "cpu"
+    assert verdict.timed_rounds is None  # timed in every round
 
 
 def test_slower_candidate_reports_speedup_below_one(mlp_task: Task,
@@ -137,6 +138,9 @@ def test_slower_candidate_reports_speedup_below_one(mlp_task: Task,
     verdict = evaluate(mlp_task, candidate("slower"), fast_config)
     assert verdict.status == "ok", verdict.message
     assert verdict.speedup is not None and verdict.speedup < 1.0
+    # six times the work: over timing.give_up_slower_than (3), so its window ends early
+    assert verdict.timed_rounds is not None and 3 <= verdict.timed_rounds < 20
+    assert verdict.runtime is not None and verdict.runtime.count >= 8
 
 
 def test_candidate_class_may_be_named_model(mlp_task: Task, fast_config: EvalConfig) -> None:

@@ -44,6 +44,13 @@ class TimingConfig(_Strict):
         "median of the run's earlier windows by more than this share is timed again (up to "
         "three times, the last with a fresh reference child); still off, the verdict is `noisy` and no search takes it as its best. "
         "None: off (CPU timings on a shared host drift more than this and are not checked)")
+    give_up_slower_than: float | None = Field(
+        3.0, gt=1, description="a candidate this many times slower than the reference after "
+        "the window's first three rounds and eight calls (the reuse check's) is timed no "
+        "further, and its verdict says after how "
+        "many rounds (`timed_rounds`): no search takes it, and on an H200 level2 bench one "
+        "such candidate (bf16 Conv3d, seconds a call) held the device alone for 190 s while "
+        "every other evaluation stood still. None: every round, however slow")
     input_sets: int = Field(
         3, ge=2, description="timed calls rotate over this many input sets, drawn apart from "
         "the trials' and staged only when timing starts; a random sample of timed calls has "

@@ -287,7 +287,7 @@ def reused_answers_problem(samples: list[float], probe_samples: list[float]) -> 
     input set never seen before (a probe) took far longer than nearly all calls on the
     rotation's sets. The fastest probe against the 90th percentile, so that a burst of
     host load on one probe, or a slow tail, does not look like reuse."""
-    if len(probe_samples) < 2 or len(samples) < 8:
+    if len(probe_samples) < 2 or len(samples) < REUSE_MIN_SAMPLES:
         return None
     slow_tail = statistics.quantiles(samples, n=10)[-1]
     fastest_probe = min(probe_samples)
@@ -300,3 +300,6 @@ def reused_answers_problem(samples: list[float], probe_samples: list[float]) -> 
 
 
 _REUSE_RATIO, _REUSE_SLACK_MS = 3.0, 0.05
+# timed calls the reuse check needs; a window never gives up on a candidate before it has
+# them (driver.time_interleaved), so a memo that looks slow while it fills is still caught
+REUSE_MIN_SAMPLES = 8

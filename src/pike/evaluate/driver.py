@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pike.config import EvalConfig, TimingConfig
-from pike.evaluate import device_lock, host_memory
+from pike.evaluate import check, device_lock, host_memory
 from pike.evaluate.cores import start_on_build_cores
 from pike.evaluate.os_sandbox import INSIDE_ROOT, Mount, SandboxPlan, sandbox_active
 from pike.evaluate.protocol import DESCENDANTS_GRACE_S, ChildRequest, Role
@@ -340,6 +340,7 @@ class Timer:
     outputs: list[dict] = field(default_factory=list)  # samples of timed calls' outputs
     probe_samples: list[float] = field(default_factory=list)  # calls on never-seen inputs
     rehearsed: int = 0  # outputs a trusted child sampled only for the cost (RehearsedSamples)
+    gave_up_after: int | None = None  # rounds timed before the window gave up on it
 
     @property
     def stopped(self) -> bool:
@@ -612,11 +613,15 @@ def _within_the_reference_s_load(cost: LoopCost, judged: Timer, reference: Timer
 
 
 def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = False,
-                     stop_at_failure: bool = False) -> None:
+                     stop_at_failure: bool = False, give_up: bool = False) -> None:
     """Time every timer in `cfg.rounds` blocks, alternating the order each round (ABBA;
     BAAB where `flipped`, so that a window timed again puts other timers mid-window).
     A failure ends the window after its round; with `stop_at_failure`, at once, so that
-    timers sharing a child that died leave only the one that failed marked."""
+    timers sharing a child that died leave only the one that failed marked. With
+    `give_up` (a candidate's window: the reference first, the candidate second), a
+    candidate `cfg.give_up_slower_than` times slower than the reference after
+    GIVE_UP_AFTER_ROUNDS rounds and the calls the reuse check needs ends it, marked in
+    `Timer.gave_up_after`."""
     rounds = cfg.rounds
     per_block = {"min_calls": math.ceil(cfg.min_calls / rounds),
                  "min_seconds": cfg.min_seconds / rounds,
@@ -629,3 +634,27 @@ def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = Fal
                     return
         if any(t.failure is not None for t in timers):
             return
+        if give_up and GIVE_UP_AFTER_ROUNDS <= i + 1 < rounds and _hopeless(
+                timers, cfg.give_up_slower_than):
+            timers[1].gave_up_after = i + 1
+            return
+
+
+# Rounds a window times before it may end for a hopeless candidate: enough blocks of each
+# that one slow block (a burst of host load) does not decide it. It also waits for the
+# candidate's calls to reach check.REUSE_MIN_SAMPLES: the first call on each input set
+# can be slow for a fair reason (a CUDA graph captured per input) or an unfair one (a
+# memo filling, which the reuse check must still see).
+GIVE_UP_AFTER_ROUNDS = 3
+
+
+def _hopeless(timers: list[Timer], slower_than: float | None) -> bool:
+    """Whether the candidate (timers[1]) is over `slower_than` times slower than the
+    reference (timers[0]) in the window so far: no search would take it, and each further
+    round of it holds the device alone for nothing while every other evaluation waits."""
+    reference, candidate = timers[0], timers[1]
+    if slower_than is None or not reference.samples or (
+            len(candidate.samples) < check.REUSE_MIN_SAMPLES):
+        return False
+    return statistics.median(candidate.samples) > slower_than * statistics.median(
+        reference.samples)

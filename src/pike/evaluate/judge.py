@@ -1027,7 +1027,9 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                 elif cfg.guards and not any(t.failure for t in timers):
                     timers[1].failure = _timed_dishonestly(reference, timers[1], cfg)
                 if not any(t.failure for t in timers):
-                    timers, usual = _steady_window(reference, child, device, cfg, timers)
+                    # a hopeless candidate's figure is no search's pick, steady or not
+                    if timers[1].gave_up_after is None:
+                        timers, usual = _steady_window(reference, child, device, cfg, timers)
                     if cfg.guards:
                         raised = wall_clock_factor(reference.loop_cost(), timers[1], timers[0])
             if correctness.ok and cfg.guards and not any(t.failure for t in timers):
@@ -1174,7 +1176,7 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
                   Timer(child, "candidate", warmed=warmed)]
         with (span("timing"),
               timing_cores([_pid(reference.child), _pid(child)], device, cfg.timing_cores)):
-            time_interleaved(timers, cfg.timing, flipped)
+            time_interleaved(timers, cfg.timing, flipped, give_up=True)
         reference.child.enter_phase("idle")
     return timers
 
@@ -1233,6 +1235,8 @@ def _attach_timings(verdict: Verdict, timers: list[Timer], raised: float = 1.0) 
         verdict.runtime = TimingStats.from_samples([s * raised for s in candidate.samples])
     if verdict.runtime and verdict.reference:
         verdict.speedup = verdict.reference.median_ms / verdict.runtime.median_ms
+    if verdict.ok:
+        verdict.timed_rounds = candidate.gave_up_after
 
 
 _compare_devices: dict[str, torch.device] = {}

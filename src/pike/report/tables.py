@@ -38,7 +38,10 @@ def verdict_table(task: str, candidate: str, v: Verdict) -> Table:
         table.add_row("reference (eager)", f"{ms(v.reference.median_ms)} median "
                       f"(n={v.reference.count})")
     if v.speedup is not None:
-        table.add_row("speedup", f"[bold]{v.speedup:.2f}x[/bold]")
+        table.add_row("speedup", f"[bold]{v.speedup:.2f}x[/bold]" + (
+            f" (timed in {v.timed_rounds} rounds: over eval.timing.give_up_slower_than "
+            "times slower, the rest of the window was not spent on it)"
+            if v.timed_rounds else ""))
     if v.noisy and v.noisy_speedup is not None and v.reference_usual_ms is not None:
         table.add_row("speedup", f"[yellow]noisy[/yellow]: {v.noisy_speedup:.2f}x, withheld "
                       f"(the reference ran off its usual {ms(v.reference_usual_ms)} in this "

@@ -1,0 +1,127 @@
+"""A candidate far slower than the reference is timed for a few rounds, not a whole window:
+on an H200 level2 bench one such candidate held the device alone for 190 s while every
+other evaluation stood still."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from pike.config import TimingConfig
+from pike.evaluate import driver
+from pike.evaluate.check import REUSE_MIN_SAMPLES
+from pike.evaluate.driver import GIVE_UP_AFTER_ROUNDS, Timer, time_interleaved
+
+
+def _fake_blocks(monkeypatch: pytest.MonkeyPatch, per_call_ms: dict[str, Iterator[float]],
+                 calls: int = 4) -> list[str]:
+    """Each block adds `calls` samples per timer, the next of its mode's times; returns
+    the order the blocks ran in."""
+    ran: list[str] = []
+
+    def one_block(timer: Timer, **_: object) -> None:
+        ran.append(timer.mode)
+        timer.samples.extend(next(per_call_ms[timer.mode]) for _ in range(calls))
+
+    monkeypatch.setattr(driver, "_time_one_block", one_block)
+    return ran
+
+
+def _window() -> list[Timer]:
+    return [Timer(child=None, mode="eager"), Timer(child=None, mode="candidate")]  # type: ignore[arg-type]
+
+
+def _steady(ms: float) -> Iterator[float]:
+    while True:
+        yield ms
+
+
+def test_a_hopeless_candidate_ends_the_window_after_a_few_rounds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = _fake_blocks(monkeypatch, {"eager": _steady(1.0), "candidate": _steady(40.0)})
+    timers = _window()
+    time_interleaved(timers, TimingConfig(rounds=20), give_up=True)
+    assert timers[1].gave_up_after == GIVE_UP_AFTER_ROUNDS == 3
+    assert ran.count("candidate") == ran.count("eager") == GIVE_UP_AFTER_ROUNDS
+    assert timers[0].gave_up_after is None and timers[1].failure is None
+
+
+@pytest.mark.parametrize("candidate_ms", [2.9, 0.4])
+def test_a_candidate_within_the_bound_is_timed_in_every_round(
+        monkeypatch: pytest.MonkeyPatch, candidate_ms: float) -> None:
+    ran = _fake_blocks(monkeypatch, {"eager": _steady(1.0), "candidate": _steady(candidate_ms)})
+    timers = _window()
+    time_interleaved(timers, TimingConfig(rounds=20), give_up=True)
+    assert timers[1].gave_up_after is None and ran.count("candidate") == 20
+
+
+def test_one_slow_block_does_not_decide_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a burst of host load on the candidate's first block: the median of three is not moved
+    ran = _fake_blocks(monkeypatch, {"eager": _steady(1.0),
+                                     "candidate": iter([90.0] * 4 + [1.2] * 100)})
+    timers = _window()
+    time_interleaved(timers, TimingConfig(rounds=20), give_up=True)
+    assert timers[1].gave_up_after is None and ran.count("candidate") == 20
+
+
+def test_it_decides_only_after_enough_rounds_and_never_on_the_last(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for rounds, blocks in ((2, 2), (3, 3), (4, 3)):
+        ran = _fake_blocks(monkeypatch, {"eager": _steady(1.0), "candidate": _steady(40.0)})
+        timers = _window()
+        time_interleaved(timers, TimingConfig(rounds=rounds), give_up=True)
+        assert ran.count("candidate") == blocks
+        # a window that times all its rounds anyway is not marked as cut short
+        assert timers[1].gave_up_after == (3 if rounds == 4 else None)
+
+
+def test_a_slow_candidate_of_one_call_a_block_waits_for_the_reuse_checks_calls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # seconds a call: one call a block, so the window needs eight rounds for eight calls
+    ran = _fake_blocks(monkeypatch, {"eager": _steady(1.0), "candidate": _steady(40.0)},
+                       calls=1)
+    timers = _window()
+    time_interleaved(timers, TimingConfig(rounds=20), give_up=True)
+    assert timers[1].gave_up_after == ran.count("candidate") == REUSE_MIN_SAMPLES == 8
+
+
+def test_a_memo_that_is_slow_while_it_fills_is_timed_to_the_end(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the first call on each of the three input sets computes (slowly), the rest answer
+    # from the memo: the whole window runs, so the reuse check sees its probes
+    ran = _fake_blocks(monkeypatch, {"eager": _steady(1.0),
+                                     "candidate": iter([60.0] * 3 + [0.01] * 100)}, calls=1)
+    timers = _window()
+    time_interleaved(timers, TimingConfig(rounds=20), give_up=True)
+    assert timers[1].gave_up_after is None and ran.count("candidate") == 20
+
+
+@pytest.mark.parametrize(("give_up", "bound"), [(False, 3.0), (True, None)])
+def test_other_windows_and_a_bound_of_none_time_every_round(
+        monkeypatch: pytest.MonkeyPatch, give_up: bool, bound: float | None) -> None:
+    # the baselines' and the confirming windows' (give_up False): each figure is reported
+    ran = _fake_blocks(monkeypatch, {"eager": _steady(1.0), "candidate": _steady(40.0)})
+    timers = _window()
+    time_interleaved(timers, TimingConfig(rounds=20, give_up_slower_than=bound),
+                     give_up=give_up)
+    assert timers[1].gave_up_after is None and ran.count("candidate") == 20
+
+
+def test_the_bound_is_a_slowdown() -> None:
+    with pytest.raises(ValueError):
+        TimingConfig(give_up_slower_than=1.0)
+
+
+def test_pike_eval_says_the_window_was_cut_short() -> None:
+    from rich.console import Console
+
+    from pike.evaluate.verdict import TimingStats, Verdict
+    from pike.report.tables import verdict_table
+
+    stats = TimingStats.from_samples([40.0, 41.0, 42.0])
+    verdict = Verdict(status="ok", runtime=stats, reference=TimingStats.from_samples([1.0]),
+                      speedup=0.025, timed_rounds=3)
+    console = Console(record=True, width=200)
+    console.print(verdict_table("task", "candidate", verdict))
+    assert "0.03x (timed in 3 rounds" in console.export_text()
