@@ -23,6 +23,7 @@ from pike.evaluate.judge import (  # the wait: a baseline's second pass waits as
     time_reference_modes,
 )
 from pike.evaluate.pool import one_line
+from pike.evaluate.shared_builds import share_reference_builds
 from pike.evaluate.verdict import TimingStats, says_out_of_memory
 from pike.floor import Floor, Work, floor, no_floor_reason
 from pike.task import Task
@@ -112,6 +113,8 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
         was_stopped = _StopCheck(stopped)
     if any(r.error for r in results) and was_stopped():
         raise BaselineStopped(f"{task.name}: stopped while its modes were measured")
+    if any(r.mode.startswith("compile:") and not r.error for r in results):
+        share_reference_builds(cfg)  # a candidate of the same graph loads them
     eager = next((r.stats for r in results if r.mode == "eager" and r.stats), None)
     for r in results:
         if eager and r.stats:

@@ -872,6 +872,11 @@ def main(argv: list[str]) -> int:
     if req.extensions_dir:  # known only now to a child started ahead of its candidate
         os.environ["TORCH_EXTENSIONS_DIR"] = req.extensions_dir
     _share_precompiled_headers()
+    # Said outright in every child, as the reference's says it before its timed modes:
+    # inductor's graph cache keys on how it was set ('ieee' said, 'none' left alone), so a
+    # candidate left at 'none' never found the baseline's build (shared_builds). The
+    # candidate may change it; its verdict lists the change.
+    torch.set_float32_matmul_precision("highest")
     device = torch.device(req.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
