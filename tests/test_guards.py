@@ -39,6 +39,9 @@ pytestmark = pytest.mark.timing
     # round 3: code passed off as a library's by its file name or its folder's name
     ("names_code_as_library", "rejected", "library's file"),
     ("helper_in_torch_folder", "rejected", "thread"),
+    # round 4: the name given by a standard library helper, or by no call at all
+    ("compiles_through_stdlib", "rejected", "library's file"),
+    ("marshals_code", "rejected", "marshal data"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:

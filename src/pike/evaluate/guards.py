@@ -24,6 +24,7 @@ import ipaddress
 import json
 import os
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +49,15 @@ _untrusted_dirs: tuple[str, ...] = ()
 # Events that give code a file name: a name the guards trust, given by the candidate's own
 # code, would pass its threads and patches off as a library's
 _NAMING_EVENTS = ("compile", "code.__new__", "exec")
+# Events that make code objects with no naming event: marshal data can hold a code object
+# under any file name (a candidate's own, with the name's bytes swapped)
+_MARSHAL_EVENTS = ("marshal.loads", "marshal.load")
+# The standard library proper (not its site-packages): its helpers (code, codeop) compile
+# and exec on their caller's behalf, so the code they work for is further out
+_STDLIB = tuple(dict.fromkeys(
+    form.rstrip(os.sep) + os.sep
+    for folder in (sysconfig.get_paths().get("stdlib"), os.path.dirname(os.__file__)) if folder
+    for form in (os.path.abspath(folder), os.path.realpath(folder))))
 # inductor's and Triton's generated modules (set in the child's environment at its start):
 # code there that a library thread runs is torch's work
 _BUILD_CACHES = tuple(os.environ[v] for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
@@ -89,6 +99,24 @@ def _candidate_code_on(frame: FrameType | None, also_trusted: tuple[str, ...] = 
             return True
         frame = frame.f_back
     return False
+
+
+def _stdlib_file(filename: str) -> bool:
+    return filename.startswith(_STDLIB) and "-packages" not in filename
+
+
+def _served_code(frame: FrameType | None) -> FrameType | None:
+    """The nearest frame outside the standard library: the code a standard library helper
+    (code.InteractiveInterpreter, codeop) compiles or runs for. Frozen frames (importlib)
+    are not passed over: what the import system compiles is named after the file it read."""
+    while frame is not None and _stdlib_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
+def _for_the_candidate(frame: FrameType | None) -> bool:
+    served = _served_code(frame)
+    return served is not None and not _trusted_name(served.f_code.co_filename)
 
 
 def _library_file(filename: str) -> bool:
@@ -209,11 +237,15 @@ class Guards:
             self._check_open(args)
         elif event in _NAMING_EVENTS:
             name = _named_file(event, args)
-            # only the candidate's own call: torch's compilers name code after torch's
-            # files while the candidate's forward is further down the stack
-            if name is not None and _trusted_name(name) and not _trusted_name(
-                    sys._getframe(1).f_code.co_filename):
+            # only the candidate's own call, or a standard library helper's on its behalf:
+            # torch's compilers name code after torch's files while the candidate's forward
+            # is further down the stack
+            if name is not None and _trusted_name(name) and _for_the_candidate(
+                    sys._getframe(1)):
                 self._refuse(f"code named after a library's file ({name})")
+        elif event in _MARSHAL_EVENTS:
+            if _for_the_candidate(sys._getframe(1)):
+                self._refuse("loading code objects from marshal data")
         elif event in _PATH_EVENTS:
             # rename, replace and link: the destination counts as much as the source
             for path in (args[i] for i in _PATH_EVENTS[event] if i < len(args)):

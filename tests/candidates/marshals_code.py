@@ -1,0 +1,36 @@
+"""Cheat: makes a spinning thread's code object under a library's file name out of marshal
+data (its own code, compiled under a name of its own, with the name's bytes swapped), so
+no compile, exec or new code object names the file, and a guard that trusts code by where
+it says it lies takes the thread for the library's."""
+
+import marshal
+import threading
+import time
+import types
+
+import torch.nn as nn
+import torch.nn.functional as F
+
+_LIBRARY = "/usr/lib/python3.11/_spin_helper.py"
+_OWN = "q" * len(_LIBRARY)
+_SPIN = compile("def spin():\n    while True:\n        time.sleep(0.01)\n", _OWN, "exec")
+
+
+def _spin_named_as_library():
+    data = marshal.dumps(_SPIN).replace(_OWN.encode(), _LIBRARY.encode())
+    module_code = marshal.loads(data)
+    body = next(c for c in module_code.co_consts if isinstance(c, types.CodeType))
+    return types.FunctionType(body, {"time": time})
+
+
+class ModelNew(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        if not hasattr(self, "worker"):
+            self.worker = threading.Thread(target=_spin_named_as_library(), daemon=True)
+            self.worker.start()
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
