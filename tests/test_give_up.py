@@ -5,13 +5,18 @@ other evaluation stood still."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from pike.config import TimingConfig
+from pike.config import SearchConfig, TimingConfig
 from pike.evaluate import driver
 from pike.evaluate.check import REUSE_MIN_SAMPLES
 from pike.evaluate.driver import GIVE_UP_AFTER_ROUNDS, Timer, time_interleaved
+from pike.evaluate.verdict import TimingStats, Verdict
+from pike.search.offline import OfflineSearch
+from pike.search.session import confirm_candidates
+from pike.store import RunStore
 
 
 def _fake_blocks(monkeypatch: pytest.MonkeyPatch, per_call_ms: dict[str, Iterator[float]],
@@ -116,7 +121,6 @@ def test_the_bound_is_a_slowdown() -> None:
 def test_pike_eval_says_the_window_was_cut_short() -> None:
     from rich.console import Console
 
-    from pike.evaluate.verdict import TimingStats, Verdict
     from pike.report.tables import verdict_table
 
     stats = TimingStats.from_samples([40.0, 41.0, 42.0])
@@ -125,3 +129,35 @@ def test_pike_eval_says_the_window_was_cut_short() -> None:
     console = Console(record=True, width=200)
     console.print(verdict_table("task", "candidate", verdict))
     assert "0.03x (timed in 3 rounds" in console.export_text()
+
+
+def _store_with(tmp_path: Path, *verdicts: Verdict) -> tuple[RunStore, list[int]]:
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    store.add_task("t", str(tmp_path / "t.py"), "x", "")
+    ids = []
+    for verdict in verdicts:
+        cid = store.add_candidate("t", "src", parent_id=None, role="offline", round=0,
+                                  branch=0, idea=f"set{len(ids)}")
+        store.set_verdict(cid, verdict)
+        ids.append(cid)
+    return store, ids
+
+
+def _ok(speedup: float, timed_rounds: int | None = None) -> Verdict:
+    stats = TimingStats.from_samples([1.0, 1.1, 1.2])
+    return Verdict(status="ok", runtime=stats, reference=stats, speedup=speedup,
+                   timed_rounds=timed_rounds)
+
+
+def test_no_search_takes_a_cut_short_verdict_as_its_best(tmp_path: Path) -> None:
+    # its window ran too few calls for the checks that need many (every sampled output
+    # missing, answers reused): a hopeless cheater must not become a task's best
+    cut, steady = _ok(0.3, timed_rounds=3), _ok(0.2)
+    store, ids = _store_with(tmp_path, cut, steady)
+    best = store.best("t")
+    assert best is not None and best.id == ids[1]
+    assert OfflineSearch._speedup(cut) == 0.0 and OfflineSearch._speedup(steady) == 0.2
+    chosen = confirm_candidates(store.candidates("t"), SearchConfig())
+    assert [r.id for r in chosen] == [ids[1]]
+    alone, _ = _store_with(tmp_path / "alone", cut)
+    assert alone.best("t") is None

@@ -3,6 +3,8 @@ and nothing planted in the candidates' cache can turn the copy elsewhere."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -53,14 +55,58 @@ def test_the_reference_caches_files_are_copied_where_missing(
     assert share_reference_builds(cfg) == 0  # once is enough
 
 
-def test_a_candidates_file_is_never_overwritten_and_nothing_flows_back(
+def test_a_file_the_candidates_have_is_left_as_it_is(
         roots: tuple[Path, Path, EvalConfig]) -> None:
-    reference, candidates, cfg = roots
+    _, candidates, cfg = roots
     _write(candidates / "inductor" / "cd" / "ccode.py", "a candidate's")
-    _write(candidates / "triton" / "hash2" / "planted.cubin", "a candidate's")
     share_reference_builds(cfg)
     assert (candidates / "inductor" / "cd" / "ccode.py").read_text() == "a candidate's"
-    assert not (reference / "triton" / "hash2").exists()  # one way only
+
+
+def test_a_link_that_appears_at_the_name_meanwhile_is_replaced_not_written_through(
+        roots: tuple[Path, Path, EvalConfig], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a candidate racing the copy: the name was free when looked at, a link when written
+    _, candidates, cfg = roots
+    victim = _write(tmp_path / "victim.txt", "mine")
+    target = candidates / "inductor" / "cd" / "ccode.py"
+    target.parent.mkdir(parents=True)
+    target.symlink_to(victim)
+    monkeypatch.setattr(shared_builds, "_present", lambda name, folder: False)
+    share_reference_builds(cfg)
+    assert victim.read_text() == "mine"
+    assert not target.is_symlink() and target.read_text() == "kernel = 1"
+
+
+def test_what_a_candidate_leaves_in_its_cache_never_fails_the_copy(
+        roots: tuple[Path, Path, EvalConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+    # a folder left unsearchable (a root pike is not stopped by its mode, so the refusal
+    # is made up here), a FIFO and a folder where files are expected
+    _, candidates, cfg = roots
+    (candidates / "triton" / "hash1").mkdir(parents=True)
+    os.mkfifo(candidates / "triton" / "hash1" / "__grp__k.json")  # opened, it would block
+    (candidates / "inductor" / "fxgraph" / "ab" / "key" / "entry").mkdir(parents=True)
+    real_stat = os.stat
+
+    def stat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if path == "ccode.py":
+            raise PermissionError(13, "Permission denied", path)
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shared_builds.os, "stat", stat)
+    share_reference_builds(cfg)  # raises nothing
+    assert not (candidates / "inductor" / "cd" / "ccode.py").exists()
+    assert (candidates / "triton" / "hash1" / "k.cubin").read_text() == "binary"
+
+
+def test_with_a_start_time_only_folders_changed_since_are_copied(
+        roots: tuple[Path, Path, EvalConfig]) -> None:
+    reference, candidates, cfg = roots
+    old = time.time() - 3600
+    os.utime(reference / "inductor" / "cd", (old, old))  # another task's, an hour ago
+    assert share_reference_builds(cfg, since=time.time() - 60) == 3
+    assert not (candidates / "inductor" / "cd" / "ccode.py").exists()
+    assert share_reference_builds(cfg) == 1  # without: everything missing
 
 
 def test_links_planted_in_the_candidates_cache_lead_the_copy_nowhere(
@@ -136,3 +182,28 @@ def test_a_compile_candidate_loads_the_baselines_build(
     verdict = evaluate(mlp_task, render(mlp_task.source, ("compile:default",)) + _HIT_CHECK,
                        cfg.model_copy(update={"time_candidate": False}))
     assert verdict.ok, verdict.message
+
+
+def test_a_failed_share_never_fails_the_baseline(
+        mlp_task: Task, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        tmp_path: Path) -> None:
+    from pike.evaluate import baseline as baseline_module
+    from pike.evaluate.verdict import TimingStats
+
+    stats = TimingStats.from_samples([1.0, 1.1])
+    modes = [baseline_module.ModeTiming(mode="eager", stats=stats),
+             baseline_module.ModeTiming(mode="compile:default", stats=stats)]
+
+    class Closed:
+        env: dict[str, str] = {}
+
+    monkeypatch.setattr(baseline_module, "_measure_modes",
+                        lambda *a, **k: (modes, Closed(), None))
+
+    def share(cfg: EvalConfig, since: float | None = None) -> int:
+        raise PermissionError(13, "Permission denied", "ccode.py")
+
+    monkeypatch.setattr(baseline_module, "share_reference_builds", share)
+    baseline = measure_baselines(mlp_task, _config(tmp_path), modes=["eager", "compile:default"])
+    assert [m.mode for m in baseline.modes] == ["eager", "compile:default"]
+    assert "not shared with the candidates" in caplog.text

@@ -426,7 +426,8 @@ class RunStore:
         fastest by speedup: each is a ratio to the reference timed in the same window, so it
         compares evaluations made minutes apart on a drifting host (and what the searches
         rank by); the runtime only breaks ties or stands in where no speedup was measured.
-        A `noisy` verdict is never the best.
+        A `noisy` verdict is never the best, nor one whose window was cut short
+        (`timed_rounds`: too few calls for some of the timing guards).
         """
         confirmed = self._confirmed_best(task)
         if confirmed is not None:
@@ -434,6 +435,7 @@ class RunStore:
         rows = self._candidates(
             "task = ? AND status = 'ok' AND role != 'reference' AND runtime_ms IS NOT NULL"
             " AND COALESCE(json_extract(verdict, '$.noisy'), 0) = 0"
+            " AND json_extract(verdict, '$.timed_rounds') IS NULL"
             " ORDER BY speedup IS NULL, speedup DESC, runtime_ms, id LIMIT 1",
             (task,),
             order=False,

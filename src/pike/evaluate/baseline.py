@@ -34,6 +34,9 @@ BASELINE_MODES = ["eager", *(f"compile:{m}" for m in COMPILE_MODES)]
 # How long a failed mode waits to see whether the caller was stopped: Ctrl-C reaches the
 # children and the caller's threads at once, and the failure can come first.
 _STOP_GRACE_S = 1.0
+# A folder's time and this process's clock may disagree by a file system's tick: builds
+# share from folders changed up to this long before the baseline began.
+_CLOCK_SLACK_S = 5.0
 
 
 class BaselineStopped(Exception):
@@ -95,6 +98,7 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     cfg = as_eval_config(config)
     device = resolve_device(cfg.device)
     modes = modes or BASELINE_MODES
+    began = time.time()
     if device.startswith("cuda") and any(m.startswith("compile:") for m in modes):
         # The modes compile while the device is held alone, so no other evaluation's
         # build runs meanwhile: this child may have every build core for its compile
@@ -114,7 +118,11 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     if any(r.error for r in results) and was_stopped():
         raise BaselineStopped(f"{task.name}: stopped while its modes were measured")
     if any(r.mode.startswith("compile:") and not r.error for r in results):
-        share_reference_builds(cfg)  # a candidate of the same graph loads them
+        try:  # a candidate of the same graph loads them; only a saving, so never fatal
+            share_reference_builds(cfg, since=began - _CLOCK_SLACK_S)
+        except Exception as err:  # noqa: BLE001 - whatever a candidate left in its cache
+            log.warning("%s: the baseline's builds were not shared with the candidates (%s)",
+                        task.name, one_line(str(err)))
     eager = next((r.stats for r in results if r.mode == "eager" and r.stats), None)
     for r in results:
         if eager and r.stats:

@@ -33,10 +33,10 @@ def explain_guards(cfg: EvalConfig, report: ChildReport, correctness: Verdict | 
                         if checked else "not reached",
         "other distribution": "one trial with floating inputs of a drawn scale and shift"
                               if checked else "not reached",
-        "timed outputs": f"timed calls rotate over {cfg.timing.input_sets} input sets unseen "
-                         "in the trials; a random half of them (up to 8 a block) have their "
-                         "outputs sampled at random positions and compared with the "
-                         "reference's" if timers else "not timed",
+        "timed outputs": (f"timed calls rotate over {cfg.timing.input_sets} input sets unseen "
+                          "in the trials; a random half of them (up to 8 a block) have their "
+                          "outputs sampled at random positions and compared with the "
+                          "reference's" + _cut_short(timers)) if timers else "not timed",
         "aliasing and mutation": "outputs must not share memory with inputs; inputs unchanged"
                                  if checked else "not reached",
         "cached answers": "outputs must change when inputs change" if checked else "not reached",
@@ -62,3 +62,13 @@ def _after_timing(final: Verdict | None) -> str:
     if final.ok:
         return "new values in the timed input tensors gave correct outputs"
     return final.message
+
+
+def _cut_short(timers: list[Timer]) -> str:
+    rounds = timers[1].gave_up_after if len(timers) > 1 else None
+    if rounds is None:
+        return ""
+    return (f"; the window ended after {rounds} rounds (over eval.timing.give_up_slower_than "
+            "times slower than the reference), too few calls for the checks that need many "
+            "(every sample missing, answers reused), so no search takes this verdict as its "
+            "best")

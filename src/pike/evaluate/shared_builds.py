@@ -40,9 +40,16 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 _CHUNK = 1 << 20
 
 
-def share_reference_builds(cfg: EvalConfig) -> int:
+def share_reference_builds(cfg: EvalConfig, since: float | None = None) -> int:
     """Copy into the candidates' build cache every file of the reference's inductor and
-    Triton caches it lacks; returns how many were copied."""
+    Triton caches it lacks (with `since`, a time.time(), only those in folders changed
+    since then: a baseline's own builds); returns how many were copied.
+
+    The reference's cache keeps every task's builds of every run on the host, and a walk
+    that looks at each of its files took 0.5 s per 20,000 files with nothing to copy;
+    a file written into a folder changes that folder's time, so folders older than
+    `since` are passed without a look at their files. Builds a baseline found in the
+    reference's cache, not made anew, were copied when they were made."""
     source, target = build_cache_root(cfg, "reference"), build_cache_root(cfg, "candidate")
     started, copied = time.monotonic(), 0
     try:
@@ -52,7 +59,7 @@ def share_reference_builds(cfg: EvalConfig) -> int:
         return 0
     try:
         for part in _SHARED:
-            copied += _copy_tree(source / part, source, root)
+            copied += _copy_tree(source / part, source, root, since)
     finally:
         os.close(root)
     if copied:
@@ -61,12 +68,12 @@ def share_reference_builds(cfg: EvalConfig) -> int:
     return copied
 
 
-def _copy_tree(top: Path, source_root: Path, target_root: int) -> int:
+def _copy_tree(top: Path, source_root: Path, target_root: int, since: float | None) -> int:
     copied = 0
-    # os.walk lists a link to a folder as a file and never enters it
+    # os.walk never enters a link to a folder (and the reference's cache holds none)
     for folder, subfolders, files in os.walk(top):
         subfolders[:] = sorted(d for d in subfolders if d not in _SKIPPED_DIRS)
-        if not files:
+        if not files or (since is not None and _changed_at(folder) < since):
             continue
         parts = Path(folder).relative_to(source_root).parts
         into = _open_folder(target_root, parts)
@@ -108,12 +115,23 @@ def _open_folder(root: int, parts: tuple[str, ...]) -> int | None:
         return None
 
 
+def _changed_at(folder: str) -> float:
+    try:
+        return os.stat(folder).st_mtime
+    except OSError:
+        return 0.0
+
+
 def _present(name: str, folder: int) -> bool:
+    """Whether the candidates' folder has the name already; where it cannot be told (a
+    folder a candidate left unsearchable), as if it had: nothing is copied there."""
     try:
         os.stat(name, dir_fd=folder, follow_symlinks=False)
         return True
     except FileNotFoundError:
         return False
+    except OSError:
+        return True
 
 
 def _copy_file(path: Path, name: str, folder: int) -> None:

@@ -86,7 +86,8 @@ class Verdict(BaseModel):
         "reference's blocks did (driver.FIGURE_TOLERANCE)")
     timed_rounds: int | None = Field(
         None, description="the timing window ended after this many of its rounds: the "
-        "candidate was over `timing.give_up_slower_than` times slower than the reference")
+        "candidate was over `timing.give_up_slower_than` times slower than the reference; "
+        "too few calls for every timing guard, so no search takes it as its best")
     device: str = ""
     device_name: str = ""
     torch_version: str = ""

@@ -375,7 +375,8 @@ class OfflineSearch:
     def _speedup(verdict: Verdict | None) -> float:
         # Speedups are ratios taken in one window with the reference, so they compare
         # across evaluations on a drifting host better than absolute runtimes do.
-        if verdict is None or not verdict.ok:
+        # a window cut short for a hopeless candidate ran too few calls for every guard
+        if verdict is None or not verdict.ok or verdict.timed_rounds:
             return 0.0
         return verdict.speedup or 0.0
 
