@@ -274,6 +274,10 @@ def finish(child: ChildProcess, report: ChildReport | None = None) -> None:
         child.__exit__(None, None, None)
         child.proc = None
         return
+    if not child.peak_rss and not child.unresponsive:
+        # A child that answered every request within a poll was never measured, and the
+        # host-memory gate learns a task's children's size from what it releases
+        child.measure_memory()
     # Unwinding a Ctrl-C (or a SIGTERM pike turned into one): the user is waiting, and a
     # child mid-build (a max-autotune compile, a slow constructor) would not answer "stop"
     # before the grace period ran out, so it is killed at once, group and all.

@@ -455,10 +455,7 @@ class ChildProcess:
                 self.unresponsive = True
                 return PhaseTimeout(self.phase, limit)
             if self._memory_due(now):
-                used = self._tree_rss()
-                if used:  # 0: the tree is gone (killed meanwhile), not a measurement
-                    self._last_rss = used
-                    self.peak_rss = max(self.peak_rss, used)
+                used = self.measure_memory()
                 if used > self.memory_limit:
                     self.unresponsive = True
                     return MemoryExceeded(used, self.memory_limit)
@@ -493,6 +490,15 @@ class ChildProcess:
         started = time.monotonic()
         while self._stopped_by_a_timer() and time.monotonic() - started < timeout:
             time.sleep(_POLL_SECONDS)
+
+    def measure_memory(self) -> int:
+        """The child tree's memory now, kept as its last and peak figures (0: the tree is
+        gone, killed meanwhile: not a measurement)."""
+        used = self._tree_rss()
+        if used:
+            self._last_rss = used
+            self.peak_rss = max(self.peak_rss, used)
+        return used
 
     def _memory_due(self, now: float) -> bool:
         """Whether to walk the child's process tree for its memory now: every poll, but
