@@ -279,6 +279,18 @@ def test_changed_backend_flags_are_reported_not_hidden(mlp_task: Task,
     assert "cudnn.benchmark" in verdict.guards["backend flags"]
 
 
+def test_tf32_set_by_torchs_newer_api_is_reported_not_crashed(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    # after it, torch's older getters raise; the guard that read them crashed the child
+    from pike.audit.precision import detect_precision
+
+    verdict = evaluate(mlp_task, candidate("new_tf32_api"), fast_config)
+    assert verdict.status == "ok", verdict.message
+    assert verdict.flags_changed["cuda.matmul.fp32_precision"].endswith("-> tf32")
+    assert detect_precision("", "", verdict) == ["tf32"]
+    assert detect_precision(candidate("new_tf32_api"), mlp_task.source) == ["tf32"]
+
+
 def test_an_honest_candidate_passes_every_guard_and_says_which_ran(
         mlp_task: Task, fast_config: EvalConfig) -> None:
     verdict = evaluate(mlp_task, candidate("fused"), fast_config)

@@ -29,7 +29,8 @@ _MARKERS: dict[str, re.Pattern[str]] = {
     "fp16": re.compile(r"\.half\(|float16|torch\.half\b|__half\b|\bhalf2\b"),
     "bf16": re.compile(r"bfloat16|__nv_bfloat16"),
     "autocast": re.compile(r"autocast"),
-    "tf32": re.compile(r"allow_tf32|set_float32_matmul_precision\(\s*['\"](high|medium)"),
+    "tf32": re.compile(r"allow_tf32|set_float32_matmul_precision\(\s*['\"](high|medium)"
+                       r"|fp32_precision\s*=\s*['\"]tf32"),
 }
 
 
@@ -52,6 +53,8 @@ def _from_flags(flags: dict[str, str]) -> set[str]:
         if "allow_tf32" in key and after == "True":
             found.add("tf32")
         elif key == "float32_matmul_precision" and after in ("high", "medium"):
+            found.add("tf32")
+        elif key.endswith("fp32_precision") and after == "tf32":  # torch's newer API
             found.add("tf32")
         elif "fp16_reduced_precision" in key and after == "True":
             found.add("fp16")

@@ -342,19 +342,38 @@ def _library_function(fn: Any) -> bool:
 
 
 def backend_flags() -> dict[str, Any]:
-    """Process-wide settings that change what a model computes or how fast."""
-    flags: dict[str, Any] = {
-        "default_dtype": str(torch.get_default_dtype()),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "cudnn.benchmark": torch.backends.cudnn.benchmark,
-        "cudnn.deterministic": torch.backends.cudnn.deterministic,
-        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-        "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+    """Process-wide settings that change what a model computes or how fast: torch's older
+    flags and, where this torch has them, its per-backend `fp32_precision` settings."""
+    backends = torch.backends
+    readers: dict[str, Callable[[], Any]] = {
+        "default_dtype": lambda: str(torch.get_default_dtype()),
+        "float32_matmul_precision": torch.get_float32_matmul_precision,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled,
+        "cudnn.benchmark": lambda: backends.cudnn.benchmark,
+        "cudnn.deterministic": lambda: backends.cudnn.deterministic,
+        "cudnn.allow_tf32": lambda: backends.cudnn.allow_tf32,
+        "cuda.matmul.allow_tf32": lambda: backends.cuda.matmul.allow_tf32,
         "cuda.matmul.allow_fp16_reduced_precision_reduction":
-            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+            lambda: backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
     }
-    return flags
+    for name, owner in (("fp32_precision", backends),
+                        ("cuda.matmul.fp32_precision", backends.cuda.matmul),
+                        ("cudnn.fp32_precision", backends.cudnn),
+                        ("cudnn.conv.fp32_precision", getattr(backends.cudnn, "conv", None)),
+                        ("cudnn.rnn.fp32_precision", getattr(backends.cudnn, "rnn", None))):
+        if owner is not None and hasattr(owner, "fp32_precision"):
+            readers[name] = lambda owner=owner: owner.fp32_precision
+    return {name: _read_flag(read) for name, read in readers.items()}
+
+
+def _read_flag(read: Callable[[], Any]) -> Any:
+    """A flag's value, or why it cannot be read: once a candidate sets TF32 by torch's
+    newer per-backend API, the older getters raise ("a mix of the legacy and new APIs"),
+    and an honest candidate that did so was `crashed` by the guard that reads them."""
+    try:
+        return read()
+    except RuntimeError as err:
+        return "unreadable: " + (str(err).split(",")[0] or type(err).__name__)[:120]
 
 
 def _integrity_snapshot() -> dict[str, int]:
