@@ -138,9 +138,8 @@ def test_slower_candidate_reports_speedup_below_one(mlp_task: Task,
     verdict = evaluate(mlp_task, candidate("slower"), fast_config)
     assert verdict.status == "ok", verdict.message
     assert verdict.speedup is not None and verdict.speedup < 1.0
-    # six times the work: over timing.give_up_slower_than (3), so its window ends early
-    assert verdict.timed_rounds is not None and 3 <= verdict.timed_rounds < 20
-    assert verdict.runtime is not None and verdict.runtime.count >= 8
+    # six times the work, but on the CPU no window stops other evaluations: timed whole
+    assert verdict.timed_rounds is None
 
 
 def test_candidate_class_may_be_named_model(mlp_task: Task, fast_config: EvalConfig) -> None:

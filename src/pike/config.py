@@ -45,9 +45,9 @@ class TimingConfig(_Strict):
         "three times, the last with a fresh reference child); still off, the verdict is `noisy` and no search takes it as its best. "
         "None: off (CPU timings on a shared host drift more than this and are not checked)")
     give_up_slower_than: float | None = Field(
-        3.0, gt=1, description="a candidate this many times slower than the reference after "
-        "the window's first three rounds and eight calls (the reuse check's) is timed no "
-        "further, and its verdict says after how "
+        3.0, gt=1, description="on a GPU, a candidate whose fastest call is this many times "
+        "the reference's median after the window's first three rounds and eight calls (the "
+        "reuse check's) is timed no further, and its verdict says after how "
         "many rounds (`timed_rounds`): no search takes it, and on an H200 level2 bench one "
         "such candidate (bf16 Conv3d, seconds a call) held the device alone for 190 s while "
         "every other evaluation stood still. None: every round, however slow")
