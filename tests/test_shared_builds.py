@@ -141,7 +141,8 @@ def test_triton_group_files_come_after_the_files_they_name(
     order: list[str] = []
     copy = shared_builds._copy_file
     monkeypatch.setattr(shared_builds, "_copy_file",
-                        lambda path, name, folder: order.append(name) or copy(path, name, folder))
+                        lambda path, name, folder, mode: order.append(name)
+                        or copy(path, name, folder, mode))
     share_reference_builds(cfg)
     assert order.index("__grp__k.json") > order.index("k.cubin")
 

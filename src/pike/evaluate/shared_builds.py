@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import stat
 import time
 from pathlib import Path
 
@@ -83,10 +84,14 @@ def _copy_tree(top: Path, source_root: Path, target_root: int, since: float | No
             # Triton's group file names the files a kernel needs: it comes last
             for name in sorted(files, key=lambda n: (n.startswith("__grp__"), n)):
                 path = Path(folder, name)
-                if path.is_symlink() or not path.is_file() or _present(name, into):
+                try:
+                    mode = os.lstat(path).st_mode  # once: a link or a special file is passed
+                except OSError:
+                    continue
+                if not stat.S_ISREG(mode) or _present(name, into):
                     continue
                 try:
-                    _copy_file(path, name, into)
+                    _copy_file(path, name, into, mode & 0o755)
                     copied += 1
                 except OSError as err:
                     log.debug("not shared: %s (%s)", path, err)
@@ -134,9 +139,8 @@ def _present(name: str, folder: int) -> bool:
         return True
 
 
-def _copy_file(path: Path, name: str, folder: int) -> None:
+def _copy_file(path: Path, name: str, folder: int, mode: int) -> None:
     temporary = f".pike-{secrets.token_hex(6)}.part"
-    mode = path.stat().st_mode & 0o755
     out = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                   mode | 0o600, dir_fd=folder)
     try:

@@ -112,6 +112,13 @@ class Verdict(BaseModel):
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def rankable(self) -> bool:
+        """Correct, and a figure a search may take for its best: not `noisy` (the reference
+        drifted in its window) and not cut short (`timed_rounds`: too few calls for every
+        timing guard). store.best asks the same in SQL."""
+        return self.ok and not self.noisy and self.timed_rounds is None
+
 
 def says_out_of_memory(message: str | None) -> bool:
     """The failure's message says the GPU had no memory left (its own use or its

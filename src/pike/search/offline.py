@@ -375,8 +375,7 @@ class OfflineSearch:
     def _speedup(verdict: Verdict | None) -> float:
         # Speedups are ratios taken in one window with the reference, so they compare
         # across evaluations on a drifting host better than absolute runtimes do.
-        # a window cut short for a hopeless candidate ran too few calls for every guard
-        if verdict is None or not verdict.ok or verdict.timed_rounds:
+        if verdict is None or not verdict.rankable:
             return 0.0
         return verdict.speedup or 0.0
 

@@ -250,7 +250,7 @@ def confirm_candidates(rows: list[Any], cfg: SearchConfig) -> list[Any]:
     """Which candidates the confirming window takes: the `confirm_top` best by search-time
     speedup, and any other within `confirm_within` of the best, `confirm_max` at most."""
     ranked = sorted((r for r in rows if r.role != "reference" and r.verdict is not None
-                     and r.verdict.ok and r.verdict.speedup and not r.verdict.timed_rounds),
+                     and r.verdict.rankable and r.verdict.speedup),
                     key=lambda r: (-(r.verdict.speedup or 0.0), r.id))
     if not ranked or cfg.confirm_top == 0:
         return []
@@ -264,8 +264,7 @@ def _best_offline(store: RunStore, task: str) -> Any:
     """The fastest correct offline candidate (by in-window speedup, as the offline search
     ranks), whatever the LLM search later found: a resumed run seeds as the first did."""
     ok = [r for r in store.candidates(task)
-          if r.role == "offline" and r.verdict is not None and r.verdict.ok
-          and not r.verdict.noisy and not r.verdict.timed_rounds]
+          if r.role == "offline" and r.verdict is not None and r.verdict.rankable]
     return max(ok, key=lambda r: (r.verdict.speedup or 0.0, -r.id), default=None)
 
 
