@@ -36,7 +36,7 @@ def _judge(task: Task, device: str, mode: str, share: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pike-shared-builds-") as folder:
         cfg = EvalConfig(device=device, build_cache=Path(folder) / "build", time_candidate=False)
         if not share:
-            baseline_module.share_reference_builds = lambda cfg: 0
+            baseline_module.share_reference_builds = lambda cfg, since=None: 0
         try:
             baseline = measure_baselines(task, cfg, modes=["eager", mode])
         finally:
