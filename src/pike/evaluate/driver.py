@@ -345,6 +345,7 @@ class Timer:
     probe_samples: list[float] = field(default_factory=list)  # calls on never-seen inputs
     rehearsed: int = 0  # outputs a trusted child sampled only for the cost (RehearsedSamples)
     gave_up_after: int | None = None  # rounds timed before the window gave up on it
+    behind_best: float | None = None  # the search's best it was too far behind, if that was why
 
     @property
     def stopped(self) -> bool:
@@ -617,15 +618,17 @@ def _within_the_reference_s_load(cost: LoopCost, judged: Timer, reference: Timer
 
 
 def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = False,
-                     stop_at_failure: bool = False, give_up: bool = False) -> None:
+                     stop_at_failure: bool = False, give_up: bool = False,
+                     best: Callable[[], float | None] | None = None) -> None:
     """Time every timer in `cfg.rounds` blocks, alternating the order each round (ABBA;
     BAAB where `flipped`, so that a window timed again puts other timers mid-window).
     A failure ends the window after its round; with `stop_at_failure`, at once, so that
     timers sharing a child that died leave only the one that failed marked. With
-    `give_up` (a candidate's window: the reference first, the candidate second), a
-    candidate `cfg.give_up_slower_than` times slower than the reference after
-    GIVE_UP_AFTER_ROUNDS rounds and the calls the reuse check needs ends it, marked in
-    `Timer.gave_up_after`."""
+    `give_up` (a candidate's window: the reference first, the candidate second), once
+    GIVE_UP_AFTER_ROUNDS rounds and the calls the reuse check needs are in, a candidate
+    `cfg.give_up_slower_than` times slower than the reference ends it, and so does one
+    `cfg.give_up_behind_best` times behind `best()` (its search's best speedup so far,
+    search_bar.py), marked in `Timer.gave_up_after` (and `Timer.behind_best`)."""
     rounds = cfg.rounds
     per_block = {"min_calls": math.ceil(cfg.min_calls / rounds),
                  "min_seconds": cfg.min_seconds / rounds,
@@ -638,10 +641,14 @@ def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = Fal
                     return
         if any(t.failure is not None for t in timers):
             return
-        if give_up and GIVE_UP_AFTER_ROUNDS <= i + 1 < rounds and _hopeless(
-                timers, cfg.give_up_slower_than):
-            timers[1].gave_up_after = i + 1
-            return
+        if give_up and GIVE_UP_AFTER_ROUNDS <= i + 1 < rounds:
+            bar = best() if best is not None else None
+            if _hopeless(timers, cfg.give_up_slower_than):
+                timers[1].gave_up_after = i + 1
+                return
+            if bar and _behind(timers, bar, cfg.give_up_behind_best):
+                timers[1].gave_up_after, timers[1].behind_best = i + 1, bar
+                return
 
 
 # Rounds a window times before it may end for a hopeless candidate: enough blocks of each
@@ -664,3 +671,14 @@ def _hopeless(timers: list[Timer], slower_than: float | None) -> bool:
             len(candidate.samples) < check.REUSE_MIN_SAMPLES):
         return False
     return min(candidate.samples) > slower_than * statistics.median(reference.samples)
+
+
+def _behind(timers: list[Timer], best: float, factor: float | None) -> bool:
+    """Whether even the candidate's fastest call so far makes it over `factor` times
+    slower than its search's `best` speedup (the reference's median over that call):
+    what its median could still do, its fastest already does not."""
+    reference, candidate = timers[0], timers[1]
+    if factor is None or not reference.samples or (
+            len(candidate.samples) < check.REUSE_MIN_SAMPLES):
+        return False
+    return statistics.median(reference.samples) / min(candidate.samples) * factor < best

@@ -68,7 +68,14 @@ def _cut_short(timers: list[Timer]) -> str:
     rounds = timers[1].gave_up_after if len(timers) > 1 else None
     if rounds is None:
         return ""
-    return (f"; the window ended after {rounds} rounds (over eval.timing.give_up_slower_than "
-            "times slower than the reference), too few calls for the checks that need many "
-            "(every sample missing, answers reused), so no search takes this verdict as its "
-            "best")
+    return (f"; the window ended after {rounds} rounds ({why_cut_short(timers[1].behind_best)}"
+            "), too few calls for the checks that need many (every sample missing, answers "
+            "reused), so no search takes this verdict as its best")
+
+
+def why_cut_short(behind_best: float | None) -> str:
+    """Why a candidate's window ended early, in words (a verdict's `behind_best`)."""
+    if behind_best is None:
+        return "over eval.timing.give_up_slower_than times slower than the reference"
+    return (f"over eval.timing.give_up_behind_best times behind its search's best, "
+            f"{behind_best:.2f}x")

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch
 
 from pike.config import EvalConfig, RunConfig, autotunes
 from pike.errors import EvaluatorError, TaskError
-from pike.evaluate import check, host_memory, spares
+from pike.evaluate import check, host_memory, search_bar, spares
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import hold, hold_for_build, hold_for_work, unlist_child
 from pike.evaluate.driver import (
@@ -1007,7 +1008,9 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                 correctness = comparison.verdict()
                 _release_compare_memory(on)
             if correctness.ok and cfg.time_candidate and reference.child is not None:
-                timers = _timing_window(reference, child, device, cfg, warmed=False)
+                # a search's bar ends the window of a candidate far behind its best
+                timers = _timing_window(reference, child, device, cfg, warmed=False,
+                                        best=partial(search_bar.current, task.sha256))
                 forged = cfg.guards and _forged(reference, timers)
                 looks = 1
                 while forged and looks < _FORGED_LOOKS:
@@ -1159,9 +1162,11 @@ def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path
 
 def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
                    cfg: EvalConfig, warmed: bool, renew: bool = False,
-                   flipped: bool = False) -> list[Timer]:
+                   flipped: bool = False,
+                   best: Callable[[], float | None] | None = None) -> list[Timer]:
     """Eager and the candidate, interleaved, with the device to themselves (and the
-    reference's child renewed first where `renew`)."""
+    reference's child renewed first where `renew`); `best`: the search's best speedup so
+    far, which a candidate far behind ends the window for (search_bar.py)."""
     child.permit("timing")
     with ExitStack() as alone:
         with span("wait_for_device"):
@@ -1177,7 +1182,8 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
         with (span("timing"),
               timing_cores([_pid(reference.child), _pid(child)], device, cfg.timing_cores)):
             # only where a window stops every other evaluation: a GPU's
-            time_interleaved(timers, cfg.timing, flipped, give_up=device.startswith("cuda"))
+            time_interleaved(timers, cfg.timing, flipped, give_up=device.startswith("cuda"),
+                             best=best)
         reference.child.enter_phase("idle")
     return timers
 
@@ -1238,6 +1244,7 @@ def _attach_timings(verdict: Verdict, timers: list[Timer], raised: float = 1.0) 
         verdict.speedup = verdict.reference.median_ms / verdict.runtime.median_ms
     if verdict.ok:
         verdict.timed_rounds = candidate.gave_up_after
+        verdict.behind_best = candidate.behind_best
 
 
 _compare_devices: dict[str, torch.device] = {}

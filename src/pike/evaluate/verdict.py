@@ -86,8 +86,12 @@ class Verdict(BaseModel):
         "reference's blocks did (driver.FIGURE_TOLERANCE)")
     timed_rounds: int | None = Field(
         None, description="the timing window ended after this many of its rounds: the "
-        "candidate was over `timing.give_up_slower_than` times slower than the reference; "
-        "too few calls for every timing guard, so no search takes it as its best")
+        "candidate was over `timing.give_up_slower_than` times slower than the reference, "
+        "or (`behind_best`) over `timing.give_up_behind_best` times behind its search's "
+        "best; too few calls for every timing guard, so no search takes it as its best")
+    behind_best: float | None = Field(
+        None, description="where the window ended because the candidate could not be its "
+        "search's best: that best's speedup at the time")
     device: str = ""
     device_name: str = ""
     torch_version: str = ""

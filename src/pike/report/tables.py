@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pike.evaluate import Baseline, Verdict
+from pike.evaluate.explain import why_cut_short
 from pike.report.data import reference_ms
 
 if TYPE_CHECKING:
@@ -39,8 +40,8 @@ def verdict_table(task: str, candidate: str, v: Verdict) -> Table:
                       f"(n={v.reference.count})")
     if v.speedup is not None:
         table.add_row("speedup", f"[bold]{v.speedup:.2f}x[/bold]" + (
-            f" (timed in {v.timed_rounds} rounds: over eval.timing.give_up_slower_than "
-            "times slower, the rest of the window was not spent on it)"
+            f" (timed in {v.timed_rounds} rounds: {why_cut_short(v.behind_best)}; the "
+            "rest of the window was not spent on it)"
             if v.timed_rounds else ""))
     if v.noisy and v.noisy_speedup is not None and v.reference_usual_ms is not None:
         table.add_row("speedup", f"[yellow]noisy[/yellow]: {v.noisy_speedup:.2f}x, withheld "

@@ -36,6 +36,7 @@ resume and `--seed-offline` work.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from functools import partial
 from typing import Any
 
 from pike.agents.offline import applicable, compatible, render
+from pike.evaluate import search_bar
 from pike.evaluate.verdict import Verdict
 from pike.search.base import Judge
 from pike.search.drain import due
@@ -107,6 +109,17 @@ class _InFlight:
         return max(1.0, (self._area - area) / (now - began)) if now > began else 1.0
 
 
+def _as_partner(verdict: Verdict | None) -> float:
+    """A set's speedup for ordering the partners of the best: as the search ranks, and
+    also where the set's window ended because it was far behind the best (its figure from
+    a few rounds, behind_best): correct alone, it may still help in company (tf32 behind
+    fp16 alone, and fp16 + tf32 the best of a GEMM task)."""
+    if verdict is not None and verdict.ok and not verdict.noisy \
+            and verdict.behind_best is not None:
+        return verdict.speedup or 0.0
+    return OfflineSearch._speedup(verdict)
+
+
 class OfflineSearch:
     def __init__(self, store: Any, task_name: str, task_source: str, device: str,
                  judge: Judge, max_candidates: int, max_seconds: float, batch: int = 1,
@@ -138,11 +151,17 @@ class OfflineSearch:
         self._lanes: ThreadPoolExecutor | None = None
         spent = store.get_state(task_name, "offline_seconds") or 0.0
         self._started -= float(spent)
+        self._bar_key = hashlib.sha256(task_source.encode()).hexdigest()  # as Task.sha256
 
     def run(self) -> None:
+        # Its best so far, for the evaluator: a candidate far behind it gets a few rounds
+        # of a timing window, not all of them (search_bar.py); a resumed search's counts.
+        judged = [r.verdict for r in self.store.candidates(self.task)
+                  if r.role == "offline" and r.verdict is not None]
         try:
-            self._search()
-            self._finish_ahead()
+            with search_bar.held(self._bar_key, max(map(self._speedup, judged), default=0.0)):
+                self._search()
+                self._finish_ahead()
         finally:  # an error or Ctrl-C: what has not started is dropped
             if self._lanes is not None:
                 self._lanes.shutdown(wait=False, cancel_futures=True)
@@ -164,9 +183,10 @@ class OfflineSearch:
 
         def pairs_with_the_fastest_so_far(found: dict[tuple[str, ...], Verdict | None]
                                           ) -> list[tuple[str, ...]]:
-            ok = {s[0]: self._speedup(v) for s, v in found.items() if self._speedup(v) > 0}
+            lead = self._fastest(found)
+            ok = {s[0]: _as_partner(v) for s, v in found.items() if _as_partner(v) > 0}
             order = sorted(ok, key=lambda n: -ok[n])
-            return self._next_sets(tuple(order[:1]), order, known) if order else []
+            return self._next_sets(lead, order, known) if lead is not None else []
 
         results = self._try([(n,) for n in alone], 0, ahead=pairs_with_the_fastest_so_far)
         best = self._fastest(results)
@@ -175,7 +195,8 @@ class OfflineSearch:
             results.update(self._try([(n,) for n in known], 0, first_branch=len(alone)))
             best, known = self._fastest(results), {}
         best_speedup = self._speedup(results[best]) if best is not None else 0.0
-        speedups = {**known, **{s[0]: self._speedup(v) for s, v in results.items()}}
+        # a candidate cut short behind the best is still a partner, in its place
+        speedups = {**known, **{s[0]: _as_partner(v) for s, v in results.items()}}
         names = sorted((n for n in names if speedups.get(n, 0.0) > 0),
                        key=lambda n: -speedups[n])  # fastest alone first; ties as listed
         round_ = 1
@@ -367,6 +388,7 @@ class OfflineSearch:
 
     def _record(self, cid: int, verdict: Verdict, beside: float) -> None:
         self.store.set_verdict(cid, verdict)
+        search_bar.raise_to(self._bar_key, self._speedup(verdict))
         self._stopped += _stood(verdict) / beside
         self.store.set_state(self.task, "offline_seconds", self._spent())
         self.on_event("verdict", candidate=cid, verdict=verdict)
