@@ -135,6 +135,9 @@ def test_a_plain_evaluation_reads_no_bar_and_a_cpu_window_is_never_cut(
     monkeypatch.setattr(judge, "time_interleaved", spy)
     verdict = evaluate(mlp_task, candidate("slower"), fast_config)
     assert verdict.ok and verdict.behind_best is None and asked == [(False, None)]
+    # where a window's time goes: its calls within its blocks within the whole window
+    steps = verdict.steps
+    assert 0 < steps["timing.calls"] <= steps["timing.blocks"] <= steps["timing"]
     with search_bar.held(mlp_task.sha256, best=50.0):
         verdict = evaluate(mlp_task, candidate("slower"), fast_config)
     # the bar reaches the window; on the CPU nothing cuts it (give_up False there)

@@ -1184,6 +1184,12 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
             # only where a window stops every other evaluation: a GPU's
             time_interleaved(timers, cfg.timing, flipped, give_up=device.startswith("cuda"),
                              best=best)
+        # What of the window the calls took (as reported: diagnostic only, a candidate's
+        # samples are its own) and what the blocks after the warm-up took by this clock;
+        # the rest of `timing` is staging, warm-up and moving the children's cores.
+        steps = current_steps()
+        steps.add("timing.calls", sum(sum(t.samples) for t in timers) / 1000)
+        steps.add("timing.blocks", sum(wall for t in timers for wall, _ in t.blocks))
         reference.child.enter_phase("idle")
     return timers
 
