@@ -98,3 +98,87 @@ def test_the_confirming_window_takes_every_candidate_near_the_best() -> None:
     assert [r.id for r in confirm_candidates(
         rows, SearchConfig(confirm_within=0.3, confirm_max=4))] == [2, 4, 6, 3]
     assert confirm_candidates(rows, SearchConfig(confirm_top=0)) == []
+
+
+def test_the_fastest_compile_mode_joins_the_confirming_window_whatever_its_search_figure(
+        mlp_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a compile mode's figure in a loaded search window can be far below its figure alone
+    # (level3-pike audited alone: 17 offline files below their task's fastest mode)
+    from pike.evaluate import confirm as confirm_module
+    from pike.search.session import fastest_mode
+    from pike.store import BASELINE_STATE
+
+    baseline = {"modes": [
+        {"mode": "eager", "speedup_vs_eager": 1.0},
+        {"mode": "compile:default", "speedup_vs_eager": 1.9, "checked": True},
+        {"mode": "compile:reduce-overhead", "speedup_vs_eager": 2.4, "checked": True},
+        {"mode": "compile:max-autotune-no-cudagraphs", "speedup_vs_eager": 3.0,
+         "checked": False},  # not shown correct: not the floor
+        {"mode": "compile:max-autotune", "speedup_vs_eager": 5.0, "checked": True,
+         "error": "timeout"}]}
+    assert fastest_mode(baseline) == "compile:reduce-overhead"
+    assert fastest_mode(None) is None and fastest_mode({"modes": "junk"}) is None
+
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    store.add_task(mlp_task.name, str(mlp_task.path), mlp_task.sha256, mlp_task.source)
+    store.set_state(mlp_task.name, BASELINE_STATE, baseline)
+    stats = TimingStats.from_samples([1.0])
+    ids = {}
+    # the search's best 2.0x; the mode alone measured 1.2x in its window, cut short
+    for idea, speedup, cut in (("cuda_graph", 2.0, None), ("tf32", 1.9, None),
+                               ("inference_mode", 1.8, None),
+                               ("compile:reduce-overhead", 1.2, 2.0)):
+        cid = store.add_candidate(mlp_task.name, f"# {idea}", parent_id=None,
+                                  role="offline", round=0, branch=0, idea=idea)
+        store.set_verdict(cid, Verdict(status="ok", runtime=stats, reference=stats,
+                                       speedup=speedup, timed_rounds=3 if cut else None,
+                                       behind_best=cut))
+        ids[idea] = cid
+    timed: list[list[int]] = []
+
+    def window(task: Task, sources: dict[int, str], config: object) -> list:
+        timed.append(list(sources))
+        # alone in one window with the others, the mode is the fastest
+        return sorted((confirm_module.Confirmation(
+            candidate_id=cid, runtime_ms=1.0 / (2.6 if cid == ids["compile:reduce-overhead"]
+                                                else 2.0), reference_ms=1.0,
+            speedup=2.6 if cid == ids["compile:reduce-overhead"] else 2.0)
+            for cid in sources), key=lambda c: -(c.speedup or 0))
+
+    monkeypatch.setattr(confirm_module, "confirm", window)
+    cfg = RunConfig()
+    cfg.search.confirm_within = 0.0  # the top three only, and the mode beside them
+    confirm_best(store, mlp_task, cfg)
+    assert timed == [[ids["cuda_graph"], ids["tf32"], ids["inference_mode"],
+                      ids["compile:reduce-overhead"]]]
+    best = store.best(mlp_task.name)
+    assert best.id == ids["compile:reduce-overhead"] and best.verdict.speedup == 2.6
+    # timed in full in that window: no longer a cut-short verdict
+    assert best.verdict.confirmed and best.verdict.timed_rounds is None
+    assert best.verdict.rankable
+
+
+def test_only_pikes_own_correct_rendering_of_the_mode_joins_it() -> None:
+    from types import SimpleNamespace
+
+    from pike.config import SearchConfig
+    from pike.search.session import confirm_candidates
+
+    def row(cid: int, speedup: float, idea: str = "", role: str = "offline",
+            **fields: object) -> SimpleNamespace:
+        return SimpleNamespace(id=cid, role=role, idea=idea,
+                               verdict=Verdict(status="ok", speedup=speedup, **fields))
+
+    mode = "compile:default"
+    rows = [row(1, 3.0), row(2, 2.9), row(3, 2.8), row(4, 1.0, idea=mode)]
+    assert [r.id for r in confirm_candidates(rows, SearchConfig(), mode)] == [1, 2, 3, 4]
+    assert [r.id for r in confirm_candidates(rows, SearchConfig())] == [1, 2, 3]
+    # an LLM's file of the same idea, a noisy or a failed verdict: not the floor
+    for other in (row(4, 1.0, idea=mode, role="optimize"), row(4, 1.0, idea=mode, noisy=True),
+                  SimpleNamespace(id=4, role="offline", idea=mode,
+                                  verdict=Verdict(status="incorrect"))):
+        assert [r.id for r in confirm_candidates([*rows[:3], other], SearchConfig(),
+                                                 mode)] == [1, 2, 3]
+    # already among the chosen: once
+    rows = [row(1, 3.0, idea=mode), row(2, 2.9)]
+    assert [r.id for r in confirm_candidates(rows, SearchConfig(), mode)] == [1, 2]
