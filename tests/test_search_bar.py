@@ -199,3 +199,33 @@ def test_the_offline_search_raises_its_bar_and_keeps_a_set_cut_short_as_a_partne
     OfflineSearch(store, MLP.name, MLP.source, "cuda:0", judge=later, max_candidates=60,
                   max_seconds=1e6).run()
     assert seen and seen[0] == 8.5
+
+
+def test_an_llm_search_holds_its_bar_while_it_runs(
+        fake_llm: Any, run_config: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # PIKE-B's seeds and PIKE-O's fitness take a cut-short figure as it is; the best does not
+    from typer.testing import CliRunner
+
+    from pike.cli import app
+    from pike.evaluate import judge
+    from tests.test_optimize import GOOD, Scripted, spec
+
+    seen: list[float | None] = []
+    real = judge.time_interleaved
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        best = kwargs.get("best")
+        seen.append(best() if best else None)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(judge, "time_interleaved", spy)
+    fake_llm.handler = Scripted(optimize=[GOOD])
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["optimize", str(MLP.path), "--llm", spec(fake_llm),
+                                      "--budget-queries", "5", "--config", str(run_config),
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    # its first windows see no best yet, later ones the best of the verdicts before them
+    assert seen[0] is None and any(b for b in seen[1:]), seen
+    assert search_bar.current(MLP.sha256) is None  # let go when the search ended

@@ -7,7 +7,8 @@ whose fastest call so far leaves it far behind the best its search has found
 its window buys nothing: the window ends after its first rounds (driver.time_interleaved)
 and the verdict says so (`timed_rounds`, `behind_best`).
 
-A search that wants this holds its task's bar (`held`) and raises it as its verdicts
+A search (the offline one, and the LLM ones through session.py) holds its task's bar
+(`held`) and raises it as its verdicts
 come (`raise_to`); the evaluator reads it (`current`) at each round of a candidate's
 window, so a best found while a candidate waits for its window already counts. The bar
 lives in this process: evaluations a Ray actor runs elsewhere are timed in full. Keyed by

@@ -18,6 +18,7 @@ from pike.agents import (
     plan_ideas,
     planner_messages,
 )
+from pike.evaluate import search_bar
 from pike.evaluate.verdict import Verdict
 from pike.search.querier import Querier, RecordedCall
 
@@ -39,6 +40,9 @@ class LLMSearch:
         self.fix_first: list[int] = []  # failing seed candidates for the fixer (--fix-seeds)
         self.planner = False  # --planner: a planner call before each round or generation
         self.plan_granularity = "one"
+        # the task's key in search_bar while the search holds its bar (session.py): each
+        # verdict raises it, and a candidate far behind it is timed for a few rounds
+        self.bar_key: str | None = None
 
     def ask_parallel(self, asks: list[tuple[str, list[dict[str, str]]]]
                      ) -> list[RecordedCall | None]:
@@ -85,6 +89,8 @@ class LLMSearch:
 
     def _record(self, cid: int, verdict: Verdict) -> None:
         self.store.set_verdict(cid, verdict)
+        if self.bar_key is not None and verdict.rankable and verdict.speedup:
+            search_bar.raise_to(self.bar_key, verdict.speedup)
         self.on_event("verdict", candidate=cid, verdict=verdict)
 
     def judge_pending(self) -> None:

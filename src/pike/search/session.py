@@ -17,6 +17,7 @@ from pike.agents import AgentContext
 from pike.agents.roles import describe_device
 from pike.config import RunConfig, SearchConfig
 from pike.errors import ConfigError, TaskError
+from pike.evaluate import search_bar
 from pike.evaluate.judge import resolve_device
 from pike.evaluate.pool import Pool, make_pool, one_line
 from pike.evaluate.verdict import Verdict, says_out_of_memory
@@ -175,8 +176,14 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
     exhausted = False
     if due():  # its seeds or profile ran past the limit: the pending ones wait for --resume
         return task_result(store, task.name, stopped=True)
+    # its best so far for the evaluator: a candidate far behind it gets a few rounds of
+    # its timing window (search_bar.py); seeds and fitness take such a figure as it is
+    search.bar_key = task.sha256
+    before = store.best(task.name)
     try:
-        search.run()
+        with search_bar.held(task.sha256, before.verdict.speedup if before and before.verdict
+                             else None):
+            search.run()
     except ReplayExhausted:
         exhausted = True  # the recorded run ended here; so does the replay
     if due():
