@@ -90,6 +90,34 @@ def collect(run_dir: Path, since: int = 0) -> dict:
     return {"tasks": tasks, "kinds": by_kind}
 
 
+def behind_best(run_dir: Path, factor: float = 1.25) -> dict[str, float]:
+    """eval.timing.give_up_behind_best replayed on a run's store: in each task's verdict
+    order, the windows timed in full whose candidate's fastest call already left it over
+    `factor` times behind the best speedup of its task's verdicts before it (the rule
+    decides after three rounds, on those rounds' fastest call, so this is close to what it
+    cuts), their seconds in the window (`timing`), and the windows the rule did cut."""
+    best: dict[str, float] = {}
+    out = {"timed": 0, "timing_s": 0.0, "behind": 0, "behind_s": 0.0, "cut": 0}
+    with RunStore.open(run_dir) as store:
+        rows = [r for r in store.candidates() if r.verdict is not None and r.evaluated_at]
+        for r in sorted(rows, key=lambda r: (r.evaluated_at, r.id)):
+            v = r.verdict
+            if v.behind_best is not None:
+                out["cut"] += 1
+            if not (v.ok and v.speedup and v.runtime and v.reference) or v.timed_rounds:
+                continue
+            seconds = v.steps.get("timing", 0.0)
+            out["timed"] += 1
+            out["timing_s"] += seconds
+            fastest = v.reference.median_ms / v.runtime.min_ms if v.runtime.min_ms else 0.0
+            if r.task in best and fastest * factor < best[r.task]:
+                out["behind"] += 1
+                out["behind_s"] += seconds
+            if v.rankable:
+                best[r.task] = max(best.get(r.task, 0.0), v.speedup)
+    return out
+
+
 def _stamp(iso: str) -> float:
     return dt.datetime.fromisoformat(iso).timestamp()
 
@@ -166,6 +194,13 @@ def render(found: dict, command: str, date: str, run_dir: Path) -> str:
         cells = [f"{statistics.median(v):.1f} / {sum(v):.0f}" for v in
                  (steps[s] for s in STEPS)]
         lines.append(f"| {k} | {n} | " + " | ".join(cells) + " |")
+    cut = found.get("behind_best")
+    if cut:
+        lines += ["", "## Windows behind the best", "",
+                  f"Of {cut['timed']} candidates' windows timed in full ({cut['timing_s']:.0f} s), "
+                  f"{cut['behind']} ({cut['behind_s']:.0f} s) had a fastest call over 1.25 times "
+                  "behind their task's best before them: what eval.timing.give_up_behind_best "
+                  f"would time for three rounds only. Cut short by it in this run: {cut['cut']}."]
     if found.get("baselines"):
         lines += render_baselines(found["baselines"], found.get("against"))
     return "\n".join(lines) + "\n"
@@ -234,6 +269,7 @@ def main() -> None:
     args = p.parse_args()
     found = collect(args.run_dir, args.since)
     found["baselines"] = collect_baselines(args.run_dir)
+    found["behind_best"] = behind_best(args.run_dir)
     if args.against is not None:
         found["against"] = collect_baselines(args.against)
     date, command = now(), this_command()

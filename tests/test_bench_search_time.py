@@ -102,3 +102,39 @@ def test_a_budget_is_replayed_under_both_rules_for_stopped_time(
     assert replay["lanes"] == pytest.approx(30.0 - 20.0 / 4)
     assert replay["beside"] == pytest.approx(30.0 - 6.0 / 2 - 6.0 / 2 - 8.0)
     assert search_time.replay_budget([], width=4)["busy"] == 0.0
+
+
+def test_windows_behind_the_best_are_replayed_in_verdict_order(
+        tmp_path: Path, search_time: ModuleType) -> None:
+    from pike.evaluate.verdict import TimingStats
+
+    run = tmp_path / "run"
+    store = RunStore.create(run, {}, "test")
+    eager = TimingStats.from_samples([10.0, 10.0, 10.0])
+
+    def judged(task: str, ms: list[float], **fields: object) -> None:
+        cid = store.add_candidate(task, "src", parent_id=None, role="offline", round=0,
+                                  branch=0, idea="x")
+        runtime = TimingStats.from_samples(ms)
+        store.set_verdict(cid, Verdict(status="ok", runtime=runtime, reference=eager,
+                                       speedup=10.0 / runtime.median_ms,
+                                       steps={"timing": 3.0}, **fields))
+
+    try:
+        for task in ("9_Gemm", "12_Gemm"):
+            store.add_task(task, f"{task}.py", "0" * 64, "src")
+        judged("9_Gemm", [2.0, 2.0, 2.0])  # 5x, nothing before it
+        judged("9_Gemm", [1.0, 1.0, 1.0])  # 10x: the new best
+        judged("9_Gemm", [9.0, 9.0, 1.0])  # 1.1x, but its fastest call 10x: not behind
+        judged("9_Gemm", [5.0, 5.0, 5.0])  # 2x, 5 times behind 10x
+        judged("12_Gemm", [5.0, 5.0, 5.0])  # another task's first: nothing before it
+        judged("9_Gemm", [5.0] * 3, timed_rounds=3, behind_best=10.0)  # cut by the rule
+        store.add_candidate("9_Gemm", "src", parent_id=None, role="offline", round=1,
+                            branch=0, idea="y")  # in flight
+    finally:
+        store.close()
+    found = search_time.behind_best(run)
+    assert found == {"timed": 5, "timing_s": 15.0, "behind": 1, "behind_s": 3.0, "cut": 1}
+    text = search_time.render({"tasks": {}, "kinds": {}, "behind_best": found}, "cmd", "d", run)
+    assert "Of 5 candidates' windows timed in full (15 s), 1 (3 s)" in text
+    assert "Cut short by it in this run: 1." in text
