@@ -53,11 +53,11 @@ class TimingConfig(_Strict):
         "every other evaluation stood still. None: every round, however slow")
     give_up_behind_best: float | None = Field(
         1.25, gt=1, description="on a GPU, in a search (offline or LLM): a candidate whose "
-        "fastest call, after the window's first three rounds and eight calls, puts it this many times behind the search's best so far is timed no "
-        "further (`timed_rounds`, `behind_best`): it cannot be the best, and the searches' "
-        "windows stood every other evaluation still for 45% of its time on an H200 level2 "
-        "bench. 1.25 leaves out what search.confirm_within (0.2) would not time again. "
-        "None: every round")
+        "fastest call, after the window's first three rounds and eight calls, puts it this "
+        "many times behind the search's best so far is timed no further (`timed_rounds`, "
+        "`behind_best`): it cannot be the best, and the searches' windows stood every other "
+        "evaluation still for 45% of its time on an H200 level2 bench. 1.25 leaves out what "
+        "search.confirm_within (0.2) would not time again. None: every round")
     input_sets: int = Field(
         3, ge=2, description="timed calls rotate over this many input sets, drawn apart from "
         "the trials' and staged only when timing starts; a random sample of timed calls has "

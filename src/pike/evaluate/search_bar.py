@@ -8,11 +8,11 @@ its window buys nothing: the window ends after its first rounds (driver.time_int
 and the verdict says so (`timed_rounds`, `behind_best`).
 
 A search (the offline one, and the LLM ones through session.py) holds its task's bar
-(`held`) and raises it as its verdicts
-come (`raise_to`); the evaluator reads it (`current`) at each round of a candidate's
-window, so a best found while a candidate waits for its window already counts. The bar
-lives in this process: evaluations a Ray actor runs elsewhere are timed in full. Keyed by
-the task's source (Task.sha256): searches of one task in one process share the best.
+(`held`) and raises it as its verdicts come (`raise_to`); the evaluator reads it
+(`current`) at each round of a candidate's window, so a best found while a candidate
+waits for its window already counts. The bar lives in this process: evaluations a Ray
+actor runs elsewhere are timed in full. Keyed by the task's source (Task.sha256):
+searches of one task in one process share the best.
 """
 
 from __future__ import annotations
