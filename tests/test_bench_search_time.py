@@ -134,7 +134,12 @@ def test_windows_behind_the_best_are_replayed_in_verdict_order(
     finally:
         store.close()
     found = search_time.behind_best(run)
-    assert found == {"timed": 5, "timing_s": 15.0, "behind": 1, "behind_s": 3.0, "cut": 1}
+    assert found == {"timed": 5, "timing_s": 15.0, "behind": 1, "behind_s": 3.0, "cut": 1,
+                     "factor": 1.25, "rank": 1}
+    # the 2x one against the second best before it (5x): behind; against the third
+    # (1.1x, the median of the one whose fastest call was 10x): not
+    assert search_time.behind_best(run, rank=2)["behind"] == 1
+    assert search_time.behind_best(run, rank=3)["behind"] == 0
     text = search_time.render({"tasks": {}, "kinds": {}, "behind_best": found}, "cmd", "d", run)
     assert "Of 5 candidates' windows timed in full (15 s), 1 (3 s)" in text
     assert "Cut short by it in this run: 1." in text

@@ -91,15 +91,42 @@ def test_a_bar_counts_only_while_a_search_holds_it() -> None:
     key = "task-under-test"
     search_bar.raise_to(key, 5.0)
     assert search_bar.current(key) is None  # nobody holds it: a plain `pike eval`
-    with search_bar.held(key, best=2.0):
+    with search_bar.held(key, [2.0, 0.0]):
         assert search_bar.current(key) == 2.0
         search_bar.raise_to(key, 1.5)  # a slower verdict leaves the best
+        search_bar.raise_to(key, None)
         search_bar.raise_to(key, 3.0)
         with search_bar.held(key):  # a second search of the same task shares it
             assert search_bar.current(key) == 3.0
         assert search_bar.current(key) == 3.0  # the first still holds it
         assert search_bar.current("another task") is None
     assert search_bar.current(key) is None
+
+
+def test_a_bar_at_the_third_best_waits_for_three_figures() -> None:
+    # search.bar_rank 3: what the confirming window always times again is never cut
+    key = "task-ranked"
+    with search_bar.held(key, [4.0], keep=3):
+        search_bar.raise_to(key, 6.0)
+        assert search_bar.current(key) is None  # two figures: no third best yet
+        search_bar.raise_to(key, 5.0)
+        assert search_bar.current(key) == 4.0
+        search_bar.raise_to(key, 4.5)  # the third best rises, the fourth is dropped
+        assert search_bar.current(key) == 4.5
+        search_bar.raise_to(key, 1.0)
+        assert search_bar.current(key) == 4.5
+    assert search_bar.current(key) is None
+
+
+def test_the_bar_rank_is_the_best_where_no_window_times_several_again() -> None:
+    from pike.config import SearchConfig
+    from pike.search.session import bar_rank
+
+    assert bar_rank(SearchConfig()) == 1
+    assert bar_rank(SearchConfig(bar_rank=3)) == 3
+    assert bar_rank(SearchConfig(bar_rank=3, confirm_top=0)) == 1
+    with pytest.raises(ValueError):
+        SearchConfig(bar_rank=0)
 
 
 def test_a_verdict_says_which_best_it_was_behind() -> None:
@@ -138,7 +165,7 @@ def test_a_plain_evaluation_reads_no_bar_and_a_cpu_window_is_never_cut(
     # where a window's time goes: its calls within its blocks within the whole window
     steps = verdict.steps
     assert 0 < steps["timing.calls"] <= steps["timing.blocks"] <= steps["timing"]
-    with search_bar.held(mlp_task.sha256, best=50.0):
+    with search_bar.held(mlp_task.sha256, [50.0]):
         verdict = evaluate(mlp_task, candidate("slower"), fast_config)
     # the bar reaches the window; on the CPU nothing cuts it (give_up False there)
     assert asked[-1] == (False, 50.0) and verdict.timed_rounds is None

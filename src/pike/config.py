@@ -57,7 +57,8 @@ class TimingConfig(_Strict):
         "many times behind the search's best so far is timed no further (`timed_rounds`, "
         "`behind_best`): it cannot be the best, and the searches' windows stood every other "
         "evaluation still for 45% of its time on an H200 level2 bench. 1.25 leaves out what "
-        "search.confirm_within (0.2) would not time again. None: every round")
+        "search.confirm_within (0.2) would not time again; search.bar_rank says which best "
+        "figure is the bar. None: every round")
     input_sets: int = Field(
         3, ge=2, description="timed calls rotate over this many input sets, drawn apart from "
         "the trials' and staged only when timing starts; a random sample of timed calls has "
@@ -280,6 +281,14 @@ class SearchConfig(_Strict):
         "candidate's figure moves by that much between compiles (max-autotune picked "
         "kernels 22% slower in a busy pool than alone, bench/results/contamination-h200-"
         "alone.md), so the search's fourth can be the fastest")
+    bar_rank: int = Field(
+        1, ge=1, description="which best search figure so far is the bar of "
+        "eval.timing.give_up_behind_best: 1, the best. A candidate cut short behind it is "
+        "not among the confirm_top the confirming window times again; of 174 confirming "
+        "windows in the committed level2 runs, one winner would have been cut (32_Conv2d_"
+        "Scaling_Min's autocast_fp16, 1.27x, where the 2.38x best failed in the window). "
+        "Set it to confirm_top (3) to cut only what no confirming window takes: on the "
+        "H200 level2 bench 6 windows (20 s) instead of 27 (98 s)")
     confirm_max: int = Field(6, ge=0, description="the most candidates one confirming "
                              "window takes (each is loaded and compiled again)")
     baseline_modes: list[str] = Field(

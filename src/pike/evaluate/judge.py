@@ -1184,11 +1184,13 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
             # only where a window stops every other evaluation: a GPU's
             time_interleaved(timers, cfg.timing, flipped, give_up=device.startswith("cuda"),
                              best=best)
-        # What of the window the calls took (as reported: diagnostic only, a candidate's
-        # samples are its own) and what the blocks after the warm-up took by this clock;
-        # the rest of `timing` is staging, warm-up and moving the children's cores.
+        # Of the blocks after each timer's first (which warms up and is not kept in
+        # `blocks`): what their calls took (as reported: diagnostic only, a candidate's
+        # samples are its own) and what they took by this clock. The rest of `timing` is
+        # the first blocks, staging and moving the children's cores.
         steps = current_steps()
-        steps.add("timing.calls", sum(sum(t.samples) for t in timers) / 1000)
+        steps.add("timing.calls", sum(sum(samples) for t in timers
+                                      for _, samples in t.blocks) / 1000)
         steps.add("timing.blocks", sum(wall for t in timers for wall, _ in t.blocks))
         reference.child.enter_phase("idle")
     return timers

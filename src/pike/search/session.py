@@ -176,13 +176,14 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
     exhausted = False
     if due():  # its seeds or profile ran past the limit: the pending ones wait for --resume
         return task_result(store, task.name, stopped=True)
-    # its best so far for the evaluator: a candidate far behind it gets a few rounds of
-    # its timing window (search_bar.py); seeds and fitness take such a figure as it is
+    # its bar for the evaluator: a candidate far behind it gets a few rounds of its
+    # timing window (search_bar.py); seeds and fitness take such a figure as it is. From
+    # the search windows' figures so far, not a confirming window's (quieter, higher).
     search.bar_key = task.sha256
-    before = store.best(task.name)
+    before = [r.verdict.speedup for r in store.candidates(task.name)
+              if r.verdict is not None and r.verdict.rankable]
     try:
-        with search_bar.held(task.sha256, before.verdict.speedup if before and before.verdict
-                             else None):
+        with search_bar.held(task.sha256, before, bar_rank(cfg.search)):
             search.run()
     except ReplayExhausted:
         exhausted = True  # the recorded run ended here; so does the replay
@@ -265,9 +266,10 @@ def confirm_candidates(rows: list[Any], cfg: SearchConfig, mode: str | None = No
     slower, contamination-h200-alone.md), and the offline level3-pike set audited alone
     had 17 files below their task's fastest mode (the CNNs' CUDA graphs around eager at
     0.69x to 0.86x of reduce-overhead). Timed in the same window as the search's best, the mode is the best where it is
-    faster, so a search's result is not below the mode alone. Only pike's own rendering
-    of the mode (role 'offline'): a window checks less than a verdict, and such a file is
-    the reference wrapped in torch.compile."""
+    faster, so a search's result is not below the mode alone. It comes on top of
+    `confirm_max`; where nothing is rankable there is no window at all. Only pike's own
+    rendering of the mode (role 'offline'): a window checks less than a verdict, and such
+    a file is the reference wrapped in torch.compile."""
     ranked = sorted((r for r in rows if r.role != "reference" and r.verdict is not None
                      and r.verdict.rankable and r.verdict.speedup),
                     key=lambda r: (-(r.verdict.speedup or 0.0), r.id))
@@ -277,8 +279,11 @@ def confirm_candidates(rows: list[Any], cfg: SearchConfig, mode: str | None = No
     chosen = [r for i, r in enumerate(ranked)
               if i < cfg.confirm_top or r.verdict.speedup >= near]
     chosen = chosen[:max(cfg.confirm_top, cfg.confirm_max)]
+    # one beyond confirm_max; a window cut short behind the best counts, a hopeless one not
     floor = next((r for r in rows if mode and r.role == "offline" and r.idea == mode
-                  and r.verdict is not None and r.verdict.ok and not r.verdict.noisy), None)
+                  and r.verdict is not None and r.verdict.ok and not r.verdict.noisy
+                  and (r.verdict.timed_rounds is None or r.verdict.behind_best is not None)),
+                 None)
     if floor is not None and all(r.id != floor.id for r in chosen):
         chosen.append(floor)
     return chosen
@@ -312,7 +317,14 @@ def _offline(store: RunStore, task: Task, cfg: RunConfig, device: str, pool: Poo
                   skip=hopeless_modes(baseline, timeouts=(cfg.eval.limits.build_seconds
                                                           >= cfg.eval.limits.check_seconds)),
                   known_alone=no_gain_modes(baseline),
-                  build_seconds=compile_build_seconds(baseline)).run()
+                  build_seconds=compile_build_seconds(baseline),
+                  bar_rank=bar_rank(cfg.search)).run()
+
+
+def bar_rank(cfg: SearchConfig) -> int:
+    """Which best figure so far is a search's bar (search_bar.py, `search.bar_rank`);
+    its best where no confirming window times several again."""
+    return cfg.bar_rank if cfg.confirm_top > 0 else 1
 
 
 def compile_build_seconds(baseline: object) -> dict[str, float]:
