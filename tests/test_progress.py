@@ -97,13 +97,16 @@ def test_a_campaign_prints_a_line_per_phase_and_the_final_state_per_task() -> No
     with BenchProgress(console, ["1_A", "2_B"], OFFLINE) as progress:
         progress("task_phase", task="1_A", phase="baseline")
         progress("task_phase", task="1_A", phase="search")
+        # a window cut short (0.3x, over three times slower) is no best, even the first
+        progress("verdict", task="1_A", candidate=9,
+                 verdict=Verdict(status="ok", speedup=0.3, timed_rounds=3))
         progress("verdict", task="1_A", candidate=1, verdict=Verdict(status="ok", speedup=2.0))
         progress("task_done", task="1_A", result=None)
     lines = [line.split(" ", 1)[1] for line in out.getvalue().splitlines()]
     assert lines == ["[baseline] 1_A: round 0 | best - | verdicts: none yet",
                      "[search] 1_A: round 0 | best - | verdicts: none yet",
                      "1_A: new best: candidate 1, 2.00x",
-                     "[done] 1_A: round 0 | best 2.00x | verdicts: ok 1",
+                     "[done] 1_A: round 0 | best 2.00x | verdicts: ok 2",
                      "[waiting] 2_B: round 0 | best - | verdicts: none yet"]
 
 

@@ -267,3 +267,20 @@ def attributes_in_browser(page: Path, tmp_path: Path, names: list[str]) -> dict[
 
 def test_the_page_shows_every_figure_in_a_headless_browser(report: Path, tmp_path: Path) -> None:
     assert images_loaded_in_browser(report, tmp_path) == (len(FIGURES), len(FIGURES))
+
+
+def test_a_cut_short_verdict_is_no_task_best_in_the_report(tmp_path: Path) -> None:
+    # as store.best: a window of a few rounds (over three times slower than eager, or far
+    # behind the search's best) is never what the task found
+    from pike.report.data import TaskRun
+
+    def row(cid: int, verdict: Verdict) -> object:
+        from types import SimpleNamespace
+        return SimpleNamespace(id=cid, role="optimize", verdict=verdict, llm_call_id=None)
+
+    cut = judged("ok", 0.3).model_copy(update={"timed_rounds": 3})
+    task = TaskRun(name="t", reference="", candidates=[row(1, cut)], spend={}, queries=0,
+                   dollars=0.0, uncosted_calls=0)
+    assert task.best() is None and task.final_speedup() == 1.0
+    task.candidates.append(row(2, judged("ok", 0.2)))
+    assert task.best().id == 2 and [c.id for c in task.correct()] == [1, 2]

@@ -80,8 +80,13 @@ class TaskRun:
         the correct candidate with the highest search-time speedup, the earliest on ties."""
         if self.confirmed is not None:
             return self.confirmed
-        correct = self.correct()
+        correct = self.rankable()
         return max(correct, key=lambda c: (speedup(c), -c.id)) if correct else None
+
+    def rankable(self) -> list[CandidateRow]:
+        """The correct candidates a search may take for its best, as store.best: not one
+        whose window was cut short (a figure of a few rounds)."""
+        return [c for c in self.correct() if c.verdict is not None and c.verdict.rankable]
 
     def final_speedup(self) -> float:
         """What the task adds to a run's geomean: its best's speedup, 1.0 without one."""
@@ -120,7 +125,7 @@ class TaskRun:
     def best_at(self, budget: float, axis: Axis) -> float:
         """Best correct speedup within `budget`; 1.0 with none, since the user then keeps
         the reference."""
-        found = [speedup(c) for c in self.correct() if self.position(c, axis) <= budget]
+        found = [speedup(c) for c in self.rankable() if self.position(c, axis) <= budget]
         return max(found) if found else 1.0
 
 

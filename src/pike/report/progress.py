@@ -105,7 +105,9 @@ class TaskStatus:
 
     def _verdict(self, verdict: Any, candidate: int) -> str | None:
         self.counts[verdict.status] += 1
-        if verdict.ok and verdict.speedup and (self.best is None or verdict.speedup > self.best):
+        # as store.best: a noisy or cut-short figure is never the best
+        if verdict.rankable and verdict.speedup and (
+                self.best is None or verdict.speedup > self.best):
             self.best = verdict.speedup
             return f"new best: candidate {candidate}, {verdict.speedup:.2f}x"
         return None
