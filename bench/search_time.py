@@ -29,12 +29,15 @@ import argparse
 import datetime as dt
 import json
 import statistics
+from contextlib import ExitStack
 from itertools import pairwise
 from pathlib import Path
 
 from common import RESULTS, alone_seconds, now, this_command, with_ext
 
 from pike.config import autotunes
+from pike.evaluate import search_bar
+from pike.evaluate.driver import behind_bar
 from pike.evaluate.verdict import Verdict
 from pike.store import BASELINE_STATE, DONE_STATE, RunStore
 
@@ -96,13 +99,18 @@ def behind_best(run_dir: Path, factor: float = 1.25, rank: int = 1) -> dict[str,
     `factor` times behind the bar, the `rank`-th best speedup of its task's verdicts
     before it (search.bar_rank; the rule decides after three rounds, on those rounds'
     fastest call, so this is close to what it cuts), their seconds in the window
-    (`timing`), and the windows the rule did cut."""
-    best: dict[str, list[float]] = {}
+    (`timing`), and the windows the rule did cut. The bar is kept as a search keeps it
+    (search_bar.py) and compared as the window compares it (driver.behind_bar)."""
     out = {"timed": 0, "timing_s": 0.0, "behind": 0, "behind_s": 0.0, "cut": 0,
            "factor": factor, "rank": rank}
-    with RunStore.open(run_dir) as store:
+    held: set[str] = set()
+    with RunStore.open(run_dir) as store, ExitStack() as bars:
         rows = [r for r in store.candidates() if r.verdict is not None and r.evaluated_at]
         for r in sorted(rows, key=lambda r: (r.evaluated_at, r.id)):
+            key = f"replay:{run_dir}:{r.task}"
+            if key not in held:
+                bars.enter_context(search_bar.held(key, keep=rank))
+                held.add(key)
             v = r.verdict
             if v.behind_best is not None:
                 out["cut"] += 1
@@ -112,13 +120,11 @@ def behind_best(run_dir: Path, factor: float = 1.25, rank: int = 1) -> dict[str,
             out["timed"] += 1
             out["timing_s"] += seconds
             fastest = v.reference.median_ms / v.runtime.min_ms if v.runtime.min_ms else 0.0
-            kept = best.setdefault(r.task, [])
-            if len(kept) >= rank and fastest * factor < kept[rank - 1]:
+            if behind_bar(fastest, search_bar.current(key), factor):
                 out["behind"] += 1
                 out["behind_s"] += seconds
             if v.rankable:
-                kept.append(v.speedup)
-                kept.sort(reverse=True)
+                search_bar.raise_to(key, v.speedup)
     return out
 
 

@@ -18,6 +18,11 @@ REQUIRED_FUNCTIONS = ("get_inputs", "get_init_inputs")
 _ID_PREFIX = re.compile(r"^(\d+)_")
 
 
+def source_sha256(source: str) -> str:
+    """A task's key: the SHA-256 of its source (Task.sha256)."""
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Task:
     """A reference PyTorch module to make faster."""
@@ -34,7 +39,7 @@ class Task:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.source.encode()).hexdigest()
+        return source_sha256(self.source)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Task:

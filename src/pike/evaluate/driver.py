@@ -646,7 +646,7 @@ def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = Fal
             if _hopeless(timers, cfg.give_up_slower_than):
                 timers[1].gave_up_after = i + 1
                 return
-            if bar and _behind(timers, bar, cfg.give_up_behind_best):
+            if behind_bar(_fastest_speedup(timers), bar, cfg.give_up_behind_best):
                 timers[1].gave_up_after, timers[1].behind_best = i + 1, bar
                 return
 
@@ -659,26 +659,29 @@ def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = Fal
 GIVE_UP_AFTER_ROUNDS = 3
 
 
+def _fastest_speedup(timers: list[Timer]) -> float | None:
+    """The speedup the candidate's (timers[1]) fastest call so far makes against the
+    reference's (timers[0]) median: what its median could still reach, and no more. Its
+    fastest call, not its median: on a loaded 2-core CI host an honest candidate faster
+    than the reference had a median over three times the reference's in its first rounds,
+    and a burst slows many calls but seldom every one. None before the reuse check's
+    calls are in."""
+    reference, candidate = timers[0], timers[1]
+    if not reference.samples or len(candidate.samples) < check.REUSE_MIN_SAMPLES:
+        return None
+    return statistics.median(reference.samples) / min(candidate.samples)
+
+
 def _hopeless(timers: list[Timer], slower_than: float | None) -> bool:
-    """Whether even the candidate's (timers[1]) fastest call so far is over `slower_than`
-    times the reference's (timers[0]) median: no search would take it, and each further
-    round of it holds the device alone for nothing while every other evaluation waits.
-    Its fastest call, not its median: on a loaded 2-core CI host an honest candidate
-    faster than the reference had a median over three times the reference's in its first
-    rounds, and a burst slows many calls but seldom every one."""
-    reference, candidate = timers[0], timers[1]
-    if slower_than is None or not reference.samples or (
-            len(candidate.samples) < check.REUSE_MIN_SAMPLES):
-        return False
-    return min(candidate.samples) > slower_than * statistics.median(reference.samples)
+    """Whether even the candidate's fastest call so far is over `slower_than` times the
+    reference's median: no search would take it, and each further round of it holds the
+    device alone for nothing while every other evaluation waits."""
+    fastest = _fastest_speedup(timers)
+    return slower_than is not None and fastest is not None and fastest * slower_than < 1
 
 
-def _behind(timers: list[Timer], best: float, factor: float | None) -> bool:
-    """Whether even the candidate's fastest call so far makes it over `factor` times
-    slower than its search's `best` speedup (the reference's median over that call):
-    what its median could still do, its fastest already does not."""
-    reference, candidate = timers[0], timers[1]
-    if factor is None or not reference.samples or (
-            len(candidate.samples) < check.REUSE_MIN_SAMPLES):
-        return False
-    return statistics.median(reference.samples) / min(candidate.samples) * factor < best
+def behind_bar(fastest: float | None, bar: float | None, factor: float | None) -> bool:
+    """Whether a candidate whose fastest call makes `fastest` is over `factor` times behind
+    its search's `bar` (search_bar.py); bench/search_time.py replays the rule with it."""
+    return (factor is not None and bool(bar) and fastest is not None
+            and fastest * factor < bar)

@@ -123,6 +123,16 @@ class Verdict(BaseModel):
         timing guard). store.best asks the same in SQL."""
         return self.ok and not self.noisy and self.timed_rounds is None
 
+    @property
+    def comparable(self) -> bool:
+        """Correct, not `noisy`, and timed in full or cut short only for being behind its
+        search's best (`behind_best`): a figure to order candidates by (the offline
+        search's partners, the compile mode beside the confirming window), though only a
+        rankable one is taken for a best. One cut short as over three times slower than
+        the reference is not."""
+        return (self.ok and not self.noisy
+                and (self.timed_rounds is None or self.behind_best is not None))
+
 
 def says_out_of_memory(message: str | None) -> bool:
     """The failure's message says the GPU had no memory left (its own use or its

@@ -36,7 +36,6 @@ resume and `--seed-offline` work.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -49,6 +48,7 @@ from pike.evaluate import search_bar
 from pike.evaluate.verdict import Verdict
 from pike.search.base import Judge
 from pike.search.drain import due
+from pike.task import source_sha256
 
 _IMPROVES = 0.98  # a new set must be 2% faster than the best to count as better
 _clock = time.monotonic
@@ -114,10 +114,7 @@ def _as_partner(verdict: Verdict | None) -> float:
     also where the set's window ended because it was far behind the best (its figure from
     a few rounds, behind_best): correct alone, it may still help in company (tf32 behind
     fp16 alone, and fp16 + tf32 the best of a GEMM task)."""
-    if verdict is not None and verdict.ok and not verdict.noisy \
-            and verdict.behind_best is not None:
-        return verdict.speedup or 0.0
-    return OfflineSearch._speedup(verdict)
+    return (verdict.speedup or 0.0) if verdict is not None and verdict.comparable else 0.0
 
 
 class OfflineSearch:
@@ -154,7 +151,7 @@ class OfflineSearch:
         self._lanes: ThreadPoolExecutor | None = None
         spent = store.get_state(task_name, "offline_seconds") or 0.0
         self._started -= float(spent)
-        self._bar_key = hashlib.sha256(task_source.encode()).hexdigest()  # as Task.sha256
+        self._bar_key = source_sha256(task_source)
 
     def run(self) -> None:
         # Its bar, for the evaluator: a candidate far behind it gets a few rounds of a

@@ -281,9 +281,7 @@ def confirm_candidates(rows: list[Any], cfg: SearchConfig, mode: str | None = No
     chosen = chosen[:max(cfg.confirm_top, cfg.confirm_max)]
     # one beyond confirm_max; a window cut short behind the best counts, a hopeless one not
     floor = next((r for r in rows if mode and r.role == "offline" and r.idea == mode
-                  and r.verdict is not None and r.verdict.ok and not r.verdict.noisy
-                  and (r.verdict.timed_rounds is None or r.verdict.behind_best is not None)),
-                 None)
+                  and r.verdict is not None and r.verdict.comparable), None)
     if floor is not None and all(r.id != floor.id for r in chosen):
         chosen.append(floor)
     return chosen
