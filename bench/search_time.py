@@ -128,6 +128,27 @@ def behind_best(run_dir: Path, factor: float = 1.25, rank: int = 1) -> dict[str,
     return out
 
 
+def shared_windows(run_dir: Path) -> dict:
+    """The verdicts timed in a window shared with other candidates of their task
+    (eval.timing.share_window), by how many shared it: each one's `timing` is the whole
+    window, so a window of k counts 1/k of it once per verdict, and the device time its
+    verdicts took is set against what windows of their own would have taken (each a
+    candidate and eager: twice the candidate's share of the calls)."""
+    by_size: dict[int, int] = {}
+    window_s = alone_s = 0.0
+    with RunStore.open(run_dir) as store:
+        for r in store.candidates():
+            v = r.verdict
+            if v is None or not v.window_candidates:
+                continue
+            k = v.window_candidates
+            by_size[k] = by_size.get(k, 0) + 1
+            window_s += v.steps.get("timing", 0.0) / k
+            alone_s += v.steps.get("timing", 0.0) * 2 / (k + 1)
+    return {"by_size": {str(k): n for k, n in sorted(by_size.items())},
+            "window_s": window_s, "alone_s": alone_s}
+
+
 def _ordinal(n: int) -> str:
     return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
 
@@ -216,6 +237,14 @@ def render(found: dict, command: str, date: str, run_dir: Path) -> str:
                   f"{cut['factor']} times behind the {_ordinal(cut['rank'])} best of their "
                   "task's verdicts before them: what eval.timing.give_up_behind_best would "
                   f"time for three rounds only. Cut short by it in this run: {cut['cut']}."]
+    shared = found.get("shared_windows")
+    if shared and shared["by_size"]:
+        sizes = ", ".join(f"{n} in windows of {k}" for k, n in shared["by_size"].items())
+        lines += ["", "## Shared windows", "",
+                  f"Verdicts timed beside other candidates of their task: {sizes}. Their "
+                  f"windows held the device for {shared['window_s']:.0f} s; windows of "
+                  f"their own, of the same length per timer, would have taken about "
+                  f"{shared['alone_s']:.0f} s."]
     if found.get("baselines"):
         lines += render_baselines(found["baselines"], found.get("against"))
     return "\n".join(lines) + "\n"
@@ -287,6 +316,7 @@ def main() -> None:
     found = collect(args.run_dir, args.since)
     found["baselines"] = collect_baselines(args.run_dir)
     found["behind_best"] = behind_best(args.run_dir, rank=args.bar_rank)
+    found["shared_windows"] = shared_windows(args.run_dir)
     if args.against is not None:
         found["against"] = collect_baselines(args.against)
     date, command = now(), this_command()

@@ -164,3 +164,39 @@ def get_inputs():
 def get_init_inputs():
     return []
 '''
+
+
+# A process with a child of its own, running until killed: what a candidate's child tree
+# looks like to the pausing and turn-taking code (device_lock.py, shared_window.py).
+_PARENT_OF_ONE = (
+    "import subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.01)'])\n"
+    "while True: time.sleep(0.01)\n")
+
+
+@pytest.fixture
+def children() -> Iterator[Any]:
+    """start() -> the root of a new parent-and-child tree (psutil.Process); all are
+    killed at the end."""
+    import sys
+
+    import psutil
+
+    started: list[subprocess.Popen] = []
+
+    def start() -> psutil.Process:
+        proc = subprocess.Popen([sys.executable, "-c", _PARENT_OF_ONE])
+        started.append(proc)
+        root = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 10
+        while not root.children() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert root.children(), "the grandchild did not start"
+        return root
+
+    yield start
+    for proc in started:
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            p.kill()
+        proc.kill()
+        proc.wait()

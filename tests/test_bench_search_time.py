@@ -143,3 +143,26 @@ def test_windows_behind_the_best_are_replayed_in_verdict_order(
     text = search_time.render({"tasks": {}, "kinds": {}, "behind_best": found}, "cmd", "d", run)
     assert "Of 5 candidates' windows timed in full (15 s), 1 (3 s)" in text
     assert "Cut short by it in this run: 1." in text
+
+
+def test_shared_windows_are_counted_once_per_window(tmp_path: Path,
+                                                   search_time: ModuleType) -> None:
+    run = tmp_path / "run"
+    store = RunStore.create(run, {}, "test")
+    try:
+        store.add_task("9_Gemm", "9_Gemm.py", "0" * 64, "src")
+        for shared in (3, 3, 3, None):  # one window of three, and one of its own
+            cid = store.add_candidate("9_Gemm", "src", parent_id=None, role="offline",
+                                      round=0, branch=0, idea="x")
+            store.set_verdict(cid, Verdict(status="ok", steps={"timing": 4.0},
+                                           window_candidates=shared))
+    finally:
+        store.close()
+    found = search_time.shared_windows(run)
+    # the window of three: eager and three candidates, 4 s; alone, three windows of two
+    # timers each (2 s each at the same length per timer)
+    assert found == {"by_size": {"3": 3}, "window_s": pytest.approx(4.0),
+                     "alone_s": pytest.approx(6.0)}
+    text = search_time.render({"tasks": {}, "kinds": {}, "shared_windows": found}, "cmd",
+                              "d", run)
+    assert "3 in windows of 3" in text and "about 6 s" in text

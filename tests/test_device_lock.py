@@ -103,7 +103,7 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
     (bench/contamination.py's control) only timing holds it."""
     from contextlib import contextmanager
 
-    from pike.evaluate import device_lock, evaluate, judge
+    from pike.evaluate import device_lock, evaluate, judge, shared_window
     from pike.task import Task
     from tests.conftest import EXAMPLES, candidate, fast_protocol
 
@@ -117,7 +117,7 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
     def recording_hold(device, *, exclusive, keep=()):
         assert state["held"] is None, f"a hold nested in a {state['held']} one"
         state["held"] = "exclusive" if exclusive else "shared"
-        kept.append(list(keep))
+        kept.append(list(keep() if callable(keep) else keep))
         try:
             yield
         finally:
@@ -135,12 +135,15 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
         return False  # the CPU device: nothing to stop
 
     monkeypatch.setattr(judge, "hold", recording_hold)
+    monkeypatch.setattr(shared_window, "hold", recording_hold)  # a first window's
     monkeypatch.setattr(device_lock, "hold", recording_hold)
     monkeypatch.setattr(device_lock, "list_child", recording_list)
     steps = ("launch_child", "begin_child", "wait_ready", "run_trials", "time_interleaved",
              "calibrate")
     for name in steps:
         monkeypatch.setattr(judge, name, watched(name, getattr(judge, name)))
+    monkeypatch.setattr(shared_window, "time_interleaved",
+                        watched("time_interleaved", shared_window.time_interleaved))
     judge.close_references()
     verdict = evaluate(Task.from_file(EXAMPLES / "tasks" / "1_GeluMLP.py"),
                        candidate("fused"), fast_protocol().model_copy(update={"device_lock": scope}))
@@ -165,34 +168,6 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
 
 # --- pausing: a timer stops the other listed children for its window -------------------
 
-_PARENT_OF_ONE = (
-    "import subprocess, sys, time\n"
-    "subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.01)'])\n"
-    "while True: time.sleep(0.01)\n")
-
-
-@pytest.fixture
-def children():
-    import psutil
-
-    started: list[subprocess.Popen] = []
-
-    def start() -> psutil.Process:
-        proc = subprocess.Popen([sys.executable, "-c", _PARENT_OF_ONE])
-        started.append(proc)
-        root = psutil.Process(proc.pid)
-        deadline = time.monotonic() + 10
-        while not root.children() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert root.children(), "the grandchild did not start"
-        return root
-
-    yield start
-    for proc in started:
-        for p in __import__("psutil").Process(proc.pid).children(recursive=True):
-            p.kill()
-        proc.kill()
-        proc.wait()
 
 
 def _status(p) -> str:

@@ -61,7 +61,7 @@ def test_a_flipped_window_starts_with_the_last_timer() -> None:
 
     class Fake:
         def __init__(self, mode: str) -> None:
-            self.mode, self.stopped, self.failure = mode, False, None
+            self.mode, self.stopped, self.failure, self.gave_up_after = mode, False, None, None
 
     original = driver._time_one_block
     try:

@@ -20,7 +20,7 @@ import yaml
 
 from pike.config import EvalConfig
 from pike.errors import TaskError
-from pike.evaluate import device_lock
+from pike.evaluate import device_lock, shared_window
 from pike.evaluate import judge as judge_module
 from pike.evaluate import pool as pool_module
 from pike.evaluate.pool import Lane, LocalPool, requeue_once
@@ -273,6 +273,7 @@ def test_the_candidate_holds_the_device_from_its_start(mlp_task: Task, fast_conf
 
     monkeypatch.setattr(judge_module, "hold", hold)
     monkeypatch.setattr(device_lock, "hold", hold)  # the shared holds go through it
+    monkeypatch.setattr(shared_window, "hold", hold)  # and a first window
     monkeypatch.setattr(judge_module, "wait_ready", wait_ready)
     judge_module.close_references()
     verdict = judge_module.evaluate(mlp_task, GOOD, fast_config.model_copy(

@@ -149,7 +149,7 @@ def test_a_verdict_says_which_best_it_was_behind() -> None:
 
 def test_a_plain_evaluation_reads_no_bar_and_a_cpu_window_is_never_cut(
         mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pike.evaluate import judge
+    from pike.evaluate import judge, shared_window
 
     asked: list[tuple[object, object]] = []
     real = judge.time_interleaved
@@ -160,6 +160,7 @@ def test_a_plain_evaluation_reads_no_bar_and_a_cpu_window_is_never_cut(
         real(*args, **kwargs)
 
     monkeypatch.setattr(judge, "time_interleaved", spy)
+    monkeypatch.setattr(shared_window, "time_interleaved", spy)  # a first window's
     verdict = evaluate(mlp_task, candidate("slower"), fast_config)
     assert verdict.ok and verdict.behind_best is None and asked == [(False, None)]
     # where a window's time goes: its calls within its blocks within the whole window
@@ -235,7 +236,7 @@ def test_an_llm_search_holds_its_bar_while_it_runs(
     from typer.testing import CliRunner
 
     from pike.cli import app
-    from pike.evaluate import judge
+    from pike.evaluate import judge, shared_window
     from tests.test_optimize import GOOD, Scripted, spec
 
     seen: list[float | None] = []
@@ -247,6 +248,7 @@ def test_an_llm_search_holds_its_bar_while_it_runs(
         real(*args, **kwargs)
 
     monkeypatch.setattr(judge, "time_interleaved", spy)
+    monkeypatch.setattr(shared_window, "time_interleaved", spy)
     fake_llm.handler = Scripted(optimize=[GOOD])
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["optimize", str(MLP.path), "--llm", spec(fake_llm),

@@ -59,6 +59,12 @@ class TimingConfig(_Strict):
         "evaluation still for 45% of its time on an H200 level2 bench. 1.25 leaves out what "
         "search.confirm_within (0.2) would not time again; search.bar_rank says which best "
         "figure is the bar. None: every round")
+    share_window: int = Field(
+        4, ge=1, description="candidates of one task that wait for the device at once are "
+        "timed in one window, at most this many beside one eager, each against eager as in "
+        "a window of its own and each stopped while the others are timed; on an H200 "
+        "level2 bench the candidates' exclusive windows stopped every other evaluation for "
+        "44% of its time. 1: every candidate in a window of its own")
     input_sets: int = Field(
         3, ge=2, description="timed calls rotate over this many input sets, drawn apart from "
         "the trials' and staged only when timing starts; a random sample of timed calls has "

@@ -457,11 +457,12 @@ class RunStore:
         # eager's median in the same window, so runtime, reference and speedup agree
         reference = (v.reference.model_copy(update={"median_ms": first["reference_ms"]})
                      if v.reference and first.get("reference_ms") else v.reference)
-        # timed in full there: a search window cut short (behind its best) no longer counts
+        # timed in full there: a search window cut short (behind its best), or shared
+        # with other candidates, no longer describes the figure
         return row.model_copy(update={"verdict": v.model_copy(update={
             "confirmed": True, "search_speedup": v.speedup, "speedup": first["speedup"],
             "runtime": runtime, "reference": reference, "timed_rounds": None,
-            "behind_best": None})})
+            "behind_best": None, "window_candidates": None})})
 
     def _candidates(self, where: str, args: tuple, *, order: bool = True) -> list[CandidateRow]:
         sql = (

@@ -111,3 +111,43 @@ def test_a_timer_stops_a_neighbour_busy_on_the_gpu_and_it_goes_on_after(tmp_path
         busy.kill()
         _, err = busy.communicate()
     assert "Error" not in err, err[-2000:]
+
+
+def test_candidates_waiting_at_once_share_a_window_on_the_gpu(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window's leader takes the device (the real lock, its `keep` asked once held,
+    each candidate stopped while the others are timed) only once three candidates of the
+    task wait for it: they are timed in one window, each with its own verdict."""
+    import threading
+    from contextlib import contextmanager
+
+    from pike.evaluate import judge, shared_window
+    from pike.evaluate.shared_window import WindowQueue
+
+    joined = threading.Semaphore(0)
+    real_join, real_hold = WindowQueue.join, shared_window.hold
+
+    def join(self: WindowQueue, child: object, most: int) -> object:
+        found = real_join(self, child, most)  # type: ignore[arg-type]
+        joined.release()
+        return found
+
+    @contextmanager
+    def hold(device: str, **kwargs: object):  # type: ignore[no-untyped-def]
+        for _ in range(3):
+            assert joined.acquire(timeout=300)
+        with real_hold(device, **kwargs):  # type: ignore[arg-type]
+            yield
+
+    monkeypatch.setattr(WindowQueue, "join", join)
+    monkeypatch.setattr(shared_window, "hold", hold)
+    cfg = fast_config.model_copy(update={"device": "cuda"})
+    cfg.limits.memory_gib = 16
+    judge.close_references()
+    with LocalPool(cfg, workers=3) as pool:
+        got = dict(pool.judge_many(mlp_task, [candidate(n) for n in
+                                              ("fused", "slower", "counts_calls")]))
+    fused, slower, cheat = (got[i] for i in range(3))
+    assert fused.ok and slower.ok, (fused.message, slower.message)
+    assert fused.window_candidates == slower.window_candidates == 3
+    assert not cheat.ok

@@ -32,7 +32,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -76,17 +76,21 @@ def _flock(path: Path, mode: int) -> Iterator[None]:
 
 
 @contextmanager
-def hold(device: str, *, exclusive: bool, keep: Iterable[int] = ()) -> Iterator[None]:
+def hold(device: str, *, exclusive: bool,
+         keep: Iterable[int] | Callable[[], Iterable[int]] = ()) -> Iterator[None]:
     """Hold `device` for trials (shared) or for timing (exclusive); no-op off CUDA. An
     exclusive holder stops the listed children (see `list_child`) but those in `keep` (the
-    pids of the children it times) until it lets the device go."""
+    pids of the children it times) until it lets the device go; a callable `keep` is
+    asked once the device is held (a shared window takes whoever joined until then), and
+    not at all off CUDA."""
     if not device.startswith("cuda"):
         yield
         return
     turnstile, device_lock = _lock_file(device, "turnstile"), _lock_file(device, "lock")
     if exclusive:
         with _flock(turnstile, fcntl.LOCK_EX), _flock(device_lock, fcntl.LOCK_EX):
-            stopped = _stop_listed(_listed_dir(device), set(keep))
+            kept = set(keep() if callable(keep) else keep)
+            stopped = _stop_listed(_listed_dir(device), kept)
             try:
                 yield
             finally:
@@ -201,6 +205,16 @@ def _signal_all(procs: list[psutil.Process], sig: int) -> None:
             p.send_signal(sig)  # psutil checks the pid still names the same process
         except psutil.Error:
             pass
+
+
+def tree_of(pid: int) -> list[psutil.Process]:
+    """The process tree under `pid`, itself included (empty when it has ended)."""
+    return list(_trees([pid]).values())
+
+
+def set_stopped(procs: list[psutil.Process], stop: bool) -> None:
+    """SIGSTOP (or SIGCONT) each of `procs` that still is the process it was."""
+    _signal_all(procs, signal.SIGSTOP if stop else signal.SIGCONT)
 
 
 def timed_now(device: str) -> bool:

@@ -346,6 +346,8 @@ class Timer:
     rehearsed: int = 0  # outputs a trusted child sampled only for the cost (RehearsedSamples)
     gave_up_after: int | None = None  # rounds timed before the window gave up on it
     behind_best: float | None = None  # the search's best it was too far behind, if that was why
+    shared_by: int = 1  # candidates timed in its window beside one eager (shared_window.py)
+    noted: bool = False  # an eager timer whose median the reference run has kept
 
     @property
     def stopped(self) -> bool:
@@ -619,7 +621,8 @@ def _within_the_reference_s_load(cost: LoopCost, judged: Timer, reference: Timer
 
 def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = False,
                      stop_at_failure: bool = False, give_up: bool = False,
-                     best: Callable[[], float | None] | None = None) -> None:
+                     best: Callable[[], float | None] | None = None, each: bool = False,
+                     before_block: Callable[[Timer], None] | None = None) -> None:
     """Time every timer in `cfg.rounds` blocks, alternating the order each round (ABBA;
     BAAB where `flipped`, so that a window timed again puts other timers mid-window).
     A failure ends the window after its round; with `stop_at_failure`, at once, so that
@@ -628,27 +631,42 @@ def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = Fal
     GIVE_UP_AFTER_ROUNDS rounds and the calls the reuse check needs are in, a candidate
     `cfg.give_up_slower_than` times slower than the reference ends it, and so does one
     `cfg.give_up_behind_best` times behind `best()` (its search's best speedup so far,
-    search_bar.py), marked in `Timer.gave_up_after` (and `Timer.behind_best`)."""
+    search_bar.py), marked in `Timer.gave_up_after` (and `Timer.behind_best`).
+
+    With `each` (a window of several candidates of one task beside their reference,
+    shared_window.py), timers[1:] are judged each on its own: a candidate's failure or
+    give-up stops only it, and the window ends when none is left or the reference fails.
+    `before_block(timer)` runs before each block (the shared window stops the candidates
+    not being timed)."""
     rounds = cfg.rounds
     per_block = {"min_calls": math.ceil(cfg.min_calls / rounds),
                  "min_seconds": cfg.min_seconds / rounds,
                  "max_calls": max(1, cfg.max_calls // rounds)}
+    reference, candidates = timers[0], timers[1:]
     for i in range(rounds):
         for timer in timers if (i + flipped) % 2 == 0 else reversed(timers):
-            if not timer.stopped:
+            if not timer.stopped and timer.gave_up_after is None:
+                if before_block is not None:
+                    before_block(timer)
                 _time_one_block(timer, **per_block)
                 if stop_at_failure and timer.failure is not None:
                     return
-        if any(t.failure is not None for t in timers):
+        if (reference.failure is not None if each
+                else any(t.failure is not None for t in timers)):
             return
         if give_up and GIVE_UP_AFTER_ROUNDS <= i + 1 < rounds:
             bar = best() if best is not None else None
-            if _hopeless(timers, cfg.give_up_slower_than):
-                timers[1].gave_up_after = i + 1
-                return
-            if behind_bar(_fastest_speedup(timers), bar, cfg.give_up_behind_best):
-                timers[1].gave_up_after, timers[1].behind_best = i + 1, bar
-                return
+            for candidate in candidates if each else candidates[:1]:
+                if candidate.stopped or candidate.gave_up_after is not None:
+                    continue
+                fastest = _fastest_speedup([reference, candidate])
+                if _hopeless([reference, candidate], cfg.give_up_slower_than):
+                    candidate.gave_up_after = i + 1
+                elif behind_bar(fastest, bar, cfg.give_up_behind_best):
+                    candidate.gave_up_after, candidate.behind_best = i + 1, bar
+        if (each or give_up) and all(t.stopped or t.gave_up_after is not None
+                                     for t in candidates):
+            return
 
 
 # Rounds a window times before it may end for a hopeless candidate: enough blocks of each

@@ -36,7 +36,8 @@ def explain_guards(cfg: EvalConfig, report: ChildReport, correctness: Verdict | 
         "timed outputs": (f"timed calls rotate over {cfg.timing.input_sets} input sets unseen "
                           "in the trials; a random half of them (up to 8 a block) have their "
                           "outputs sampled at random positions and compared with the "
-                          "reference's" + _cut_short(timers)) if timers else "not timed",
+                          "reference's" + _shared(timers) + _cut_short(timers))
+                         if timers else "not timed",
         "aliasing and mutation": "outputs must not share memory with inputs; inputs unchanged"
                                  if checked else "not reached",
         "cached answers": "outputs must change when inputs change" if checked else "not reached",
@@ -62,6 +63,14 @@ def _after_timing(final: Verdict | None) -> str:
     if final.ok:
         return "new values in the timed input tensors gave correct outputs"
     return final.message
+
+
+def _shared(timers: list[Timer]) -> str:
+    shared = timers[1].shared_by if len(timers) > 1 else 1
+    if shared <= 1:
+        return ""
+    return (f"; its window timed {shared} candidates of the task beside one eager, each "
+            "against eager and each stopped while the others were timed")
 
 
 def _cut_short(timers: list[Timer]) -> str:

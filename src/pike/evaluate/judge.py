@@ -60,6 +60,7 @@ from pike.evaluate.profile import ProfileSummary
 from pike.evaluate.protocol import EXTRA_TRIALS, ChildRequest, ShiftSpec, timed_set_count
 from pike.evaluate.redact import mask_secrets
 from pike.evaluate.sandbox import ChildProcess, passed_to_child
+from pike.evaluate.shared_window import WindowQueue, timed_together
 from pike.evaluate.staging import InputStage
 from pike.evaluate.steps import current as current_steps
 from pike.evaluate.steps import measuring, span
@@ -122,6 +123,7 @@ class ReferenceRun:
     users: int = 0  # evaluations using it now; the cache evicts only unused ones
     # Evaluations of one task in a pool share this child: one request at a time.
     talking: threading.RLock = field(default_factory=threading.RLock)
+    windows: WindowQueue = field(default_factory=WindowQueue)  # candidates waiting to be timed
 
     def shifted_atols(self, trials: int, atol: float) -> list[float]:
         """The shifted trial's absolute tolerance per output (check.shifted_atols), from
@@ -1010,7 +1012,8 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
             if correctness.ok and cfg.time_candidate and reference.child is not None:
                 # a search's bar ends the window of a candidate far behind its best
                 timers = _timing_window(reference, child, device, cfg, warmed=False,
-                                        best=partial(search_bar.current, task.sha256))
+                                        best=partial(search_bar.current, task.sha256),
+                                        share=True)
                 forged = cfg.guards and _forged(reference, timers)
                 looks = 1
                 while forged and looks < _FORGED_LOOKS:
@@ -1075,6 +1078,9 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
     return verdict
 
 
+_noting = threading.Lock()
+
+
 def _window_drift(reference: ReferenceRun, timers: list[Timer]) -> float:
     usual = reference.usual_ms()
     if usual is None or not timers[0].samples:
@@ -1120,8 +1126,10 @@ def _steady_window(reference: ReferenceRun, child: ChildProcess, device: str, cf
             break
         timers, tries = retry, tries + 1
     usual = reference.usual_ms() if off(timers) else None
-    if timers[0].samples:
-        reference.window_ms.append(statistics.median(timers[0].samples))
+    with _noting:  # a shared window's eager is kept once, not once per candidate
+        if timers[0].samples and not timers[0].noted:
+            timers[0].noted = True
+            reference.window_ms.append(statistics.median(timers[0].samples))
     return timers, usual
 
 
@@ -1163,10 +1171,17 @@ def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path
 def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
                    cfg: EvalConfig, warmed: bool, renew: bool = False,
                    flipped: bool = False,
-                   best: Callable[[], float | None] | None = None) -> list[Timer]:
+                   best: Callable[[], float | None] | None = None,
+                   share: bool = False) -> list[Timer]:
     """Eager and the candidate, interleaved, with the device to themselves (and the
     reference's child renewed first where `renew`); `best`: the search's best speedup so
-    far, which a candidate far behind ends the window for (search_bar.py)."""
+    far, which a candidate far behind ends the window for (search_bar.py). With `share`
+    (a candidate's first window), the window may be shared with the candidates of the
+    same reference waiting for the device with it (shared_window.py)."""
+    if share and cfg.timing.share_window > 1:
+        shared = timed_together(reference, child, device, cfg, best, _pid)
+        if shared is not None:
+            return shared
     child.permit("timing")
     with ExitStack() as alone:
         with span("wait_for_device"):
@@ -1253,6 +1268,8 @@ def _attach_timings(verdict: Verdict, timers: list[Timer], raised: float = 1.0) 
     if verdict.ok:
         verdict.timed_rounds = candidate.gave_up_after
         verdict.behind_best = candidate.behind_best
+    if candidate.shared_by > 1:
+        verdict.window_candidates = candidate.shared_by
 
 
 _compare_devices: dict[str, torch.device] = {}

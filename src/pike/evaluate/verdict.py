@@ -92,6 +92,10 @@ class Verdict(BaseModel):
     behind_best: float | None = Field(
         None, description="where the window ended because the candidate could not be its "
         "search's best: that best's speedup at the time")
+    window_candidates: int | None = Field(
+        None, description="its window timed this many candidates of the task (itself "
+        "included) beside one eager, each against eager (`timing.share_window`); None: "
+        "a window of its own")
     device: str = ""
     device_name: str = ""
     torch_version: str = ""

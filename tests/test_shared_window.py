@@ -1,0 +1,275 @@
+"""Candidates of one task that wait for the device at once are timed in one window beside
+one eager, each judged against eager as in a window of its own (shared_window.py)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psutil
+import pytest
+
+from pike.config import EvalConfig, TimingConfig
+from pike.evaluate import driver, judge, shared_window
+from pike.evaluate.driver import GIVE_UP_AFTER_ROUNDS, Timer, time_interleaved
+from pike.evaluate.pool import LocalPool
+from pike.evaluate.shared_window import WindowQueue
+from pike.evaluate.verdict import Verdict
+from pike.task import Task
+from tests.conftest import candidate
+
+
+def _steady(ms: float) -> Iterator[float]:
+    while True:
+        yield ms
+
+
+def _fake_blocks(monkeypatch: pytest.MonkeyPatch, per_call_ms: dict[str, Iterator[float]],
+                 fail: dict[str, int] | None = None) -> list[str]:
+    """Each block adds four samples to its timer (the next of its mode's times); a mode
+    in `fail` fails in that block. Returns the modes in the order their blocks ran."""
+    ran: list[str] = []
+
+    def one_block(timer: Timer, **_: object) -> None:
+        ran.append(timer.mode)
+        if fail and ran.count(timer.mode) == fail.get(timer.mode):
+            timer.failure = Verdict(status="crashed", phase="timing", message="died")
+            return
+        timer.samples.extend(next(per_call_ms[timer.mode]) for _ in range(4))
+
+    monkeypatch.setattr(driver, "_time_one_block", one_block)
+    return ran
+
+
+def _timers(*modes: str) -> list[Timer]:
+    return [Timer(child=None, mode=m) for m in modes]  # type: ignore[arg-type]
+
+
+def test_each_candidate_of_a_shared_window_gives_up_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = _fake_blocks(monkeypatch, {"eager": _steady(1.0), "hopeless": _steady(40.0),
+                                     "behind": _steady(0.9), "best": _steady(0.2)})
+    timers = _timers("eager", "hopeless", "behind", "best")
+    time_interleaved(timers, TimingConfig(rounds=20), give_up=True, best=lambda: 5.0,
+                     each=True)
+    eager, hopeless, behind, best = timers
+    assert hopeless.gave_up_after == GIVE_UP_AFTER_ROUNDS and hopeless.behind_best is None
+    assert behind.gave_up_after == GIVE_UP_AFTER_ROUNDS and behind.behind_best == 5.0
+    assert best.gave_up_after is None  # 5x: the bar's own figure, timed to the end
+    assert ran.count("best") == ran.count("eager") == 20
+    assert ran.count("hopeless") == ran.count("behind") == GIVE_UP_AFTER_ROUNDS
+
+
+def test_a_candidate_that_fails_stops_only_itself_and_the_window_ends_with_the_last(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = _fake_blocks(monkeypatch, {"eager": _steady(1.0), "dies": _steady(0.5),
+                                     "lives": _steady(0.5)}, fail={"dies": 2})
+    timers = _timers("eager", "dies", "lives")
+    time_interleaved(timers, TimingConfig(rounds=10), each=True)
+    assert timers[1].failure is not None and ran.count("dies") == 2
+    assert timers[2].failure is None and ran.count("lives") == ran.count("eager") == 10
+    # all candidates gone: the window ends after that round
+    ran = _fake_blocks(monkeypatch, {"eager": _steady(1.0), "a": _steady(0.5),
+                                     "b": _steady(0.5)}, fail={"a": 2, "b": 3})
+    timers = _timers("eager", "a", "b")
+    time_interleaved(timers, TimingConfig(rounds=10), each=True)
+    assert ran.count("eager") == 3
+    # the reference failing ends it at once (after its round)
+    ran = _fake_blocks(monkeypatch, {"eager": _steady(1.0), "a": _steady(0.5)},
+                       fail={"eager": 2})
+    timers = _timers("eager", "a")
+    time_interleaved(timers, TimingConfig(rounds=10), each=True)
+    assert ran.count("a") == 2 and ran.count("eager") == 2
+
+
+def test_without_each_a_failure_still_ends_the_window_and_failed_modes_leave_eager_timed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the confirming window: one failure ends it, as before
+    ran = _fake_blocks(monkeypatch, {"eager": _steady(1.0), "a": _steady(0.5),
+                                     "b": _steady(0.5)}, fail={"a": 2})
+    time_interleaved(_timers("eager", "a", "b"), TimingConfig(rounds=10))
+    assert ran.count("eager") == 2
+    # a baseline whose every compile mode failed to build times eager in every round
+    ran = _fake_blocks(monkeypatch, {"eager": _steady(1.0)})
+    timers = _timers("eager", "compile:default")
+    timers[1].error = "did not compile"
+    time_interleaved(timers, TimingConfig(rounds=10))
+    assert ran == ["eager"] * 10
+
+
+def test_before_block_is_told_each_timer_before_its_block(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = _fake_blocks(monkeypatch, {"eager": _steady(1.0), "a": _steady(0.5),
+                                     "b": _steady(0.5)})
+    told: list[str] = []
+    time_interleaved(_timers("eager", "a", "b"), TimingConfig(rounds=4), each=True,
+                     before_block=lambda timer: told.append(timer.mode))
+    assert told == ran == ["eager", "a", "b", "b", "a", "eager"] * 2
+
+
+def test_a_window_takes_who_joins_until_it_is_closed_or_full() -> None:
+    queue = WindowQueue()
+    first, seat, leads = queue.join("a", most=3)  # type: ignore[arg-type]
+    assert leads and seat.child == "a"
+    same, _, leads_b = queue.join("b", most=3)  # type: ignore[arg-type]
+    assert same is first and not leads_b
+    queue.join("c", most=3)  # type: ignore[arg-type]
+    full, _, leads_d = queue.join("d", most=3)  # type: ignore[arg-type]
+    assert full is not first and leads_d  # the first was full
+    assert [s.child for s in queue.close(full)] == ["d"]
+    after, _, leads_e = queue.join("e", most=3)  # type: ignore[arg-type]
+    assert after is not full and leads_e  # a closed window takes no one
+
+
+def test_the_turns_stop_every_candidate_tree_but_the_timed_one(children: Any) -> None:
+    a, b = children(), children()  # each a parent with a child of its own
+    timers = [Timer(child=p, mode="candidate") for p in (a, b)]  # type: ignore[arg-type]
+    turns = shared_window._Turns(timers, lambda proc: proc.pid)
+
+    def status(root: psutil.Process) -> set[str]:
+        return {p.status() for p in [root, *root.children(recursive=True)]}
+
+    try:
+        turns(timers[0])
+        assert status(a) != {psutil.STATUS_STOPPED} and status(b) == {psutil.STATUS_STOPPED}
+        turns(timers[1])
+        assert status(a) == {psutil.STATUS_STOPPED} and status(b) != {psutil.STATUS_STOPPED}
+        turns(Timer(child=None, mode="eager"))  # type: ignore[arg-type]
+        assert status(a) == status(b) == {psutil.STATUS_STOPPED}
+    finally:
+        turns.release()
+    assert psutil.STATUS_STOPPED not in status(a) | status(b)
+
+
+def _count_joins(monkeypatch: pytest.MonkeyPatch) -> threading.Semaphore:
+    """A semaphore released each time a candidate joins a window."""
+    joined = threading.Semaphore(0)
+    real_join = WindowQueue.join
+
+    def join(self: WindowQueue, child: Any, most: int) -> Any:
+        found = real_join(self, child, most)
+        joined.release()
+        return found
+
+    monkeypatch.setattr(WindowQueue, "join", join)
+    return joined
+
+
+def _stops(procs: list[psutil.Process]) -> bool:
+    """Whether every live one of `procs` is seen stopped within a second (a signal is
+    delivered a moment after it is sent)."""
+    import time
+
+    deadline = time.monotonic() + 1.0
+    while True:
+        try:
+            if all(p.status() == psutil.STATUS_STOPPED for p in procs if p.is_running()):
+                return True
+        except psutil.NoSuchProcess:
+            continue
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+
+
+def test_three_evaluations_waiting_at_once_are_timed_in_one_window(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real children in a pool of three: the device (held here as on a GPU) is taken only
+    once all three wait, so they share its window. Each verdict is its own: the faster
+    and the slower candidate are told apart, and the cheat that skips the work when timed
+    is caught in the shared window as in one of its own. Each candidate's tree is
+    stopped while eager and the others are timed."""
+    joined = _count_joins(monkeypatch)
+    @contextmanager
+    def hold(device: str, *, exclusive: bool, keep: Any = ()) -> Iterator[None]:
+        for _ in range(3):  # the device stays busy until all three wait for it
+            assert joined.acquire(timeout=120)
+        keep()
+        yield
+
+    others_stopped: list[bool] = []
+    real_call = shared_window._Turns.__call__
+
+    def call(self: Any, timer: Timer) -> None:
+        real_call(self, timer)
+        for key, procs in self._trees.items():
+            if key != id(timer.child):
+                others_stopped.append(_stops(procs))
+
+    monkeypatch.setattr(shared_window, "hold", hold)
+    monkeypatch.setattr(shared_window._Turns, "__call__", call)
+    windows: list[int] = []
+    real_interleaved = shared_window.time_interleaved
+    monkeypatch.setattr(shared_window, "time_interleaved",
+                        lambda timers, *a, **k: windows.append(len(timers))
+                        or real_interleaved(timers, *a, **k))
+
+    judge.close_references()
+    names = ["fused", "slower", "counts_calls"]
+    pool = LocalPool(fast_config, workers=3)
+    try:
+        verdicts = dict(pool.judge_many(mlp_task, [candidate(n) for n in names]))
+    finally:
+        pool.close()
+    fused, slower, cheat = (verdicts[i] for i in range(3))
+    assert windows == [4]  # one window: eager and the three
+    assert fused.ok and slower.ok, (fused.message, slower.message)
+    assert fused.window_candidates == slower.window_candidates == 3
+    assert fused.speedup and slower.speedup and fused.speedup > slower.speedup
+    assert not cheat.ok, cheat.status
+    assert others_stopped and all(others_stopped)
+    for verdict in (fused, slower):
+        steps = verdict.steps
+        assert 0 < steps["timing.calls"] <= steps["timing.blocks"] <= steps["timing"]
+
+
+def test_a_window_of_its_own_where_sharing_is_off(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shared_window, "timed_together",
+                        lambda *a, **k: pytest.fail("shared"))
+    cfg = fast_config.model_copy(update={"timing": fast_config.timing.model_copy(
+        update={"share_window": 1})})
+    verdict = judge.evaluate(mlp_task, candidate("fused"), cfg)
+    assert verdict.ok and verdict.window_candidates is None
+
+
+def test_the_others_are_timed_alone_where_the_leader_fails_before_timing(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # an error of the evaluator in the leader's thread (not a candidate's failure) must
+    # not leave the candidate that joined its window waiting, nor without its verdict
+    joined = _count_joins(monkeypatch)
+    failed: list[bool] = []
+
+    def lead(*args: Any, **kwargs: Any) -> None:
+        if not failed:  # the first window only: both have joined it
+            for _ in range(2):
+                assert joined.acquire(timeout=120)
+            failed.append(True)
+            raise judge.EvaluatorError("the leader's trouble")
+        real_lead(*args, **kwargs)
+
+    real_lead = shared_window._lead
+    monkeypatch.setattr(shared_window, "_lead", lead)
+    judge.close_references()
+    judge.keep_references(3)
+    outcomes: list[object] = []
+
+    def one(name: str) -> None:
+        try:
+            outcomes.append(judge.evaluate(mlp_task, candidate(name), fast_config))
+        except judge.EvaluatorError as err:
+            outcomes.append(err)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in ("fused", "slower")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    judge.close_references()
+    assert failed and len(outcomes) == 2
+    errors = [o for o in outcomes if isinstance(o, judge.EvaluatorError)]
+    alone = [o for o in outcomes if isinstance(o, Verdict) and o.ok
+             and o.window_candidates is None]
+    assert len(errors) == 1 and len(alone) == 1, outcomes
