@@ -17,17 +17,16 @@ both; the offline budget flags override its `search.offline`.
 
 Cut off (Ctrl-C, `timeout -s INT`, a device call's limit), the same command goes on where
 it stopped: the campaign with `pike bench --resume`, the audit with `pike audit
---resume`. `--redo IDS` and `--fill-baselines` pass to `pike bench --resume`; where the
-solution set changes, the audit starts over, since it judged other files.
+--resume`. `--redo IDS` and `--fill-baselines` pass to `pike bench --resume`; where a
+task's file in the solution set changes, the audit judges that task again (`pike audit
+--resume --redo`), baselines and file, and keeps the rest.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import hashlib
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -69,14 +68,14 @@ def main() -> int:
         return rc
     solutions = run_dir / "solutions"
     if not args.no_audit:
-        judged = _files_of(solutions)
-        if state.get("audited_set") != judged and audit_dir.exists():
-            shutil.rmtree(audit_dir)  # it judged another set (a --redo changed the files)
-        state["audited_set"] = judged
+        held = _files_of(solutions)
+        # a --redo changed some files: the audit judges those tasks again, the rest stays
+        changed = _changed_ids(state.get("audited_files"), held)
+        state["audited_files"] = held
         _save(run_dir, state)
         left = (max(0.0, args.stop_after - (time.monotonic() - started))
                 if args.stop_after is not None else None)
-        rc = _run(_audit_command(args, solutions, audit_dir, left), state, run_dir)
+        rc = _run(_audit_command(args, solutions, audit_dir, left, changed), state, run_dir)
         if rc != 0:
             print(_stopped_line("pike audit", rc), file=sys.stderr)
             return rc
@@ -138,13 +137,15 @@ def _bench_command(args: argparse.Namespace, run_dir: Path, redo: str | None) ->
 
 
 def _audit_command(args: argparse.Namespace, solutions: Path, audit_dir: Path,
-                   stop_after: float | None = None) -> list[str]:
+                   stop_after: float | None = None, changed: list[int] | None = None
+                   ) -> list[str]:
     base = [sys.executable, "-m", "pike", "audit"]
     extra = ["--devices", args.audit_devices] if args.audit_devices else []
     # what the campaign left of the call's time: no audited task starts after it
     extra += ["--stop-after", f"{stop_after:.0f}"] if stop_after is not None else []
     if (audit_dir / "run.sqlite").exists():
-        return [*base, "--resume", str(audit_dir), *extra]
+        redo = ["--redo", ",".join(map(str, changed))] if changed else []
+        return [*base, "--resume", str(audit_dir), *redo, *extra]
     # one task at a time per GPU: nothing beside a timed window but what the evaluator
     # itself runs
     return [*base, str(solutions), str(args.folder), *(["--tasks", args.ids] if args.ids else []),
@@ -239,10 +240,19 @@ def _x(value: float | None) -> str:
     return f"{value:.2f}x" if value else "-"
 
 
-def _files_of(solutions: Path) -> str:
+def _files_of(solutions: Path) -> dict[str, list[str]]:
     """What the set holds (each task's file and task checksums), not when it was written."""
-    held = [[e.task, e.task_sha256, e.file_sha256] for e in read_set(solutions).tasks]
-    return hashlib.sha256(json.dumps(held).encode()).hexdigest()
+    return {e.task: [e.task_sha256, e.file_sha256] for e in read_set(solutions).tasks}
+
+
+def _changed_ids(before: object, now: dict[str, list[str]]) -> list[int]:
+    """The ids of the tasks whose entry differs from what the audit judged before (none
+    where it judged nothing yet, or recorded the whole set's checksum only, as before
+    2026-12-02: such an audit is resumed as it is)."""
+    if not isinstance(before, dict):
+        return []
+    return sorted(int(task.split("_", 1)[0]) for task, entry in now.items()
+                  if before.get(task) != entry and task.split("_", 1)[0].isdigit())
 
 
 def _state(run_dir: Path) -> dict[str, Any]:

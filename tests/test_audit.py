@@ -453,6 +453,57 @@ def test_an_audit_cut_off_goes_on_with_resume_and_keeps_what_it_judged(
     assert pike("audit", folder).exit_code == 2
 
 
+def test_a_resumed_audit_redoes_the_tasks_asked_and_fills_failed_baselines(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--redo IDS audits those tasks again from the start; --fill-baselines audits again
+    the finished tasks whose baselines failed in a mode (a compile timed out), baselines
+    and file together, as a task's figures come from one call; the rest is kept."""
+    from pike.audit import resume_audit
+    from tests.test_optimize import pike
+
+    judge = FakeJudge({"1_Scale": 2.0, "2_Softplus": None, "3_RowSum": 1.0},
+                      {"1_Scale": fake_ok(3.0), "2_Softplus": fake_ok(5.0),
+                       "3_RowSum": fake_ok(1.5)}).install(monkeypatch)
+    folder = _files(tmp_path / "set", "task_1.py", "task_2.py", "task_3.py")
+    out = tmp_path / "run"
+    cfg = audit_config(build_cache, ["eager", "compile:default"])
+    first = audit(folder, TASKS, cfg, out=out, ids=[1, 2, 3])
+    assert by_task(first)["2_Softplus"].compile_speedups == {}  # its mode failed
+    assert len(judge.configs) == 3
+
+    def ids_by_task() -> dict[str, list[int]]:
+        with RunStore.open(out) as store:
+            return {t: [r.id for r in store.candidates(t)]
+                    for t in ("1_Scale", "2_Softplus", "3_RowSum")}
+
+    before = ids_by_task()
+    judge.verdicts["3_RowSum"] = fake_ok(2.5)  # judged again, it now says so
+    events: list[tuple[str, str]] = []
+    again = resume_audit(out, redo=[3], on_event=lambda kind, **d: events.append(
+        (d["task"], d.get("phase", ""))))
+    assert len(judge.configs) == 4 and ("3_RowSum", "redo") in events
+    after = ids_by_task()
+    assert after["1_Scale"] == before["1_Scale"] and after["3_RowSum"] != before["3_RowSum"]
+    assert by_task(again)["3_RowSum"].speedup == pytest.approx(2.5)
+    assert [t.status for t in again.tasks] == ["ok", "ok", "ok"]
+
+    judge.compile_speedups["2_Softplus"] = 4.0  # the compile builds this time
+    filled = resume_audit(out, fill_baselines=True)
+    assert len(judge.configs) == 5  # 2_Softplus only: the others' baselines have no gap
+    assert by_task(filled)["2_Softplus"].compile_speedups == {
+        "compile:default": pytest.approx(5.0 / 4.0)}
+    assert ids_by_task()["1_Scale"] == before["1_Scale"]
+    assert resume_audit(out, fill_baselines=True) and len(judge.configs) == 5  # no gap left
+
+    with pytest.raises(ConfigError, match="no such task in this audit"):
+        resume_audit(out, redo=[7])
+    cli = pike("audit", "--resume", out, "--redo", "1", "--json")
+    assert cli.exit_code == 0, cli.output
+    assert len(judge.configs) == 6
+    alone = pike("audit", folder, TASKS, "--redo", "1")
+    assert alone.exit_code == 2 and "give --resume" in alone.output
+
+
 @pytest.mark.parametrize("now_on, torch_then, kept", [
     ("GPU-same", torch.__version__, True), ("GPU-other", torch.__version__, False),
     ("", torch.__version__, False), ("GPU-same", "2.4.0", False)])

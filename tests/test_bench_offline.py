@@ -159,3 +159,21 @@ def test_the_audit_spreads_over_the_gpus_named_first_call_and_resumed(
     # the audit gets what the campaign left of --stop-after
     limited = driver._audit_command(args, tmp_path / "set", audit_dir, 120.4)
     assert limited[limited.index("--stop-after") + 1] == "120"
+
+
+def test_a_redo_that_changes_files_has_the_audit_judge_those_tasks_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = _driver(monkeypatch)
+    before = {"4_Conv": ["t4", "f4"], "12_Gemm": ["t12", "f12"]}
+    now = {"4_Conv": ["t4", "f4-new"], "12_Gemm": ["t12", "f12"], "30_New": ["t30", "f30"]}
+    assert driver._changed_ids(before, now) == [4, 30]
+    assert driver._changed_ids(None, now) == []  # nothing audited yet
+    assert driver._changed_ids("a whole-set checksum", now) == []  # an older state
+    monkeypatch.setattr(sys, "argv", ["offline.py", str(tmp_path), "--tag", "t"])
+    args = driver._arguments()
+    audit_dir = tmp_path / "audit"
+    audit_dir.mkdir()
+    (audit_dir / "run.sqlite").write_bytes(b"")
+    resumed = driver._audit_command(args, tmp_path / "set", audit_dir, None, [4, 30])
+    assert resumed[4:8] == ["--resume", str(audit_dir), "--redo", "4,30"]
+    assert "--redo" not in driver._audit_command(args, tmp_path / "set", audit_dir)

@@ -548,6 +548,12 @@ def audit_command(
         "the set was written (marked in the result)")] = False,
     resume: Annotated[Path | None, typer.Option(
         help="go on with the audit in this run dir: what it judged is kept")] = None,
+    redo: Annotated[str | None, typer.Option(
+        help="with --resume: audit these task ids again from the start, baselines and file "
+        "(what they recorded is dropped): 12,40")] = None,
+    fill_baselines: Annotated[bool, typer.Option(
+        "--fill-baselines", help="with --resume: audit again, baselines and file, the "
+        "finished tasks whose baselines lack a mode or failed in one")] = False,
     stop_after: Annotated[float | None, typer.Option(
         min=0, help="start no task's work after this many seconds (a device session's "
         "limit): the tasks in flight finish, the rest stay for --resume, and the exit "
@@ -563,8 +569,9 @@ def audit_command(
     each torch.compile mode, and give aggregates that count failures as 1.0x.
 
     Cut off (Ctrl-C, a time limit), --resume RUN_DIR goes on where it stopped (--workers and
-    --devices may change then). Audits of parts of a set made apart, --combine RUN_DIR
-    (once per run) gathers into one result."""
+    --devices may change then); with it, --redo IDS audits tasks again and
+    --fill-baselines those whose baselines failed. Audits of parts of a set made apart,
+    --combine RUN_DIR (once per run) gathers into one result."""
     from pike.audit import audit, resume_audit, to_markdown
     from pike.audit.matching import match
     from pike.audit.run import resumed_config
@@ -577,9 +584,14 @@ def audit_command(
                                      ("--devices", devices), ("--workers", workers),
                                      ("--resume", resume), ("--stop-after", stop_after),
                                      ("--config", config), ("--construct-on", construct_on),
-                                     ("--allow-changed-tasks", allow_changed_tasks or None))
+                                     ("--allow-changed-tasks", allow_changed_tasks or None),
+                                     ("--redo", redo), ("--fill-baselines",
+                                                        fill_baselines or None))
             if value is not None])
         return
+    if (redo or fill_baselines) and resume is None:
+        raise ConfigError("--redo and --fill-baselines act on an audit run: give --resume "
+                          "RUN_DIR")
     if resume is not None:
         given = [name for name, value in (("SOLUTIONS", solutions), ("TASKS", tasks_folder),
                                           ("--tasks", tasks), ("--out", out),
@@ -594,7 +606,8 @@ def audit_command(
         with (_resumable(f"pike audit --resume {resume}", resume),
               BenchProgress(err_console, _stored_task_names(resume), AUDIT_FIELDS) as progress):
             result = resume_audit(resume, workers=workers, devices=gpus, stop_after=stop_after,
-                                  on_event=progress)
+                                  on_event=progress, redo=_ids(redo),
+                                  fill_baselines=fill_baselines)
         _print_audit(result, as_json, to_markdown)
         return
     if solutions is None or tasks_folder is None:

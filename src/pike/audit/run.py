@@ -32,7 +32,7 @@ from pike.audit.result import AuditResult, TaskAudit, aggregate, relative, task_
 from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import Baseline, Verdict, evaluate, measure_baselines
-from pike.evaluate.baseline import BaselineStopped, stopped_meanwhile
+from pike.evaluate.baseline import BaselineStopped, baseline_gaps, stopped_meanwhile
 from pike.evaluate.device_identity import probe
 from pike.evaluate.device_slots import DeviceSlots
 from pike.evaluate.judge import keep_references, resolve_device
@@ -62,15 +62,49 @@ def _no_event(kind: str, **data: Any) -> None:
 
 
 def resume(run_dir: Path, *, workers: int | None = None, devices: list[str] | None = None,
-           stop_after: float | None = None,
-           on_event: Callable[..., None] = _no_event) -> AuditResult:
+           stop_after: float | None = None, on_event: Callable[..., None] = _no_event,
+           redo: list[int] | None = None, fill_baselines: bool = False) -> AuditResult:
     """Go on with the audit in `run_dir`, as it was asked; `workers` and the GPUs to spread
-    tasks over (`devices`: the next call may hold another number of them) may change."""
+    tasks over (`devices`: the next call may hold another number of them) may change.
+    The tasks of ids `redo`, and with `fill_baselines` every finished task whose baselines
+    lack a mode or failed in one, are audited again from the start (reopen)."""
     asked, config, command = recorded_audit(run_dir, workers, devices)
+    if redo or fill_baselines:
+        reopen(Path(run_dir), asked, config, redo or [], fill_baselines, on_event)
     return audit(Path(asked["solutions"]), Path(asked["tasks"]), config, out=Path(run_dir),
                  ids=asked.get("ids"), command=command,
                  allow_changed_tasks=bool(asked.get("allow_changed_tasks")),
                  stop_after=stop_after, on_event=on_event, _resumed=True)
+
+
+def reopen(run_dir: Path, asked: dict[str, Any], cfg: RunConfig, redo: list[int],
+           fill_baselines: bool, on_event: Callable[..., None] = _no_event) -> list[str]:
+    """Drop what the tasks of ids `redo` recorded (their file's verdict, their baselines,
+    done or error), and with `fill_baselines` what every finished task recorded whose
+    baselines lack a mode of `search.baseline_modes` or failed in one (a compile that
+    timed out beside other work): the resumed audit measures and judges them again. The
+    file is judged again with its baselines, as a task's figures come from one card and
+    one call. A reopen cut off goes on with the next resume, as any task not done does.
+    Returns the tasks reopened."""
+    tasks = load_tasks(Path(asked["tasks"]), asked.get("ids"))
+    by_id = {t.id: t for t in tasks if t.id is not None}
+    unknown = [i for i in redo if i not in by_id]
+    if unknown:
+        raise ConfigError(f"--redo {','.join(map(str, unknown))}: no such task in this audit "
+                          f"(its ids: {','.join(map(str, sorted(by_id)))})")
+    again = [by_id[i].name for i in dict.fromkeys(redo)]
+    with RunStore.open(run_dir) as store:
+        if fill_baselines:
+            modes = cfg.search.baseline_modes
+            again += [t.name for t in tasks if t.name not in again
+                      and store.get_state(t.name, DONE_STATE)
+                      and (kept := store.get_state(t.name, BASELINE_STATE)) is not None
+                      and baseline_gaps(kept, modes)]
+        for name in again:
+            gone = store.forget_task(name)
+            log.info("%s: audited again; dropped %d verdicts", name, gone["candidates"])
+            on_event("task_phase", task=name, phase="redo")
+    return again
 
 
 def resumed_config(run_dir: Path, workers: int | None = None,

@@ -217,6 +217,17 @@ def _measure_modes(task: Task, cfg: EvalConfig, device: str, modes: list[str],
     return results, reference, work
 
 
+def baseline_gaps(baseline: object, modes: list[str]) -> list[str]:
+    """The modes of `modes` a stored baseline (its JSON) lacks or failed in (all of them
+    if none): what `pike bench --fill-baselines` and `pike audit --fill-baselines`
+    measure again."""
+    if not isinstance(baseline, dict):
+        return list(modes)
+    measured = {m.get("mode"): m for m in baseline.get("modes", [])}
+    return [m for m in modes if m not in measured or measured[m].get("error")
+            or not measured[m].get("stats")]
+
+
 def stopped_meanwhile(stopped: Callable[[], bool] | None,
                       seconds: float | None = None) -> bool:
     """Whether the caller has been stopped, or is within a moment (or `seconds`): asked

@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import measure_baselines
-from pike.evaluate.baseline import BaselineStopped, stopped_meanwhile
+from pike.evaluate.baseline import BaselineStopped, baseline_gaps, stopped_meanwhile
 from pike.evaluate.device_slots import DeviceSlots
 from pike.evaluate.judge import ReferenceOutOfMemory, failed_for_memory, keep_references
 from pike.evaluate.leftovers import remove_tree
@@ -142,15 +142,6 @@ def _reopen_memory_failures(store: RunStore, tasks: list[Task],
             log.info("%s: failed for memory before (%s); it goes on", task.name,
                      error.splitlines()[0][-160:])
             on_event("task_phase", task=task.name, phase="redo")
-
-
-def baseline_gaps(baseline: object, modes: list[str]) -> list[str]:
-    """The modes of `modes` a stored baseline lacks or failed in (all of them if none)."""
-    if not isinstance(baseline, dict):
-        return list(modes)
-    measured = {m.get("mode"): m for m in baseline.get("modes", [])}
-    return [m for m in modes if m not in measured or measured[m].get("error")
-            or not measured[m].get("stats")]
 
 
 def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
