@@ -116,7 +116,8 @@ def behind_best(run_dir: Path, factor: float = 1.25, rank: int = 1) -> dict[str,
                 out["cut"] += 1
             if not (v.ok and v.speedup and v.runtime and v.reference) or v.timed_rounds:
                 continue
-            seconds = v.steps.get("timing", 0.0)
+            # a shared window's `timing` is the whole window, in each of its verdicts
+            seconds = v.steps.get("timing", 0.0) / (v.window_candidates or 1)
             out["timed"] += 1
             out["timing_s"] += seconds
             fastest = v.reference.median_ms / v.runtime.min_ms if v.runtime.min_ms else 0.0

@@ -84,6 +84,55 @@ def test_a_candidate_that_fails_stops_only_itself_and_the_window_ends_with_the_l
     assert ran.count("a") == 2 and ran.count("eager") == 2
 
 
+def test_an_answer_that_makes_the_leader_raise_fails_only_its_candidate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    class Child:
+        unresponsive = False
+
+    ran: list[str] = []
+
+    def one_block(timer: Timer, **_: object) -> None:
+        ran.append(timer.mode)
+        if timer.mode == "garbled":
+            raise TypeError("'int' object is not iterable")
+        timer.samples.extend([1.0] * 4)
+
+    monkeypatch.setattr(driver, "_time_one_block", one_block)
+    timers = [Timer(child=Child(), mode=m)  # type: ignore[arg-type]
+              for m in ("eager", "garbled", "honest")]
+    time_interleaved(timers, TimingConfig(rounds=6), each=True)
+    assert timers[1].failure is not None and timers[1].failure.status == "rejected"
+    assert "could not read" in timers[1].failure.message and timers[1].child.unresponsive
+    assert ran.count("honest") == ran.count("eager") == 6 and ran.count("garbled") == 1
+    # eager's own trouble is the window's: it is raised
+    monkeypatch.setattr(driver, "_time_one_block",
+                        lambda timer, **_: (_ for _ in ()).throw(RuntimeError("evaluator")))
+    with pytest.raises(RuntimeError):
+        time_interleaved(_timers("eager", "honest"), TimingConfig(rounds=2), each=True)
+
+
+def test_probe_calls_that_are_no_list_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(driver, "request", lambda *a, **k: {
+        "samples": [1.0, 1.0, 1.0], "probe_calls": 5})
+    class Child:
+        line_ready_at = 0.0
+
+    timer = Timer(child=Child(), mode="candidate", warmed=True)  # type: ignore[arg-type]
+    driver._time_one_block(timer, min_calls=3, min_seconds=0.0, max_calls=3)
+    assert timer.samples == [1.0, 1.0, 1.0] and timer.probe_samples == []
+
+
+def test_each_candidate_of_a_window_is_held_to_the_usual_time_as_the_window_began() -> None:
+    reference = judge.ReferenceRun.__new__(judge.ReferenceRun)
+    reference.window_ms = [5.0]
+    eager = Timer(child=None, mode="eager", samples=[5.45] * 10,  # type: ignore[arg-type]
+                  usual_ms=5.0)
+    timers = [eager, Timer(child=None, mode="candidate")]  # type: ignore[arg-type]
+    assert judge._window_drift(reference, timers) == pytest.approx(0.09)
+    reference.window_ms.append(5.45)  # the first candidate of the window kept eager's median
+    assert judge._window_drift(reference, timers) == pytest.approx(0.09)  # still off
+
+
 def test_without_each_a_failure_still_ends_the_window_and_failed_modes_leave_eager_timed(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # the confirming window: one failure ends it, as before

@@ -348,6 +348,7 @@ class Timer:
     behind_best: float | None = None  # the search's best it was too far behind, if that was why
     shared_by: int = 1  # candidates timed in its window beside one eager (shared_window.py)
     noted: bool = False  # an eager timer whose median the reference run has kept
+    usual_ms: float | None = None  # eager's: the reference's usual time as its window began
 
     @property
     def stopped(self) -> bool:
@@ -412,7 +413,8 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
             timer.outputs.extend(o for o in reply["outputs"] if isinstance(o, dict))
         if timer.mode != "candidate" and isinstance(reply.get("rehearsed"), int):
             timer.rehearsed += reply["rehearsed"]
-        for i in reply.get("probe_calls") or []:
+        probes = reply.get("probe_calls")  # written by the child: anything may be there
+        for i in probes if isinstance(probes, list) else []:
             if isinstance(i, int) and 0 <= i < len(samples):
                 timer.probe_samples.append(samples[i])
         if not warm_up:
@@ -648,7 +650,10 @@ def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = Fal
             if not timer.stopped and timer.gave_up_after is None:
                 if before_block is not None:
                     before_block(timer)
-                _time_one_block(timer, **per_block)
+                if each and timer is not reference:
+                    _time_own_block(timer, per_block)
+                else:
+                    _time_one_block(timer, **per_block)
                 if stop_at_failure and timer.failure is not None:
                     return
         if (reference.failure is not None if each
@@ -667,6 +672,20 @@ def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = Fal
         if (each or give_up) and all(t.stopped or t.gave_up_after is not None
                                      for t in candidates):
             return
+
+
+def _time_own_block(timer: Timer, per_block: dict[str, Any]) -> None:
+    """A candidate's block in a window it shares: whatever its answer makes this thread
+    raise is its own failure, not the window's (the window's leader reads every
+    candidate's answers, and the others would be timed again alone)."""
+    try:
+        _time_one_block(timer, **per_block)
+    except Exception as err:
+        timer.child.unresponsive = True  # stopped without being asked
+        timer.failure = Verdict(status="rejected", phase="timing",
+                                message=f"answered a timing request with a message the "
+                                        f"evaluator could not read ({type(err).__name__}: "
+                                        f"{str(err)[:120]})")
 
 
 # Rounds a window times before it may end for a hopeless candidate: enough blocks of each

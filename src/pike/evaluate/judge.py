@@ -225,9 +225,11 @@ class ReferenceRun:
             return self._on_device
 
     def close(self) -> None:
-        if self.child is not None:
-            finish(self.child)
-            self.child = None
+        # once: the candidates of a shared window whose eager failed all close it at once
+        with _closing:
+            child, self.child = self.child, None
+        if child is not None:
+            finish(child)
         with _kept_lock:
             if self._kept_bytes:
                 _kept[self._kept_on] -= self._kept_bytes
@@ -1079,10 +1081,18 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
 
 
 _noting = threading.Lock()
+_closing = threading.Lock()
+
+
+def _usual(reference: ReferenceRun, timers: list[Timer]) -> float | None:
+    """The reference's usual time a window is held to: as it was when the window began
+    (a shared window's candidates each check the same eager, and the first to keep its
+    median must not move the others' bar), else as it is now."""
+    return timers[0].usual_ms if timers[0].usual_ms is not None else reference.usual_ms()
 
 
 def _window_drift(reference: ReferenceRun, timers: list[Timer]) -> float:
-    usual = reference.usual_ms()
+    usual = _usual(reference, timers)
     if usual is None or not timers[0].samples:
         return 0.0
     return abs(statistics.median(timers[0].samples) / usual - 1.0)
@@ -1125,7 +1135,7 @@ def _steady_window(reference: ReferenceRun, child: ChildProcess, device: str, cf
         if any(t.failure for t in retry):
             break
         timers, tries = retry, tries + 1
-    usual = reference.usual_ms() if off(timers) else None
+    usual = _usual(reference, timers) if off(timers) else None
     with _noting:  # a shared window's eager is kept once, not once per candidate
         if timers[0].samples and not timers[0].noted:
             timers[0].noted = True
@@ -1192,7 +1202,8 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
             with span("renew_reference"):
                 warmed = warmed and not reference.renew_child()
         assert reference.child is not None
-        timers = [Timer(reference.child, "eager", warmed=warmed),
+        timers = [Timer(reference.child, "eager", warmed=warmed,
+                        usual_ms=reference.usual_ms()),
                   Timer(child, "candidate", warmed=warmed)]
         with (span("timing"),
               timing_cores([_pid(reference.child), _pid(child)], device, cfg.timing_cores)):

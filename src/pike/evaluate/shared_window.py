@@ -17,7 +17,12 @@ stopped (SIGSTOP, as a timer stops every other evaluation) while eager and the o
 are timed, so its threads cannot reach their blocks. Kernels it queued before its stop
 can, as in a window of its own they can reach eager's (the reference's drift check
 looks at eager's; another candidate's blocks stretched this way make it look slower,
-never the one that queued them faster). The trees are taken when the window begins; a
+and may have it cut short by the give-up rules, but never make the one that queued them
+faster; a settling pause after each stop, as a timer's, would cost a second a window).
+Whatever a candidate's answer makes the leader's thread raise is that candidate's
+failure (driver._time_own_block), so no candidate can end the others' window. Each
+window's eager carries the reference's usual time as the window began, so the first
+candidate to keep eager's median does not move the drift check of the others. The trees are taken when the window begins; a
 process started later is not stopped until the next window. Windows timed again (a
 reference off its usual time, blocks their calls do not account for) are each alone.
 """
@@ -109,9 +114,10 @@ def timed_together(reference: ReferenceRun, child: ChildProcess, device: str,
             window.done.set()
     else:
         window.done.wait()
-    if seat.timer is None or window.eager is None:
-        return None
     steps = current_steps()
+    if seat.timer is None or window.eager is None:
+        steps.add("wait_for_device", time.perf_counter() - joined)
+        return None
     steps.add("wait_for_device", max(0.0, window.began - joined))
     steps.add("timing", window.ended - window.began)
     share = len([s for s in window.seats if s.timer is not None])
@@ -146,7 +152,7 @@ def _lead(window: _Window, reference: ReferenceRun, device: str, cfg: EvalConfig
             close()
         assert reference.child is not None
         window.began = time.perf_counter()
-        eager = Timer(reference.child, "eager")
+        eager = Timer(reference.child, "eager", usual_ms=reference.usual_ms())
         candidates = [Timer(s.child, "candidate", shared_by=len(seats)) for s in seats]
         timers = [eager, *candidates]
         turns = _Turns(candidates, pid_of) if len(candidates) > 1 else None
