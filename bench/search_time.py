@@ -150,6 +150,49 @@ def shared_windows(run_dir: Path) -> dict:
             "window_s": window_s, "alone_s": alone_s}
 
 
+def could_share(run_dir: Path, most: int = 4) -> dict:
+    """What eval.timing.share_window could have shared in a run timed before it (its
+    verdicts carry no window_candidates), estimated from the store alone: each timed
+    verdict's window is put at its end (evaluated_at less its final check and stop) less
+    its `timing`, and it waited for it over the `wait_for_device` before that (an upper
+    bound: the step also holds the wait to be listed). In order of start, a window not
+    yet taken by another leads, and takes up to `most` - 1 candidates of its task that
+    were waiting as it began; each one taken saves about half its window (eager's blocks
+    it no longer needs). A first-order estimate: with windows shared, everything after
+    them would have moved."""
+    windows = []
+    with RunStore.open(run_dir) as store:
+        for r in store.candidates():
+            v = r.verdict
+            if (v is None or not v.ok or not r.evaluated_at or v.window_candidates
+                    or not v.steps.get("timing")):
+                continue
+            end = (_stamp(r.evaluated_at) - v.steps.get("final_check", 0.0)
+                   - v.steps.get("stop_child", 0.0))
+            start = end - v.steps["timing"]
+            windows.append((start, start - v.steps.get("wait_for_device", 0.0), r.task,
+                            r.id, v.steps["timing"]))
+    windows.sort()
+    taken: set[int] = set()
+    led = joined = 0
+    saved = total = 0.0
+    for start, _, task, cid, seconds in windows:
+        total += seconds
+        if cid in taken:
+            continue
+        taken.add(cid)
+        waiting = [w for w in windows if w[2] == task and w[3] not in taken
+                   and w[1] <= start < w[0]][:most - 1]
+        if waiting:
+            led += 1
+        for w in waiting:
+            taken.add(w[3])
+            joined += 1
+            saved += w[4] / 2
+    return {"windows": len(windows), "shared": led, "joined": joined,
+            "timing_s": total, "saved_s": saved, "most": most}
+
+
 def _ordinal(n: int) -> str:
     return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
 
@@ -238,6 +281,16 @@ def render(found: dict, command: str, date: str, run_dir: Path) -> str:
                   f"{cut['factor']} times behind the {_ordinal(cut['rank'])} best of their "
                   "task's verdicts before them: what eval.timing.give_up_behind_best would "
                   f"time for three rounds only. Cut short by it in this run: {cut['cut']}."]
+    could = found.get("could_share")
+    if could and could["windows"]:
+        lines += ["", "## Windows that could have been shared (estimate)", "",
+                  f"Of {could['windows']} candidates' windows ({could['timing_s']:.0f} s), "
+                  f"{could['shared']} began while other candidates of their task waited for "
+                  f"the device; shared (at most {could['most']} candidates a window), "
+                  f"{could['joined']} of those waiting would have joined them, saving about "
+                  f"{could['saved_s']:.0f} s of the device held alone. From the verdicts' "
+                  "steps and times only (search_time.could_share): a first-order "
+                  "estimate, not a measurement."]
     shared = found.get("shared_windows")
     if shared and shared["by_size"]:
         sizes = ", ".join(f"{n} in windows of {k}" for k, n in shared["by_size"].items())
@@ -318,6 +371,7 @@ def main() -> None:
     found["baselines"] = collect_baselines(args.run_dir)
     found["behind_best"] = behind_best(args.run_dir, rank=args.bar_rank)
     found["shared_windows"] = shared_windows(args.run_dir)
+    found["could_share"] = could_share(args.run_dir)
     if args.against is not None:
         found["against"] = collect_baselines(args.against)
     date, command = now(), this_command()

@@ -166,3 +166,39 @@ def test_shared_windows_are_counted_once_per_window(tmp_path: Path,
     text = search_time.render({"tasks": {}, "kinds": {}, "shared_windows": found}, "cmd",
                               "d", run)
     assert "3 in windows of 3" in text and "about 6 s" in text
+
+
+def test_windows_that_began_while_others_of_their_task_waited_could_have_been_shared(
+        tmp_path: Path, search_time: ModuleType) -> None:
+    import datetime as dt
+
+    run = tmp_path / "run"
+    store = RunStore.create(run, {}, "test")
+    t0 = dt.datetime(2026, 12, 2, tzinfo=dt.timezone.utc)
+
+    def judged(task: str, window_start: float, wait: float, timing: float = 4.0) -> None:
+        cid = store.add_candidate(task, "src", parent_id=None, role="offline", round=0,
+                                  branch=0, idea="x")
+        store.set_verdict(cid, Verdict(status="ok", steps={
+            "timing": timing, "wait_for_device": wait, "final_check": 1.0}))
+        ended = t0 + dt.timedelta(seconds=window_start + timing + 1.0)
+        with store._db() as db:  # when it was judged: its window's end and final check
+            db.execute("UPDATE candidates SET evaluated_at = ? WHERE id = ?",
+                       (ended.isoformat(), cid))
+
+    try:
+        for task in ("9_Gemm", "12_Gemm"):
+            store.add_task(task, f"{task}.py", "0" * 64, "src")
+        judged("9_Gemm", 10.0, 0.0)  # leads: the next two waited as it began
+        judged("9_Gemm", 14.0, 6.0)  # waiting from 8 s
+        judged("9_Gemm", 18.0, 9.0)  # waiting from 9 s
+        judged("12_Gemm", 22.0, 15.0)  # another task's: never in 9's window
+        judged("9_Gemm", 30.0, 1.0)  # began waiting after: alone
+    finally:
+        store.close()
+    found = search_time.could_share(run)
+    assert (found["windows"], found["shared"], found["joined"]) == (5, 1, 2)
+    assert found["saved_s"] == pytest.approx(4.0) and found["timing_s"] == pytest.approx(20.0)
+    assert search_time.could_share(run, most=2)["joined"] == 1
+    text = search_time.render({"tasks": {}, "kinds": {}, "could_share": found}, "cmd", "d", run)
+    assert "2 of those waiting would have joined them, saving about 4 s" in text
