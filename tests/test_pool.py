@@ -144,7 +144,8 @@ def test_a_lost_evaluation_is_retried_on_another_device(mlp_task: Task,
 
 
 def test_a_candidate_out_of_gpu_memory_beside_others_is_judged_once_more(
-        mlp_task: Task, monkeypatch: pytest.MonkeyPatch) -> None:
+        mlp_task: Task, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     """Two at once on one GPU: the first to finish ran out of memory while the other was
     on the card, so it is judged again; alone, an out-of-memory verdict stands."""
     monkeypatch.setattr(pool_module, "resolve_device", lambda d: d)
@@ -170,6 +171,10 @@ def test_a_candidate_out_of_gpu_memory_beside_others_is_judged_once_more(
     assert got[0].ok and got[1].ok
     assert tries == {"crowded": 2, "other": 1, "alone": 1}
     assert alone.status == "runtime_error"
+    # the log says which task, in which phase, and what ran out (the GPU here)
+    said = [r.getMessage() for r in caplog.records if "judged once more" in r.getMessage()]
+    assert said and mlp_task.name in said[0] and "phase check" in said[0]
+    assert "CUDA out of memory. Tried to allocate 256 MiB" in said[0]
 
 
 def test_the_least_busy_gpu_gets_the_next_candidate(mlp_task: Task,

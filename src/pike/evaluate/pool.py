@@ -174,8 +174,13 @@ class LocalPool:
             # The GPU ran out with other evaluations on it: their memory is not this
             # candidate's fault. Judged once more; a candidate that needs more than the
             # card runs out again and keeps its verdict.
-            log.warning("a candidate ran out of memory (the GPU's, or the host's) with other "
-                        "evaluations on the GPU; judged once more")
+            # what ran out, in the log: the GPU's allocator names its card and what
+            # was free, the host's memory watch the child tree's size
+            said = next((line.strip() for line in (verdict.message or "").splitlines()
+                         if "out of memory" in line.lower()), "")
+            log.warning("%s: a candidate ran out of memory (the GPU's, or the host's) with "
+                        "other evaluations on the GPU, in phase %s; judged once more (%s)",
+                        task.name, verdict.phase, one_line(said))
             verdict = requeue_once(attempt, _evaluator_failure)
         return verdict
 
