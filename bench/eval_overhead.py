@@ -45,7 +45,8 @@ from pike.task import Task
 
 # The parent's top-level steps: they do not overlap, so their sum against the wall time
 # shows what no step covers. (Child and reference steps happen inside them.)
-TOP_STEPS = ("launch_child", "reference", "wait_for_device", "start_child", "load_build_warm_up", "trials",
+TOP_STEPS = ("launch_child", "reference", "wait_to_list", "wait_for_device", "start_child",
+             "load_build_warm_up", "trials",
              "compare", "timing", "calibrate_timing_loop", "final_check", "stop_child", "floor", "remove_files")
 
 

@@ -42,9 +42,11 @@ from pike.evaluate.verdict import Verdict
 from pike.store import BASELINE_STATE, DONE_STATE, RunStore
 
 # timing.calls and timing.blocks: of `timing`, the timed calls and the blocks after the
-# warm-up (verdicts from 2026-12-02 on; 0 before)
-STEPS = ("total", "paused", "reference", "wait_for_device", "load_build_warm_up", "trials",
-         "compare", "timing", "timing.calls", "timing.blocks", "final_check", "stop_child")
+# warm-up (verdicts from 2026-12-02 on; 0 before); wait_to_list: the wait to be listed
+# for timers to stop, before the child begins (in wait_for_device before 2026-12-02)
+STEPS = ("total", "paused", "reference", "wait_to_list", "wait_for_device",
+         "load_build_warm_up", "trials", "compare", "timing", "timing.calls", "timing.blocks",
+         "final_check", "stop_child")
 
 
 def kind(idea: str | None) -> str:

@@ -424,7 +424,8 @@ def test_on_a_gpu_a_batch_judges_cheap_candidates_beside_one_build(task: Task) -
 @pytest.mark.parametrize(("paused", "waited", "judged", "step"),
                          [(0.0, 0.0, 3, "wait_for_device"), (40.0, 0.0, 8, "wait_for_device"),
                           (25.0, 15.0, 8, "wait_for_device"), (0.0, 40.0, 8, "wait_for_device"),
-                          (0.0, 40.0, 8, "wait_for_memory"), (0.0, 40.0, 8, "reference")])
+                          (0.0, 40.0, 8, "wait_for_memory"), (0.0, 40.0, 8, "reference"),
+                          (0.0, 40.0, 8, "wait_to_list")])
 def test_the_time_budget_leaves_out_the_seconds_other_timers_stopped_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
         paused: float, waited: float, judged: int, step: str) -> None:

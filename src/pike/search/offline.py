@@ -65,13 +65,14 @@ _BUILD_ORDER = ("compile:default", "compile:reduce-overhead",
 def _stood(verdict: Verdict) -> float:
     """Seconds an evaluation stood still for others: stopped by their timing windows
     (`paused`), and waiting for the device while they held it alone, to start its child
-    or to time it (`wait_for_device`; a baseline's autotuning build and window beside the
-    searches on one GPU), waiting for host memory other children held
+    (`wait_to_list`) or to time it (`wait_for_device`; a baseline's autotuning build and
+    window beside the searches on one GPU), waiting for host memory other children held
     (`wait_for_memory`), and waiting for the task's reference run (`reference`: made once
     per task, as its baselines are, and near zero where a live one is kept; on the H200
     level2 bench the first four candidates of tasks resumed beside seven others each
     waited 100 s for it, and two searches ended after 4 and 5 candidates)."""
     return (verdict.phase_seconds.get("paused", 0.0)
+            + verdict.steps.get("wait_to_list", 0.0)
             + verdict.steps.get("wait_for_device", 0.0)
             + verdict.steps.get("wait_for_memory", 0.0)
             + verdict.steps.get("reference", 0.0))
