@@ -212,24 +212,51 @@ def test_other_scopes_list_nothing_and_a_shared_hold_stops_nothing(children):
         assert not device_lock.timed_now("cuda:0")
 
 
-def test_no_child_is_listed_while_a_timer_holds_the_device(children):
-    """A child listed in the middle of a window would run unstopped in it."""
+def test_a_child_listed_in_a_window_stops_itself_until_its_parent_finds_no_timer(children):
+    """Listing waits for no timer (it passed the turnstile, and so waited behind every
+    timer waiting then): a child listed in the middle of a window, which the window did
+    not see when it began, stops its own tree at once; once the window ends its parent
+    lets it go on. Listed outside a window, it runs, and the next window stops it."""
+    import psutil
+
     from pike.evaluate import device_lock
 
-    child = children()
+    def stopped_tree(root: psutil.Process) -> bool:
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            if all(p.status() == psutil.STATUS_STOPPED
+                   for p in [root, *root.children(recursive=True)]):
+                return True
+            time.sleep(0.01)
+        return False
+
+    child, calm = children(), children()
     events: list[str] = []
     release = threading.Event()
     timer = _holder("cuda:0", True, events, "timer", release)
     _wait_for(events, "timer in")
-    lister = threading.Thread(target=lambda: events.append(
-        f"listed {device_lock.list_child('cuda:0', child.pid, 'pause_others')}"), daemon=True)
-    lister.start()
-    time.sleep(0.3)
-    assert "listed True" not in events
+    started = time.monotonic()
+    assert device_lock.list_child("cuda:0", child.pid, "pause_others")
+    assert time.monotonic() - started < 1.0  # did not wait for the window
+    assert stopped_tree(child)
+    assert device_lock.resume_unless_timed("cuda:0", child.pid)  # still the window's
     release.set()
-    _wait_for(events, "listed True")
     timer.join(5)
-    lister.join(5)
+    assert not device_lock.resume_unless_timed("cuda:0", child.pid)  # let go on
+    deadline = time.monotonic() + 5
+    while device_lock.stopped(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not device_lock.stopped(child.pid)
+    # listed with no window: not stopped, and the next window stops it as any listed one
+    assert device_lock.list_child("cuda:0", calm.pid, "pause_others")
+    assert not device_lock.stopped(calm.pid)
+    with hold("cuda:0", exclusive=True):
+        assert stopped_tree(calm) and stopped_tree(child)
+    assert not device_lock.stopped(calm.pid)
+    assert not [p for p in device_lock._listed_dir("cuda:0").iterdir()
+                if p.name.endswith(".part")]  # written whole, then named
+    device_lock.unlist_child("cuda:0", child.pid)
+    device_lock.unlist_child("cuda:0", calm.pid)
 
 
 def test_a_child_left_stopped_by_a_timer_that_died_is_let_go_by_its_parent(children):

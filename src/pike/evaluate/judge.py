@@ -987,7 +987,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
         # and autotuning, CUDA-graph capture and the trials hold the device shared.
         wait_for_room(child)  # before any hold: timers would wait behind it
         with ExitStack() as device_held:
-            with span("wait_to_list"):  # its turnstile: behind every timer waiting then
+            with span("wait_to_list"):  # near 0: listing waits for no timer (list_child)
                 list_for_timers(child, device, cfg.device_lock)
             with span("wait_for_device"):
                 device_held.enter_context(hold_for_build(device, cfg.device_lock))
