@@ -146,7 +146,7 @@ def list_child(device: str, pid: int, scope: str) -> bool:
     part.write_text(str(_started(pid)))
     part.replace(folder / str(pid))
     if timed_now(device):
-        _signal_all(list(_trees([pid]).values()), signal.SIGSTOP)
+        _stop_trees([pid])
     return True
 
 
@@ -195,6 +195,14 @@ def _stop_listed(folder: Path, keep: set[int]) -> list[psutil.Process]:
             entry.unlink(missing_ok=True)
             continue
         roots.append(pid)
+    stopped = _stop_trees(roots)
+    if stopped:
+        time.sleep(_SETTLE_S)
+    return stopped
+
+
+def _stop_trees(roots: list[int]) -> list[psutil.Process]:
+    """SIGSTOP the process trees under `roots`; the processes stopped."""
     stopped: dict[int, psutil.Process] = {}
     # again until no process is new: one may start between a tree's listing and its stop
     for _ in range(8):
@@ -203,8 +211,6 @@ def _stop_listed(folder: Path, keep: set[int]) -> list[psutil.Process]:
             break
         _signal_all(list(late.values()), signal.SIGSTOP)
         stopped.update(late)
-    if stopped:
-        time.sleep(_SETTLE_S)
     return list(stopped.values())
 
 
