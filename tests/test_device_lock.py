@@ -259,6 +259,45 @@ def test_a_child_listed_in_a_window_stops_itself_until_its_parent_finds_no_timer
     device_lock.unlist_child("cuda:0", calm.pid)
 
 
+def test_a_parent_letting_its_child_go_on_keeps_the_next_timer_out_until_it_has(
+        children, monkeypatch):
+    """Between the parent's look (no timer) and its SIGCONT a waiting timer could take the
+    device and stop the child first: the SIGCONT would then let it run through that
+    window. The look holds the device shared until the child is let go."""
+    import signal as signals
+
+    from pike.evaluate import device_lock
+
+    child = children()
+    assert device_lock.list_child("cuda:0", child.pid, "pause_others")
+    device_lock.set_stopped(device_lock.tree_of(child.pid), True)
+    order: list[str] = []
+    resuming = threading.Event()
+    real = device_lock._signal_all
+
+    def slow_signal(procs, sig):
+        if sig == signals.SIGCONT and not resuming.is_set():
+            resuming.set()
+            time.sleep(0.5)  # the parent's walk, slowed by other threads
+            order.append("let go")
+        real(procs, sig)
+
+    monkeypatch.setattr(device_lock, "_signal_all", slow_signal)
+    parent = threading.Thread(target=lambda: order.append(
+        f"timed {device_lock.resume_unless_timed('cuda:0', child.pid)}"), daemon=True)
+    parent.start()
+    assert resuming.wait(5)
+    with hold("cuda:0", exclusive=True):
+        order.append("timer in")
+        deadline = time.monotonic() + 2
+        while not device_lock.stopped(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert device_lock.stopped(child.pid)  # the window stops it after the let-go
+    parent.join(5)
+    assert order.index("let go") < order.index("timer in") and "timed False" in order
+    device_lock.unlist_child("cuda:0", child.pid)
+
+
 def test_a_child_left_stopped_by_a_timer_that_died_is_let_go_by_its_parent(children):
     """A timer in another process killed with SIGKILL mid-window: its lock goes with it,
     and the child's own parent, finding it stopped with no timer, lets it go on."""

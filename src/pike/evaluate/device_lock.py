@@ -254,9 +254,18 @@ def stopped(pid: int) -> bool:
 def resume_unless_timed(device: str, pid: int) -> bool:
     """For a child's parent that finds it stopped: True while a timer holds the device
     (the stop is the timer's, and its time is not the child's); otherwise the child's
-    tree is let go on (its timer died, or it stopped itself) and False."""
-    if timed_now(device):
-        return True
-    log.info("child %d found stopped with no timer on %s: letting it go on", pid, device)
-    _signal_all(list(_trees([pid]).values()), signal.SIGCONT)
-    return False
+    tree is let go on (its timer died, or it stopped itself on being listed) and False.
+    The device is held shared until the tree is let go: a timer that took it between the
+    look and the SIGCONT would have stopped the child first, and the SIGCONT would then
+    let it run through that timer's window."""
+    fd = os.open(_lock_file(device, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        log.info("child %d found stopped with no timer on %s: letting it go on", pid, device)
+        _signal_all(list(_trees([pid]).values()), signal.SIGCONT)
+        return False
+    finally:
+        os.close(fd)  # lets go of the shared hold too

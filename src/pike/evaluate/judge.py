@@ -701,6 +701,9 @@ def _built_beside_others(child: ChildProcess, device: str, scope: str) -> Iterat
             yield
         finally:
             if child.pausable_on is not None and child.proc is not None:
+                # a child stopped on being listed mid-window, never asked anything since,
+                # would stay stopped with no one looking once unlisted
+                child.wait_unpaused()
                 unlist_child(device, child.proc.pid)
                 child.pausable_on = None
 
