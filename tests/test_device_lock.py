@@ -255,6 +255,16 @@ def test_a_child_listed_in_a_window_stops_itself_until_its_parent_finds_no_timer
     assert not device_lock.stopped(calm.pid)
     assert not [p for p in device_lock._listed_dir("cuda:0").iterdir()
                 if p.name.endswith(".part")]  # written whole, then named
+    # what a lister killed between the two leaves is dropped by the next window, once old
+    folder = device_lock._listed_dir("cuda:0")
+    stale, fresh = folder / ".999991.part", folder / ".999992.part"
+    for part in (stale, fresh):
+        part.write_text("1.0")
+    os.utime(stale, (time.time() - 120, time.time() - 120))
+    with hold("cuda:0", exclusive=True):
+        pass
+    assert not stale.exists() and fresh.exists()
+    fresh.unlink()
     device_lock.unlist_child("cuda:0", child.pid)
     device_lock.unlist_child("cuda:0", calm.pid)
 

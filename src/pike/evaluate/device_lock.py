@@ -182,9 +182,12 @@ def _trees(roots: list[int]) -> dict[int, psutil.Process]:
 
 def _stop_listed(folder: Path, keep: set[int]) -> list[psutil.Process]:
     """SIGSTOP the trees of the listed children but `keep`; entries of ended processes
-    (or of a reused pid) are dropped."""
+    (or of a reused pid) are dropped, and so are half-written ones a killed lister left."""
     roots = []
     for entry in folder.iterdir():
+        if entry.name.endswith(".part"):
+            _drop_if_stale(entry)
+            continue
         try:
             pid, started = int(entry.name), float(entry.read_text() or 0)
         except (ValueError, OSError):
@@ -199,6 +202,19 @@ def _stop_listed(folder: Path, keep: set[int]) -> list[psutil.Process]:
     if stopped:
         time.sleep(_SETTLE_S)
     return stopped
+
+
+# A listing entry is renamed a moment after it is written: one older than this was left
+# by a lister that was killed in between.
+_PART_STALE_S = 60.0
+
+
+def _drop_if_stale(entry: Path) -> None:
+    try:
+        if time.time() - entry.stat().st_mtime > _PART_STALE_S:
+            entry.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _stop_trees(roots: list[int]) -> list[psutil.Process]:
