@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pike.errors import TaskError
+from pike.errors import ConfigError, TaskError
 
 REQUIRED_FUNCTIONS = ("get_inputs", "get_init_inputs")
 _ID_PREFIX = re.compile(r"^(\d+)_")
@@ -88,6 +88,17 @@ def _literal(node: ast.AST) -> bool:
     """An assignment of a literal value (`get_inputs = [x]`), which cannot be called."""
     return isinstance(node, ast.Assign) and isinstance(
         node.value, (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.JoinedStr))
+
+
+def tasks_to_redo(tasks: list[Task], ids: list[int], run: str) -> list[Task]:
+    """The tasks of `ids` (each once, in the order given) for a run's `--redo`; a
+    ConfigError names the ids the run (`run`: "campaign", "audit") does not hold."""
+    by_id = {t.id: t for t in tasks if t.id is not None}
+    unknown = [i for i in ids if i not in by_id]
+    if unknown:
+        raise ConfigError(f"--redo {','.join(map(str, unknown))}: no such task in this {run} "
+                          f"(its ids: {','.join(map(str, sorted(by_id)))})")
+    return [by_id[i] for i in dict.fromkeys(ids)]
 
 
 def load_tasks(folder: str | Path, ids: list[int] | None = None) -> list[Task]:

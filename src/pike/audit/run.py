@@ -45,7 +45,7 @@ from pike.store import (
     MISSING_STATE,
     RunStore,
 )
-from pike.task import Task, load_tasks
+from pike.task import Task, load_tasks, tasks_to_redo
 from pike.threads import run_each
 
 log = logging.getLogger(__name__)
@@ -87,12 +87,7 @@ def reopen(run_dir: Path, asked: dict[str, Any], cfg: RunConfig, redo: list[int]
     one call. A reopen cut off goes on with the next resume, as any task not done does.
     Returns the tasks reopened."""
     tasks = load_tasks(Path(asked["tasks"]), asked.get("ids"))
-    by_id = {t.id: t for t in tasks if t.id is not None}
-    unknown = [i for i in redo if i not in by_id]
-    if unknown:
-        raise ConfigError(f"--redo {','.join(map(str, unknown))}: no such task in this audit "
-                          f"(its ids: {','.join(map(str, sorted(by_id)))})")
-    again = [by_id[i].name for i in dict.fromkeys(redo)]
+    again = [t.name for t in tasks_to_redo(tasks, redo, "audit")]
     with RunStore.open(run_dir) as store:
         if fill_baselines:
             modes = cfg.search.baseline_modes

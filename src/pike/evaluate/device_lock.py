@@ -248,16 +248,26 @@ def set_stopped(procs: list[psutil.Process], stop: bool) -> None:
     _signal_all(procs, signal.SIGSTOP if stop else signal.SIGCONT)
 
 
-def timed_now(device: str) -> bool:
-    """Whether a timer holds `device` alone at this moment."""
+@contextmanager
+def _held_unless_timed(device: str) -> Iterator[bool]:
+    """Whether `device` is free of timers, holding it shared (without waiting) for the
+    `with` block where it is: no timer takes it before the block ends."""
     fd = os.open(_lock_file(device, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
-        os.close(fd)  # also lets go of the shared hold at once
-    return False
+        os.close(fd)  # lets go of the shared hold too
+
+
+def timed_now(device: str) -> bool:
+    """Whether a timer holds `device` alone at this moment."""
+    with _held_unless_timed(device) as free:
+        return not free
 
 
 def stopped(pid: int) -> bool:
@@ -274,14 +284,9 @@ def resume_unless_timed(device: str, pid: int) -> bool:
     The device is held shared until the tree is let go: a timer that took it between the
     look and the SIGCONT would have stopped the child first, and the SIGCONT would then
     let it run through that timer's window."""
-    fd = os.open(_lock_file(device, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
+    with _held_unless_timed(device) as free:
+        if not free:
             return True
         log.info("child %d found stopped with no timer on %s: letting it go on", pid, device)
-        _signal_all(list(_trees([pid]).values()), signal.SIGCONT)
+        _signal_all(tree_of(pid), signal.SIGCONT)
         return False
-    finally:
-        os.close(fd)  # lets go of the shared hold too

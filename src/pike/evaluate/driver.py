@@ -354,6 +354,15 @@ class Timer:
     def stopped(self) -> bool:
         return self.error is not None or self.failure is not None
 
+    def calls_s(self) -> float:
+        """What the calls of its blocks after the first (the warm-up, not kept) took, as
+        reported, in seconds: a diagnostic, a candidate's samples being its own."""
+        return sum(sum(samples) for _, samples in self.blocks) / 1000
+
+    def blocks_s(self) -> float:
+        """What those blocks took by the parent's clock, in seconds."""
+        return sum(wall for wall, _ in self.blocks)
+
 
 def request(child: ChildProcess, phase: str, answer: str, event: str,
             **fields: object) -> dict | Verdict:
@@ -665,7 +674,7 @@ def time_interleaved(timers: list[Timer], cfg: TimingConfig, flipped: bool = Fal
                 if candidate.stopped or candidate.gave_up_after is not None:
                     continue
                 fastest = _fastest_speedup([reference, candidate])
-                if _hopeless([reference, candidate], cfg.give_up_slower_than):
+                if _hopeless(fastest, cfg.give_up_slower_than):
                     candidate.gave_up_after = i + 1
                 elif behind_bar(fastest, bar, cfg.give_up_behind_best):
                     candidate.gave_up_after, candidate.behind_best = i + 1, bar
@@ -709,11 +718,11 @@ def _fastest_speedup(timers: list[Timer]) -> float | None:
     return statistics.median(reference.samples) / min(candidate.samples)
 
 
-def _hopeless(timers: list[Timer], slower_than: float | None) -> bool:
-    """Whether even the candidate's fastest call so far is over `slower_than` times the
-    reference's median: no search would take it, and each further round of it holds the
-    device alone for nothing while every other evaluation waits."""
-    fastest = _fastest_speedup(timers)
+def _hopeless(fastest: float | None, slower_than: float | None) -> bool:
+    """Whether even the candidate's fastest call so far (`fastest`, _fastest_speedup) is
+    over `slower_than` times the reference's median: no search would take it, and each
+    further round of it holds the device alone for nothing while every other evaluation
+    waits."""
     return slower_than is not None and fastest is not None and fastest * slower_than < 1
 
 

@@ -1219,9 +1219,8 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
         # samples are its own) and what they took by this clock. The rest of `timing` is
         # the first blocks, staging and moving the children's cores.
         steps = current_steps()
-        steps.add("timing.calls", sum(sum(samples) for t in timers
-                                      for _, samples in t.blocks) / 1000)
-        steps.add("timing.blocks", sum(wall for t in timers for wall, _ in t.blocks))
+        steps.add("timing.calls", sum(t.calls_s() for t in timers))
+        steps.add("timing.blocks", sum(t.blocks_s() for t in timers))
         reference.child.enter_phase("idle")
     return timers
 

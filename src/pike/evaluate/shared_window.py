@@ -22,9 +22,10 @@ faster; a settling pause after each stop, as a timer's, would cost a second a wi
 Whatever a candidate's answer makes the leader's thread raise is that candidate's
 failure (driver._time_own_block), so no candidate can end the others' window. Each
 window's eager carries the reference's usual time as the window began, so the first
-candidate to keep eager's median does not move the drift check of the others. The trees are taken when the window begins; a
-process started later is not stopped until the next window. Windows timed again (a
-reference off its usual time, blocks their calls do not account for) are each alone.
+candidate to keep eager's median does not move the drift check of the others. The trees
+are taken when the window begins; a process started later is not stopped until the next
+window. Windows timed again (a reference off its usual time, blocks their calls do not
+account for) are each alone.
 """
 
 from __future__ import annotations
@@ -121,19 +122,9 @@ def timed_together(reference: ReferenceRun, child: ChildProcess, device: str,
     steps.add("wait_for_device", max(0.0, window.began - joined))
     steps.add("timing", window.ended - window.began)
     share = len([s for s in window.seats if s.timer is not None])
-    steps.add("timing.calls", (_calls_s(seat.timer) + _calls_s(window.eager) / share))
-    steps.add("timing.blocks", (_blocks_s(seat.timer) + _blocks_s(window.eager) / share))
+    steps.add("timing.calls", seat.timer.calls_s() + window.eager.calls_s() / share)
+    steps.add("timing.blocks", seat.timer.blocks_s() + window.eager.blocks_s() / share)
     return [window.eager, seat.timer]
-
-
-def _calls_s(timer: Timer) -> float:
-    """What the blocks after the first reported their calls took, in seconds (as
-    reported: a diagnostic, see judge._timing_window)."""
-    return sum(sum(samples) for _, samples in timer.blocks) / 1000
-
-
-def _blocks_s(timer: Timer) -> float:
-    return sum(wall for wall, _ in timer.blocks)
 
 
 def _lead(window: _Window, reference: ReferenceRun, device: str, cfg: EvalConfig,

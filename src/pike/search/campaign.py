@@ -46,7 +46,7 @@ from pike.search.session import (
 )
 from pike.solution_set import write_set
 from pike.store import BASELINE_STATE, DONE_STATE, ERROR_STATE, RunStore
-from pike.task import Task, load_tasks
+from pike.task import Task, load_tasks, tasks_to_redo
 from pike.threads import run_each, unwinding_stop
 
 log = logging.getLogger(__name__)
@@ -118,16 +118,11 @@ def _forget(store: RunStore, tasks: list[Task], redo: list[int],
             on_event: Callable[..., None]) -> None:
     """Drop what the tasks of ids `redo` recorded, so they run again from the start; a
     redo cut off goes on with the next --resume, as any task not done does."""
-    by_id = {t.id: t for t in tasks if t.id is not None}
-    unknown = [i for i in redo if i not in by_id]
-    if unknown:
-        raise ConfigError(f"--redo {','.join(map(str, unknown))}: no such task in this campaign "
-                          f"(its ids: {','.join(map(str, sorted(by_id)))})")
-    for i in dict.fromkeys(redo):
-        gone = store.forget_task(by_id[i].name)
-        log.info("%s: run again; dropped %d candidates and %d LLM calls", by_id[i].name,
+    for task in tasks_to_redo(tasks, redo, "campaign"):
+        gone = store.forget_task(task.name)
+        log.info("%s: run again; dropped %d candidates and %d LLM calls", task.name,
                  gone["candidates"], gone["llm_calls"])
-        on_event("task_phase", task=by_id[i].name, phase="redo")
+        on_event("task_phase", task=task.name, phase="redo")
 
 
 def _reopen_memory_failures(store: RunStore, tasks: list[Task],
