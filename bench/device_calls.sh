@@ -25,9 +25,8 @@ mode=${1:?first or resume}
 RUN=${RUN:?}; LIMIT=${LIMIT:-592}; JOBS=${JOBS:-4}; WORKERS=${WORKERS:-4}
 SRC=${SRC:-$PWD/src}; CARRY=${CARRY:-.tasks}; OUT=${OUT:?the folder that comes back}
 if [ -d .whl ] && [ ! -d /tmp/site/pydantic ]; then
-  pip install -q --no-deps --no-index --find-links .whl --target /tmp/site \
-    pydantic pydantic-core annotated-types typing-inspection openai tenacity distro jiter \
-    sniffio httpx httpcore h11 anyio idna certifi tqdm >/dev/null 2>&1
+  # every wheel there, not a list: openai 3.x moved to httpx2, and a list went stale
+  pip install -q --no-deps --no-index --target /tmp/site .whl/*.whl >/dev/null 2>&1
 fi
 export PYTHONPATH=$SRC:/tmp/site
 [ -x .bwrap/bwrap ] && export PIKE_BWRAP=$PWD/.bwrap/bwrap
