@@ -4,11 +4,13 @@ no failure of any kind reaching the evaluation."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -17,6 +19,7 @@ import torch
 
 from pike.config import EvalConfig, LimitsConfig
 from pike.evaluate import ncu
+from pike.evaluate.os_sandbox import sandbox_problem
 from pike.evaluate.profile import KernelMetrics, OpTime, ProfileSummary, profile_calls, render
 from tests.conftest import CANDIDATES, EXAMPLES
 
@@ -149,12 +152,14 @@ def test_metrics_land_on_the_profile_and_in_its_rendering(fake_ncu: Path, tmp_pa
     sample = tmp_path / "sample.csv"
     sample.write_text(SAMPLE)
     asked = tmp_path / "asked.txt"
+    # The profiled run may be in the OS sandbox, where only its work folder is writable:
+    # it writes its command line into the report, which the trusted import run copies out.
     _fake_ncu(fake_ncu, f"""
         if "--import" in argv:
+            open({str(asked)!r}, "w").write(open(argv[argv.index("--import") + 1]).read())
             print(open({str(sample)!r}).read())
         else:
-            open({str(asked)!r}, "w").write(" ".join(argv))
-            open(argv[argv.index("--export") + 1], "w").write("report")
+            open(argv[argv.index("--export") + 1], "w").write(" ".join(argv))
     """)
     summary = _summary()
     cfg = EvalConfig(ncu=True, build_cache=build_cache)
@@ -162,7 +167,9 @@ def test_metrics_land_on_the_profile_and_in_its_rendering(fake_ncu: Path, tmp_pa
     assert [m.launches for m in summary.kernel_metrics] == [2, 1]
     assert summary.ncu == "Nsight Compute: 2 kernels measured"
     target = asked.read_text()
-    assert f"-m pike.evaluate.ncu_target {MLP} {FUSED} --device cuda:0" in target
+    task, module = ((f"/pike/task/{MLP.name}", f"/pike/module/{FUSED.name}")
+                    if _sandboxed() else (MLP.resolve(), FUSED.resolve()))
+    assert f"-m pike.evaluate.ncu_target {task} {module} --device cuda:0" in target
     assert "regex:gemm_tile" in target
     text = render(summary, max_tokens=300)
     assert "Nsight Compute, % of peak" in text
@@ -211,19 +218,95 @@ def test_a_target_that_fails_under_ncu_is_named_with_its_own_last_line(
 def test_a_hanging_ncu_is_stopped_at_its_limit_with_nothing_left(fake_ncu: Path,
                                                                   tmp_path: Path,
                                                                   build_cache: Path) -> None:
-    pid_file = tmp_path / "pid"
+    # found by its command line: in the OS sandbox its PID is the namespace's own
+    marker = f"ncu-escapee-{os.getpid()}-{tmp_path.name}"
     _fake_ncu(fake_ncu, f"""
         import os, subprocess
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                 start_new_session=True)  # tries to escape the group
-        open({str(pid_file)!r}, "w").write(str(child.pid))
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", {marker!r}],
+                         start_new_session=True)  # tries to escape the group
         time.sleep(60)
     """)
     cfg = EvalConfig(ncu=True, build_cache=build_cache,
                      limits=LimitsConfig(load_seconds=4.0, check_seconds=1.0))
     assert ncu.kernel_metrics(MLP, FUSED, [], "cuda:0", cfg) is None
-    escaped = int(pid_file.read_text())
-    assert not psutil.pid_exists(escaped) or psutil.Process(escaped).status() == "zombie"
+
+    def escaped() -> list[psutil.Process]:
+        alive = []
+        for p in psutil.process_iter(["cmdline", "status"]):
+            if marker in (p.info["cmdline"] or []) and p.info["status"] != "zombie":
+                alive.append(p)
+        return alive
+
+    deadline = time.monotonic() + 5  # a namespace's processes end just after its init
+    while escaped() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert escaped() == []
+
+
+def _sandboxed() -> bool:
+    return sandbox_problem() is None
+
+
+@pytest.mark.skipif(not _sandboxed(), reason="the OS sandbox (bubblewrap) cannot run here")
+def test_the_profiled_module_runs_in_the_os_sandbox(fake_ncu: Path, tmp_path: Path,
+                                                    build_cache: Path) -> None:
+    """ncu runs the candidate's module afresh: it gets what a judged child gets, no more."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the user's key")
+    seen = tmp_path / "seen.json"
+    _fake_ncu(fake_ncu, f"""
+        import json, os
+        if "--import" in argv:
+            open({str(seen)!r}, "w").write(open(argv[argv.index("--import") + 1]).read())
+            sys.exit(1)
+        target = argv[argv.index("pike.evaluate.ncu_target") + 1:]
+
+        def refused(action):
+            try:
+                action()
+                return False
+            except OSError:
+                return True
+
+        found = {{
+            "secret_refused": refused(lambda: open({str(secret)!r}).read()),
+            "module_read_only": refused(lambda: open(target[1], "a").write("x")),
+            "task_readable": not refused(lambda: open(target[0]).read()),
+            "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+            "interfaces": [line.split(":")[0].strip()
+                           for line in open("/proc/net/dev").read().splitlines()[2:]],
+            "home": os.environ["HOME"],
+        }}
+        open(argv[argv.index("--export") + 1], "w").write(json.dumps(found))
+    """)
+    module = tmp_path / "module" / FUSED.name  # a copy: a sandbox that failed would write it
+    module.parent.mkdir()
+    module.write_text(FUSED.read_text())
+    ncu.kernel_metrics(MLP, module, [], "cuda:0", EvalConfig(ncu=True, build_cache=build_cache))
+    assert module.read_text() == FUSED.read_text()
+    found = json.loads(seen.read_text())
+    assert found["secret_refused"] and found["module_read_only"] and found["task_readable"]
+    assert found["interfaces"] in ([], ["lo"])  # its own network namespace
+    assert max(found["processes"]) < 100  # its own PID namespace: bwrap's init, ncu
+    assert found["home"].startswith("/pike/work/")
+
+
+def test_a_counters_permission_error_in_the_sandbox_says_what_the_driver_needs(
+        fake_ncu: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_ncu(fake_ncu, """
+        print("==ERROR== ERR_NVGPUCTRPERM - no permission to access GPU performance counters")
+        sys.exit(1)
+    """)
+    summary = _summary()
+    ncu.attach_kernel_metrics(summary, MLP, FUSED, "cuda:0",
+                              EvalConfig(ncu=True, build_cache=build_cache))
+    hint = "NVreg_RestrictProfilingToAdminUsers=0"
+    assert (hint in summary.ncu) == _sandboxed(), summary.ncu
+    plain = _summary()  # no sandbox: nothing about it
+    ncu.attach_kernel_metrics(plain, MLP, FUSED, "cuda:0",
+                              EvalConfig(ncu=True, build_cache=build_cache, sandbox="off"))
+    assert plain.ncu.startswith("ncu wrote no report: ==ERROR== ERR_NVGPUCTRPERM")
+    assert hint not in plain.ncu
 
 
 @pytest.mark.gpu

@@ -3,10 +3,16 @@ DRAM and SM throughput, where `ncu` is installed; one logged line where it is no
 
 ncu replays every profiled kernel several times to read the GPU's counters, so it cannot
 run inside the judged child: it starts the module afresh in a process of its own
-(pike.evaluate.ncu_target) with the child's protections (scrubbed environment, network
-namespace, wall-clock limit, the whole process tree killed at the end) and writes a
-report, which a second, trusted ncu run prints as CSV. Like the profile, the metrics only
-inform prompts and users: any failure here is a note on the summary, never a verdict.
+(pike.evaluate.ncu_target) with the child's protections (scrubbed environment, the OS
+sandbox where the children have it, else a network namespace; a wall-clock limit, the
+whole process tree killed at the end) and writes a report, which a second, trusted ncu
+run prints as CSV. Like the profile, the metrics only inform prompts and users: any
+failure here is a note on the summary, never a verdict.
+
+Inside the OS sandbox ncu runs as root of a user namespace, not of the host: where the
+driver keeps the GPU's counters to admin users (NVreg_RestrictProfilingToAdminUsers=1,
+its default), ncu there reads none and the note says so. The module is candidate code;
+it does not leave the sandbox for a few advisory metrics.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from pike.config import EvalConfig
 from pike.evaluate.driver import build_cache_root
 from pike.evaluate.leftovers import make_temp_dir
 from pike.evaluate.ncu_target import NVTX_RANGE
+from pike.evaluate.os_sandbox import INSIDE_ROOT, Mount, SandboxPlan, sandbox_active
 from pike.evaluate.profile import KernelMetrics, ProfileSummary
 from pike.evaluate.sandbox import (
     SPAWNER,
@@ -99,12 +106,23 @@ def measure(task_path: Path, module_path: Path, kernel_names: list[str], device:
     work = make_temp_dir("ncu")
     try:
         report = work / "kernels.ncu-rep"
-        command = [*network_prefix(cfg.network_isolation), *ncu_command(
-            ncu, target_command(task_path, module_path, device, cfg), kernel_names, report)]
+        cache_root = build_cache_root(cfg)
+        plan = sandbox_plan(ncu, task_path, module_path, work, cache_root, cfg)
+        see = plan.inside if plan is not None else os.path.realpath
+        prefix = plan.prefix() if plan is not None else network_prefix(cfg.network_isolation)
+        target = target_command(Path(see(task_path)), Path(see(module_path)), device, cfg)
+        command = [*prefix, *ncu_command(see(ncu), target, kernel_names, Path(see(report)))]
+        env = child_environment(see(work), uuid.uuid4().hex, see(cache_root / build_key),
+                                see(cache_root))
         limit = cfg.limits.load_seconds + cfg.limits.check_seconds
-        _run_isolated(command, work, cfg, build_key, limit)
+        _run_isolated(command, work, env, limit)
         if not report.is_file():
-            raise NcuUnavailable(f"ncu wrote no report: {_error_line(work / 'ncu.log')}")
+            said = _error_line(work / "ncu.log")
+            if plan is not None and "ERR_NVGPUCTRPERM" in said:
+                said += (" (ncu ran in the OS sandbox, where the host's root is not root: "
+                         "the driver must open the counters to every user, "
+                         "NVreg_RestrictProfilingToAdminUsers=0)")
+            raise NcuUnavailable(f"ncu wrote no report: {said}")
         printed = subprocess.run([ncu, "--import", str(report), "--csv", "--page", "details"],
                                  capture_output=True, text=True, timeout=_IMPORT_SECONDS)
         if printed.returncode != 0:
@@ -185,15 +203,28 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _run_isolated(command: list[str], work: Path, cfg: EvalConfig, build_key: str,
-                  limit_s: float) -> None:
+def sandbox_plan(ncu: str, task_path: Path, module_path: Path, work: Path, cache_root: Path,
+                 cfg: EvalConfig) -> SandboxPlan | None:
+    """What ncu and its target see in the OS sandbox, as a judged child does: the work
+    folder (where the report is written) and the candidates' build cache writable, the
+    task and the module read-only, and ncu's own installation where it is; None where the
+    sandbox is off or unavailable."""
+    if not sandbox_active(cfg.sandbox):
+        return None
+    installed = Path(os.path.realpath(ncu)).parent  # ncu finds its host/ and target/ there
+    return SandboxPlan([Mount(work, f"{INSIDE_ROOT}/work", writable=True),
+                        Mount(cache_root, f"{INSIDE_ROOT}/cache", writable=True),
+                        Mount(task_path, f"{INSIDE_ROOT}/task/{task_path.name}"),
+                        Mount(module_path, f"{INSIDE_ROOT}/module/{module_path.name}"),
+                        Mount(installed, f"{INSIDE_ROOT}/ncu")],
+                       share_network=cfg.network_isolation == "off")
+
+
+def _run_isolated(command: list[str], work: Path, env: dict[str, str], limit_s: float) -> None:
     """Run the untrusted target under ncu as the judged child runs: no secrets in its
-    environment, its own home and temp dir, the shared build cache, a wall-clock limit, and
-    nothing left running afterwards."""
-    cache_root = build_cache_root(cfg)
+    environment (`env`), its own home and temp dir, the shared build cache, a wall-clock
+    limit, and nothing left running afterwards."""
     make_child_dirs(work)
-    env = child_environment(str(work), uuid.uuid4().hex, str(cache_root / build_key),
-                            str(cache_root))
     with open(work / "ncu.log", "wb") as out:
         # The candidate's code runs in it: started as a candidate's child is (first for
         # the out-of-memory killer, ended with pike), from the spawning thread, whose life
