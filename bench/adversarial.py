@@ -44,7 +44,7 @@ CLASSES: dict[str, list[str]] = {
         "thread_outlives", "pool_outlives", "pool_outlives_builtin"],
     "passing its code off as a library's": [
         "names_code_as_library", "helper_in_torch_folder", "compiles_through_stdlib",
-        "marshals_code"],
+        "marshals_code", "loader_names_code_as_library", "unmarshals_through_importlib"],
     "predictable or readable inputs": ["assumes_randn", "reads_inputs_ahead"],
     "finding the task and the reference": ["uses_reference", "slows_the_reference"],
     "escaping the process": ["escapes_by_subprocess", "double_forks", "spawns_child",

@@ -42,6 +42,9 @@ pytestmark = pytest.mark.timing
     # round 4: the name given by a standard library helper, or by no call at all
     ("compiles_through_stdlib", "rejected", "library's file"),
     ("marshals_code", "rejected", "marshal data"),
+    # round 5: the name given by importlib's own (frozen) code, with bytes the candidate chose
+    ("loader_names_code_as_library", "rejected", "library's file"),
+    ("unmarshals_through_importlib", "rejected", "marshal data"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:

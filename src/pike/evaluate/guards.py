@@ -114,9 +114,61 @@ def _served_code(frame: FrameType | None) -> FrameType | None:
     return frame
 
 
-def _for_the_candidate(frame: FrameType | None) -> bool:
+def _for_the_candidate(frame: FrameType | None,
+                       honest: Callable[[FrameType], bool] | None = None) -> bool:
+    """Whether code made here (a compile, a marshal load) is made for the candidate: its
+    nearest caller outside the standard library is the candidate's code; or that caller is
+    importlib's (frozen), the candidate's code is further down the stack, and what
+    importlib makes is not what lies in the file it names (`honest`, given the frozen
+    frame, says whether it is): an importlib loader subclass of the candidate's whose
+    `get_data` returns other bytes, or the candidate's own call into importlib's internals
+    (`SourceLoader.source_to_code`, `_compile_bytecode`) with bytes of its own. An import
+    reads the file it names, so a library module imported from the candidate's code still
+    passes. zipimport's frames still decide themselves (an archive's members are no files
+    to compare with: Known gaps)."""
     served = _served_code(frame)
-    return served is not None and not _trusted_name(served.f_code.co_filename)
+    if served is None:
+        return False
+    name = served.f_code.co_filename
+    if name.startswith("<frozen "):
+        if honest is None or name.startswith("<frozen zipimport"):
+            return False
+        return _candidate_code_on(served, _BUILD_CACHES) and not honest(served)
+    return not _trusted_name(name)
+
+
+def _file_holds(path: object, data: object, skip: int = 0) -> bool:
+    """Whether the file at `path` holds `data` after its first `skip` bytes (a pyc's
+    header); False where it cannot be read or `data` is no bytes or text."""
+    if isinstance(data, str):
+        data = data.encode()
+    if not isinstance(path, (str, bytes)) or not isinstance(data, (bytes, bytearray,
+                                                                    memoryview)):
+        return False
+    try:
+        with open(path, "rb") as file:
+            file.seek(skip)
+            return file.read() == bytes(data)
+    except (OSError, ValueError):
+        return False
+
+
+def _compiles_its_file(source: object, name: str) -> Callable[[FrameType], bool]:
+    return lambda frame: _file_holds(name, source)
+
+
+def _loads_its_file(data: object) -> Callable[[FrameType], bool]:
+    """importlib unmarshals a cached module's code in `_compile_bytecode`, told the pyc's
+    path (`bytecode_path`): the data must be that file's, less its 16-byte header."""
+    def honest(frame: FrameType) -> bool:
+        at: FrameType | None = frame
+        while at is not None and at.f_code.co_filename.startswith("<frozen "):
+            path = at.f_locals.get("bytecode_path")
+            if path is not None:
+                return _file_holds(path, data, skip=16)
+            at = at.f_back
+        return False
+    return honest
 
 
 def _library_file(filename: str) -> bool:
@@ -240,11 +292,13 @@ class Guards:
             # only the candidate's own call, or a standard library helper's on its behalf:
             # torch's compilers name code after torch's files while the candidate's forward
             # is further down the stack
+            honest = (_compiles_its_file(args[0] if args else None, name)
+                      if event == "compile" and name is not None else None)
             if name is not None and _trusted_name(name) and _for_the_candidate(
-                    sys._getframe(1)):
+                    sys._getframe(1), honest):
                 self._refuse(f"code named after a library's file ({name})")
         elif event in _MARSHAL_EVENTS:
-            if _for_the_candidate(sys._getframe(1)):
+            if _for_the_candidate(sys._getframe(1), _loads_its_file(args[0] if args else None)):
                 self._refuse("loading code objects from marshal data")
         elif event in _PATH_EVENTS:
             # rename, replace and link: the destination counts as much as the source
