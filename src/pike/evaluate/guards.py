@@ -18,6 +18,8 @@ where available) is the outer layer.
 
 from __future__ import annotations
 
+import _imp
+import ast
 import functools
 import gc
 import ipaddress
@@ -128,13 +130,37 @@ def _for_the_candidate(frame: FrameType | None,
     to compare with: Known gaps)."""
     served = _served_code(frame)
     if served is None:
-        return False
+        # the standard library alone: a thread pool's worker calling compile or marshal
+        # for whoever submitted it (ThreadPoolExecutor.submit(compile, ...)); an import
+        # has importlib's frames, torch's work its own
+        return True
     name = served.f_code.co_filename
     if name.startswith("<frozen "):
         if honest is None or name.startswith("<frozen zipimport"):
             return False
         return _candidate_code_on(served, _BUILD_CACHES) and not honest(served)
     return not _trusted_name(name)
+
+
+def _renaming_for_imports_only(rename: Callable[[Any, str], None],
+                               guards: Guards) -> Callable[[Any, str], None]:
+    """`_imp._fix_co_filename`, which renames a code object and all it holds in place and
+    raises no audit event, for importlib's `_compile_bytecode` alone (a cached module's
+    code, after the file it was found as): the candidate's own call would give its code a
+    library's file name. The original is still reachable through this closure, so this
+    raises the bar; the guards still trust a thread by its code's file name."""
+    def fix_co_filename(code: Any, path: str) -> None:
+        caller = sys._getframe(1)
+        by_importlib = (caller.f_code.co_name == "_compile_bytecode"
+                        and caller.f_code.co_filename.startswith("<frozen importlib"))
+        if guards.armed and not by_importlib and _candidate_code_on(caller, _BUILD_CACHES):
+            guards._refuse("renaming code objects (_imp._fix_co_filename)")
+        rename(code, path)
+    return fix_co_filename
+
+
+def _never(frame: FrameType) -> bool:
+    return False  # importlib makes no code object with CodeType or replace()
 
 
 def _file_holds(path: object, data: object, skip: int = 0) -> bool:
@@ -159,22 +185,34 @@ def _compiles_its_file(source: object, name: str) -> Callable[[FrameType], bool]
 
 def _loads_its_file(data: object) -> Callable[[FrameType], bool]:
     """importlib unmarshals a cached module's code in `_compile_bytecode`, told the pyc's
-    path (`bytecode_path`): the data must be that file's, less its 16-byte header."""
+    path (`bytecode_path`): the data must be that file's, less its 16-byte header, and the
+    file outside the folders the candidate may write (the names inside marshal data are
+    the data's own: a pyc it wrote there would vouch for any of them)."""
     def honest(frame: FrameType) -> bool:
         at: FrameType | None = frame
         while at is not None and at.f_code.co_filename.startswith("<frozen "):
             path = at.f_locals.get("bytecode_path")
             if path is not None:
-                return _file_holds(path, data, skip=16)
+                return (isinstance(path, str) and not os.path.realpath(path).startswith(
+                            (*_untrusted_dirs, *_BUILD_CACHES))
+                        and _file_holds(path, data, skip=16))
             at = at.f_back
         return False
     return honest
 
 
 def _library_file(filename: str) -> bool:
-    if filename.startswith(_untrusted_dirs):
+    if filename.startswith(_untrusted_dirs) or not _plain_path(filename):
         return False
     return any(p in filename for p in _LIBRARY_PARTS) or filename.startswith(_library_roots)
+
+
+def _plain_path(filename: str) -> bool:
+    """A path that names a file the way the import system does: absolute, normalized, and
+    not through /proc/self/cwd or /proc/self/root (which reach a writable folder under
+    another prefix), nor `//` (which POSIX keeps apart from `/`)."""
+    return (filename == os.path.normpath(filename) and not filename.startswith("//")
+            and not filename.startswith("/proc/"))
 
 
 def _trusted_name(filename: str, also_trusted: tuple[str, ...] = _BUILD_CACHES) -> bool:
@@ -262,6 +300,7 @@ class Guards:
         _untrusted_dirs = tuple(dict.fromkeys(
             form.rstrip(os.sep) + os.sep for w in self.writable
             for form in (os.path.abspath(w), os.path.realpath(w))))
+        _imp._fix_co_filename = _renaming_for_imports_only(_imp._fix_co_filename, self)
         sys.addaudithook(self._audit)
 
     def _refuse(self, what: str) -> None:
@@ -293,10 +332,15 @@ class Guards:
             # torch's compilers name code after torch's files while the candidate's forward
             # is further down the stack
             honest = (_compiles_its_file(args[0] if args else None, name)
-                      if event == "compile" and name is not None else None)
+                      if event == "compile" and name is not None
+                      else _never if event == "code.__new__" else None)
             if name is not None and _trusted_name(name) and _for_the_candidate(
                     sys._getframe(1), honest):
                 self._refuse(f"code named after a library's file ({name})")
+            elif (event == "compile" and name is None and args
+                  and isinstance(args[0], ast.AST) and _for_the_candidate(sys._getframe(1))):
+                # the event names no file for a syntax tree: any name may be inside
+                self._refuse("compiling a syntax tree (the file name it gives is not seen)")
         elif event in _MARSHAL_EVENTS:
             if _for_the_candidate(sys._getframe(1), _loads_its_file(args[0] if args else None)):
                 self._refuse("loading code objects from marshal data")
@@ -365,7 +409,9 @@ def _runs_user_code(thread: threading.Thread, stack: FrameType | None) -> bool:
     if not (_library_file(filename) or "threading.py" in filename):
         return True
     if any(part in filename for part in _TORCH_PARTS):
-        return False  # torch's own threads run what torch gives them
+        # torch's own threads run what torch gives them, unless that is the candidate's
+        # code (a target wrapped by torch: Thread(target=torch.no_grad()(spin)))
+        return _candidate_code_on(stack, _BUILD_CACHES)
     return _candidate_code_on(stack, _BUILD_CACHES) or _runs_foreign_work_item(stack)
 
 
