@@ -41,7 +41,6 @@ TRICKS = {
 RUNNER = """
 import _imp, ast, concurrent.futures, importlib, json, marshal, os, sys
 import torch
-from pike.evaluate import guards as guards_module
 from pike.evaluate.guards import Guards
 
 LIB, OWN, PLAIN = sys.argv[1], sys.argv[2], sys.argv[3]

@@ -408,11 +408,12 @@ def _runs_user_code(thread: threading.Thread, stack: FrameType | None) -> bool:
     filename = code.co_filename if code else ""
     if not (_library_file(filename) or "threading.py" in filename):
         return True
-    if any(part in filename for part in _TORCH_PARTS):
-        # torch's own threads run what torch gives them, unless that is the candidate's
-        # code (a target wrapped by torch: Thread(target=torch.no_grad()(spin)))
-        return _candidate_code_on(stack, _BUILD_CACHES)
-    return _candidate_code_on(stack, _BUILD_CACHES) or _runs_foreign_work_item(stack)
+    # torch's own threads run what torch gives them, unless that is the candidate's code
+    # (a target wrapped by torch: Thread(target=torch.no_grad()(spin))); only a pool that
+    # is not torch's runs foreign work items
+    torchs = any(part in filename for part in _TORCH_PARTS)
+    return _candidate_code_on(stack, _BUILD_CACHES) or (
+        not torchs and _runs_foreign_work_item(stack))
 
 
 def _runs_foreign_work_item(frame: FrameType | None) -> bool:

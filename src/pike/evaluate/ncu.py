@@ -107,7 +107,7 @@ def measure(task_path: Path, module_path: Path, kernel_names: list[str], device:
     try:
         report = work / "kernels.ncu-rep"
         cache_root = build_cache_root(cfg)
-        plan = sandbox_plan(ncu, task_path, module_path, work, cache_root, cfg)
+        plan = _sandbox_plan(ncu, task_path, module_path, work, cache_root, cfg)
         see = plan.inside if plan is not None else os.path.realpath
         prefix = plan.prefix() if plan is not None else network_prefix(cfg.network_isolation)
         target = target_command(Path(see(task_path)), Path(see(module_path)), device, cfg)
@@ -203,8 +203,8 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def sandbox_plan(ncu: str, task_path: Path, module_path: Path, work: Path, cache_root: Path,
-                 cfg: EvalConfig) -> SandboxPlan | None:
+def _sandbox_plan(ncu: str, task_path: Path, module_path: Path, work: Path,
+                  cache_root: Path, cfg: EvalConfig) -> SandboxPlan | None:
     """What ncu and its target see in the OS sandbox, as a judged child does: the work
     folder (where the report is written) and the candidates' build cache writable, the
     task and the module read-only, and ncu's own installation where it is; None where the
