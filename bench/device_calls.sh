@@ -6,7 +6,7 @@
 # does the same.
 #
 #   RUN=name LIMIT=592 TASKS_DIR=path CONFIG=file [TASKS=9,12,...] [JOBS=4] [WORKERS=4] \
-#     [SRC=path/to/src] [CARRY=dir] [LOG=bench-call.log] bash bench/device_calls.sh first|resume
+#     [SRC=path/to/src] [CARRY=dir] [LOG=bench-call.log] [DRAIN=s] bash bench/device_calls.sh first|resume
 #
 # first: a fresh `pike bench TASKS_DIR --tasks TASKS` into .runs/RUN; resume: unpacks
 # CARRY/RUN.tgz (default .tasks/) and goes on with `pike bench --resume`. Either way the
@@ -18,7 +18,9 @@
 # level1 bench was, twice, with no word in its log) the kernel's out-of-memory lines and
 # the host's memory. Where the machine lacks pike's small dependencies, wheels in .whl/
 # are installed into /tmp/site (no network there); PIKE_BWRAP may name a bubblewrap
-# binary.
+# binary. DRAIN=s: `pike bench --stop-after` s seconds before that SIGINT, so nothing new
+# starts then and what is in flight finishes and is kept (without it, the candidates in
+# flight at the cut are lost and judged again after the resume).
 set -u
 T0=$(date +%s)
 mode=${1:?first or resume}
@@ -37,15 +39,16 @@ log=$OUT/${LOG:-bench-call.log}
 # .git/info/exclude, it was removed); a fresh one unpacks the carried tarball
 if [ "$mode" = resume ] && [ ! -d ".runs/$RUN" ]; then tar xzf "$CARRY/$RUN.tgz" -C .runs; fi
 left=$(( LIMIT - ( $(date +%s) - T0 ) - 25 ))
-echo "$(date -u +%T) driver: $mode $RUN, bench limit ${left}s, src $SRC" | tee -a "$log"
+stop=${DRAIN:+--stop-after $(( left - DRAIN ))}
+echo "$(date -u +%T) driver: $mode $RUN, bench limit ${left}s ${stop}, src $SRC" | tee -a "$log"
 start=$(date +%s)
 if [ "$mode" = first ]; then
   timeout -s INT "$left" python3 -m pike bench "${TASKS_DIR:?}" ${TASKS:+--tasks "$TASKS"} \
     --jobs "$JOBS" --workers "$WORKERS" --device cuda ${CONFIG:+--config "$CONFIG"} \
-    --out ".runs/$RUN" >>"$log" 2>&1
+    --out ".runs/$RUN" $stop >>"$log" 2>&1
 else
   timeout -s INT "$left" python3 -m pike bench --resume ".runs/$RUN" --jobs "$JOBS" \
-    --workers "$WORKERS" >>"$log" 2>&1
+    --workers "$WORKERS" $stop >>"$log" 2>&1
 fi
 rc=$?
 echo "$(date -u +%T) driver: bench rc $rc after $(( $(date +%s) - start ))s" | tee -a "$log"

@@ -297,6 +297,14 @@ class SearchConfig(_Strict):
         "H200 level2 bench 6 windows (20 s) instead of 27 (98 s)")
     confirm_max: int = Field(6, ge=0, description="the most candidates one confirming "
                              "window takes (each is loaded and compiled again)")
+    screen_seconds: float | None = Field(
+        0.5, gt=0, description="with confirm_top > 0: a search's candidates are timed for "
+        "this long in their own windows (eval.timing.min_seconds there), and the confirming "
+        "window times the top ones for the full eval.timing.min_seconds, from which the best "
+        "and its figures come. On an H200 a window of 0.5 s took about a second less than "
+        "one of 1.0 s and stayed within 2.8% of it (bench/results/evaluation-noise-h200-"
+        "min-seconds.md), well inside confirm_within; every candidate's window stops all "
+        "other evaluations on the GPU. None: the full protocol in every window")
     baseline_modes: list[str] = Field(
         default_factory=lambda: ["eager", *(f"compile:{m}" for m in COMPILE_MODES)],
         description="what `pike bench` times once per task, for the report's comparisons")
@@ -309,6 +317,18 @@ class RunConfig(_Strict):
     llm: LLMConfig = Field(default_factory=LLMConfig)
     search: SearchConfig = Field(default_factory=SearchConfig)
     runs_dir: Path = Field(Path("pike-runs"), description="where runs and baselines are written")
+
+    def search_eval(self) -> EvalConfig:
+        """The evaluator's config for a search's candidates: timed for
+        `search.screen_seconds` where a confirming window times its best again in full;
+        `eval` itself otherwise (pike eval, pike audit, baselines and confirming windows
+        always use `eval`)."""
+        screen = self.search.screen_seconds
+        if (self.search.confirm_top == 0 or screen is None
+                or screen >= self.eval.timing.min_seconds):
+            return self.eval
+        timing = self.eval.timing.model_copy(update={"min_seconds": screen})
+        return self.eval.model_copy(update={"timing": timing})
 
     @classmethod
     def load(cls, path: Path | None) -> RunConfig:

@@ -195,7 +195,7 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
     # between their baselines and their searches, and their first candidates waited for
     # the reference to be made again (2,300 s of the candidates' evaluation in all).
     keep_references(threads + 1)
-    with closing(make_pool(cfg.eval.model_copy(update={"workers": total}))) as pool:
+    with closing(make_pool(cfg.search_eval().model_copy(update={"workers": total}))) as pool:
         for outcome in run_each(lambda t: one(t, Lane(pool, width)), tasks, threads,
                                 "pike-bench", stop=_stop_the_others):
             if outcome is not None:

@@ -118,7 +118,7 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
     its last candidate is judged, before its confirming window (which judges nothing in
     the pool): a campaign lets its next task search beside that window's minute."""
     if pool is None:
-        with closing(make_pool(cfg.eval)) as own:
+        with closing(make_pool(cfg.search_eval())) as own:
             return search_task(store, task, cfg, recorded, on_event, own, searched)
     device = resolve_device(cfg.eval.device)
     seeds: list[Seed] = []
