@@ -20,6 +20,9 @@ Each task's baselines too: every mode's speedup over eager, its build seconds an
 of them that held the device alone (an autotuning mode's build less its pre-build, which
 ran beside other work); `--against` sets them beside another run's of the same tasks, mode
 by mode (is a mode's figure the same where its build was made differently?).
+Where the run dir holds the logs of bench/device_calls.sh (bench-*.log), the evaluations
+in progress at once in each device call, by minute: of the lanes (jobs x workers), how
+many held a candidate that was judged (one in flight at a cut is not counted).
 Results go to bench/results/search-time-<tag>.json and .md.
 """
 
@@ -93,6 +96,60 @@ def collect(run_dir: Path, since: int = 0) -> dict:
             t["budget_s"] = store.get_state(name, "offline_seconds")
             t["replay"] = replay_budget(t.pop("spans"), width)
     return {"tasks": tasks, "kinds": by_kind}
+
+
+def call_windows(run_dir: Path) -> list[tuple[str, float, float]]:
+    """(log name, start, end) of each device call of a run driven by
+    bench/device_calls.sh, from the driver's first and last time stamps in each
+    bench-*.log there (UTC times, taken on the day of the run's first verdict)."""
+    with RunStore.open(run_dir) as store:
+        day = next((r.evaluated_at[:10] for r in store.candidates() if r.evaluated_at), None)
+    calls = []
+    for log in sorted(run_dir.glob("bench-*.log")):
+        stamps = [line[:8] for line in log.read_text().splitlines()
+                  if " driver: " in line and line[:2].isdigit()]
+        if day and len(stamps) >= 2:
+            start, end = (_stamp(f"{day}T{t}+00:00") for t in (stamps[0], stamps[-1]))
+            calls.append((log.name, start, end))
+    return calls
+
+
+def verdict_spans(run_dir: Path) -> list[tuple[float, float]]:
+    """(start, end) of each judged candidate's evaluation: its verdict's time less its
+    own total seconds."""
+    with RunStore.open(run_dir) as store:
+        return [(_stamp(r.evaluated_at) - step_seconds(r.verdict)["total"],
+                 _stamp(r.evaluated_at))
+                for r in store.candidates() if r.verdict is not None and r.evaluated_at]
+
+
+def lanes(run_dir: Path) -> str:
+    """The run's evaluation lanes as its command asked for them (jobs x workers)."""
+    with RunStore.open(run_dir) as store:
+        workers = int(store.config().get("eval", {}).get("workers", 1) or 1)
+        command = store.command()
+    words = command.split()
+    jobs = int(words[words.index("--jobs") + 1]) if "--jobs" in words else 1
+    return f"{jobs} jobs x {workers} workers = {jobs * workers}"
+
+
+def at_once(spans: list[tuple[float, float]], calls: list[tuple[str, float, float]],
+            every_s: float = 5.0) -> list[dict]:
+    """Per call: the evaluations in progress, sampled every `every_s` seconds, as a mean
+    over the call and per minute, and the verdicts that came in it."""
+    found = []
+    for name, start, end in calls:
+        samples, t = [], start
+        while t < end:
+            samples.append(sum(1 for a, b in spans if a <= t < b))
+            t += every_s
+        per_minute = int(60 / every_s)
+        found.append({"call": name, "seconds": end - start,
+                      "verdicts": sum(1 for _, b in spans if start <= b < end),
+                      "mean": statistics.fmean(samples) if samples else 0.0,
+                      "by_minute": [round(statistics.fmean(samples[i:i + per_minute]), 1)
+                                    for i in range(0, len(samples), per_minute)]})
+    return found
 
 
 def behind_best(run_dir: Path, factor: float = 1.25, rank: int = 1) -> dict[str, float]:
@@ -301,6 +358,14 @@ def render(found: dict, command: str, date: str, run_dir: Path) -> str:
                   f"windows held the device for {shared['window_s']:.0f} s; windows of "
                   f"their own, of the same length per timer, would have taken about "
                   f"{shared['alone_s']:.0f} s."]
+    if found.get("at_once"):
+        lines += ["", "## Evaluations at once, per device call", "",
+                  "Candidates in evaluation at once (judged ones only: one in flight at a cut "
+                  "is lost), sampled every 5 s, against the run's lanes "
+                  f"({found.get('lanes', '?')}):", "",
+                  "| call | seconds | verdicts | mean at once | by minute |", "|---|---|---|---|---|"]
+        lines += [f"| {c['call']} | {c['seconds']:.0f} | {c['verdicts']} | {c['mean']:.1f} | "
+                  f"{', '.join(f'{m:g}' for m in c['by_minute'])} |" for c in found["at_once"]]
     if found.get("baselines"):
         lines += render_baselines(found["baselines"], found.get("against"))
     return "\n".join(lines) + "\n"
@@ -374,6 +439,8 @@ def main() -> None:
     found["behind_best"] = behind_best(args.run_dir, rank=args.bar_rank)
     found["shared_windows"] = shared_windows(args.run_dir)
     found["could_share"] = could_share(args.run_dir)
+    found["at_once"] = at_once(verdict_spans(args.run_dir), call_windows(args.run_dir))
+    found["lanes"] = lanes(args.run_dir)
     if args.against is not None:
         found["against"] = collect_baselines(args.against)
     date, command = now(), this_command()

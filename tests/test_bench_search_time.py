@@ -202,3 +202,33 @@ def test_windows_that_began_while_others_of_their_task_waited_could_have_been_sh
     assert search_time.could_share(run, most=2)["joined"] == 1
     text = search_time.render({"tasks": {}, "kinds": {}, "could_share": found}, "cmd", "d", run)
     assert "2 of those waiting would have joined them, saving about 4 s" in text
+
+
+def test_evaluations_at_once_are_counted_per_device_call(tmp_path: Path,
+                                                         search_time: ModuleType) -> None:
+    import datetime as dt
+
+    run = tmp_path / "run"
+    store = RunStore.create(run, {"eval": {"workers": 2}}, "pike bench t --jobs 3 --workers 2")
+    try:
+        store.add_task("9_Gemm", "9_Gemm.py", "0" * 64, "src")
+        _judged(store, "tf32", 40.0, 0.0, {})
+        _judged(store, "cuda_graph", 20.0, 0.0, {})
+        end = max(r.evaluated_at for r in store.candidates())
+    finally:
+        store.close()
+    last = dt.datetime.fromisoformat(end)
+    clock = [(last + dt.timedelta(seconds=s)).strftime("%H:%M:%S") for s in (-60, 1, 5, 100)]
+    if len({c[:2] for c in clock}) > 1 and clock[0] > clock[-1]:
+        pytest.skip("the calls would straddle midnight")  # times only, taken on one day
+    (run / "bench-1.log").write_text(f"{clock[0]} driver: first\nnoise\n{clock[1]} driver: rc\n")
+    (run / "bench-2.log").write_text(f"{clock[2]} driver: resume\n{clock[3]} driver: rc\n")
+    calls = search_time.call_windows(run)
+    assert [c[0] for c in calls] == ["bench-1.log", "bench-2.log"]
+    found = search_time.at_once(search_time.verdict_spans(run), calls)
+    first, second = found
+    assert first["verdicts"] == 2 and second["verdicts"] == 0
+    # 61 s sampled every 5 s: 20 s with none, 20 with one (the 40 s one), 20 with both
+    assert first["mean"] == pytest.approx((4 * 0 + 4 * 1 + 5 * 2) / 13, abs=0.2)
+    assert first["by_minute"][0] < 1.5 and second["mean"] == 0.0
+    assert search_time.lanes(run) == "3 jobs x 2 workers = 6"
