@@ -174,8 +174,11 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
     def one(task: Task, lane: Lane, beside_searches: bool = True) -> TaskOutcome | None:
         # A task's search waits for its own baselines only. Threads beyond `jobs` measure
         # the next tasks' baselines meanwhile, at most `at_once` ahead of the searches.
-        # A task whose search has judged its last candidate leaves both counts for its
-        # confirming window, so up to `jobs` more threads confirm beside the searches.
+        # A task whose search starts nothing more (its offline budget spent, or its last
+        # candidate judged) leaves both counts for its last candidates and its confirming
+        # window, so up to `jobs` more threads finish and confirm beside the searches: a
+        # lane of the next task's search may run beside a finishing one's last
+        # candidates, more than jobs x workers evaluations at once for those minutes.
         # None: its reference ran out of memory beside the searches, for its baselines or
         # its search (tried again later).
         with _Slot(begun) as pending:
@@ -220,10 +223,13 @@ def _stop_the_others(err: BaseException) -> None:
 
 class _Slot:
     """A search slot of the campaign (`--jobs`), held from the task's search start until
-    it has judged its last candidate (`free`), or until it ends: its confirming window,
-    about a minute of loading, checking and timing its top candidates again outside the
-    pool (66 to 75 s a task on the H200 level2 wave), no longer keeps the next task's
-    search from starting. That window holds the device alone as every timing does."""
+    it starts nothing more (`free`), or until it ends. Its confirming window, about a
+    minute of loading, checking and timing its top candidates again outside the pool (66
+    to 75 s a task on the H200 level2 wave), and an offline search's last candidates once
+    its budget is spent (compile builds of up to four minutes, beside lanes standing
+    empty: 8 to 11 of 16 lanes busy on average on the H200 level2 bench) no longer keep
+    the next task's search from starting. That window holds the device alone as every
+    timing does."""
 
     def __init__(self, slots: threading.Semaphore) -> None:
         self._slots, self._held = slots, False
@@ -252,7 +258,7 @@ def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
     measured again in (--fill-baselines), as the first ones were. None where its
     reference ran out of memory (twice) `beside_others`: the other tasks' children held
     it, and the search goes on once they have ended, as a baseline's does. `searched`:
-    called when the search has judged its last candidate (search_task)."""
+    called when the search starts nothing more (search_task)."""
     def event(kind: str, **data: Any) -> None:
         on_event(kind, task=task.name, **data)
 

@@ -125,8 +125,13 @@ class OfflineSearch:
                  compile_speedups: dict[str, float] | None = None,
                  skip: dict[str, str] | None = None,
                  known_alone: dict[str, float] | None = None,
-                 build_seconds: dict[str, float] | None = None, bar_rank: int = 1) -> None:
+                 build_seconds: dict[str, float] | None = None, bar_rank: int = 1,
+                 spent: Callable[[], None] = lambda: None) -> None:
         self.store, self.task, self.task_source = store, task_name, task_source
+        # called once, when the budget (seconds or candidates) first leaves no room for
+        # another candidate: a campaign's next task can start searching beside this one's
+        # last candidates instead of after them
+        self._spent_said, self._say_spent = False, spent
         # the evaluator's bar is this best figure so far (search.confirm_top: what the
         # confirming window always times again is timed in full; search_bar.py)
         self.bar_rank = bar_rank
@@ -247,8 +252,12 @@ class OfflineSearch:
         self._try([names for _, names in sets], round_, first_branch, may_start=fits)
 
     def _room(self) -> bool:
-        return (self._made < self.max_candidates
+        room = (self._made < self.max_candidates
                 and self._spent() < self.max_seconds and not due())
+        if not room and not self._spent_said:
+            self._spent_said = True
+            self._say_spent()
+        return room
 
     def _spent(self) -> float:
         return _clock() - self._started - self._stopped

@@ -115,15 +115,20 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
                 searched: Callable[[], None] = lambda: None) -> OptimizeResult:
     """Run (or continue) the configured strategy on one task of the store; its candidates
     are judged by `pool` (one the config asks for when None). `searched` is called once
-    its last candidate is judged, before its confirming window (which judges nothing in
-    the pool): a campaign lets its next task search beside that window's minute."""
+    the search starts nothing more: its last candidate judged, before its confirming
+    window (which judges nothing in the pool), or for the offline strategy alone as soon
+    as its budget is spent, while its last candidates still run (it may be called twice):
+    a campaign lets its next task search beside them and that window."""
     if pool is None:
         with closing(make_pool(cfg.search_eval())) as own:
             return search_task(store, task, cfg, recorded, on_event, own, searched)
     device = resolve_device(cfg.eval.device)
     seeds: list[Seed] = []
     if not cfg.llm.model or cfg.search.seed_offline:  # replays too: it needs no LLM
-        _offline(store, task, cfg, device, pool, on_event)
+        # the offline search alone: once its budget is spent, the campaign's next task
+        # searches beside its last candidates (they can take minutes: compile builds)
+        _offline(store, task, cfg, device, pool, on_event,
+                 spent=searched if not cfg.llm.model else lambda: None)
         if due():  # past a campaign's time limit: the task stays open, nothing more starts
             return task_result(store, task.name, stopped=True)
         if not cfg.llm.model:
@@ -304,7 +309,7 @@ def _best_offline(store: RunStore, task: str) -> Any:
 
 
 def _offline(store: RunStore, task: Task, cfg: RunConfig, device: str, pool: Pool,
-             on_event: Callable[..., None]) -> None:
+             on_event: Callable[..., None], spent: Callable[[], None] = lambda: None) -> None:
     baseline = store.get_state(task.name, BASELINE_STATE)
     OfflineSearch(store, task.name, task.source, device,
                   judge=lambda sources: pool.judge_many(task, sources),
@@ -316,7 +321,7 @@ def _offline(store: RunStore, task: Task, cfg: RunConfig, device: str, pool: Poo
                                                           >= cfg.eval.limits.check_seconds)),
                   known_alone=no_gain_modes(baseline),
                   build_seconds=compile_build_seconds(baseline),
-                  bar_rank=bar_rank(cfg.search)).run()
+                  bar_rank=bar_rank(cfg.search), spent=spent).run()
 
 
 def bar_rank(cfg: SearchConfig) -> int:
