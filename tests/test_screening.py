@@ -120,3 +120,31 @@ def _screened_then_confirmed(seen: dict[str, Any], cfg: RunConfig) -> None:
     assert seen["pool"][0].timing.min_seconds == cfg.search.screen_seconds
     assert len(seen["confirm"]) == 1
     assert seen["confirm"][0].timing.min_seconds == cfg.eval.timing.min_seconds
+
+
+def test_the_confirming_window_reuses_the_searchs_reference_child(
+        mlp_task: Task, build_cache: Path) -> None:
+    """Only each block's request carries min_seconds: the screening windows' reference
+    child serves the confirming window too, not a second one made for it."""
+    from pike.evaluate import judge
+    from tests.conftest import fast_protocol
+
+    full = fast_protocol(build_cache)
+    cfg = RunConfig(eval=full)
+    cfg.search.screen_seconds = full.timing.min_seconds / 2
+    screened = cfg.search_eval()
+    assert screened.timing.min_seconds != full.timing.min_seconds
+    first = judge.run_reference(mlp_task, screened, "cpu", keep_child=True)
+    try:
+        again = judge.run_reference(mlp_task, full, "cpu", keep_child=True)
+        judge.release_reference(again)
+        assert again is first
+        # anything else of the protocol the child keeps still makes a reference of its own
+        other = full.model_copy(update={"timing": full.timing.model_copy(
+            update={"warmup_calls": full.timing.warmup_calls + 1})})
+        assert judge._reference_protocol(other) != judge._reference_protocol(full)
+        assert judge._reference_protocol(full.model_copy(update={"trials": 2})) != \
+            judge._reference_protocol(full)
+    finally:
+        judge.release_reference(first)
+        judge.close_references()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import json
 import logging
 import os
 import random
@@ -356,11 +357,20 @@ def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
     return _run_or_reuse(task, cfg, device, keep_child, cache)
 
 
+def _reference_protocol(cfg: EvalConfig) -> str:
+    """What a reference run is made with, as its cache key: timing too, since the child
+    times the reference with the settings it was started with, less `min_seconds`, which
+    each block's request carries (driver.time_interleaved): a search's screening windows
+    (search.screen_seconds) and its confirming window time the same reference child."""
+    protocol = cfg.model_dump(mode="json",
+                              include={*_CHILD_PROTOCOL, "limits", "seed", "sandbox"})
+    protocol["timing"].pop("min_seconds", None)
+    return json.dumps(protocol, sort_keys=True)
+
+
 def _run_or_reuse(task: Task, cfg: EvalConfig, device: str, keep_child: bool,
                   cache: bool) -> ReferenceRun:
-    # timing too: the child times the reference with the settings it was started with
-    protocol = cfg.model_dump_json(include={*_CHILD_PROTOCOL, "limits", "seed", "sandbox"})
-    key = "|".join([task.sha256, device, protocol, str(keep_child)])
+    key = "|".join([task.sha256, device, _reference_protocol(cfg), str(keep_child)])
     if not cache:
         return _start_reference(task, cfg, device, keep_child)
     mine: _Making | None = None
