@@ -401,3 +401,35 @@ def test_every_task_begun_at_once_keeps_its_live_reference(
     assert all(o.error is None for o in result.outcomes)
     jobs, confirming, measuring_ahead = 2, 2, 1
     assert kept and max(kept) >= jobs + confirming + measuring_ahead + 1
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_on_a_gpu_each_search_s_reference_is_made_while_it_waits_for_a_slot(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, device: str) -> None:
+    """Its first candidates would wait for it (8 to 25 s on the H200 level2 bench); on the
+    CPU, where every baseline comes first, one per task at once would crowd the host."""
+    _fakes(monkeypatch)
+    made: list[tuple[str, float, bool]] = []
+    released: list[object] = []
+
+    def run_reference(task: Task, cfg: Any, on: str, *, keep_child: bool) -> object:
+        made.append((task.name, cfg.timing.min_seconds, keep_child))
+        return task.name
+
+    monkeypatch.setattr(campaign, "run_reference", run_reference)
+    monkeypatch.setattr(campaign, "release_reference", released.append)
+    monkeypatch.setattr(campaign, "resolve_device", lambda d: "cuda:0")
+    cfg = _campaign_config(monkeypatch, lambda task, cfg, modes, **_: _Stored(), device=device)
+    result = campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=2)
+    assert all(o.error is None for o in result.outcomes)
+    names = sorted(o.task for o in result.outcomes)
+    if device == "cpu":
+        assert made == []
+        return
+    for _ in range(100):  # made in background threads
+        if len(released) == len(names):
+            break
+        threading.Event().wait(0.05)
+    # with the search's own protocol (its screening windows), a live child kept
+    assert sorted(made) == [(n, cfg.search.screen_seconds, True) for n in names]
+    assert sorted(released) == names  # and left in the cache for the search

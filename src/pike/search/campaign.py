@@ -31,7 +31,14 @@ from pike.errors import ConfigError, TaskError
 from pike.evaluate import measure_baselines
 from pike.evaluate.baseline import BaselineStopped, baseline_gaps, stopped_meanwhile
 from pike.evaluate.device_slots import DeviceSlots
-from pike.evaluate.judge import ReferenceOutOfMemory, failed_for_memory, keep_references
+from pike.evaluate.judge import (
+    ReferenceOutOfMemory,
+    failed_for_memory,
+    keep_references,
+    release_reference,
+    resolve_device,
+    run_reference,
+)
 from pike.evaluate.leftovers import remove_tree
 from pike.evaluate.pool import Lane, Pool, make_pool, one_line
 from pike.search import drain
@@ -184,6 +191,8 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
         with _Slot(begun) as pending:
             if task.name in unmeasured and not measure(task, beside_searches):
                 return None
+            if gpus.locked:
+                _reference_ahead(task, cfg)
             with _Slot(searching) as slot:
                 def searched() -> None:
                     slot.free()
@@ -210,6 +219,32 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
             assert outcome is not None
             outcomes[outcome.task] = outcome
     return [outcomes[t.name] for t in tasks]
+
+
+def _reference_ahead(task: Task, cfg: RunConfig) -> threading.Thread | None:
+    """The reference run the task's search will judge against (its inputs, expected
+    outputs and live child), made in the background while the task waits for a search
+    slot, and kept in the evaluator's cache (a child per task begun, keep_references).
+    The baselines' own reference child loads the compile modes and is not cached; without
+    this, each search's first candidates waited for one (8 to 25 s, once 87 s, on the H200
+    level2 bench), their lanes idle. One GPU only (with several, each candidate's device
+    is picked when it starts); a failure here is left for the search to meet and report."""
+    search = cfg.search_eval()
+    if search.cluster != "local" or len(search.devices) > 1 or drain.due():
+        return None
+
+    def make() -> None:
+        try:
+            device = resolve_device(search.device)
+            release_reference(run_reference(task, search, device,
+                                            keep_child=search.time_candidate))
+        except BaseException as err:  # noqa: BLE001 - the search makes it again and
+            # says what fails; pike ending (Ctrl-C) ends this thread quietly
+            log.info("%s: its reference, made ahead, failed (%s)", task.name, one_line(err))
+
+    thread = threading.Thread(target=make, name="pike-reference-ahead", daemon=True)
+    thread.start()
+    return thread
 
 
 def _stop_the_others(err: BaseException) -> None:
