@@ -54,16 +54,21 @@ def test_the_reference_cache_keeps_apart_models_built_or_timed_differently(
     started: list[tuple[str, float]] = []
 
     def start(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> Any:
-        started.append((cfg.construct_on, cfg.timing.min_seconds))
+        started.append((cfg.construct_on, cfg.timing.warmup_calls))
         return types.SimpleNamespace(usable=lambda: True, users=0, close=lambda: None)
 
     monkeypatch.setattr(judge, "_start_reference", start)
     try:
-        for construct_on, seconds in [("cpu", 0.1), ("device", 0.1), ("cpu", 0.1), ("cpu", 0.2)]:
+        # (where built, warm-up calls the child makes, timed seconds a block's request asks)
+        for construct_on, warm_ups, seconds in [("cpu", 3, 0.1), ("device", 3, 0.1),
+                                                ("cpu", 3, 0.1), ("cpu", 4, 0.1),
+                                                ("cpu", 3, 0.5)]:
             cfg = EvalConfig(construct_on=construct_on)
-            cfg.timing.min_seconds = seconds
+            cfg.timing.warmup_calls, cfg.timing.min_seconds = warm_ups, seconds
             judge.run_reference(task, cfg, "cpu", keep_child=True)
     finally:
         judge._references.clear()
-    assert started == [("cpu", 0.1), ("device", 0.1), ("cpu", 0.2)]
+    # the last shares the first's child: each block's request carries its seconds (a
+    # search's screening windows and its confirming window time the same reference)
+    assert started == [("cpu", 3), ("device", 3), ("cpu", 4)]
 
