@@ -4,6 +4,7 @@ run, and a campaign's next task starts searching beside them instead of after th
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,17 @@ from tests.conftest import EXAMPLES
 MLP = Task.from_file(EXAMPLES / "tasks" / "1_GeluMLP.py")
 
 
-def test_the_search_says_its_budget_is_spent_while_its_last_candidate_runs(
-        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[RunStore]:
+    """A run store holding the example MLP task, for a search of it."""
     store = RunStore.create(tmp_path / "run", {}, "test")
-    request.addfinalizer(store.close)
     store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
+    yield store
+    store.close()
+
+
+def test_the_search_says_its_budget_is_spent_while_its_last_candidate_runs(
+        store: RunStore) -> None:
     slow_may_end, judged = threading.Event(), []
     in_flight_when_spent: list[int] = []
 
@@ -47,13 +54,9 @@ def test_the_search_says_its_budget_is_spent_while_its_last_candidate_runs(
     assert len([r for r in store.candidates(MLP.name) if r.verdict is not None]) == 3
 
 
-def test_a_search_with_budget_left_says_nothing_until_it_runs_out(
-        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_a_search_with_budget_left_says_nothing_until_it_runs_out(store: RunStore) -> None:
     # every set judged within the budget: the search ends without being cut, and
     # search_task frees the slot after its last verdict as before
-    store = RunStore.create(tmp_path / "run", {}, "test")
-    request.addfinalizer(store.close)
-    store.add_task(MLP.name, str(MLP.path), MLP.sha256, MLP.source)
     said: list[int] = []
 
     def judge(sources: list[str]) -> Any:

@@ -221,7 +221,7 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
     return [outcomes[t.name] for t in tasks]
 
 
-def _reference_ahead(task: Task, cfg: RunConfig) -> threading.Thread | None:
+def _reference_ahead(task: Task, cfg: RunConfig) -> None:
     """The reference run the task's search will judge against (its inputs, expected
     outputs and live child), made in the background while the task waits for a search
     slot, and kept in the evaluator's cache (a child per task begun, keep_references).
@@ -231,7 +231,7 @@ def _reference_ahead(task: Task, cfg: RunConfig) -> threading.Thread | None:
     is picked when it starts); a failure here is left for the search to meet and report."""
     search = cfg.search_eval()
     if search.cluster != "local" or len(search.devices) > 1 or drain.due():
-        return None
+        return
 
     def make() -> None:
         try:
@@ -242,9 +242,7 @@ def _reference_ahead(task: Task, cfg: RunConfig) -> threading.Thread | None:
             # says what fails; pike ending (Ctrl-C) ends this thread quietly
             log.info("%s: its reference, made ahead, failed (%s)", task.name, one_line(err))
 
-    thread = threading.Thread(target=make, name="pike-reference-ahead", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=make, name="pike-reference-ahead", daemon=True).start()
 
 
 def _stop_the_others(err: BaseException) -> None:
