@@ -30,6 +30,27 @@ def test_the_words_of_an_out_of_memory_failure_are_recognised() -> None:
     assert not says_out_of_memory(None)
 
 
+# the words of CUDA's libraries when their workspace finds no room (the first from a level2
+# reference beside 15 other evaluations on an H200)
+@pytest.mark.parametrize("message", [
+    "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    "RuntimeError: cusolver error: CUSOLVER_STATUS_ALLOC_FAILED, when calling `cusolverDnCreate`",
+    "RuntimeError: cuFFT error: CUFFT_ALLOC_FAILED",
+])
+def test_a_cuda_library_that_cannot_allocate_says_out_of_memory(message: str) -> None:
+    assert says_out_of_memory(message)
+
+
+@pytest.mark.parametrize("message", [
+    "RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm`",
+    "RuntimeError: cuDNN error: CUDNN_STATUS_BAD_PARAM",
+    "ValueError: MYLIB_STATUS_ALLOC_FAILED",
+])
+def test_other_library_errors_are_not_out_of_memory(message: str) -> None:
+    assert not says_out_of_memory(message)
+
+
 @pytest.fixture()
 def attempts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """What each reference attempt gives, in order (a failure Verdict or a run)."""
@@ -215,3 +236,14 @@ def test_the_wait_before_the_second_reference_run_holds_no_lock(
     monkeypatch.setattr(judge, "_references", type(judge._references)())
     assert judge.run_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True) is run
     assert held_while_waiting == [False] and len(calls) == 2
+
+
+def test_a_reference_whose_cublas_handle_found_no_room_is_tried_again(
+        mlp_task: Task, attempts: list[Any]) -> None:
+    """As a reference out of the allocator's memory: run once more, not the task failed."""
+    answers, calls = attempts
+    run = mock.Mock(spec=judge.ReferenceRun)
+    answers += [_failure("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling "
+                         "`cublasCreate(handle)`"), run]
+    assert judge.run_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True, cache=False) is run
+    assert calls == ["cuda:0", "cuda:0"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from typing import Literal
 
@@ -138,7 +139,14 @@ class Verdict(BaseModel):
                 and (self.timed_rounds is None or self.behind_best is not None))
 
 
+# CUDA's libraries say it in their own words when they cannot allocate their workspace:
+# cuBLAS's handle (CUBLAS_STATUS_ALLOC_FAILED from cublasCreate) failed a level2 reference
+# with 16 evaluations on an H200, and the task with it
+_OUT_OF_MEMORY = re.compile(r"out of memory|\b(CUBLAS|CUDNN|CUSOLVER|CUSPARSE)_STATUS_ALLOC_FAILED"
+                            r"|\bCUFFT_ALLOC_FAILED", re.IGNORECASE)
+
+
 def says_out_of_memory(message: str | None) -> bool:
     """The failure's message says the GPU had no memory left (its own use or its
     neighbours': on a GPU shared by several evaluations the two read the same)."""
-    return "out of memory" in (message or "").lower()
+    return bool(_OUT_OF_MEMORY.search(message or ""))
