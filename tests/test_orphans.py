@@ -344,3 +344,35 @@ def test_a_reference_cut_short_leaves_no_child_or_folder(
         time.sleep(0.1)
     assert not psutil.pid_exists(launched[0]) or psutil.Process(launched[0]).status() == \
         psutil.STATUS_ZOMBIE
+
+
+_SLOW_CLEANUP = """
+import sys, time
+from pathlib import Path
+from pike.evaluate.leftovers import at_exit_uninterrupted
+marks = Path(sys.argv[1])
+
+def cleanup(folder):  # as a large task's inputs take seconds to remove
+    (marks / "began").write_text("")
+    time.sleep(1.5)
+    (marks / folder).write_text("")
+
+at_exit_uninterrupted(cleanup, "done")
+"""
+
+
+def test_ctrl_c_during_the_exit_cleanup_neither_stops_it_nor_prints_a_traceback(
+        tmp_path: Path) -> None:
+    """A time limit's SIGINT that comes after pike stopped on its own, while its atexit
+    handlers remove the references' folders (seen on the H200 level2 bench)."""
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_CLEANUP, str(tmp_path)],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "began").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert (tmp_path / "done").exists()
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err
+    assert proc.returncode == 0

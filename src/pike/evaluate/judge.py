@@ -7,7 +7,6 @@ parent, where candidate code cannot reach.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import logging
@@ -53,7 +52,12 @@ from pike.evaluate.driver import (
 )
 from pike.evaluate.explain import explain_guards
 from pike.evaluate.leaf_files import read_leaves
-from pike.evaluate.leftovers import make_temp_dir, refuse_new_work_if_ending, remove_tree
+from pike.evaluate.leftovers import (
+    at_exit_uninterrupted,
+    make_temp_dir,
+    refuse_new_work_if_ending,
+    remove_tree,
+)
 from pike.evaluate.ncu import attach_kernel_metrics
 from pike.evaluate.os_sandbox import sandbox_problem
 from pike.evaluate.outputs_handoff import OutputsBuffer
@@ -298,7 +302,7 @@ def close_references(at_once: bool = False) -> None:
             run.close()
 
 
-atexit.register(close_references, at_once=True)  # at exit, no waiting for answers
+at_exit_uninterrupted(close_references, at_once=True)  # at exit, no waiting for answers
 
 
 # The settings a reference and its candidates must share, sent to both children; a cached

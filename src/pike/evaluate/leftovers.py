@@ -8,6 +8,7 @@ start time is in the name too, so a recycled pid does not keep a dead run's fold
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import itertools
@@ -15,11 +16,13 @@ import logging
 import os
 import re
 import shutil
+import signal
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -106,6 +109,19 @@ def _owner_alive(pid: int, started: int) -> bool:
         return int(psutil.Process(pid).create_time()) == started
     except psutil.Error:
         return False
+
+
+def at_exit_uninterrupted(cleanup: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """atexit.register(cleanup, ...), with Ctrl-C ignored from when it begins: removing a
+    large task's inputs takes seconds, and a SIGINT then (a time limit's, after pike had
+    already stopped on its own) gave a KeyboardInterrupt traceback and left the rest of
+    the folders for a later pike's sweep. SIGTERM and SIGKILL still end it."""
+    def run() -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        cleanup(*args, **kwargs)
+
+    atexit.register(run)
 
 
 def remove_tree(path: Path) -> None:

@@ -15,7 +15,6 @@ at exit like every child.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pike.evaluate.driver import finish
-from pike.evaluate.leftovers import remove_tree
+from pike.evaluate.leftovers import at_exit_uninterrupted, remove_tree
 from pike.evaluate.sandbox import ChildProcess
 
 log = logging.getLogger(__name__)
@@ -109,4 +108,4 @@ def _discard(spare: Launched) -> None:
     remove_tree(spare.folder)
 
 
-atexit.register(close_all)
+at_exit_uninterrupted(close_all)
