@@ -18,21 +18,15 @@
 # level1 bench was, twice, with no word in its log) the kernel's out-of-memory lines and
 # the host's memory. Where the machine lacks pike's small dependencies, wheels in .whl/
 # are installed into /tmp/site (no network there); PIKE_BWRAP may name a bubblewrap
-# binary. DRAIN=s: `pike bench --stop-after` s seconds before that SIGINT, so nothing new
+# binary (bench/device_env.sh). DRAIN=s: `pike bench --stop-after` s seconds before that SIGINT, so nothing new
 # starts then and what is in flight finishes and is kept (without it, the candidates in
 # flight at the cut are lost and judged again after the resume).
 set -u
 T0=$(date +%s)
 mode=${1:?first or resume}
 RUN=${RUN:?}; LIMIT=${LIMIT:-592}; JOBS=${JOBS:-4}; WORKERS=${WORKERS:-4}
-SRC=${SRC:-$PWD/src}; CARRY=${CARRY:-.tasks}; OUT=${OUT:?the folder that comes back}
-if [ -d .whl ] && [ ! -d /tmp/site/pydantic ]; then
-  # every wheel there, not a list: openai 3.x moved to httpx2, and a list went stale
-  pip install -q --no-deps --no-index --target /tmp/site .whl/*.whl >/dev/null 2>&1
-fi
-export PYTHONPATH=$SRC:/tmp/site
-[ -x .bwrap/bwrap ] && export PIKE_BWRAP=$PWD/.bwrap/bwrap
-mkdir -p .runs
+CARRY=${CARRY:-.tasks}; OUT=${OUT:?the folder that comes back}
+. "$(dirname "$0")/device_env.sh"
 log=$OUT/${LOG:-bench-call.log}
 # a machine still warm from the last call keeps .runs/RUN (ignored in .gitignore, so it
 # stays between calls as build outputs do; on 2026-12-01, ignored only in the local
@@ -57,8 +51,6 @@ if [ "$rc" = 137 ]; then  # SIGKILL: nothing in pike sends it to itself; the OOM
     dmesg 2>&1 | grep -iE "out of memory|killed process|oom" | tail -5
     free -g; } 2>&1 | tee -a "$log"
 fi
-sleep 3; echo "driver: processes left:" | tee -a "$log"
-ps -eo pid,ppid,etimes,pcpu,args | grep -E "[p]ike|[b]wrap|[c]ompile_worker" | cut -c1-220 \
-  | tee -a "$log"
+processes_left 2>&1 | tee -a "$log"
 tar czf "$OUT/$RUN.tgz" -C .runs "$RUN"
 tail -5 "$log"

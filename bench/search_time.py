@@ -101,17 +101,38 @@ def collect(run_dir: Path, since: int = 0) -> dict:
 def call_windows(run_dir: Path) -> list[tuple[str, float, float]]:
     """(log name, start, end) of each device call of a run driven by
     bench/device_calls.sh, from the driver's first and last time stamps in each
-    bench-*.log there (UTC times, taken on the day of the run's first verdict)."""
+    bench-*.log there, in the calls' order. The stamps are UTC times of day: the first is
+    taken as the one nearest the run's first verdict, each later one as the first such
+    time after the stamp before it (a call across midnight, calls on later days less
+    than a day apart)."""
     with RunStore.open(run_dir) as store:
-        day = next((r.evaluated_at[:10] for r in store.candidates() if r.evaluated_at), None)
-    calls = []
-    for log in sorted(run_dir.glob("bench-*.log")):
-        stamps = [line[:8] for line in log.read_text().splitlines()
-                  if " driver: " in line and line[:2].isdigit()]
-        if day and len(stamps) >= 2:
-            start, end = (_stamp(f"{day}T{t}+00:00") for t in (stamps[0], stamps[-1]))
-            calls.append((log.name, start, end))
+        first = next((r.evaluated_at for r in store.candidates() if r.evaluated_at), None)
+    if first is None:
+        return []
+    calls, last = [], _stamp(first)
+    for log in sorted(run_dir.glob("bench-*.log"), key=_call_number):
+        stamps = []
+        for line in log.read_text().splitlines():
+            if " driver: " in line and line[:2].isdigit():
+                last = _time_of_day(line[:8], near=last, after=bool(stamps) or bool(calls))
+                stamps.append(last)
+        if len(stamps) >= 2:
+            calls.append((log.name, stamps[0], stamps[-1]))
     return calls
+
+
+def _call_number(log: Path) -> tuple[int, str]:
+    digits = "".join(c for c in log.stem if c.isdigit())
+    return (int(digits) if digits else 0, log.name)
+
+
+def _time_of_day(clock: str, near: float, after: bool) -> float:
+    """The moment at `clock` (HH:MM:SS, UTC) nearest `near`, or with `after` the first
+    not before it."""
+    day = dt.datetime.fromtimestamp(near, dt.UTC).date().isoformat()
+    at = _stamp(f"{day}T{clock}+00:00")
+    at += round((near - at) / 86400) * 86400.0
+    return at + 86400.0 if after and at < near else at
 
 
 def verdict_spans(run_dir: Path) -> list[tuple[float, float]]:

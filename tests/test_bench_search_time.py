@@ -219,8 +219,6 @@ def test_evaluations_at_once_are_counted_per_device_call(tmp_path: Path,
         store.close()
     last = dt.datetime.fromisoformat(end)
     clock = [(last + dt.timedelta(seconds=s)).strftime("%H:%M:%S") for s in (-60, 1, 5, 100)]
-    if len({c[:2] for c in clock}) > 1 and clock[0] > clock[-1]:
-        pytest.skip("the calls would straddle midnight")  # times only, taken on one day
     (run / "bench-1.log").write_text(f"{clock[0]} driver: first\nnoise\n{clock[1]} driver: rc\n")
     (run / "bench-2.log").write_text(f"{clock[2]} driver: resume\n{clock[3]} driver: rc\n")
     calls = search_time.call_windows(run)
@@ -232,3 +230,24 @@ def test_evaluations_at_once_are_counted_per_device_call(tmp_path: Path,
     assert first["mean"] == pytest.approx((4 * 0 + 4 * 1 + 5 * 2) / 13, abs=0.2)
     assert first["by_minute"][0] < 1.5 and second["mean"] == 0.0
     assert search_time.lanes(run) == "3 jobs x 2 workers = 6"
+
+
+def test_device_calls_across_midnight_are_placed_on_their_days(search_time: ModuleType) -> None:
+    """The driver's stamps are times of day only: a call from 23:56 to 00:04 lasts eight
+    minutes, and a call the next evening comes after it (the H200 level2 bench had one
+    read as -85,905 s)."""
+    import datetime as dt
+
+    def at(text: str) -> float:
+        return dt.datetime.fromisoformat(text).timestamp()
+
+    near = at("2026-12-02T20:31:00+00:00")  # the run's first verdict
+    assert search_time._time_of_day("20:30:26", near, after=False) == at(
+        "2026-12-02T20:30:26+00:00")
+    assert search_time._time_of_day("23:59:50", at("2026-12-03T00:01:00+00:00"),
+                                    after=False) == at("2026-12-02T23:59:50+00:00")
+    start = search_time._time_of_day("23:56:39", near, after=True)
+    end = search_time._time_of_day("00:04:54", start, after=True)
+    assert end - start == 495
+    assert search_time._time_of_day("21:00:00", end, after=True) == at(
+        "2026-12-03T21:00:00+00:00")
