@@ -109,12 +109,14 @@ def call_windows(run_dir: Path) -> list[tuple[str, float, float]]:
         first = next((r.evaluated_at for r in store.candidates() if r.evaluated_at), None)
     if first is None:
         return []
-    calls, last = [], _stamp(first)
+    calls: list[tuple[str, float, float]] = []
+    last: float | None = None  # the stamp before, in any call's log
     for log in sorted(run_dir.glob("bench-*.log"), key=_call_number):
         stamps = []
         for line in log.read_text().splitlines():
             if " driver: " in line and line[:2].isdigit():
-                last = _time_of_day(line[:8], near=last, after=bool(stamps) or bool(calls))
+                last = (_time_of_day(line[:8], near=_stamp(first), after=False) if last is None
+                        else _time_of_day(line[:8], near=last, after=True))
                 stamps.append(last)
         if len(stamps) >= 2:
             calls.append((log.name, stamps[0], stamps[-1]))

@@ -177,7 +177,7 @@ class LocalPool:
             # what ran out, in the log: the GPU's allocator names its card and what
             # was free, the host's memory watch the child tree's size
             said = next((line.strip() for line in (verdict.message or "").splitlines()
-                         if "out of memory" in line.lower()), "")
+                         if says_out_of_memory(line)), "")
             log.warning("%s: a candidate ran out of memory (the GPU's, or the host's) with "
                         "other evaluations on the GPU, in phase %s; judged once more (%s)",
                         task.name, verdict.phase, one_line(said))
