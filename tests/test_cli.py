@@ -139,7 +139,7 @@ def test_construct_on_device_builds_under_the_device(tmp_path: Path, config: Pat
     assert_user_error(pike("eval", task, candidate, "--device", "cpu", "--no-timing",
                            "--config", config), "not built under torch.device")
     assert_user_error(pike("baseline", task, "--construct-on", "gpu", "--config", config),
-                      "--construct-on 'gpu'", "use cpu or device")
+                      "--construct-on 'gpu'", "use auto or cpu or device")
 
 
 # ---- user errors: exit 2, one line, no traceback -------------------------------------------

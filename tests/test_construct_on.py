@@ -72,3 +72,53 @@ def test_the_reference_cache_keeps_apart_models_built_or_timed_differently(
     # search's screening windows and its confirming window time the same reference)
     assert started == [("cpu", 3), ("device", 3), ("cpu", 4)]
 
+
+
+class Wide(torch.nn.Module):
+    """A model of `size` weights, built wherever the default device says."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.empty(size))
+        self.register_buffer("b", torch.empty(size // 2, dtype=torch.float16))
+
+
+class ReadsItsValues(torch.nn.Module):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.empty(size))
+        if float(self.w.detach().sum()) != float(self.w.detach().sum()):  # meta has no values
+            raise RuntimeError("unreachable")
+
+
+def test_auto_builds_on_the_gpu_only_where_weights_and_buffers_reach_the_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import runner
+    monkeypatch.setattr(runner, "BUILD_ON_DEVICE_BYTES", 1000)
+    gpu = torch.device("meta")  # any device that is not the CPU
+    # 200 fp32 weights and 100 fp16 buffer values: 1,000 bytes, counted without memory
+    assert runner.resolve_construct_on("auto", Wide, [200], gpu) == "device"
+    assert runner.resolve_construct_on("auto", Wide, [199], gpu) == "cpu"
+    assert runner.resolve_construct_on("auto", Wide, [200], torch.device("cpu")) == "cpu"
+    # what the meta device cannot build is built as KernelBench builds it
+    assert runner.resolve_construct_on("auto", ReadsItsValues, [10_000], gpu) == "cpu"
+    assert runner.resolve_construct_on("auto", int, [5], gpu) == "cpu"  # not a module
+    for chosen in ("cpu", "device"):  # said outright, it stands
+        assert runner.resolve_construct_on(chosen, Wide, [10], gpu) == chosen
+    assert torch.empty(1).device.type == "cpu"  # the default device is given back
+
+
+def test_the_references_choice_reaches_its_candidates_and_its_replacements(
+        mlp_task: Task, tmp_path: Path) -> None:
+    cfg = EvalConfig(device="cpu", trials=1, construct_on="auto")
+    judge.close_references()
+    run = judge.run_reference(mlp_task, cfg, "cpu", keep_child=False)
+    try:
+        assert run.request is not None and run.request.construct_on == "cpu"  # settled
+        run.request.construct_on = "device"  # as a reference on a GPU settles a big task
+        files = judge.candidate_folders(cfg, "cpu", tmp_path / "cand")
+        assert files.request.construct_on == "auto"  # launched before the reference is known
+        judge.attach_reference(files, run, cfg)
+        assert files.request.construct_on == "device"
+    finally:
+        run.close()

@@ -177,6 +177,66 @@ def test_a_candidate_out_of_gpu_memory_beside_others_is_judged_once_more(
     assert "CUDA out of memory. Tried to allocate 256 MiB" in said[0]
 
 
+def test_the_second_try_after_running_out_beside_others_waits_for_room(
+        mlp_task: Task, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four on one GPU, one runs out of memory: its second try starts only once at most two
+    (half the pool) are left beside it, and a candidate that comes meanwhile waits behind it
+    rather than taking the room."""
+    monkeypatch.setattr(pool_module, "resolve_device", lambda d: d)
+    on_card: list[str] = []
+    seen_beside: dict[str, list[str]] = {}
+    starts: list[str] = []
+    held = {name: threading.Event() for name in ("a", "b", "c")}
+    together = threading.Barrier(4, timeout=20)
+    tries: Counter[str] = Counter()
+    lock = threading.Lock()
+    oom = Verdict(status="runtime_error", phase="check",
+                  message="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1 GiB")
+
+    def evaluator(task: Task, source: str, cfg: EvalConfig) -> Verdict:
+        with lock:
+            tries[source] += 1
+            seen_beside[f"{source}{tries[source]}"] = list(on_card)
+            on_card.append(source)
+            starts.append(f"{source}{tries[source]}")
+        try:
+            if source in held:
+                together.wait()
+                held[source].wait(timeout=20)
+            elif source == "crowded" and tries[source] == 1:
+                together.wait()
+                return oom
+            return ok()
+        finally:
+            with lock:
+                on_card.remove(source)
+
+    def until(check: Any) -> None:
+        deadline = time.monotonic() + 20
+        while not check():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+
+    with LocalPool(EvalConfig(device="cpu"), workers=5, devices=["cuda:0"],
+                   evaluator=evaluator) as pool:
+        batch = pool._executor.submit(lambda: dict(pool.judge_many(
+            mlp_task, ["crowded", "a", "b", "c"])))
+        until(lambda: pool._draining["cuda:0"] == 1)  # the second try waits for room
+        late = pool._executor.submit(pool.judge, mlp_task, "late")
+        time.sleep(0.3)
+        assert tries["crowded"] == 1 and tries["late"] == 0  # neither started beside three
+        held["a"].set()
+        until(lambda: tries["crowded"] == 2)
+        until(lambda: tries["late"] == 1)
+        for event in held.values():
+            event.set()
+        got = batch.result(timeout=20)
+        assert late.result(timeout=20).ok
+    assert all(v.ok for v in got.values())
+    assert sorted(seen_beside["crowded2"]) == ["b", "c"]  # two beside it: half of five
+    assert starts.index("late1") > starts.index("crowded2")  # the newcomer came after it
+
+
 def test_the_least_busy_gpu_gets_the_next_candidate(mlp_task: Task,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pool_module, "resolve_device", lambda d: d)

@@ -73,8 +73,9 @@ ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file with
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 (default: cuda:0 if any)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 ConstructOnOpt = Annotated[str | None, typer.Option(
-    help="where both models are built: cpu (then moved, as KernelBench does; the default) or "
-    "device (for tasks written to be built on the GPU)")]
+    help="where both models are built: auto (the default: on the GPU where the task's weights "
+    "reach 256 MiB, else as cpu), cpu (then moved, as KernelBench does) or device (for tasks "
+    "written to be built on the GPU)")]
 
 LlmOpt = Annotated[str | None, typer.Option(
     help="optimizer model: openai:gpt-5, gemini:..., openrouter:..., http://host:port/v1#model")]

@@ -94,7 +94,7 @@ class LimitsConfig(_Strict):
 
 
 # Where both models of an evaluation are built (EvalConfig.construct_on).
-ConstructOn = Literal["cpu", "device"]
+ConstructOn = Literal["auto", "cpu", "device"]
 CONSTRUCT_ON: tuple[str, ...] = get_args(ConstructOn)
 
 
@@ -115,9 +115,11 @@ class EvalConfig(_Strict):
         "as_constructed", description="call .eval() on both models, or leave them as built"
     )
     construct_on: ConstructOn = Field(
-        "cpu", description="where both models are built: 'cpu' and then moved (KernelBench), "
+        "auto", description="where both models are built: 'cpu' and then moved (KernelBench), "
         "or 'device', under torch.device, for tasks written to be built on the GPU (big "
-        "weights, a prefill in the constructor); weights still match, as both sides build alike")
+        "weights, a prefill in the constructor); 'auto': on the GPU where the task's weights "
+        "and buffers (counted on the meta device) reach 256 MiB, else on the CPU. Weights "
+        "still match, as both sides build alike")
     timing: TimingConfig = Field(default_factory=TimingConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     sandbox: Literal["auto", "required", "off"] = Field(

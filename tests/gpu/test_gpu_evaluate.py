@@ -173,6 +173,46 @@ def test_construct_on_device_builds_both_models_on_the_gpu_alike(
         evaluate(task, new, gpu_config)
 
 
+WIDE_LINEAR = """
+import torch
+import torch.nn as nn
+
+
+class {cls}(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.fc = nn.Linear(features, features)
+
+    def forward(self, x):
+        return torch.sigmoid(self.fc(x)).sum(dim=1, keepdim=True)
+
+
+def get_inputs():
+    return [torch.rand(8, {features})]
+
+
+def get_init_inputs():
+    return [{features}]
+"""
+
+
+@pytest.mark.parametrize(("features", "built_on"), [(8200, "device"), (1024, "cpu")])
+def test_auto_builds_a_task_of_large_weights_on_the_gpu(
+        tmp_path, gpu_config: EvalConfig, features: int, built_on: str) -> None:
+    """8200 x 8200 fp32 weights are over 256 MiB: with construct_on auto (the default) both
+    models are built on the GPU, alike; a small task is built on the CPU as before."""
+    path = tmp_path / f"1_Wide{features}.py"
+    path.write_text(WIDE_LINEAR.format(cls="Model", features=features))
+    task = Task.from_file(path)
+    gpu_config.construct_on = "auto"
+    judge.close_references()
+    verdict = evaluate(task, WIDE_LINEAR.format(cls="ModelNew", features=features), gpu_config)
+    assert verdict.status == "ok", verdict.message  # the weights match: built alike
+    runs = list(judge._references.values())
+    assert [r.request.construct_on for r in runs if r.request] == [built_on]
+    judge.close_references()
+
+
 def test_outputs_compared_on_the_gpu_give_the_hosts_verdict() -> None:
     import math
 

@@ -52,6 +52,7 @@ class ChildReport:
     leftovers: list[str] = field(default_factory=list)
     flags: dict[str, str] = field(default_factory=dict)  # backend flags the child changed
     steps: dict[str, float] = field(default_factory=dict)  # the child's own (steps.py)
+    built_on: str = ""  # a reference's: where its model was built ('cpu' or 'device')
 
 
 def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
@@ -237,6 +238,7 @@ def _pump(child: ChildProcess, report: ChildReport, until: str,
         elif kind == "checked" and until == "checked":
             report.flags = {str(k): str(v) for k, v in (event.get("flags") or {}).items()}
             report.steps = _steps(event.get("steps"))
+            report.built_on = str(event.get("built_on") or "")
             return True
         elif kind == "saved" and on_saved is not None and type(event.get("trial")) is int:
             on_saved(event["trial"], event.get("layout"))

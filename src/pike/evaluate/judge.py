@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from pike.config import EvalConfig, RunConfig, autotunes
+from pike.config import CONSTRUCT_ON, EvalConfig, RunConfig, autotunes
 from pike.errors import EvaluatorError, TaskError
 from pike.evaluate import check, host_memory, search_bar, spares
 from pike.evaluate.cores import timing_cores
@@ -165,7 +165,7 @@ class ReferenceRun:
         # The count runs on the meta device, or falls back to where the models are built:
         # only that fallback with construct_on 'device' uses the GPU. Holding it always
         # made a cold evaluation's timing wait seconds for a count that used no GPU.
-        on_gpu = self.cfg is not None and self.cfg.construct_on == "device"
+        on_gpu = self.request is not None and self.request.construct_on == "device"
         with hold(self.device, exclusive=False) if on_gpu else nullcontext(), self.talking:
             if not self._work_asked and self.child is not None:
                 self._work_asked = True
@@ -564,6 +564,10 @@ def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: boo
         shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
         assert child is not None
         child.enter_phase("idle")
+        # construct_on 'auto', as the child settled it: its candidates, and a child that
+        # replaces it, build where it built (the same seed gives the same weights only there)
+        if report.built_on in CONSTRUCT_ON and report.built_on != "auto":
+            pristine.construct_on = report.built_on  # type: ignore[assignment]
         run = ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp,
                            seed=drawn.weights, device=device, timed_expected=timed,
                            check_seconds=child.phase_seconds.get("check", 0.0),
@@ -952,6 +956,8 @@ def attach_reference(files: CandidateFiles, reference: ReferenceRun, cfg: EvalCo
     """The reference's part of a candidate's request: its weights seed, and the stage its
     inputs come through."""
     files.request.seed = reference.seed
+    if reference.request is not None:
+        files.request.construct_on = reference.request.construct_on
     files.stage = _input_stage(reference, files.work_dir.parent / "inputs", cfg)
 
 

@@ -29,7 +29,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--calls", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--eval", action="store_true", help="call .eval() on the model")
-    parser.add_argument("--construct-on", choices=CONSTRUCT_ON, default="cpu")
+    parser.add_argument("--construct-on", choices=CONSTRUCT_ON, default="auto")
     return parser
 
 
@@ -38,16 +38,19 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pike.evaluate.runner import built_on, import_file, trial_seed
+    from pike.evaluate.runner import built_on, import_file, resolve_construct_on, trial_seed
 
     # Two modules, as in the evaluator: a candidate never sees the reference's namespace.
     task = import_file(args.task, "pike_ncu_task")
     module = task if args.module == args.task else import_file(args.module, "pike_ncu_module")
     cls = getattr(module, "ModelNew", None) or module.Model
     device = torch.device(args.device)
+    init_inputs = list(task.get_init_inputs())
+    # the task's class decides, as in the evaluator, where a candidate's model is built
+    where = resolve_construct_on(args.construct_on, task.Model, init_inputs, device)
     torch.manual_seed(args.seed)
-    with built_on(device, args.construct_on):
-        model = cls(*task.get_init_inputs())
+    with built_on(device, where):
+        model = cls(*init_inputs)
     model = model.to(device)
     if args.eval:
         model = model.eval()

@@ -123,6 +123,8 @@ class LocalPool:
         self.devices = [resolve_device(d) for d in names]
         self._busy = dict.fromkeys(self.devices, 0)
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        self._draining = dict.fromkeys(self.devices, 0)  # candidates waiting for room
         self._evaluate = evaluator
         self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="pike-eval")
         keep_references(self.workers + 1)  # a live reference child per task in flight
@@ -157,8 +159,10 @@ class LocalPool:
         used: list[str] = []
         crowded: list[bool] = []
 
+        room: list[int] = []  # the retry after running out of memory beside others
+
         def attempt(n: int) -> Verdict:
-            device = self._take(avoid=used)
+            device = self._take(avoid=used, beside=room[0] if room else None)
             used.append(device)
             try:
                 verdict = self._evaluate(task, source,
@@ -172,28 +176,47 @@ class LocalPool:
         verdict = requeue_once(attempt, _evaluator_failure)
         if crowded and crowded[-1] and out_of_device_memory(verdict):
             # The GPU ran out with other evaluations on it: their memory is not this
-            # candidate's fault. Judged once more; a candidate that needs more than the
-            # card runs out again and keeps its verdict.
+            # candidate's fault. Judged once more, with room: at most half the pool's
+            # evaluations beside it (an H200 level2 bench had both tries of a 1 GB-a-trial
+            # candidate run out beside 16 to 20 others); a candidate that needs more than
+            # the card runs out again and keeps its verdict.
             # what ran out, in the log: the GPU's allocator names its card and what
             # was free, the host's memory watch the child tree's size
             said = next((line.strip() for line in (verdict.message or "").splitlines()
                          if says_out_of_memory(line)), "")
+            room[:] = [self.workers // 2]
             log.warning("%s: a candidate ran out of memory (the GPU's, or the host's) with "
-                        "other evaluations on the GPU, in phase %s; judged once more (%s)",
-                        task.name, verdict.phase, one_line(said))
+                        "other evaluations on the GPU, in phase %s; judged once more, with "
+                        "at most %d beside it (%s)",
+                        task.name, verdict.phase, room[0], one_line(said))
             verdict = requeue_once(attempt, _evaluator_failure)
         return verdict
 
-    def _take(self, avoid: Sequence[str]) -> str:
-        """The least busy device, preferring one this candidate has not been lost on."""
-        with self._lock:
-            device = min(self.devices, key=lambda d: (d in avoid, self._busy[d]))
+    def _take(self, avoid: Sequence[str], beside: int | None = None) -> str:
+        """The least busy device, preferring one this candidate has not been lost on; with
+        `beside`, once at most that many evaluations are on it. While such a candidate
+        waits, no other starts on its device: the device drains to make its room."""
+        with self._room:
+            device = min(self.devices, key=lambda d: (d in avoid, self._draining[d] > 0,
+                                                      self._busy[d]))
+            if beside is not None:
+                self._draining[device] += 1
+                try:
+                    while self._busy[device] > beside:
+                        self._room.wait(timeout=1.0)
+                finally:
+                    self._draining[device] -= 1
+                    self._room.notify_all()  # the candidates it held back
+            else:
+                while self._draining[device]:
+                    self._room.wait(timeout=1.0)
             self._busy[device] += 1
             return device
 
     def _give(self, device: str) -> None:
-        with self._lock:
+        with self._room:
             self._busy[device] -= 1
+            self._room.notify_all()
 
 
 class Lane:

@@ -136,6 +136,32 @@ def built_on(device: torch.device, construct_on: str) -> contextlib.AbstractCont
     return torch.device(device) if construct_on == "device" else contextlib.nullcontext()
 
 
+# construct_on 'auto' builds a task on the GPU from this many bytes of weights and buffers:
+# a level2 task's 4 GiB nn.Linear took every candidate 33 to 50 s to build on the CPU and
+# move, beside other evaluations on an H200, and milliseconds on the GPU.
+BUILD_ON_DEVICE_BYTES = 256 * 2**20
+
+
+def resolve_construct_on(construct_on: str, cls: Callable[..., Any], init_inputs: list[Any],
+                         device: torch.device) -> str:
+    """'cpu' or 'device': for 'auto', 'device' where the device is a GPU and the model,
+    built first on the meta device (no memory, no arithmetic), holds at least
+    BUILD_ON_DEVICE_BYTES; a constructor the meta device cannot run is built on the CPU,
+    as KernelBench builds every task."""
+    if construct_on != "auto":
+        return construct_on
+    if device.type == "cpu":
+        return "cpu"
+    try:
+        with torch.device("meta"):
+            shell = cls(*init_inputs)
+        tensors = [*shell.parameters(), *shell.buffers()]
+    except Exception:  # the task's constructor reads values, or is no module
+        return "cpu"
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    return "device" if size >= BUILD_ON_DEVICE_BYTES else "cpu"
+
+
 def _build_model(req: ChildRequest, module: Any, init_inputs: list[Any], device: torch.device,
                  status: str) -> torch.nn.Module:
     cls = next((getattr(module, n) for n in req.class_names if hasattr(module, n)), None)
@@ -202,6 +228,10 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     pool = [drawn(f"pool_{k}", seed) for k, seed in enumerate(req.pool_seeds)]
     chan.send("phase", phase="init")
     with STEPS.span("build_model"):
+        cls = getattr(module, "Model", None)
+        if cls is not None:  # (_build_model says what is missing)
+            req.construct_on = resolve_construct_on(req.construct_on, cls, list(init_inputs),
+                                                    device)  # type: ignore[assignment]
         model = _build_model(req, module, list(init_inputs), device, "task_error")
     chan.send("phase", phase="check")
     outputs_dir = Path(req.outputs_dir)
@@ -216,7 +246,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     # blocks sample outputs as a guarded candidate's blocks do.
     stand_ins = [_stand_in(leaf) for leaf in check.flatten_output(out)[:check.SAMPLED_LEAVES]]
     del trial_inputs, out
-    chan.send("checked", trials=req.trials, steps=STEPS.rounded())
+    chan.send("checked", trials=req.trials, steps=STEPS.rounded(), built_on=req.construct_on)
     torch.set_float32_matmul_precision("highest")  # the task's dtype is the contract
     rotation = InputRotation(pool[:req.input_sets])  # the probe sets are the candidate's
     compiled_modes: list[str] = []
