@@ -731,9 +731,10 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
     chan.send("phase", phase="check")
     slot = OutputsSlot.open(go.get("outputs"), device)  # the parent's GPU buffer, if lent
     names = [f"inputs_{t}" for t in range(req.trials + req.guards)]  # + the shifted one
-    for trial, inputs in enumerate(_staged_inputs(chan, req, device, "check", names)):
+    for trial, inputs in enumerate(_staged_one_by_one(chan, req, device, "check", names)):
         with _armed(guards), STEPS.span("forward"):
             out = _run_guarded_call(req, model, inputs, device)
+        del inputs  # before the next set is loaded
         with STEPS.span("save_outputs"):
             leaves = check.flatten_output(out)
             layout = slot.put(leaves, trial, lambda t: _wait_taken(chan, t)) if slot else None
@@ -792,6 +793,14 @@ def _staged_inputs(chan: Channel, req: ChildRequest, device: torch.device, phase
                    names: list[str]) -> list[list[Any]]:
     """Input sets the parent puts within the child's reach only when this phase starts
     (it refuses a phase asked for out of turn), so none can be read ahead."""
+    return list(_staged_one_by_one(chan, req, device, phase, names))
+
+
+def _staged_one_by_one(chan: Channel, req: ChildRequest, device: torch.device, phase: str,
+                       names: list[str]) -> Iterator[list[Any]]:
+    """As _staged_inputs, each set loaded onto the device only when the last is done with:
+    a KernelBench task's trials are up to 1 GiB each, and six of them held at once made
+    each check hold 9 to 10 GiB of an H200 beside 16 others (out of memory)."""
     with STEPS.span("wait_for_stage"):
         chan.send("stage", phase=phase)
         reply = chan.receive()
@@ -799,9 +808,10 @@ def _staged_inputs(chan: Channel, req: ChildRequest, device: torch.device, phase
         raise Failure("crashed", "timing" if phase == "timing" else "check",
                       f"the evaluator did not stage the {phase} inputs")
     folder = Path(req.inputs_dir)
-    with STEPS.span("load_inputs"):
-        return [_to_device(read_leaves(folder / f"{name}.pt", trusted=True), device)
-                for name in names]
+    for name in names:
+        with STEPS.span("load_inputs"):
+            inputs = _to_device(read_leaves(folder / f"{name}.pt", trusted=True), device)
+        yield inputs
 
 
 class _armed:

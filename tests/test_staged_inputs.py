@@ -1,0 +1,63 @@
+"""A candidate's check loads its trials' inputs one set at a time, so a task of 1 GiB trials
+holds one of them on the device, not six."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pike.config import TimingConfig
+from pike.evaluate import runner
+from pike.evaluate.leaf_files import write_leaves
+from pike.evaluate.protocol import ChildRequest
+
+
+class Parent:
+    """The parent's side of the stage request: says the phase is staged."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def send(self, event: str, **fields: Any) -> None:
+        self.sent.append({"event": event, **fields})
+
+    def receive(self) -> dict[str, Any]:
+        return {"event": "staged", "phase": self.sent[-1]["phase"]}
+
+
+def request(folder: Path) -> ChildRequest:
+    return ChildRequest(role="candidate", module_path="c.py", class_names=["ModelNew"],
+                        inputs_dir=str(folder), outputs_dir=str(folder), device="cpu",
+                        trials=2, seed=0, model_mode="as_constructed", timing=TimingConfig())
+
+
+def test_each_trials_inputs_are_loaded_only_when_the_last_are_done_with(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for trial in range(3):
+        write_leaves([torch.full((4,), float(trial))], tmp_path / f"inputs_{trial}.pt")
+    req = request(tmp_path)
+    loaded: list[str] = []
+    read = runner.read_leaves
+    monkeypatch.setattr(runner, "read_leaves",
+                        lambda path, **kw: loaded.append(path.name) or read(path, **kw))
+    parent = Parent()
+    names = [f"inputs_{t}" for t in range(3)]
+    sets = runner._staged_one_by_one(parent, req, torch.device("cpu"), "check", names)  # type: ignore[arg-type]
+    first = next(sets)
+    assert parent.sent == [{"event": "stage", "phase": "check"}]
+    assert loaded == ["inputs_0.pt"] and float(first[0][0]) == 0.0
+    assert [float(s[0][0]) for s in sets] == [1.0, 2.0]
+    assert loaded == [f"inputs_{t}.pt" for t in range(3)]
+
+
+def test_a_stage_the_parent_refuses_fails_before_anything_is_loaded(tmp_path: Path) -> None:
+    class Refusing(Parent):
+        def receive(self) -> dict[str, Any]:
+            return {"event": "refused"}
+
+    req = request(tmp_path)
+    with pytest.raises(runner.Failure, match="did not stage the check inputs"):
+        runner._staged_inputs(Refusing(), req, torch.device("cpu"), "check", ["inputs_0"])  # type: ignore[arg-type]
