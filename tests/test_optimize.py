@@ -15,6 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from pike.agents.prompt import estimate_tokens
 from pike.cli import app
 from pike.errors import StoreError
 from pike.evaluate.verdict import TimingStats, Verdict
@@ -61,6 +62,10 @@ class Scripted:
         self.optimize_calls += 1
         return Reply(content=fenced(source) if source else "I cannot help with that.",
                      delay_s=self.delay_s)
+
+
+def tokens_of(messages: list[dict[str, str]]) -> int:
+    return sum(estimate_tokens(m["content"]) for m in messages)
 
 
 def pike(*args: str | Path) -> Any:
@@ -111,33 +116,38 @@ def test_the_dollar_budget_is_never_exceeded(fake_llm: FakeOpenAI,
     assert dollars <= 1.0 and queries == len(fake_llm.requests) >= 4
 
 
-def test_the_error_fixer_rescues_failing_candidates(fake_llm: FakeOpenAI,
-                                                    run_config: Path, tmp_path: Path) -> None:
-    fake_llm.handler = Scripted(optimize=[WRONG], fix=GOOD)
-    out = tmp_path / "run"
-    result = pike("optimize", MLP, "--llm", spec(fake_llm), "--fixer-llm",
-                  f"{fake_llm.url}#fake-fixer", "--budget-queries", "5", "--config",
-                  run_config, "--out", out)
-    assert result.exit_code == 0, result.output
-    store = RunStore.open(out)
-    rows = {r.id: r for r in store.candidates("1_GeluMLP")}
-    fixes = [r for r in rows.values() if r.role == "fix"]
-    assert fixes and all(r.verdict and r.verdict.ok for r in fixes)
-    assert all(rows[r.parent_id].verdict.status == "incorrect" for r in fixes)
-    models = {c["role"].split(":")[0]: c["model"] for c in store.llm_calls("1_GeluMLP")}
-    assert models["fix"].endswith("#fake-fixer") and models["optimize"].endswith("#fake-model")
-
-
 def test_replay_reproduces_the_best_solution_without_any_llm_where_the_run_kept_its_runs(
         fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = yaml.safe_load(run_config.read_text())
     cfg["runs_dir"] = str(tmp_path / "kept")
     run_config.write_text(yaml.safe_dump(cfg))
-    fake_llm.handler = Scripted(optimize=[WRONG, GOOD])
+    # One search checks three things, each an end-to-end run of its own before: the error
+    # fixer (on its own model) rescues failing candidates, every prompt's parts are
+    # recorded, and a replay reproduces it all.
+    fake_llm.handler = Scripted(optimize=[WRONG], fix=GOOD)
     first = tmp_path / "first"
-    assert pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-queries", "6",
-                "--config", run_config, "--out", first).exit_code == 0
+    result = pike("optimize", MLP, "--llm", spec(fake_llm), "--fixer-llm",
+                  f"{fake_llm.url}#fake-fixer", "--budget-queries", "6", "--config",
+                  run_config, "--out", first)
+    assert result.exit_code == 0, result.output
+    store = RunStore.open(first)
+    rows = {r.id: r for r in store.candidates("1_GeluMLP")}
+    fixes = [r for r in rows.values() if r.role == "fix"]
+    assert fixes and all(r.verdict and r.verdict.ok for r in fixes)
+    assert all(rows[r.parent_id].verdict.status == "incorrect" for r in fixes)
+    models = {c["role"].split(":")[0]: c["model"] for c in store.llm_calls("1_GeluMLP")}
+    assert models["fix"].endswith("#fake-fixer") and models["optimize"].endswith("#fake-model")
+    calls = store.llm_calls("1_GeluMLP")
+    assert len(calls) == 6
+    for call in calls:  # the parts of every prompt, recorded with its call
+        parts = call["prompt_parts"]
+        assert parts["budget"] == 12000  # LLMConfig's default
+        assert parts["tokens"]["task"] > 0 and parts["tokens"]["system"] > 0
+        assert sum(parts["tokens"].values()) == parts["total"] == tokens_of(call["messages"])
+    first_round = [c for c in calls if c["role"].startswith("optimize:0:")]
+    assert first_round and all(c["prompt_parts"]["tokens"]["step"] > 0
+                               for c in first_round)  # the ideas
     fake_llm.close()  # no server from here on
     monkeypatch.chdir(tmp_path)
     result = pike("optimize", "--replay", first)  # no --out: beside the replayed run's runs
@@ -152,6 +162,9 @@ def test_replay_reproduces_the_best_solution_without_any_llm_where_the_run_kept_
         sorted(c["role"] for c in old.llm_calls("1_GeluMLP"))
     assert [r.verdict.status for r in new.candidates("1_GeluMLP")] == \
         [r.verdict.status for r in old.candidates("1_GeluMLP")]
+    # each call's prompt parts as recorded, not counted again
+    assert {c["role"]: c["prompt_parts"] for c in new.llm_calls("1_GeluMLP")} == \
+        {c["role"]: c["prompt_parts"] for c in calls}
 
 
 @pytest.mark.parametrize("strategy", [[], ["--preset", "openevolve"]],

@@ -1,6 +1,7 @@
 """Prompt assembly under a token budget: parts kept by priority, the budget respected, the
 task source never cut, what was trimmed or dropped noted, and the per-part counts recorded
-with every LLM call of a real search."""
+with every LLM call of a real search (that a replay keeps them: tests/test_optimize.py's
+replay test, on the run it makes)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pike.evaluate.profile import OpTime, ProfileSummary
 from pike.evaluate.verdict import TimingStats, Verdict
 from pike.store import RunStore
 from tests.fake_openai import FakeOpenAI
-from tests.test_optimize import GOOD, MLP, Scripted, pike, spec
+from tests.test_optimize import GOOD, MLP, Scripted, pike, spec, tokens_of
 
 TASK = "class Model:\n    pass\n" + "# the reference, long\n" * 40  # ~230 tokens
 PROGRAM = "class ModelNew:\n" + "    x = 1  # padding\n" * 20  # ~110 tokens each
@@ -25,10 +26,6 @@ PROGRAM = "class ModelNew:\n" + "    x = 1  # padding\n" * 20  # ~110 tokens eac
 
 def program(tag: str) -> str:
     return PROGRAM + f"# program {tag}\n"
-
-
-def tokens_of(messages: list[dict[str, str]]) -> int:
-    return sum(estimate_tokens(m["content"]) for m in messages)
 
 
 def test_assembly_keeps_higher_priorities_whole_and_drops_or_trims_the_lower() -> None:
@@ -160,25 +157,6 @@ def searched_calls(fake_llm: FakeOpenAI, config: Path, out: Path, queries: int) 
                   "--config", config, "--out", out)
     assert result.exit_code == 0, result.output
     return RunStore.open(out).llm_calls("1_GeluMLP")
-
-
-def test_a_search_records_the_parts_of_every_prompt_and_a_replay_keeps_them(
-        fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path) -> None:
-    calls = searched_calls(fake_llm, run_config, tmp_path / "run", 3)
-    assert len(calls) == 3
-    for call in calls:
-        parts = call["prompt_parts"]
-        assert parts["budget"] == 12000  # LLMConfig's default
-        assert parts["tokens"]["task"] > 0 and parts["tokens"]["system"] > 0
-        assert sum(parts["tokens"].values()) == parts["total"] == tokens_of(call["messages"])
-    optimize = [c for c in calls if c["role"].startswith("optimize")]
-    assert all(c["prompt_parts"]["tokens"]["step"] > 0 for c in optimize)  # the ideas
-    fake_llm.close()
-    again = tmp_path / "again"
-    assert pike("optimize", "--replay", tmp_path / "run", "--out", again).exit_code == 0
-    replayed = RunStore.open(again).llm_calls("1_GeluMLP")
-    assert {c["role"]: c["prompt_parts"] for c in replayed} == \
-        {c["role"]: c["prompt_parts"] for c in calls}
 
 
 def test_the_configured_budget_reaches_the_prompts_and_the_store(
