@@ -40,11 +40,16 @@ def _candidates(out: Path) -> dict[str, list[int]]:
                 for t in (FIRST, SECOND)}
 
 
-def test_a_limit_already_past_starts_nothing_and_resume_does_it_all(
-        two_tasks: tuple[Path, Path], tmp_path: Path) -> None:
+def test_work_past_the_limit_is_kept_and_not_judged_again(
+        two_tasks: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A limit already past starts nothing, not even a baseline.
     tasks, config = two_tasks
+    cfg = yaml.safe_load(config.read_text())
+    cfg["search"]["offline"] = {"max_candidates": 2}  # one judged before the limit, one after
+    config.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "campaign"
-    stopped = pike("bench", tasks, "--config", config, "--out", out, "--stop-after", "0")
+    stopped = pike("bench", tasks, "--config", config, "--out", out, "--jobs", "1",
+                   "--workers", "1", "--stop-after", "0")
     assert stopped.exit_code == 75, stopped.output
     assert "2 of 2 tasks not finished" in stopped.output and "--resume" in stopped.output
     with RunStore.open(out) as store:
@@ -52,20 +57,10 @@ def test_a_limit_already_past_starts_nothing_and_resume_does_it_all(
             assert store.get_state(task, "baseline") is None
             assert not store.get_state(task, "done")
     assert _candidates(out) == {FIRST: [], SECOND: []}
-    finished = pike("bench", "--resume", out)
-    assert finished.exit_code == 0, finished.output
-    assert all(_candidates(out).values())
 
-
-def test_work_past_the_limit_is_kept_and_not_judged_again(
-        two_tasks: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The limit passes as the first task's first verdict is recorded: that verdict is
-    # kept, the search starts nothing more and skips its confirming window, the task stays
-    # open, and the second task does not start.
-    tasks, config = two_tasks
-    cfg = yaml.safe_load(config.read_text())
-    cfg["search"]["offline"] = {"max_candidates": 2}  # one judged before the limit, one after
-    config.write_text(yaml.safe_dump(cfg))
+    # Resumed, the limit passes as the first task's first verdict is recorded: that
+    # verdict is kept, the search starts nothing more and skips its confirming window, the
+    # task stays open, and the second task does not start.
     real_record = offline_search.OfflineSearch._record
 
     def record_then_time_is_up(self: Any, cid: int, verdict: Any, *rest: Any) -> None:
@@ -73,9 +68,7 @@ def test_work_past_the_limit_is_kept_and_not_judged_again(
         drain._deadline = 0.0  # long past (the campaign's own limit is reset as it ends)
 
     monkeypatch.setattr(offline_search.OfflineSearch, "_record", record_then_time_is_up)
-    out = tmp_path / "campaign"
-    stopped = pike("bench", tasks, "--config", config, "--out", out, "--jobs", "1",
-                   "--workers", "1", "--stop-after", "3600")
+    stopped = pike("bench", "--resume", out, "--jobs", "1", "--stop-after", "3600")
     assert stopped.exit_code == 75, stopped.output
     assert "2 of 2 tasks not finished" in stopped.output
     assert drain._deadline is None  # the limit ended with the campaign
@@ -93,9 +86,11 @@ def test_work_past_the_limit_is_kept_and_not_judged_again(
     status = next(iter(before.values())).status
     assert f"verdicts: {status} 1" in line, again.output
 
+    # and the resume does the rest
     monkeypatch.setattr(offline_search.OfflineSearch, "_record", real_record)
     finished = pike("bench", "--resume", out, "--jobs", "1")
     assert finished.exit_code == 0, finished.output
+    assert all(_candidates(out).values())
     with RunStore.open(out) as store:
         after = {c.id: c.verdict for c in store.candidates(FIRST) if c.verdict is not None}
         assert {i: after[i] for i in before} == before  # kept as it was, not judged again
