@@ -103,27 +103,6 @@ def evolve(fake: FakeOpenAI, config: Path, out: Path, preset_name: str, budget: 
     assert result.exit_code == 0, result.output
 
 
-def test_exploit_only_parents_are_elites_and_the_budget_holds(
-        fake_llm: FakeOpenAI, evolve_config: Path, tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    evolve(fake_llm, evolve_config, out, "exploit", 6)
-    store = RunStore.open(out)
-    assert store.spent("1_GeluMLP")[0] == 6 == len(fake_llm.requests)
-    rows = {r.id: r for r in store.candidates("1_GeluMLP")}
-    evolved = [r for r in rows.values() if r.role == "evolve"]
-    with_parent = [r for r in evolved if r.parent_id is not None]
-    assert with_parent, "after the first generation parents come from the library"
-    search = search_over(store, preset("exploit"))
-    search.task = "1_GeluMLP"
-    for r in with_parent:
-        assert r.parent_id in {p.id for p in search.archive(r.round)}
-    for r in rows.values():
-        if r.role == "fix":
-            # the fixer takes failing candidates only: the wrong reply's `incorrect`, or on
-            # a loaded 2-core CI host a correct one `rejected` by the wall-clock guard
-            assert rows[r.parent_id].verdict.status in ("incorrect", "rejected")
-
-
 def test_crossover_prompts_carry_two_parents_and_replay_reproduces(
         fake_llm: FakeOpenAI, evolve_config: Path, tmp_path: Path) -> None:
     first = tmp_path / "first"
@@ -144,12 +123,32 @@ def test_crossover_prompts_carry_two_parents_and_replay_reproduces(
 
 def test_both_strategies_on_one_budget_compare_side_by_side_in_the_report(
         fake_llm: FakeOpenAI, evolve_config: Path, tmp_path: Path) -> None:
+    """The evolve run is the exploit preset's, whose own checks (elites as parents, the
+    budget) are made on it too: one search where there were two."""
     from pike.report.data import load_runs, progress
 
     evolved = tmp_path / "evolve"
-    evolve(fake_llm, evolve_config, evolved, "exploit-small-library", 5)
+    evolve(fake_llm, evolve_config, evolved, "exploit", 6)
+    # exploit only: the parents are elites, and the budget holds
+    store = RunStore.open(evolved)
+    assert store.spent("1_GeluMLP")[0] == 6 == len(fake_llm.requests)
+    rows = {r.id: r for r in store.candidates("1_GeluMLP")}
+    evolved_rows = [r for r in rows.values() if r.role == "evolve"]
+    with_parent = [r for r in evolved_rows if r.parent_id is not None]
+    assert with_parent, "after the first generation parents come from the library"
+    search = search_over(store, preset("exploit"))
+    search.task = "1_GeluMLP"
+    for r in with_parent:
+        assert r.parent_id in {p.id for p in search.archive(r.round)}
+    for r in rows.values():
+        if r.role == "fix":
+            # the fixer takes failing candidates only: the wrong reply's `incorrect`, or on
+            # a loaded 2-core CI host a correct one `rejected` by the wall-clock guard
+            assert rows[r.parent_id].verdict.status in ("incorrect", "rejected")
+
+    # the same budget for the branching search
     branched = tmp_path / "branching"
-    result = pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-queries", "5",
+    result = pike("optimize", MLP, "--llm", spec(fake_llm), "--budget-queries", "6",
                   "--strategy", "branching", "--config", evolve_config, "--out", branched)
     assert result.exit_code == 0, result.output
     runs = load_runs([branched, evolved])
@@ -157,6 +156,6 @@ def test_both_strategies_on_one_budget_compare_side_by_side_in_the_report(
     for run in runs:
         assert run.task("1_GeluMLP") is not None
         curve = progress(run, "queries")
-        assert curve[0][0] == 0 and curve[-1][0] == 5  # the same budget, spent in full
+        assert curve[0][0] == 0 and curve[-1][0] == 6  # the same budget, spent in full
         assert any(c.verdict and c.verdict.ok and c.role != "reference"
                    for c in run.task("1_GeluMLP").candidates)  # each found a correct one
