@@ -348,7 +348,10 @@ def test_optimize_without_an_llm_runs_the_offline_strategy(tmp_path: Path,
     config.write_text(json.dumps({"eval": {
         "device": "cpu", "trials": 2, "build_cache": str(build_cache),
         "timing": {"warmup_calls": 1, "warmup_seconds": 0.0, "min_calls": 5,
-                   "min_seconds": 0.05, "rounds": 4}}}))
+                   "min_seconds": 0.05, "rounds": 4}},
+        # the two checked below; a third (their combination, another CPU compile) adds
+        # nothing here
+        "search": {"offline": {"max_candidates": 2}}}))
     out = tmp_path / "run"
     runner = CliRunner()
     result = runner.invoke(app, ["optimize", str(MLP.path), "--config", str(config),
