@@ -17,7 +17,7 @@ import psutil
 import pytest
 import yaml
 
-from pike.config import EvalConfig, LimitsConfig
+from pike.config import EvalConfig, LimitsConfig, TimingConfig
 from pike.evaluate import evaluate, leftovers
 from pike.evaluate.leftovers import make_temp_dir, sweep_orphaned_dirs
 from pike.store import ERROR_STATE, RunStore
@@ -25,6 +25,10 @@ from pike.task import Task
 from tests.conftest import CANDIDATES, EXAMPLES, candidate, judged_in
 
 MLP = EXAMPLES / "tasks" / "1_GeluMLP.py"
+# A short timing protocol: these tests are about how pike ends, not about its figures, and
+# the default one (a second of timed calls in 20 rounds, each side) only made them wait.
+FAST_TIMING = {"warmup_calls": 1, "warmup_seconds": 0.0, "min_calls": 5, "min_seconds": 0.02,
+               "rounds": 2}
 
 
 def _runners_under(pid: int) -> list[psutil.Process]:
@@ -50,7 +54,8 @@ def test_killing_pike_eval_leaves_no_process_and_no_temp_dir(
     temp.mkdir()
     config = tmp_path / "pike.yaml"
     config.write_text(yaml.safe_dump({"eval": {"sandbox": sandbox, "trials": 2,
-                                               "build_cache": str(build_cache)}}))
+                                               "build_cache": str(build_cache),
+                                               "timing": FAST_TIMING}}))
     env = {**os.environ, "TMPDIR": str(temp)}
     pike = subprocess.Popen([sys.executable, "-m", "pike", "eval", str(MLP),
                              str(CANDIDATES / "infinite_loop.py"), "--device", "cpu",
@@ -95,7 +100,8 @@ def test_a_run_cut_off_by_sigterm_says_how_to_go_on_and_leaves_nothing_running(
     temp.mkdir()
     config = tmp_path / "pike.yaml"
     config.write_text(yaml.safe_dump({
-        "eval": {"sandbox": "off", "trials": 2, "build_cache": str(build_cache)},
+        "eval": {"sandbox": "off", "trials": 2, "build_cache": str(build_cache),
+                 "timing": FAST_TIMING},
         "search": {"baseline_modes": ["eager"]}}))
     if command == "audit":
         solutions = tmp_path / "set"
@@ -167,7 +173,8 @@ def test_a_run_cut_off_mid_build_ends_within_seconds_and_records_no_failure(
     temp.mkdir()
     config = tmp_path / "pike.yaml"
     config.write_text(yaml.safe_dump({
-        "eval": {"sandbox": "off", "trials": 2, "build_cache": str(build_cache)},
+        "eval": {"sandbox": "off", "trials": 2, "build_cache": str(build_cache),
+                 "timing": FAST_TIMING},
         "search": {"baseline_modes": ["eager"]}}))
     common = ["--device", "cpu", "--workers", str(workers), "--config", str(config),
               "--out", str(out)]
@@ -271,6 +278,7 @@ def test_the_ending_cleanup_leaves_no_folder_a_worker_thread_was_making_or_filli
 def test_a_hung_candidate_on_a_small_task_times_out_within_a_minute(
         mlp_task: Task, build_cache: Path) -> None:
     cfg = EvalConfig(device="cpu", trials=2, build_cache=build_cache,
+                     timing=TimingConfig(**FAST_TIMING),
                      limits=LimitsConfig())  # the default ceilings: 300 s to check
     evaluate(mlp_task, candidate("fused"), cfg)  # the reference is measured and cached
     started = time.monotonic()
