@@ -103,8 +103,25 @@ def test_optimize_end_to_end_keeps_to_the_query_budget(fake_llm: FakeOpenAI,
     assert headers["authorization"] == f"Bearer {SECRET}"
 
 
-def test_the_dollar_budget_is_never_exceeded(fake_llm: FakeOpenAI,
-                                             run_config: Path, tmp_path: Path) -> None:
+def test_the_dollar_budget_is_never_exceeded_and_the_search_holds_its_bar(
+        fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import judge, search_bar, shared_window
+    from pike.task import Task
+
+    # the bar (tests/test_search_bar.py): each timing window is told the search's best
+    # so far; PIKE-B's seeds and PIKE-O's fitness take a cut-short figure as it is, the
+    # best does not
+    seen: list[float | None] = []
+    real = judge.time_interleaved
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        best = kwargs.get("best")
+        seen.append(best() if best else None)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(judge, "time_interleaved", spy)
+    monkeypatch.setattr(shared_window, "time_interleaved", spy)
     fake_llm.handler = Scripted(optimize=[GOOD])
     out = tmp_path / "run"
     # each call: 100 tokens in + 50 out at $1000/Mtok = $0.15; before the first reply the
@@ -114,6 +131,9 @@ def test_the_dollar_budget_is_never_exceeded(fake_llm: FakeOpenAI,
     assert result.exit_code == 0, result.output
     queries, dollars = RunStore.open(out).spent("1_GeluMLP")
     assert dollars <= 1.0 and queries == len(fake_llm.requests) >= 4
+    # its first windows see no best yet, later ones the best of the verdicts before them
+    assert seen[0] is None and any(b for b in seen[1:]), seen
+    assert search_bar.current(Task.from_file(MLP).sha256) is None  # let go as it ended
 
 
 def test_replay_reproduces_the_best_solution_without_any_llm_where_the_run_kept_its_runs(

@@ -229,32 +229,7 @@ def test_the_offline_search_raises_its_bar_and_keeps_a_set_cut_short_as_a_partne
     assert seen and seen[0] == 8.5
 
 
-def test_an_llm_search_holds_its_bar_while_it_runs(
-        fake_llm: Any, run_config: Path, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # PIKE-B's seeds and PIKE-O's fitness take a cut-short figure as it is; the best does not
-    from typer.testing import CliRunner
-
-    from pike.cli import app
-    from pike.evaluate import judge, shared_window
-    from tests.test_optimize import GOOD, Scripted, spec
-
-    seen: list[float | None] = []
-    real = judge.time_interleaved
-
-    def spy(*args: Any, **kwargs: Any) -> None:
-        best = kwargs.get("best")
-        seen.append(best() if best else None)
-        real(*args, **kwargs)
-
-    monkeypatch.setattr(judge, "time_interleaved", spy)
-    monkeypatch.setattr(shared_window, "time_interleaved", spy)
-    fake_llm.handler = Scripted(optimize=[GOOD])
-    out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["optimize", str(MLP.path), "--llm", spec(fake_llm),
-                                      "--budget-queries", "5", "--config", str(run_config),
-                                      "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    # its first windows see no best yet, later ones the best of the verdicts before them
-    assert seen[0] is None and any(b for b in seen[1:]), seen
-    assert search_bar.current(MLP.sha256) is None  # let go when the search ended
+# That an LLM search holds its bar while it runs (its first windows see no best, later ones
+# the best so far, and the bar is let go as it ends) is checked on a search that
+# tests/test_optimize.py's test_the_dollar_budget_is_never_exceeded_and_the_search_holds_
+# its_bar makes.
