@@ -237,6 +237,39 @@ def test_the_second_try_after_running_out_beside_others_waits_for_room(
     assert starts.index("late1") > starts.index("crowded2")  # the newcomer came after it
 
 
+def test_a_candidate_waiting_for_room_stops_waiting_when_pike_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import leftovers
+    ending = threading.Event()
+    monkeypatch.setattr(leftovers, "_ENDING", ending)
+    monkeypatch.setattr(pool_module, "resolve_device", lambda d: d)
+    with LocalPool(EvalConfig(device="cpu"), workers=2, devices=["cuda:0"],
+                   evaluator=lambda *a: ok()) as pool:
+        pool._take(avoid=[])  # one on the card that never ends
+        outcomes: list[str] = []
+
+        def wait(beside: int | None) -> None:
+            try:
+                pool._take(avoid=[], beside=beside)
+                outcomes.append("started")
+            except KeyboardInterrupt:
+                outcomes.append("stopped")
+
+        waiting = [threading.Thread(target=wait, args=(0,))]  # room: none beside
+        waiting[0].start()
+        while not pool._draining["cuda:0"]:
+            time.sleep(0.01)
+        waiting.append(threading.Thread(target=wait, args=(None,)))  # held back behind it
+        waiting[1].start()
+        time.sleep(0.2)
+        assert outcomes == []
+        ending.set()  # as end_children_and_remove_own_dirs does on Ctrl-C
+        for thread in waiting:
+            thread.join(timeout=5)
+        assert outcomes == ["stopped", "stopped"]
+        assert pool._busy["cuda:0"] == 1 and pool._draining["cuda:0"] == 0
+
+
 def test_the_least_busy_gpu_gets_the_next_candidate(mlp_task: Task,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pool_module, "resolve_device", lambda d: d)

@@ -25,6 +25,7 @@ from pike.config import EvalConfig
 from pike.errors import ConfigError, PikeError
 from pike.evaluate import spares
 from pike.evaluate.judge import evaluate, keep_references, resolve_device
+from pike.evaluate.leftovers import refuse_new_work_if_ending
 from pike.evaluate.verdict import Verdict, says_out_of_memory
 from pike.task import Task
 from pike.threads import unwinding_stop
@@ -203,13 +204,16 @@ class LocalPool:
                 self._draining[device] += 1
                 try:
                     while self._busy[device] > beside:
+                        refuse_new_work_if_ending()  # pike ends: wait for nothing
                         self._room.wait(timeout=1.0)
                 finally:
                     self._draining[device] -= 1
                     self._room.notify_all()  # the candidates it held back
             else:
                 while self._draining[device]:
+                    refuse_new_work_if_ending()
                     self._room.wait(timeout=1.0)
+            refuse_new_work_if_ending()  # (a wait may have ended for it)
             self._busy[device] += 1
             return device
 
