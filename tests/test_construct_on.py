@@ -122,3 +122,34 @@ def test_the_references_choice_reaches_its_candidates_and_its_replacements(
         assert files.request.construct_on == "device"
     finally:
         run.close()
+
+
+class Lazy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.LazyLinear(8)  # no size until its first call
+
+
+class Meddles(torch.nn.Module):
+    """A constructor with side effects: what its count on the meta device does must not
+    reach the real build."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        super().__init__()
+        torch.set_default_dtype(torch.float64)
+        self.w = torch.nn.Parameter(torch.empty(sizes.pop()))
+
+
+def test_the_count_leaves_no_trace_and_tells_lazy_modules_apart(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import runner
+    monkeypatch.setattr(runner, "BUILD_ON_DEVICE_BYTES", 1000)
+    gpu = torch.device("meta")
+    assert runner.resolve_construct_on("auto", Lazy, [], gpu) == "cpu"
+    sizes = [500]
+    try:
+        assert runner.resolve_construct_on("auto", Meddles, [sizes], gpu) == "device"
+        assert sizes == [500]  # its own copy of the arguments
+        assert torch.get_default_dtype() == torch.float32  # the default put back
+    finally:
+        torch.set_default_dtype(torch.float32)

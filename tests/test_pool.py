@@ -180,13 +180,14 @@ def test_a_candidate_out_of_gpu_memory_beside_others_is_judged_once_more(
 def test_the_second_try_after_running_out_beside_others_waits_for_room(
         mlp_task: Task, monkeypatch: pytest.MonkeyPatch) -> None:
     """Four on one GPU, one runs out of memory: its second try starts only once at most two
-    (half the pool) are left beside it, and a candidate that comes meanwhile waits behind it
-    rather than taking the room."""
+    (half the pool) are left beside it, a candidate that comes meanwhile waits behind it
+    rather than taking the room, and while the second try runs no more than two are beside
+    it."""
     monkeypatch.setattr(pool_module, "resolve_device", lambda d: d)
     on_card: list[str] = []
     seen_beside: dict[str, list[str]] = {}
     starts: list[str] = []
-    held = {name: threading.Event() for name in ("a", "b", "c")}
+    held = {name: threading.Event() for name in ("a", "b", "c", "crowded")}
     together = threading.Barrier(4, timeout=20)
     tries: Counter[str] = Counter()
     lock = threading.Lock()
@@ -200,12 +201,13 @@ def test_the_second_try_after_running_out_beside_others_waits_for_room(
             on_card.append(source)
             starts.append(f"{source}{tries[source]}")
         try:
-            if source in held:
-                together.wait()
-                held[source].wait(timeout=20)
-            elif source == "crowded" and tries[source] == 1:
+            if source == "crowded" and tries[source] == 1:
                 together.wait()
                 return oom
+            if source in held:
+                if source != "crowded":
+                    together.wait()
+                held[source].wait(timeout=20)
             return ok()
         finally:
             with lock:
@@ -227,7 +229,11 @@ def test_the_second_try_after_running_out_beside_others_waits_for_room(
         assert tries["crowded"] == 1 and tries["late"] == 0  # neither started beside three
         held["a"].set()
         until(lambda: tries["crowded"] == 2)
-        until(lambda: tries["late"] == 1)
+        time.sleep(0.3)
+        assert tries["late"] == 0  # the second try runs beside b and c: its room is full
+        held["b"].set()
+        until(lambda: tries["late"] == 1)  # now one left beside it, and room for one more
+        assert sorted(seen_beside["late1"]) == ["c", "crowded"]
         for event in held.values():
             event.set()
         got = batch.result(timeout=20)
@@ -235,6 +241,18 @@ def test_the_second_try_after_running_out_beside_others_waits_for_room(
     assert all(v.ok for v in got.values())
     assert sorted(seen_beside["crowded2"]) == ["b", "c"]  # two beside it: half of five
     assert starts.index("late1") > starts.index("crowded2")  # the newcomer came after it
+    assert pool._capped["cuda:0"] == [] and pool._busy["cuda:0"] == 0
+
+
+def test_the_room_of_a_second_try_is_half_of_its_devices_share(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool_module, "resolve_device", lambda d: d)
+    pool = LocalPool(EvalConfig(device="cpu"), workers=15, devices=["cuda:0", "cuda:1"],
+                     evaluator=lambda *a: ok())
+    try:  # 15 over 2 GPUs: up to 8 on one, so a second try has at most 4 beside it
+        assert pool._per_device() == 8
+    finally:
+        pool.close()
 
 
 def test_a_candidate_waiting_for_room_stops_waiting_when_pike_ends(

@@ -61,3 +61,25 @@ def test_a_stage_the_parent_refuses_fails_before_anything_is_loaded(tmp_path: Pa
     req = request(tmp_path)
     with pytest.raises(runner.Failure, match="did not stage the check inputs"):
         runner._staged_inputs(Refusing(), req, torch.device("cpu"), "check", ["inputs_0"])  # type: ignore[arg-type]
+
+
+def test_a_set_the_check_is_done_with_is_freed_before_the_next_is_loaded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import weakref
+    for trial in range(3):
+        write_leaves([torch.full((4,), float(trial))], tmp_path / f"inputs_{trial}.pt")
+    kept: list[weakref.ref] = []
+    alive_at_load: list[list[bool]] = []
+    read = runner.read_leaves
+
+    def reading(path: Path, **kw: Any) -> list[Any]:
+        alive_at_load.append([r() is not None for r in kept])
+        return read(path, **kw)
+
+    monkeypatch.setattr(runner, "read_leaves", reading)
+    names = [f"inputs_{t}" for t in range(3)]
+    for inputs in runner._staged_one_by_one(Parent(), request(tmp_path),  # type: ignore[arg-type]
+                                            torch.device("cpu"), "check", names):
+        kept.append(weakref.ref(inputs[0]))
+        del inputs  # as the check does after its call
+    assert alive_at_load == [[], [False], [False, False]]

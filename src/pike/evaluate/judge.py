@@ -568,6 +568,9 @@ def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: boo
         # replaces it, build where it built (the same seed gives the same weights only there)
         if report.built_on in CONSTRUCT_ON and report.built_on != "auto":
             pristine.construct_on = report.built_on  # type: ignore[assignment]
+        elif pristine.construct_on == "auto":  # a candidate cannot guess it: none is judged
+            raise EvaluatorError(f"{task.name}: the reference's child did not say where it "
+                                 f"built the model ({report.built_on!r})")
         run = ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp,
                            seed=drawn.weights, device=device, timed_expected=timed,
                            check_seconds=child.phase_seconds.get("check", 0.0),

@@ -42,12 +42,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # Two modules, as in the evaluator: a candidate never sees the reference's namespace.
     task = import_file(args.task, "pike_ncu_task")
-    module = task if args.module == args.task else import_file(args.module, "pike_ncu_module")
-    cls = getattr(module, "ModelNew", None) or module.Model
     device = torch.device(args.device)
     init_inputs = list(task.get_init_inputs())
-    # the task's class decides, as in the evaluator, where a candidate's model is built
+    # the task's class decides, as in the evaluator, where a candidate's model is built:
+    # before the candidate's module is imported, so it has no say
     where = resolve_construct_on(args.construct_on, task.Model, init_inputs, device)
+    module = task if args.module == args.task else import_file(args.module, "pike_ncu_module")
+    cls = getattr(module, "ModelNew", None) or module.Model
     torch.manual_seed(args.seed)
     with built_on(device, where):
         model = cls(*init_inputs)

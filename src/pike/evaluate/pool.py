@@ -126,6 +126,8 @@ class LocalPool:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self._draining = dict.fromkeys(self.devices, 0)  # candidates waiting for room
+        # per device, the room of each second try running there: how many may be beside it
+        self._capped: dict[str, list[int]] = {d: [] for d in self.devices}
         self._evaluate = evaluator
         self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="pike-eval")
         keep_references(self.workers + 1)  # a live reference child per task in flight
@@ -163,7 +165,8 @@ class LocalPool:
         room: list[int] = []  # the retry after running out of memory beside others
 
         def attempt(n: int) -> Verdict:
-            device = self._take(avoid=used, beside=room[0] if room else None)
+            beside = room[0] if room else None
+            device = self._take(avoid=used, beside=beside)
             used.append(device)
             try:
                 verdict = self._evaluate(task, source,
@@ -172,7 +175,7 @@ class LocalPool:
                     crowded.append(device.startswith("cuda") and self._busy[device] > 1)
                 return verdict
             finally:
-                self._give(device)
+                self._give(device, beside)
 
         verdict = requeue_once(attempt, _evaluator_failure)
         if crowded and crowded[-1] and out_of_device_memory(verdict):
@@ -185,7 +188,7 @@ class LocalPool:
             # was free, the host's memory watch the child tree's size
             said = next((line.strip() for line in (verdict.message or "").splitlines()
                          if says_out_of_memory(line)), "")
-            room[:] = [self.workers // 2]
+            room[:] = [self._per_device() // 2]
             log.warning("%s: a candidate ran out of memory (the GPU's, or the host's) with "
                         "other evaluations on the GPU, in phase %s; judged once more, with "
                         "at most %d beside it (%s)",
@@ -193,33 +196,44 @@ class LocalPool:
             verdict = requeue_once(attempt, _evaluator_failure)
         return verdict
 
+    def _per_device(self) -> int:
+        """The evaluations a device holds when the pool is full."""
+        return -(-self.workers // len(self.devices))
+
     def _take(self, avoid: Sequence[str], beside: int | None = None) -> str:
         """The least busy device, preferring one this candidate has not been lost on; with
-        `beside`, once at most that many evaluations are on it. While such a candidate
-        waits, no other starts on its device: the device drains to make its room."""
+        `beside`, once at most that many evaluations are on it, and from then until it
+        ends (`_give`) no more than that many beside it. While such a candidate waits, no
+        other starts on its device: the device drains to make its room."""
         with self._room:
             device = min(self.devices, key=lambda d: (d in avoid, self._draining[d] > 0,
-                                                      self._busy[d]))
+                                                      bool(self._capped[d]), self._busy[d]))
             if beside is not None:
                 self._draining[device] += 1
                 try:
-                    while self._busy[device] > beside:
+                    while self._busy[device] > min([beside, *self._capped[device]]):
                         refuse_new_work_if_ending()  # pike ends: wait for nothing
                         self._room.wait(timeout=1.0)
                 finally:
                     self._draining[device] -= 1
                     self._room.notify_all()  # the candidates it held back
             else:
-                while self._draining[device]:
+                # behind a drain, and beside a second try given room, until it ends
+                while (self._draining[device] or self._capped[device]
+                       and self._busy[device] > min(self._capped[device])):
                     refuse_new_work_if_ending()
                     self._room.wait(timeout=1.0)
             refuse_new_work_if_ending()  # (a wait may have ended for it)
             self._busy[device] += 1
+            if beside is not None:
+                self._capped[device].append(beside)
             return device
 
-    def _give(self, device: str) -> None:
+    def _give(self, device: str, beside: int | None = None) -> None:
         with self._room:
             self._busy[device] -= 1
+            if beside is not None:
+                self._capped[device].remove(beside)
             self._room.notify_all()
 
 

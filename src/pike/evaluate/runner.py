@@ -152,13 +152,17 @@ def resolve_construct_on(construct_on: str, cls: Callable[..., Any], init_inputs
         return construct_on
     if device.type == "cpu":
         return "cpu"
+    dtype = torch.get_default_dtype()
     try:
+        # its own copy of the arguments, and the defaults put back: what this extra run of
+        # the constructor changes must not reach the real build (which candidates mirror)
         with torch.device("meta"):
-            shell = cls(*init_inputs)
-        tensors = [*shell.parameters(), *shell.buffers()]
-    except Exception:  # the task's constructor reads values, or is no module
+            shell = cls(*copy.deepcopy(init_inputs))
+        size = sum(t.numel() * t.element_size() for t in [*shell.parameters(), *shell.buffers()])
+    except Exception:  # the constructor reads values; lazy modules (no size yet); no module
         return "cpu"
-    size = sum(t.numel() * t.element_size() for t in tensors)
+    finally:
+        torch.set_default_dtype(dtype)
     return "device" if size >= BUILD_ON_DEVICE_BYTES else "cpu"
 
 
@@ -810,8 +814,9 @@ def _staged_one_by_one(chan: Channel, req: ChildRequest, device: torch.device, p
     folder = Path(req.inputs_dir)
     for name in names:
         with STEPS.span("load_inputs"):
-            inputs = _to_device(read_leaves(folder / f"{name}.pt", trusted=True), device)
-        yield inputs
+            loaded = _to_device(read_leaves(folder / f"{name}.pt", trusted=True), device)
+        yield loaded
+        del loaded  # (held here, the last set would live on while the next one loads)
 
 
 class _armed:
