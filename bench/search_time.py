@@ -15,6 +15,10 @@ counts the time some candidate of the task was in evaluation, so the gaps betwee
 calls of a resumed run drop out; a candidate starts at its creation, or where its
 verdict's own seconds began if later (one made before an interrupt is judged anew in the
 next call).
+Also per task, the median seconds a candidate spent between its making and its verdict
+outside the verdict's own time (`total`): held in the pool, or a first try that ran out of
+memory beside others (those are steps of their own from 2026-12-03 on). Only candidates made
+and judged in one device call count.
 `--since ID` keeps candidates from that id on (one device call's share of a resumed run).
 Each task's baselines too: every mode's speedup over eager, its build seconds and the part
 of them that held the device alone (an autotuning mode's build less its pre-build, which
@@ -46,10 +50,11 @@ from pike.store import BASELINE_STATE, DONE_STATE, RunStore
 
 # timing.calls and timing.blocks: of `timing`, the timed calls and the blocks after the
 # warm-up (verdicts from 2026-12-02 on; 0 before); wait_to_list: the wait to be listed
-# for timers to stop, before the child begins (in wait_for_device before 2026-12-02)
+# for timers to stop, before the child begins (in wait_for_device before 2026-12-02);
+# wait_in_pool and crowded_try: the pool's, outside `total` (verdicts from 2026-12-03 on)
 STEPS = ("total", "paused", "reference", "wait_to_list", "wait_for_device",
          "load_build_warm_up", "trials", "compare", "timing", "timing.calls", "timing.blocks",
-         "final_check", "stop_child")
+         "final_check", "stop_child", "wait_in_pool", "crowded_try")
 
 
 def kind(idea: str | None) -> str:
@@ -66,13 +71,14 @@ def step_seconds(verdict: Verdict) -> dict[str, float]:
 def collect(run_dir: Path, since: int = 0) -> dict:
     tasks: dict[str, dict] = {}
     by_kind: dict[str, dict[str, list[float]]] = {}
+    calls = call_windows(run_dir)
     with RunStore.open(run_dir) as store:
         for r in store.candidates():
             if r.id < since:
                 continue
             t = tasks.setdefault(r.task, {"judged": 0, "ok": 0, "unfinished": 0, "first": None,
                                           "last": None, "build_s": [], "cheap_s": [],
-                                          "spans": []})
+                                          "spans": [], "outside_s": []})
             t["first"] = min(filter(None, [t["first"], r.created_at]))
             if r.verdict is None:
                 t["unfinished"] += 1
@@ -87,6 +93,9 @@ def collect(run_dir: Path, since: int = 0) -> dict:
                 end = _stamp(r.evaluated_at)
                 start = max(_stamp(r.created_at), end - seconds["total"])
                 t["spans"].append((start, end, seconds["paused"] + seconds["wait_for_device"]))
+                made = _stamp(r.created_at)
+                if _same_call(made, end, calls):
+                    t["outside_s"].append(max(0.0, end - made - seconds["total"]))
             steps = by_kind.setdefault(kind(r.idea), {s: [] for s in STEPS})
             for s in STEPS:
                 steps[s].append(seconds[s])
@@ -96,6 +105,12 @@ def collect(run_dir: Path, since: int = 0) -> dict:
             t["budget_s"] = store.get_state(name, "offline_seconds")
             t["replay"] = replay_budget(t.pop("spans"), width)
     return {"tasks": tasks, "kinds": by_kind}
+
+
+def _same_call(start: float, end: float, calls: list[tuple[str, float, float]]) -> bool:
+    """Both moments within one device call (or the run has no call logs): a candidate made
+    in one call and judged again after a cut was not waiting in between."""
+    return not calls or any(a <= start and end <= b + 1 for _, a, b in calls)
 
 
 def call_windows(run_dir: Path) -> list[tuple[str, float, float]]:
@@ -335,11 +350,13 @@ def render(found: dict, command: str, date: str, run_dir: Path) -> str:
              "alone (nothing re-run); seconds are wall seconds of the parent's steps", "",
              "## Per task", "",
              "| task | judged (ok) | unfinished | done | wall, first made to last verdict (s) "
-             "| budgeted s | replayed: all lanes / beside | median s, cheap | median s, builds |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| budgeted s | replayed: all lanes / beside | median s, cheap | median s, builds "
+             "| median s outside its verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, t in sorted(found["tasks"].items(), key=lambda kv: _task_number(kv[0])):
         wall = _wall(t["first"], t["last"])
-        med = [f"{statistics.median(t[k]):.0f}" if t[k] else "-" for k in ("cheap_s", "build_s")]
+        med = [f"{statistics.median(t[k]):.0f}" if t[k] else "-"
+               for k in ("cheap_s", "build_s", "outside_s")]
         budget = f"{float(t['budget_s']):.0f}" if t["budget_s"] is not None else "-"
         wall_text = f"{wall:.0f}" if wall is not None else "-"
         replay = t.get("replay") or {}
@@ -347,7 +364,7 @@ def render(found: dict, command: str, date: str, run_dir: Path) -> str:
                     else "-")
         lines.append(f"| {name} | {t['judged']} ({t['ok']}) | {t['unfinished']} | "
                      f"{'yes' if t['done'] else 'no'} | {wall_text} | {budget} | {replayed} | "
-                     f"{med[0]} | {med[1]} |")
+                     f"{med[0]} | {med[1]} | {med[2]} |")
     lines += ["", "## Per kind of candidate (median / total seconds of each step)", "",
               "| kind | n | " + " | ".join(STEPS) + " |", "|---|---|" + "---|" * len(STEPS)]
     for k, steps in sorted(found["kinds"].items()):

@@ -251,3 +251,37 @@ def test_device_calls_across_midnight_are_placed_on_their_days(search_time: Modu
     assert end - start == 495
     assert search_time._time_of_day("21:00:00", end, after=True) == at(
         "2026-12-03T21:00:00+00:00")
+
+
+def test_time_outside_a_verdict_is_counted_only_within_one_device_call(
+        tmp_path: Path, search_time: ModuleType) -> None:
+    """A candidate made 30 s before its 40 s verdict began was held outside it (in the pool)
+    for 30 s; one made in an earlier device call and judged anew after the cut was not."""
+    import datetime as dt
+
+    run = tmp_path / "run"
+    store = RunStore.create(run, {}, "test")
+    t0 = dt.datetime(2026, 12, 3, 8, 0, 0, tzinfo=dt.timezone.utc)
+
+    def judged(made: float, ended: float) -> None:
+        cid = store.add_candidate("9_Gemm", "src", parent_id=None, role="offline", round=0,
+                                  branch=0, idea="tf32")
+        store.set_verdict(cid, Verdict(status="ok", speedup=1.0, phase_seconds={"total": 40.0}))
+        with store._db() as db:
+            db.execute("UPDATE candidates SET created_at = ?, evaluated_at = ? WHERE id = ?",
+                       ((t0 + dt.timedelta(seconds=made)).isoformat(),
+                        (t0 + dt.timedelta(seconds=ended)).isoformat(), cid))
+
+    try:
+        store.add_task("9_Gemm", "9_Gemm.py", "0" * 64, "src")
+        judged(100.0, 170.0)  # 30 s held
+        judged(100.0, 140.0)  # none
+        judged(10.0, 700.0)  # made in the first call, judged in the second
+    finally:
+        store.close()
+    (run / "bench-1.log").write_text("08:00:00 driver: first\n08:05:00 driver: rc\n")
+    (run / "bench-2.log").write_text("08:06:00 driver: resume\n08:15:00 driver: rc\n")
+    found = search_time.collect(run)
+    assert sorted(found["tasks"]["9_Gemm"]["outside_s"]) == pytest.approx([0.0, 30.0])
+    text = search_time.render(found, "cmd", "d", run)
+    assert "| 40 | - | 15 |" in text  # median cheap, builds, outside its verdict

@@ -428,15 +428,17 @@ def test_on_a_gpu_a_batch_judges_cheap_candidates_beside_one_build(task: Task) -
                          [(0.0, 0.0, 3, "wait_for_device"), (40.0, 0.0, 8, "wait_for_device"),
                           (25.0, 15.0, 8, "wait_for_device"), (0.0, 40.0, 8, "wait_for_device"),
                           (0.0, 40.0, 8, "wait_for_memory"), (0.0, 40.0, 8, "reference"),
-                          (0.0, 40.0, 8, "wait_to_list")])
+                          (0.0, 40.0, 8, "wait_to_list"), (0.0, 40.0, 8, "wait_in_pool"),
+                          (0.0, 40.0, 8, "crowded_try")])
 def test_the_time_budget_leaves_out_the_seconds_other_timers_stopped_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
         paused: float, waited: float, judged: int, step: str) -> None:
     # Each evaluation takes 50 s of wall clock; stopped for 40 s of them by other tasks'
     # timing windows, or waiting while another held the device alone (a baseline's
     # autotuning build beside the searches), for host memory, or for the task's reference
-    # run (made once per task, its baselines' too), it spent 10 s of a 120 s budget, and
-    # the search goes on.
+    # run (made once per task, its baselines' too), held in the pool behind another's second
+    # try, or running out of memory beside others in a first try, it spent 10 s of a 120 s
+    # budget, and the search goes on.
     from pike.evaluate.verdict import Verdict
     from pike.search import offline as offline_search
 

@@ -203,6 +203,7 @@ def test_the_second_try_after_running_out_beside_others_waits_for_room(
         try:
             if source == "crowded" and tries[source] == 1:
                 together.wait()
+                time.sleep(0.1)
                 return oom
             if source in held:
                 if source != "crowded":
@@ -237,8 +238,15 @@ def test_the_second_try_after_running_out_beside_others_waits_for_room(
         for event in held.values():
             event.set()
         got = batch.result(timeout=20)
-        assert late.result(timeout=20).ok
+        late_verdict = late.result(timeout=20)
+        assert late_verdict.ok
     assert all(v.ok for v in got.values())
+    # the time each was held back, and the first try that ran out beside others, are steps
+    # of their verdicts (outside their own time): a search's budget leaves them out
+    assert late_verdict.steps["wait_in_pool"] >= 0.25  # behind the second try's room
+    assert got[0].steps["wait_in_pool"] >= 0.3 and got[0].steps["crowded_try"] >= 0.1
+    assert all("wait_in_pool" not in got[i].steps and "crowded_try" not in got[i].steps
+               for i in (1, 2, 3))
     assert sorted(seen_beside["crowded2"]) == ["b", "c"]  # two beside it: half of five
     assert starts.index("late1") > starts.index("crowded2")  # the newcomer came after it
     assert pool._capped["cuda:0"] == [] and pool._busy["cuda:0"] == 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import Protocol
@@ -112,6 +113,20 @@ def _judged(executor: ThreadPoolExecutor | None, judge: Callable[[str], Verdict]
             future.cancel()
 
 
+def _with_steps(verdict: Verdict, **seconds: float) -> Verdict:
+    """The verdict with the pool's own steps added: the time a candidate was held back
+    before its child started (`wait_in_pool`: behind a second try given room) and a
+    first try that ran out of memory beside others (`crowded_try`). Neither is the
+    candidate's work; a search's budget does not count them (offline._stood)."""
+    kept = {name: s for name, s in seconds.items() if s >= 0.001}
+    if not kept:
+        return verdict
+    steps = dict(verdict.steps)
+    for name, s in kept.items():
+        steps[name] = round(steps.get(name, 0.0) + s, 3)
+    return verdict.model_copy(update={"steps": steps})
+
+
 class LocalPool:
     """Evaluations in `workers` threads on this host, over `devices` (GPUs or 'cpu')."""
 
@@ -163,10 +178,13 @@ class LocalPool:
         crowded: list[bool] = []
 
         room: list[int] = []  # the retry after running out of memory beside others
+        waited = [0.0]  # seconds held back in _take, before any try
 
         def attempt(n: int) -> Verdict:
             beside = room[0] if room else None
+            asked = time.monotonic()
             device = self._take(avoid=used, beside=beside)
+            waited[0] += time.monotonic() - asked
             used.append(device)
             try:
                 verdict = self._evaluate(task, source,
@@ -177,6 +195,7 @@ class LocalPool:
             finally:
                 self._give(device, beside)
 
+        began = time.monotonic()
         verdict = requeue_once(attempt, _evaluator_failure)
         if crowded and crowded[-1] and out_of_device_memory(verdict):
             # The GPU ran out with other evaluations on it: their memory is not this
@@ -193,8 +212,10 @@ class LocalPool:
                         "other evaluations on the GPU, in phase %s; judged once more, with "
                         "at most %d beside it (%s)",
                         task.name, verdict.phase, room[0], one_line(said))
+            first_try = time.monotonic() - began - waited[0]
             verdict = requeue_once(attempt, _evaluator_failure)
-        return verdict
+            verdict = _with_steps(verdict, crowded_try=first_try)
+        return _with_steps(verdict, wait_in_pool=waited[0])
 
     def _per_device(self) -> int:
         """The evaluations a device holds when the pool is full."""
