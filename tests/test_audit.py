@@ -845,6 +845,53 @@ def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
     assert measuring.exit_code == 2 and "drop --devices" in measuring.output
 
 
+def test_an_auto_run_combines_with_fixed_runs_only_where_it_built_its_tasks_alike(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, build_cache: Path) -> None:
+    """construct_on auto settles where each task's models are built: gathered beside runs
+    that built every task on the CPU, it is one audit's terms where its tasks were built on
+    the CPU too, and refused (the task named) where one was built on the GPU; runs of cpu
+    and of device never gather. The verdict records where, the audit keeps it, and its
+    protocol line says it."""
+    from pike.audit.combine import combine
+
+    def judged(where: str) -> Verdict:
+        return fake_ok(2.0).model_copy(update={"built_on": where})
+
+    folder = _files(tmp_path / "set", "task_1.py", "task_2.py", "task_3.py", "task_10.py")
+
+    def run(name: str, construct_on: str, ids: list[int], where: str) -> None:
+        cfg = audit_config(build_cache)
+        cfg.eval.construct_on = construct_on  # type: ignore[assignment]
+        FakeJudge({}, {t: judged(where) for t in ("1_Scale", "2_Softplus", "3_RowSum",
+                                                  "10_Square")}).install(monkeypatch)
+        audit(folder, TASKS, cfg, out=tmp_path / name, ids=ids)
+
+    run("cpu", "cpu", [1, 2], "cpu")
+    run("auto-cpu", "auto", [3, 10], "cpu")
+    run("auto-gpu", "auto", [3, 10], "device")
+    run("gpu", "device", [3, 10], "device")
+    monkeypatch.setattr(audit_run, "evaluate", None)  # combining judges nothing
+    monkeypatch.setattr(audit_run, "measure_baselines", None)
+
+    both = combine(folder, TASKS, [tmp_path / "cpu", tmp_path / "auto-cpu"], out=tmp_path / "a")
+    assert {t.task: t.built_on for t in both.tasks if t.file} == dict.fromkeys(
+        ["1_Scale", "2_Softplus", "3_RowSum", "10_Square"], "cpu")
+    assert both.protocol.endswith("models built on the CPU")
+    assert not any("built on the GPU" in w for w in both.warnings)
+    with pytest.raises(ConfigError, match=r"built these tasks elsewhere.*3_RowSum \(device"):
+        combine(folder, TASKS, [tmp_path / "cpu", tmp_path / "auto-gpu"], out=tmp_path / "b")
+    with pytest.raises(ConfigError, match="different terms \\(construct_on"):
+        combine(folder, TASKS, [tmp_path / "cpu", tmp_path / "gpu"], out=tmp_path / "c")
+    # an auto run alone says so; where its tasks were built apart, the result names those
+    # built on the GPU
+    alone = combine(folder, TASKS, [tmp_path / "auto-gpu"], out=tmp_path / "d")
+    assert alone.protocol.endswith("reach 256 MiB, else on the CPU")
+    mixed = audit_run._built_apart([t.model_copy(update={"built_on": w}) for t, w in
+                                    zip(both.tasks[:2], ["cpu", "device"], strict=True)])
+    assert mixed == [f"models built on the GPU for 1 of 2 tasks ({both.tasks[1].task}), "
+                     "on the CPU for the others"]
+
+
 def test_bars_never_compared_with_eager_are_named() -> None:
     """A compile mode that was only timed may be wrong for its task (48_Mamba2's was):
     the result names the tasks measured against such a bar, and why one was unchecked."""

@@ -134,6 +134,8 @@ def test_correct_faster_candidate_is_ok_and_timed(mlp_task: Task, fast_config: E
     assert verdict.speedup == pytest.approx(
         verdict.reference.median_ms / verdict.runtime.median_ms)
     assert verdict.torch_version and verdict.device == "cpu"
+    # where its models were built, as the reference settled construct_on (auto: a small task)
+    assert fast_config.construct_on == "auto" and verdict.built_on == "cpu"
     assert verdict.timed_rounds is None  # timed in every round
 
 

@@ -96,6 +96,10 @@ class LimitsConfig(_Strict):
 # Where both models of an evaluation are built (EvalConfig.construct_on).
 ConstructOn = Literal["auto", "cpu", "device"]
 CONSTRUCT_ON: tuple[str, ...] = get_args(ConstructOn)
+# construct_on 'auto' builds a task on the GPU from this many bytes of weights and buffers:
+# a level2 task's 4 GiB nn.Linear took every candidate 33 to 50 s to build on the CPU and
+# move, beside other evaluations on an H200, and milliseconds on the GPU.
+BUILD_ON_DEVICE_BYTES = 256 * 2**20
 
 
 class EvalConfig(_Strict):

@@ -51,6 +51,7 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path) ->
         raise ConfigError(f"{', '.join(changed)}: the task file differs from the one in the "
                           "set's manifest; combine against the set's task files")
     configs = [recorded_audit(run, None, None)[1] for run in runs]
+    built = _built_alike(runs, configs)
     terms = [_judging_terms(cfg) for cfg in configs]
     for run, differ in zip(runs[1:], terms[1:], strict=True):
         if differ != terms[0]:
@@ -59,6 +60,7 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path) ->
                               f"({', '.join(keys)}): their figures are not one audit's")
     found: dict[str, _Found] = {}
     warnings = list(matching.notes)
+    protocol = configs[0]
     limits = {run: cfg.eval.limits.build_seconds for run, cfg in zip(runs, configs, strict=True)}
     if len(set(limits.values())) > 1:  # a bar, not a verdict: warned, not refused
         warnings.append("the runs gave a compile mode's build different limits ("
@@ -92,9 +94,13 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path) ->
     if left:
         warnings.append(f"partial: {len(audits)} of {len(task_list)} tasks audited; not yet: "
                         + ", ".join(left))
+    if built is not None:  # runs of 'auto' beside runs of one fixed choice
+        _check_built(found, {run: cfg.eval.construct_on for run, cfg in zip(runs, configs,
+                                                                             strict=True)}, built)
+        protocol = next(cfg for cfg in configs if cfg.eval.construct_on == built)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    result = audit_result(solutions, tasks_dir, out, matching, audits, baselines, configs[0],
+    result = audit_result(solutions, tasks_dir, out, matching, audits, baselines, protocol,
                           warnings)
     result.open_tasks = left
     result.combined_from = [str(run) for run in runs]
@@ -117,11 +123,39 @@ def _check_places(runs: list[Path], out: Path) -> None:
 
 def _judging_terms(cfg: RunConfig) -> dict[str, Any]:
     """What decides a verdict or the bar it is compared with: runs that differ in any of it
-    measured different things."""
+    measured different things. Where the models are built is checked apart (_built_alike):
+    'auto' settles it per task."""
     ev = cfg.eval
     return {"trials": ev.trials, "atol": ev.atol, "rtol": ev.rtol, "model_mode": ev.model_mode,
-            "construct_on": ev.construct_on, "seed": ev.seed,
-            "baseline_modes": list(cfg.search.baseline_modes)}
+            "seed": ev.seed, "baseline_modes": list(cfg.search.baseline_modes)}
+
+
+def _built_alike(runs: list[Path], configs: list[RunConfig]) -> str | None:
+    """Runs that build the models in different places measured different things, except
+    that a run of `eval.construct_on: auto` may stand beside runs of one fixed choice: its
+    tasks are then checked one by one (_check_built). That choice, where there is such a
+    mix; None where every run has the same setting."""
+    choices = {run: cfg.eval.construct_on for run, cfg in zip(runs, configs, strict=True)}
+    fixed = sorted(set(choices.values()) - {"auto"})
+    if len(set(choices.values())) == 1:
+        return None
+    if len(fixed) > 1:
+        raise ConfigError("the runs judged on different terms (construct_on: " + ", ".join(
+            f"{run} {c}" for run, c in choices.items()) + "): their figures are not one audit's")
+    return fixed[0]
+
+
+def _check_built(found: dict[str, _Found], choices: dict[Path, str], fixed: str) -> None:
+    """Each task taken from a run of construct_on 'auto' was built where the other runs
+    build every task (`fixed`), or the gathered audit would mix the two."""
+    apart = [f"{name} ({audit.built_on or 'not recorded'} in {run})"
+             for name, (audit, _, run) in sorted(found.items())
+             if choices[run] == "auto" and audit.status != "error" and audit.file is not None
+             and audit.built_on != fixed]
+    if apart:
+        raise ConfigError(f"construct_on auto built these tasks elsewhere than the runs of "
+                          f"construct_on {fixed} build every task: {'; '.join(apart)}; audit "
+                          "them again with one setting")
 
 
 def _keep(found: dict[str, _Found], name: str, new: _Found) -> list[str]:

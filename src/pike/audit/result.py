@@ -50,6 +50,8 @@ class TaskAudit(BaseModel):
     claimed_speedup: float | None = Field(None, description="what the set's manifest says")
     task_changed: bool = Field(False, description="the task file differs from the manifest's")
     candidate_id: int | None = None
+    built_on: str = Field("", description="where both models were built: 'cpu' or 'device' "
+                          "(eval.construct_on as the task's reference settled it)")
 
     @property
     def ok(self) -> bool:

@@ -29,7 +29,7 @@ from pike.audit.markdown import to_markdown
 from pike.audit.matching import Matching, match
 from pike.audit.precision import detect_precision
 from pike.audit.result import AuditResult, TaskAudit, aggregate, relative, task_audit
-from pike.config import RunConfig
+from pike.config import BUILD_ON_DEVICE_BYTES, RunConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import Baseline, Verdict, evaluate, measure_baselines
 from pike.evaluate.baseline import BaselineStopped, baseline_gaps, stopped_meanwhile
@@ -377,6 +377,7 @@ def judged_audit(base: TaskAudit, task: Task, source: str, candidate_id: int,
     """A task's audit from its file's verdict and the baselines of the same card."""
     done = task_audit(base, verdict, baseline)
     done.candidate_id = candidate_id
+    done.built_on = verdict.built_on
     done.precision = detect_precision(source, task.source, verdict)
     done.transformations = named_in(source)
     return done
@@ -395,7 +396,7 @@ def audit_result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matc
         warnings = [*warnings, f"tasks were measured on {len(gpus)} GPUs (a call spread "
                     "them, calls ran on different GPUs, or runs were gathered); each task's "
                     "figures come from one of them"]
-    warnings = [*warnings, *_unchecked_bars(audits, baselines)]
+    warnings = [*warnings, *_unchecked_bars(audits, baselines), *_built_apart(audits)]
     claim = _claim_over(audits, matching)
     return AuditResult(
         solutions=str(solutions), tasks_dir=str(tasks_dir), run_dir=str(run_dir),
@@ -403,6 +404,17 @@ def audit_result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matc
         date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **env,
         protocol=protocol_line(cfg), tasks=audits, aggregates=aggregate(audits, baselines, claim),
         warnings=warnings)
+
+
+def _built_apart(audits: list[TaskAudit]) -> list[str]:
+    """Which tasks had their models built on the GPU, where not all were built alike
+    (eval.construct_on 'auto' settles it per task, or runs were gathered)."""
+    on = {t.task: t.built_on for t in audits if t.built_on}
+    device = sorted(name for name, where in on.items() if where == "device")
+    if not device or len(device) == len(on):
+        return []
+    return [f"models built on the GPU for {len(device)} of {len(on)} tasks ("
+            f"{', '.join(device)}), on the CPU for the others"]
 
 
 def _unchecked_bars(audits: list[TaskAudit], baselines: dict[str, Baseline]) -> list[str]:
@@ -430,8 +442,12 @@ def _unchecked_bars(audits: list[TaskAudit], baselines: dict[str, Baseline]) -> 
 def protocol_line(cfg: RunConfig) -> str:
     """The correctness protocol the files were judged by, as the result states it."""
     ev = cfg.eval
+    built = {"cpu": "on the CPU", "device": "on the GPU",
+             "auto": "on the GPU where their weights and buffers reach "
+                     f"{BUILD_ON_DEVICE_BYTES // 2**20} MiB, else on the CPU"}[ev.construct_on]
     return (f"{ev.trials} trials with fresh seeded inputs, plus shifted-input and "
-            f"after-timing trials; atol {ev.atol}, rtol {ev.rtol}; guards on")
+            f"after-timing trials; atol {ev.atol}, rtol {ev.rtol}; guards on; "
+            f"models built {built}")
 
 
 def _claim_over(audits: list[TaskAudit], matching: Matching) -> tuple[float, str] | None:

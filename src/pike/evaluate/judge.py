@@ -1093,6 +1093,8 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
     verdict.device_name = report.env.get("device_name", "")
     verdict.torch_version = report.env.get("torch_version", "")
     verdict.host = report.env.get("host", "")
+    if reference.request is not None:
+        verdict.built_on = reference.request.construct_on
     verdict.phase_seconds = dict(child.phase_seconds)
     verdict.steps = {f"child.{name}": s for name, s in report.steps.items()}
     verdict.flags_changed = report.flags

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from pike.config import BUILD_ON_DEVICE_BYTES
 from pike.evaluate import check
 from pike.evaluate.device_identity import identity
 from pike.evaluate.diagnostics import describe_exception
@@ -135,11 +136,6 @@ def built_on(device: torch.device, construct_on: str) -> contextlib.AbstractCont
     torch.device (construct_on 'device'), or the CPU's defaults, to be moved after."""
     return torch.device(device) if construct_on == "device" else contextlib.nullcontext()
 
-
-# construct_on 'auto' builds a task on the GPU from this many bytes of weights and buffers:
-# a level2 task's 4 GiB nn.Linear took every candidate 33 to 50 s to build on the CPU and
-# move, beside other evaluations on an H200, and milliseconds on the GPU.
-BUILD_ON_DEVICE_BYTES = 256 * 2**20
 
 
 def resolve_construct_on(construct_on: str, cls: Callable[..., Any], init_inputs: list[Any],

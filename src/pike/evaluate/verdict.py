@@ -101,6 +101,9 @@ class Verdict(BaseModel):
     device_name: str = ""
     torch_version: str = ""
     host: str = ""
+    built_on: str = Field(
+        "", description="where both models were built: 'cpu' or 'device' (eval.construct_on "
+        "as the task's reference settled it; '' in verdicts from before 2026-12-03)")
     flags_changed: dict[str, str] = Field(
         default_factory=dict, description="backend flags the candidate changed (TF32, ...)")
     guards: dict[str, str] = Field(
