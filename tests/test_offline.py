@@ -15,6 +15,7 @@ from pike.agents.offline import ALL, applicable, compatible, render
 from pike.cli import app
 from pike.config import COMPILE_MODES, EvalConfig
 from pike.evaluate import evaluate
+from pike.evaluate.pool import POOL_STEPS
 from pike.store import RunStore
 from pike.task import Task
 from tests.conftest import EXAMPLES
@@ -428,8 +429,8 @@ def test_on_a_gpu_a_batch_judges_cheap_candidates_beside_one_build(task: Task) -
                          [(0.0, 0.0, 3, "wait_for_device"), (40.0, 0.0, 8, "wait_for_device"),
                           (25.0, 15.0, 8, "wait_for_device"), (0.0, 40.0, 8, "wait_for_device"),
                           (0.0, 40.0, 8, "wait_for_memory"), (0.0, 40.0, 8, "reference"),
-                          (0.0, 40.0, 8, "wait_to_list"), (0.0, 40.0, 8, "wait_in_pool"),
-                          (0.0, 40.0, 8, "crowded_try")])
+                          (0.0, 40.0, 8, "wait_to_list"),
+                          *((0.0, 40.0, 8, step) for step in POOL_STEPS)])
 def test_the_time_budget_leaves_out_the_seconds_other_timers_stopped_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
         paused: float, waited: float, judged: int, step: str) -> None:

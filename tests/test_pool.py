@@ -244,12 +244,39 @@ def test_the_second_try_after_running_out_beside_others_waits_for_room(
     # the time each was held back, and the first try that ran out beside others, are steps
     # of their verdicts (outside their own time): a search's budget leaves them out
     assert late_verdict.steps["wait_in_pool"] >= 0.25  # behind the second try's room
-    assert got[0].steps["wait_in_pool"] >= 0.3 and got[0].steps["crowded_try"] >= 0.1
+    assert set(pool_module.POOL_STEPS) <= set(got[0].steps)  # the names offline._stood reads
+    # the first try (0.1 s) and the wait for room (0.3 s at least) apart
+    assert 0.1 <= got[0].steps["crowded_try"] < 0.3 <= got[0].steps["wait_in_pool"]
     assert all("wait_in_pool" not in got[i].steps and "crowded_try" not in got[i].steps
                for i in (1, 2, 3))
     assert sorted(seen_beside["crowded2"]) == ["b", "c"]  # two beside it: half of five
     assert starts.index("late1") > starts.index("crowded2")  # the newcomer came after it
     assert pool._capped["cuda:0"] == [] and pool._busy["cuda:0"] == 0
+
+
+def test_a_first_try_counts_as_the_candidates_own_where_the_second_runs_out_too(
+        mlp_task: Task, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of memory beside another, then again with room: the candidate needs more than
+    the card, so its first try is its own time (no `crowded_try` step) and the verdict
+    stands."""
+    monkeypatch.setattr(pool_module, "resolve_device", lambda d: d)
+    together = threading.Barrier(2, timeout=20)
+    tries: Counter[str] = Counter()
+    oom = Verdict(status="runtime_error", phase="check",
+                  message="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 200 GiB")
+
+    def evaluator(task: Task, source: str, cfg: EvalConfig) -> Verdict:
+        tries[source] += 1
+        if tries[source] == 1:
+            together.wait()
+            time.sleep(0.2 if source == "other" else 0.05)  # "other" still on the card
+        return oom if source == "huge" else ok()
+
+    with LocalPool(EvalConfig(device="cpu"), workers=2, devices=["cuda:0"],
+                   evaluator=evaluator) as pool:
+        got = dict(pool.judge_many(mlp_task, ["huge", "other"]))
+    assert tries == {"huge": 2, "other": 1}
+    assert got[0].status == "runtime_error" and "crowded_try" not in got[0].steps
 
 
 def test_the_room_of_a_second_try_is_half_of_its_devices_share(

@@ -230,8 +230,10 @@ class OfflineConfig(_Strict):
     max_seconds: float = Field(
         900.0, gt=0, description="the search's budget in seconds its evaluation lanes ran: "
         "wall-clock time less the time its evaluations stood stopped by timing windows "
-        "(other tasks', and with several workers its own others'), each one's shared among "
-        "the search's evaluations beside it (one alone stood the search still for all of it); "
+        "(other tasks', and with several workers its own others') or waited for others (a "
+        "device held alone, host memory, the task's reference run, room in the pool after a "
+        "GPU out of memory, and such a crowded first try), each one's shared among the "
+        "search's evaluations beside it (one alone stood the search still for all of it); "
         "candidates started within it are judged to the end")
 
 

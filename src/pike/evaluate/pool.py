@@ -113,6 +113,11 @@ def _judged(executor: ThreadPoolExecutor | None, judge: Callable[[str], Verdict]
             future.cancel()
 
 
+# The pool's own steps, outside a verdict's `total` (below); offline._stood reads them.
+WAIT_IN_POOL, CROWDED_TRY = "wait_in_pool", "crowded_try"
+POOL_STEPS = (WAIT_IN_POOL, CROWDED_TRY)
+
+
 def _with_steps(verdict: Verdict, **seconds: float) -> Verdict:
     """The verdict with the pool's own steps added: the time a candidate was held back
     before its child started (`wait_in_pool`: behind a second try given room) and a
@@ -179,12 +184,14 @@ class LocalPool:
 
         room: list[int] = []  # the retry after running out of memory beside others
         waited = [0.0]  # seconds held back in _take, before any try
+        started: list[float] = []  # when each try's evaluation began
 
         def attempt(n: int) -> Verdict:
             beside = room[0] if room else None
             asked = time.monotonic()
             device = self._take(avoid=used, beside=beside)
-            waited[0] += time.monotonic() - asked
+            started.append(time.monotonic())
+            waited[0] += started[-1] - asked
             used.append(device)
             try:
                 verdict = self._evaluate(task, source,
@@ -195,7 +202,6 @@ class LocalPool:
             finally:
                 self._give(device, beside)
 
-        began = time.monotonic()
         verdict = requeue_once(attempt, _evaluator_failure)
         if crowded and crowded[-1] and out_of_device_memory(verdict):
             # The GPU ran out with other evaluations on it: their memory is not this
@@ -212,10 +218,13 @@ class LocalPool:
                         "other evaluations on the GPU, in phase %s; judged once more, with "
                         "at most %d beside it (%s)",
                         task.name, verdict.phase, room[0], one_line(said))
-            first_try = time.monotonic() - began - waited[0]
+            crowded_try = time.monotonic() - started[-1]  # (a lost try before it counts)
             verdict = requeue_once(attempt, _evaluator_failure)
-            verdict = _with_steps(verdict, crowded_try=first_try)
-        return _with_steps(verdict, wait_in_pool=waited[0])
+            if not out_of_device_memory(verdict):
+                # out again with room: it needs more than the card, and its first try was
+                # its own cost, not its neighbours'
+                verdict = _with_steps(verdict, **{CROWDED_TRY: crowded_try})
+        return _with_steps(verdict, **{WAIT_IN_POOL: waited[0]})
 
     def _per_device(self) -> int:
         """The evaluations a device holds when the pool is full."""

@@ -45,6 +45,7 @@ from typing import Any
 
 from pike.agents.offline import applicable, compatible, render
 from pike.evaluate import search_bar
+from pike.evaluate.pool import POOL_STEPS
 from pike.evaluate.verdict import Verdict
 from pike.search.base import Judge
 from pike.search.drain import due
@@ -81,7 +82,7 @@ def _stood(verdict: Verdict) -> float:
 
 
 _STOOD_STEPS = ("wait_to_list", "wait_for_device", "wait_for_memory", "reference",
-                "wait_in_pool", "crowded_try")
+                *POOL_STEPS)
 
 
 def _build_rank(name: str) -> int:
