@@ -219,13 +219,19 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
                 inputs = [_shift_distribution(x, req.shift) for x in inputs]
         with STEPS.span("save_inputs"):  # whoever loads them picks a device
             write_leaves(inputs, inputs_dir / f"{name}.pt")
-        with STEPS.span("inputs_to_device"):
-            return _to_device(inputs, device)
+        return inputs
 
-    trial_inputs = [drawn(f"inputs_{trial}", seed, shifted=trial == req.trials)
-                    for trial, seed in enumerate(req.trial_seeds)]
-    # the timed calls' inputs: never seen in the checks
-    pool = [drawn(f"pool_{k}", seed) for k, seed in enumerate(req.pool_seeds)]
+    # The check trials' inputs are drawn and saved here, then loaded one set at a time for
+    # the forward (the bytes every candidate loads); the timed calls' inputs (never seen in
+    # the checks) stay on the device for the timing windows.
+    for trial, seed in enumerate(req.trial_seeds):
+        drawn(f"inputs_{trial}", seed, shifted=trial == req.trials)
+    pool = []
+    for k, seed in enumerate(req.pool_seeds):
+        inputs = drawn(f"pool_{k}", seed)
+        with STEPS.span("inputs_to_device"):
+            pool.append(_to_device(inputs, device))
+        del inputs
     chan.send("phase", phase="init")
     with STEPS.span("build_model"):
         cls = getattr(module, "Model", None)
@@ -235,17 +241,20 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
         model = _build_model(req, module, list(init_inputs), device, "task_error")
     chan.send("phase", phase="check")
     outputs_dir = Path(req.outputs_dir)
-    for name, inputs in [*((f"outputs_{t}", i) for t, i in enumerate(trial_inputs)),
-                         *((f"pool_{k}", i) for k, i in enumerate(pool))]:
+    for name, inputs in _reference_check_inputs(inputs_dir, len(req.trial_seeds), pool, device):
         with STEPS.span("forward"), torch.no_grad():
             out = _guarded("task_error", "check", req.module_path, lambda i=inputs: model(*i))
             _sync(device)
         with STEPS.span("save_outputs"):
             write_leaves(check.flatten_output(out), outputs_dir / f"{name}.pt")
-    # Small stand-ins for the outputs (same devices, dtypes and dims), so the calibration's
-    # blocks sample outputs as a guarded candidate's blocks do.
-    stand_ins = [_stand_in(leaf) for leaf in check.flatten_output(out)[:check.SAMPLED_LEAVES]]
-    del trial_inputs, out
+        # Small stand-ins for the outputs (same devices, dtypes and dims), so the
+        # calibration's blocks sample outputs as a guarded candidate's blocks do.
+        stand_ins = [_stand_in(leaf) for leaf in check.flatten_output(out)[:check.SAMPLED_LEAVES]]
+        del inputs, out  # before the next set loads
+    # A kept reference waits, idle, through its task's search: its allocator's cache (the
+    # check's peak) goes back to the card's other evaluations.
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     chan.send("checked", trials=req.trials, steps=STEPS.rounded(), built_on=req.construct_on)
     torch.set_float32_matmul_precision("highest")  # the task's dtype is the contract
     rotation = InputRotation(pool[:req.input_sets])  # the probe sets are the candidate's
@@ -429,6 +438,22 @@ def _outputs_differ(expected: list[Any], got: list[Any], atol: float, rtol: floa
 
 def _copies(inputs: list[Any]) -> list[Any]:
     return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def _reference_check_inputs(folder: Path, trials: int, pool: list[list[Any]],
+                            device: torch.device) -> Iterator[tuple[str, list[Any]]]:
+    """(outputs file name, inputs) for the reference's forward passes: each check trial's
+    set read back from its saved file onto the device only when the last is done with (six
+    KernelBench sets of up to 1 GiB each, all on the GPU at once, stayed in a kept
+    reference's allocator cache through its task's search), then the timing pool's."""
+    for trial in range(trials):
+        with STEPS.span("inputs_to_device"):
+            staged = _to_device(read_leaves(folder / f"inputs_{trial}.pt", trusted=True),
+                                device)
+        yield f"outputs_{trial}", staged
+        del staged  # (held here, this set would live on while the next one loads)
+    for k, inputs in enumerate(pool):
+        yield f"pool_{k}", inputs
 
 
 def _stand_in(leaf: Any) -> Any:
