@@ -37,14 +37,15 @@ def bench_script(name: str) -> Any:
 # workers end close together, rather than one starting a long file as the other ends. The
 # rest follow in collection order. A file's figure need not be exact, only its rank.
 LONGEST_FILES = {
-    "test_optimize.py": 330, "test_orphans.py": 330, "test_evaluate.py": 340,
-    "test_cli.py": 260, "test_bench.py": 220, "test_offline.py": 200,
-    "test_ray_pool.py": 150, "test_os_sandbox.py": 145, "test_evolve.py": 145,
-    "test_pool.py": 130, "test_audit.py": 110, "test_bench_stop_after.py": 105,
-    "test_bench_offline.py": 95, "test_docs_examples.py": 93,
-    "test_planner.py": 80, "test_shared_builds.py": 80, "test_shared_window.py": 75,
-    "test_device_lock.py": 70, "test_prebuild.py": 65, "test_profile.py": 63,
-    "test_prompt_budget.py": 60, "test_search_bar.py": 40,
+    "test_optimize.py": 350, "test_evaluate.py": 315, "test_cli.py": 270,
+    "test_bench.py": 270, "test_orphans.py": 220, "test_ray_pool.py": 190,
+    "test_offline.py": 180, "test_audit.py": 160, "test_evolve.py": 155,
+    "test_docs_examples.py": 150,
+    "test_bench_stop_after.py": 150, "test_bench_offline.py": 125, "test_os_sandbox.py": 120,
+    "test_pool.py": 100, "test_planner.py": 100, "test_prebuild.py": 85,
+    "test_shared_builds.py": 85, "test_profile.py": 75, "test_shared_window.py": 50,
+    "test_bench_audit_offline.py": 40, "test_device_lock.py": 40, "test_prompt_budget.py": 30,
+    "test_spares.py": 30,
 }
 
 
@@ -142,7 +143,9 @@ def candidate(name: str) -> str:
 @pytest.fixture
 def run_config(tmp_path: Path, build_cache: Path) -> Path:
     """A pike.yaml for searches on CPU against the fake LLM server: fast protocol, small
-    branching, a price for the fake model."""
+    branching, a price for the fake model, and a confirming window of the best alone
+    beside eager (each candidate more there is one more child to load: tests/test_confirm.py
+    times several in one window)."""
     path = tmp_path / "pike.yaml"
     path.write_text(yaml.safe_dump({
         "runs_dir": str(tmp_path / "runs"),
@@ -154,7 +157,8 @@ def run_config(tmp_path: Path, build_cache: Path) -> Path:
         "llm": {"retry_wait_s": 0.01, "max_retries": 1, "timeout_s": 20, "max_tokens": 200,
                 "pricing": {"fake-model": {"input_per_mtok": 1000.0,
                                            "output_per_mtok": 1000.0}}},
-        "search": {"branching": {"branches": 2, "max_fix_attempts": 1, "top_k": 2}},
+        "search": {"branching": {"branches": 2, "max_fix_attempts": 1, "top_k": 2},
+                   "confirm_top": 1, "confirm_max": 1},
     }))
     return path
 
