@@ -45,6 +45,7 @@ from common import RESULTS, alone_seconds, now, this_command, with_ext
 from pike.config import autotunes
 from pike.evaluate import search_bar
 from pike.evaluate.driver import behind_bar
+from pike.evaluate.pool import POOL_STEPS
 from pike.evaluate.verdict import Verdict
 from pike.store import BASELINE_STATE, DONE_STATE, RunStore
 
@@ -54,7 +55,7 @@ from pike.store import BASELINE_STATE, DONE_STATE, RunStore
 # wait_in_pool and crowded_try: the pool's, outside `total` (verdicts from 2026-12-03 on)
 STEPS = ("total", "paused", "reference", "wait_to_list", "wait_for_device",
          "load_build_warm_up", "trials", "compare", "timing", "timing.calls", "timing.blocks",
-         "final_check", "stop_child", "wait_in_pool", "crowded_try")
+         "final_check", "stop_child", *POOL_STEPS)
 
 
 def kind(idea: str | None) -> str:
@@ -90,10 +91,9 @@ def collect(run_dir: Path, since: int = 0) -> dict:
             t[f"{kind(r.idea)}_s"].append(seconds["total"])
             if r.role == "offline" and r.created_at and r.evaluated_at:
                 # judged in a later device call than it was made in: it began there
-                end = _stamp(r.evaluated_at)
-                start = max(_stamp(r.created_at), end - seconds["total"])
+                end, made = _stamp(r.evaluated_at), _stamp(r.created_at)
+                start = max(made, end - seconds["total"])
                 t["spans"].append((start, end, seconds["paused"] + seconds["wait_for_device"]))
-                made = _stamp(r.created_at)
                 if _same_call(made, end, calls):
                     t["outside_s"].append(max(0.0, end - made - seconds["total"]))
             steps = by_kind.setdefault(kind(r.idea), {s: [] for s in STEPS})

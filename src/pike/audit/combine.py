@@ -51,7 +51,8 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path) ->
         raise ConfigError(f"{', '.join(changed)}: the task file differs from the one in the "
                           "set's manifest; combine against the set's task files")
     configs = [recorded_audit(run, None, None)[1] for run in runs]
-    built = _built_alike(runs, configs)
+    choices = {run: cfg.eval.construct_on for run, cfg in zip(runs, configs, strict=True)}
+    built = _built_alike(choices)
     terms = [_judging_terms(cfg) for cfg in configs]
     for run, differ in zip(runs[1:], terms[1:], strict=True):
         if differ != terms[0]:
@@ -95,8 +96,7 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path) ->
         warnings.append(f"partial: {len(audits)} of {len(task_list)} tasks audited; not yet: "
                         + ", ".join(left))
     if built is not None:  # runs of 'auto' beside runs of one fixed choice
-        _check_built(found, {run: cfg.eval.construct_on for run, cfg in zip(runs, configs,
-                                                                             strict=True)}, built)
+        _check_built(found, choices, built)
         protocol = next(cfg for cfg in configs if cfg.eval.construct_on == built)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -130,12 +130,11 @@ def _judging_terms(cfg: RunConfig) -> dict[str, Any]:
             "seed": ev.seed, "baseline_modes": list(cfg.search.baseline_modes)}
 
 
-def _built_alike(runs: list[Path], configs: list[RunConfig]) -> str | None:
-    """Runs that build the models in different places measured different things, except
-    that a run of `eval.construct_on: auto` may stand beside runs of one fixed choice: its
-    tasks are then checked one by one (_check_built). That choice, where there is such a
-    mix; None where every run has the same setting."""
-    choices = {run: cfg.eval.construct_on for run, cfg in zip(runs, configs, strict=True)}
+def _built_alike(choices: dict[Path, str]) -> str | None:
+    """Runs that build the models in different places (`choices`: each run's
+    eval.construct_on) measured different things, except that a run of `auto` may stand
+    beside runs of one fixed choice: its tasks are then checked one by one (_check_built).
+    That choice, where there is such a mix; None where every run has the same setting."""
     fixed = sorted(set(choices.values()) - {"auto"})
     if len(set(choices.values())) == 1:
         return None

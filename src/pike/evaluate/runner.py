@@ -137,7 +137,6 @@ def built_on(device: torch.device, construct_on: str) -> contextlib.AbstractCont
     return torch.device(device) if construct_on == "device" else contextlib.nullcontext()
 
 
-
 def resolve_construct_on(construct_on: str, cls: Callable[..., Any], init_inputs: list[Any],
                          device: torch.device) -> str:
     """'cpu' or 'device': for 'auto', 'device' where the device is a GPU and the model,
@@ -446,14 +445,25 @@ def _reference_check_inputs(folder: Path, trials: int, pool: list[list[Any]],
     set read back from its saved file onto the device only when the last is done with (six
     KernelBench sets of up to 1 GiB each, all on the GPU at once, stayed in a kept
     reference's allocator cache through its task's search), then the timing pool's."""
-    for trial in range(trials):
-        with STEPS.span("inputs_to_device"):
-            staged = _to_device(read_leaves(folder / f"inputs_{trial}.pt", trusted=True),
-                                device)
+    names = [f"inputs_{trial}" for trial in range(trials)]
+    trial = 0  # counted by hand: enumerate's reused result tuple would hold the last set
+    for staged in _loaded_one_by_one(folder, names, device, "inputs_to_device"):
         yield f"outputs_{trial}", staged
         del staged  # (held here, this set would live on while the next one loads)
+        trial += 1
     for k, inputs in enumerate(pool):
         yield f"pool_{k}", inputs
+
+
+def _loaded_one_by_one(folder: Path, names: list[str], device: torch.device,
+                       step: str) -> Iterator[list[Any]]:
+    """Each named input set of `folder` read onto the device (timed as `step`) only when
+    the caller is done with the last."""
+    for name in names:
+        with STEPS.span(step):
+            loaded = _to_device(read_leaves(folder / f"{name}.pt", trusted=True), device)
+        yield loaded
+        del loaded  # (held here, the last set would live on while the next one loads)
 
 
 def _stand_in(leaf: Any) -> Any:
@@ -832,12 +842,7 @@ def _staged_one_by_one(chan: Channel, req: ChildRequest, device: torch.device, p
     if not reply or reply.get("event") != "staged" or reply.get("phase") != phase:
         raise Failure("crashed", "timing" if phase == "timing" else "check",
                       f"the evaluator did not stage the {phase} inputs")
-    folder = Path(req.inputs_dir)
-    for name in names:
-        with STEPS.span("load_inputs"):
-            loaded = _to_device(read_leaves(folder / f"{name}.pt", trusted=True), device)
-        yield loaded
-        del loaded  # (held here, the last set would live on while the next one loads)
+    yield from _loaded_one_by_one(Path(req.inputs_dir), names, device, "load_inputs")
 
 
 class _armed:
