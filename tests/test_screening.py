@@ -59,6 +59,9 @@ class _Pool:
         for i, source in enumerate(sources):
             yield i, self.judge(task, source)
 
+    def retire_spares(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

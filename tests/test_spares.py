@@ -151,3 +151,59 @@ def test_a_childs_build_folder_is_named_as_the_child_sees_it(
             finish(child)
         finally:
             remove_tree(folder)
+
+
+def test_a_retired_pool_keeps_no_spare_and_launches_none(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    key = _spare_key(fast_config, "cpu")
+    pool = LocalPool(fast_config, workers=1)
+    try:
+        assert pool.judge(mlp_task, candidate("fused")).status == "ok"
+        waiting = spares._spares.get(key, [])
+        assert len(waiting) == 1
+        spare_pid = waiting[0].child.proc.pid
+        pool.retire_spares()  # its search sends nothing more
+        assert spares._spares == {} and _gone({spare_pid})
+        # a candidate still sent is judged in a child of its own, and none follows it
+        assert pool.judge(mlp_task, candidate("wrong_values")).status == "incorrect"
+        assert spares._spares == {}
+    finally:
+        pool.close()
+
+
+def test_a_search_on_its_own_pool_retires_its_spares_before_its_confirming_window(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.config import RunConfig
+    from pike.evaluate.verdict import TimingStats, Verdict
+    from pike.search import session
+    from pike.store import RunStore
+
+    said: list[str] = []
+
+    class Pool:
+        width = 1
+
+        def judge_many(self, task: Task, sources: list[str]) -> object:
+            stats = TimingStats.from_samples([1.0])
+            for i, _ in enumerate(sources):
+                said.append("judged")
+                yield i, Verdict(status="ok", runtime=stats, reference=stats, speedup=1.5)
+
+        def retire_spares(self) -> None:
+            said.append("retired")
+
+        def close(self) -> None:
+            said.append("closed")
+
+    monkeypatch.setattr(session, "make_pool", lambda cfg: Pool())
+    monkeypatch.setattr(session, "confirm_best", lambda *args: said.append("confirmed"))
+    task = Task.from_file(Path(__file__).parent.parent / "examples" / "tasks" / "1_GeluMLP.py")
+    cfg = RunConfig.model_validate({"search": {"offline": {"max_candidates": 2}}})
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    store.add_task(task.name, str(task.path), task.sha256, task.source)
+    try:
+        session.search_task(store, task, cfg, None, lambda kind, **data: None)
+    finally:
+        store.close()
+    assert said[-3:] == ["retired", "confirmed", "closed"], said
+    assert said.count("judged") == 2

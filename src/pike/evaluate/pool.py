@@ -54,6 +54,10 @@ class Pool(Protocol):
 
     def close(self) -> None: ...
 
+    def retire_spares(self) -> None:
+        """Its search sends nothing more: children launched ahead of candidates go now."""
+        ...
+
 
 def requeue_once(attempt: Callable[[int], Verdict],
                  lost: Callable[[BaseException], bool]) -> Verdict:
@@ -169,6 +173,12 @@ class LocalPool:
     def close(self) -> None:
         # On a Ctrl-C (or an exit) nothing waits for the evaluations in flight: the CLI ends them.
         self._executor.shutdown(wait=not unwinding_stop(), cancel_futures=True)
+        self.retire_spares()
+
+    def retire_spares(self) -> None:
+        # A spare launched after the last candidate had waited for pool.close(), through
+        # the confirming window: on a CPU host its torch import ran beside that window's
+        # loads, for nothing, and on a GPU host it held a child's host memory.
         spares.want(-self._spares)
         self._spares = 0
 

@@ -201,6 +201,9 @@ class RayPool:
                 self._abandoned.update((ref, lane) for ref, (_, lane) in batch.running.items()
                                        if ref in lane.running)
 
+    def retire_spares(self) -> None:
+        """Nothing to do: each actor's pool keeps its spares until the actor's close()."""
+
     def close(self) -> None:
         with self._lock:
             lanes, self._lanes = self._lanes, []

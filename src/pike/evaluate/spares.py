@@ -9,8 +9,9 @@ the previous candidate was judged.
 
 What it trusts: nothing new. A spare has run only pike's own imports; it gets its
 candidate, its task's fields and its build folder at `begin`, as any child does, and
-it is used once. Spares exist only while a pool asks for them (`want`), and are killed
-at exit like every child.
+it is used once. Spares exist only while a pool asks for them (`want`; a pool whose
+search sends nothing more stops asking, LocalPool.retire_spares), and are killed at exit
+like every child.
 """
 
 from __future__ import annotations

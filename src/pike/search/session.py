@@ -119,9 +119,13 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
     window (which judges nothing in the pool), or for the offline strategy alone as soon
     as its budget is spent, while its last candidates still run (it may be called twice):
     a campaign lets its next task search beside them and that window."""
-    if pool is None:
+    if pool is None:  # its own pool: once it starts nothing more, the spares go
         with closing(make_pool(cfg.search_eval())) as own:
-            return search_task(store, task, cfg, recorded, on_event, own, searched)
+            def searched_alone() -> None:
+                searched()
+                own.retire_spares()
+
+            return search_task(store, task, cfg, recorded, on_event, own, searched_alone)
     device = resolve_device(cfg.eval.device)
     seeds: list[Seed] = []
     if not cfg.llm.model or cfg.search.seed_offline:  # replays too: it needs no LLM
