@@ -60,7 +60,7 @@ def cpu_config(path: Path, build_cache: Path) -> Path:
                  "limits": {"load_seconds": 120, "check_seconds": 30, "timing_seconds": 60,
                             "memory_gib": 2}},
         "llm": {"retry_wait_s": 0.01, "max_retries": 1, "timeout_s": 20, "max_tokens": 200},
-        "search": {"offline": {"max_candidates": 2, "max_seconds": 60}, "confirm_top": 1,
+        "search": {"offline": {"max_candidates": 1, "max_seconds": 60}, "confirm_top": 1,
                    "baseline_modes": ["eager"],
                    "branching": {"branches": 2, "max_fix_attempts": 1, "top_k": 2}},
     }))
@@ -82,7 +82,8 @@ def printed(tmp_path_factory: pytest.TempPathFactory, build_cache: Path,
     fake.handler = Scripted(optimize=[WRONG, GOOD])
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "COLUMNS")}
     # the commands that read no other command's output run at once (each is mostly waiting
-    # on its evaluation children); those that read a run follow
+    # on its evaluation children); those that read a run follow, at once too, and the
+    # audit of the exported set last
     independent = {
         "version": ["--version"],
         "eval": ["eval", MLP, str(CANDIDATES / "fused.py"), "--config", cfg],
@@ -95,21 +96,23 @@ def printed(tmp_path_factory: pytest.TempPathFactory, build_cache: Path,
                   str(runs / "bench")],
         "audit help": ["audit", "--help"],
     }
-    dependent = {
+    reading = {
         "show": ["show", str(runs / "llm")],
         "report": ["report", str(runs / "off"), str(runs / "bench"), "--out",
                    str(root / "report")],
         "export": ["export", str(runs / "off"), "--out", str(root / "best.py")],
         "export set": ["export", str(runs / "off"), "--set", str(root / "set")],
-        "audit": ["audit", str(root / "set"), TASKS, "--tasks", "1", "--config", cfg,
-                  "--out", str(runs / "audit")],
     }
+    audit = ["audit", str(root / "set"), TASKS, "--tasks", "1", "--config", cfg, "--out",
+             str(runs / "audit")]
+    printed: dict[str, Printed] = {}
     try:
         with ThreadPoolExecutor(max_workers=4) as pool:
-            started = {name: pool.submit(run_piped, args, env, root)
-                       for name, args in independent.items()}
-            printed = {name: future.result() for name, future in started.items()}
-        printed.update({name: run_piped(args, env, root) for name, args in dependent.items()})
+            for commands in (independent, reading):
+                started = {name: pool.submit(run_piped, args, env, root)
+                           for name, args in commands.items()}
+                printed.update({name: future.result() for name, future in started.items()})
+        printed["audit"] = run_piped(audit, env, root)
         yield printed
     finally:
         fake.close()
