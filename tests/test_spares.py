@@ -172,7 +172,7 @@ def test_a_retired_pool_keeps_no_spare_and_launches_none(
 
 
 def test_a_search_on_its_own_pool_retires_its_spares_before_its_confirming_window(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        mlp_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pike.config import RunConfig
     from pike.evaluate.verdict import TimingStats, Verdict
     from pike.search import session
@@ -197,7 +197,7 @@ def test_a_search_on_its_own_pool_retires_its_spares_before_its_confirming_windo
 
     monkeypatch.setattr(session, "make_pool", lambda cfg: Pool())
     monkeypatch.setattr(session, "confirm_best", lambda *args: said.append("confirmed"))
-    task = Task.from_file(Path(__file__).parent.parent / "examples" / "tasks" / "1_GeluMLP.py")
+    task = mlp_task
     cfg = RunConfig.model_validate({"search": {"offline": {"max_candidates": 2}}})
     store = RunStore.create(tmp_path / "run", {}, "test")
     store.add_task(task.name, str(task.path), task.sha256, task.source)
