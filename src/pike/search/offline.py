@@ -116,6 +116,12 @@ class _InFlight:
         self._count -= 1
         return max(1.0, (self._area - area) / (now - began)) if now > began else 1.0
 
+    def elapsed(self) -> float:
+        """Seconds the evaluations in flight have been in it so far, added up: the most
+        their verdicts' stopped time can take off the search's spent seconds."""
+        now = _clock()
+        return sum(now - began for began, _ in self._began.values())
+
 
 def _as_partner(verdict: Verdict | None) -> float:
     """A set's speedup for ordering the partners of the best: as the search ranks, and
@@ -258,13 +264,28 @@ class OfflineSearch:
 
         self._try([names for _, names in sets], round_, first_branch, may_start=fits)
 
-    def _room(self) -> bool:
-        room = (self._made < self.max_candidates
-                and self._spent() < self.max_seconds and not due())
-        if not room and not self._spent_said:
+    def _room(self, settle: bool = True) -> bool:
+        """Budget left for another candidate. A candidate's stopped seconds come off the
+        search's spent seconds only with its verdict, so while candidates are in flight the
+        seconds read high: on the H200 level2 bench a GEMM task's search read 146 s of its
+        120 with three candidates in evaluation, stopped for most of their time by other
+        tasks' windows, and 84 s once their verdicts were in; it had ended at 8 candidates
+        (bench-level2-h200-in-flight). Where only the seconds stand in the way and the
+        verdicts in flight could bring them under the budget, `settle` waits for them (they
+        are judged to the end either way) before saying no; a start ahead of its round
+        does not wait."""
+        def room() -> bool:
+            return (self._made < self.max_candidates
+                    and self._spent() < self.max_seconds and not due())
+
+        while settle and not room() and self._running and self._made < self.max_candidates \
+                and not due() and self._spent() - self._in_flight.elapsed() < self.max_seconds:
+            self._next_verdicts()
+        has_room = room()
+        if not has_room and settle and not self._spent_said:
             self._spent_said = True
             self._say_spent()
-        return room
+        return has_room
 
     def _spent(self) -> float:
         return _clock() - self._started - self._stopped
@@ -309,6 +330,11 @@ class OfflineSearch:
         results: dict[tuple[str, ...], Verdict | None] = dict.fromkeys(sets)
         waiting = deque(enumerate(sets, first_branch))
         mine: dict[int, tuple[str, ...]] = {}  # this round's candidates in evaluation
+
+        def collect() -> None:  # verdicts recorded, here or while `_room` waited for them
+            for cid in [c for c in mine if c not in self._running.values()]:
+                results[mine.pop(cid)] = self.store.candidate(cid).verdict
+
         while True:
             while waiting and len(self._running) < self.batch:
                 branch, names = waiting.popleft()
@@ -327,13 +353,14 @@ class OfflineSearch:
                     continue
                 mine[cid] = names
                 self._start(cid, row.source)
+            collect()
             if ahead is not None and not waiting and mine and len(self._running) < self.batch:
                 self._start_ahead(ahead(results), round_ + 1)
             if not mine and not waiting:
                 return results
-            for cid in self._next_verdicts():
-                if cid in mine:
-                    results[mine.pop(cid)] = self.store.candidate(cid).verdict
+            if self._running:
+                self._next_verdicts()
+            collect()
 
     def _start(self, cid: int, source: str) -> None:
         self._in_flight.start(cid)
@@ -357,7 +384,7 @@ class OfflineSearch:
                 return
             if " + ".join(names) in self._ideas:
                 continue  # judged, in evaluation, or made before
-            cid = self._candidate(names, round_, branch)
+            cid = self._candidate(names, round_, branch, settle=False)
             if cid is None:
                 return
             self._start(cid, self.store.candidate(cid).source)
@@ -384,12 +411,13 @@ class OfflineSearch:
         if left and not due():
             self._try([tuple(idea.split(" + ")) for idea in left], 0)
 
-    def _candidate(self, names: tuple[str, ...], round_: int, branch: int) -> int | None:
+    def _candidate(self, names: tuple[str, ...], round_: int, branch: int,
+                   settle: bool = True) -> int | None:
         """The candidate of this set: recorded before, new while there is budget, or None."""
         idea = " + ".join(names)
         if idea in self._ideas:
             return self._ideas[idea]
-        if not self._room():
+        if not self._room(settle):
             return None
         self._made += 1
         cid = int(self.store.add_candidate(
