@@ -935,3 +935,33 @@ def test_a_budget_that_looks_spent_with_candidates_in_flight_waits_for_their_ver
     assert not search._room() and search._running
     assert len(said) == 1  # said once
     assert first.done() and second.done() and third.done()
+
+
+def test_a_build_passed_over_is_fitted_in_the_budget_its_verdicts_in_flight_leave(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    from concurrent.futures import Future
+
+    from pike.evaluate.verdict import Verdict
+    from pike.search import offline as offline_search
+
+    now, store = _clocked_store(tmp_path, monkeypatch, request)
+    search = offline_search.OfflineSearch(
+        store, MLP.name, MLP.source, "cuda:0", max_candidates=30, max_seconds=120.0, batch=2,
+        judge=lambda sources: iter([(0, Verdict(status="ok", speedup=1.0))]),
+        build_seconds={"compile:default": 30.0})
+    cid = int(store.add_candidate(MLP.name, render(MLP.source, ("tf32",)), parent_id=None,
+                                  role="offline", round=0, branch=0, idea="tf32"))
+    future: Future[Verdict] = Future()
+    future.set_result(Verdict(status="ok", speedup=2.0,
+                              phase_seconds={"paused": 100.0, "total": 150.0}))
+    search._running[future] = cid
+    search._in_flight.start(cid)
+    now[0] = 150.0  # reads 150 s spent; 50 s once the verdict in flight is in
+    build = ("compile:default", "inference_mode")
+    try:
+        search._spend_the_rest([("compile:default", build)], 1, first_branch=0)
+    finally:
+        assert search._lanes is not None
+        search._lanes.shutdown()
+    assert [r.idea for r in store.candidates(MLP.name)] == [
+        "tf32", "compile:default + inference_mode"]

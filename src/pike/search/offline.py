@@ -259,8 +259,9 @@ class OfflineSearch:
         160 s with three of its four lanes idle (H200, 2026-11-30)."""
         modes = {names: mode for mode, names in sets}
 
-        def fits(names: tuple[str, ...]) -> bool:
-            return self.build_seconds.get(modes[names], 0.0) <= self.max_seconds - self._spent()
+        def fits(names: tuple[str, ...]) -> bool:  # as the verdicts in flight leave it
+            return self._room() and (self.build_seconds.get(modes[names], 0.0)
+                                     <= self.max_seconds - self._spent())
 
         self._try([names for _, names in sets], round_, first_branch, may_start=fits)
 
