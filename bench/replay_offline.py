@@ -22,7 +22,6 @@ Results go to bench/results/replay-offline-<tag>.json and .md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 
 from common import RESULTS, now, this_command, with_ext
-from search_time import call_windows
+from search_time import _same_call, _stamp, call_windows
 
 from pike.agents.offline import named_in
 from pike.evaluate.verdict import Verdict
@@ -40,15 +39,12 @@ from pike.search import session
 from pike.store import BASELINE_STATE, DONE_STATE, RunStore
 
 
-def _stamp(text: str) -> float:
-    return dt.datetime.fromisoformat(text).timestamp()
-
-
 def replay(run_dir: Path, task: str, speed: float) -> dict:
     with RunStore.open(run_dir) as store:
         rows = [r for r in store.candidates(task) if r.role == "offline" and r.verdict]
         source = next(t["source"] for t in store.tasks() if t["name"] == task)
         baseline = store.get_state(task, BASELINE_STATE)
+        spent_run = store.get_state(task, "offline_seconds")
         config = store.config()
     offline = config["search"]["offline"]
     recorded = {frozenset(r.idea.split(" + ")):
@@ -67,8 +63,8 @@ def replay(run_dir: Path, task: str, speed: float) -> dict:
     real_clock = offline_search._clock
     offline_search._clock = lambda: real_clock() * speed
     try:
-        with TemporaryDirectory() as tmp:
-            again = RunStore.create(Path(tmp) / "run", {}, "replay")
+        with (TemporaryDirectory() as tmp,
+              RunStore.create(Path(tmp) / "run", {}, "replay") as again):
             again.add_task(task, "replayed", "-", source)
             offline_search.OfflineSearch(
                 again, task, source, config["eval"]["device"], judge=judge,
@@ -80,19 +76,19 @@ def replay(run_dir: Path, task: str, speed: float) -> dict:
                 build_seconds=session.compile_build_seconds(baseline)).run()
             replayed = len(again.candidates(task))
             spent = again.get_state(task, "offline_seconds")
-            again.close()
     finally:
         offline_search._clock = real_clock
     return {"task": task, "judged": len(rows), "replayed": replayed, "new": asked,
-            "spent_run": None, "spent_replay": spent}
+            "spent_run": spent_run, "spent_replay": spent}
 
 
 def within_one_call(rows: list, calls: list[tuple[str, float, float]]) -> bool:
+    """The search was made and judged in one device call of the run's logs (a run without
+    them is not taken as one call)."""
     spans = [(_stamp(r.created_at), _stamp(r.evaluated_at)) for r in rows if r.evaluated_at]
-    if not spans:
+    if not spans or not calls:
         return False
-    first, last = min(s for s, _ in spans), max(e for _, e in spans)
-    return any(start <= first and last <= end for _, start, end in calls)
+    return _same_call(min(s for s, _ in spans), max(e for _, e in spans), calls)
 
 
 def main() -> None:
@@ -106,7 +102,6 @@ def main() -> None:
     with RunStore.open(args.run_dir) as store:
         tasks = {t["name"]: [r for r in store.candidates(t["name"]) if r.role == "offline"]
                  for t in store.tasks()}
-        spent = {t: store.get_state(t, "offline_seconds") for t in tasks}
         done = {t for t in tasks if store.get_state(t, DONE_STATE)}
     found, skipped = [], []
     for task, rows in tasks.items():
@@ -115,7 +110,6 @@ def main() -> None:
             skipped.append(task)
             continue
         result = replay(args.run_dir, task, args.speed)
-        result["spent_run"] = spent[task]
         found.append(result)
         print(f"{task}: judged {result['judged']}, replayed {result['replayed']}, "
               f"new {result['new']}", flush=True)

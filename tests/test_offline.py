@@ -887,15 +887,29 @@ def test_channels_last_takes_the_3d_format_for_volumes_and_leaves_other_models_a
     assert weights and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)
 
 
+def _in_flight(search: Any, store: RunStore, paused: float, total: float) -> Any:
+    """A candidate of `search` in evaluation, whose verdict (stopped for `paused` of its
+    `total` seconds) is in as soon as the search waits for it."""
+    from concurrent.futures import Future
+
+    from pike.evaluate.verdict import Verdict
+
+    cid = int(store.add_candidate(MLP.name, render(MLP.source, ("tf32",)), parent_id=None,
+                                  role="offline", round=0, branch=0, idea="tf32"))
+    future: Future[Verdict] = Future()
+    future.set_result(Verdict(status="ok", speedup=2.0,
+                              phase_seconds={"paused": paused, "total": total}))
+    search._running[future] = cid
+    search._in_flight.start(cid)
+    return future
+
+
 def test_a_budget_that_looks_spent_with_candidates_in_flight_waits_for_their_verdicts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     # 40_Matmul_Scaling_ResidualAdd on an H200 beside three other tasks: with three
     # candidates in evaluation, stopped for most of their time by the other tasks' windows,
     # its search read 146 s of its 120 and ended at 8 candidates; their verdicts brought
     # it to 84 s.
-    from concurrent.futures import Future
-
-    from pike.evaluate.verdict import Verdict
     from pike.search import offline as offline_search
 
     now, store = _clocked_store(tmp_path, monkeypatch, request)
@@ -904,25 +918,14 @@ def test_a_budget_that_looks_spent_with_candidates_in_flight_waits_for_their_ver
                                           judge=lambda sources: iter(()), max_candidates=30,
                                           max_seconds=120.0, batch=4,
                                           spent=lambda: said.append(now[0]))
-
-    def in_flight(paused: float) -> Future[Verdict]:
-        cid = int(store.add_candidate(MLP.name, render(MLP.source, ("tf32",)), parent_id=None,
-                                      role="offline", round=0, branch=0, idea="tf32"))
-        future: Future[Verdict] = Future()
-        future.set_result(Verdict(status="ok", speedup=2.0,
-                                  phase_seconds={"paused": paused, "total": now[0]}))
-        search._running[future] = cid
-        search._in_flight.start(cid)
-        return future
-
-    first = in_flight(paused=100.0)
+    first = _in_flight(search, store, paused=100.0, total=150.0)
     now[0] = 150.0  # 150 s read as spent; the verdict in flight gives 100 of them back
     assert search._room()
     assert not search._running and not said
     assert search._spent() == pytest.approx(50.0)
 
     now[0] = 215.0  # 115 s spent; 135 s with one in flight for 20 s, which could give them back
-    second = in_flight(paused=0.0)
+    second = _in_flight(search, store, paused=0.0, total=20.0)
     now[0] += 20.0
     assert not search._room(settle=False) and search._running  # a start ahead: no wait
     assert not said
@@ -930,7 +933,7 @@ def test_a_budget_that_looks_spent_with_candidates_in_flight_waits_for_their_ver
     assert not search._running and said == [now[0]]
 
     # one that cannot bring the spent seconds under the budget is not waited for
-    third = in_flight(paused=5.0)
+    third = _in_flight(search, store, paused=5.0, total=5.0)
     now[0] += 5.0
     assert not search._room() and search._running
     assert len(said) == 1  # said once
@@ -939,8 +942,6 @@ def test_a_budget_that_looks_spent_with_candidates_in_flight_waits_for_their_ver
 
 def test_a_build_passed_over_is_fitted_in_the_budget_its_verdicts_in_flight_leave(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
-    from concurrent.futures import Future
-
     from pike.evaluate.verdict import Verdict
     from pike.search import offline as offline_search
 
@@ -949,13 +950,7 @@ def test_a_build_passed_over_is_fitted_in_the_budget_its_verdicts_in_flight_leav
         store, MLP.name, MLP.source, "cuda:0", max_candidates=30, max_seconds=120.0, batch=2,
         judge=lambda sources: iter([(0, Verdict(status="ok", speedup=1.0))]),
         build_seconds={"compile:default": 30.0})
-    cid = int(store.add_candidate(MLP.name, render(MLP.source, ("tf32",)), parent_id=None,
-                                  role="offline", round=0, branch=0, idea="tf32"))
-    future: Future[Verdict] = Future()
-    future.set_result(Verdict(status="ok", speedup=2.0,
-                              phase_seconds={"paused": 100.0, "total": 150.0}))
-    search._running[future] = cid
-    search._in_flight.start(cid)
+    _in_flight(search, store, paused=100.0, total=150.0)
     now[0] = 150.0  # reads 150 s spent; 50 s once the verdict in flight is in
     build = ("compile:default", "inference_mode")
     try:
