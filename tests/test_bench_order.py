@@ -433,3 +433,49 @@ def test_on_a_gpu_each_search_s_reference_is_made_while_it_waits_for_a_slot(
     # with the search's own protocol (its screening windows), a live child kept
     assert sorted(made) == [(n, cfg.search.screen_seconds, True) for n in names]
     assert sorted(released) == names  # and left in the cache for the search
+
+
+def test_a_resumed_campaign_s_done_tasks_take_no_slot_and_make_no_reference(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Through the slots, each resumed call on the H200 level2 bench made a reference
+    ahead for every done task, and two done tasks waited five minutes for a search slot.
+    Here, --jobs 1: the open task's search holds the only slot until the done ones are
+    reported, and no reference is made for them."""
+    steps = _fakes(monkeypatch)
+    names = sorted(p.stem for p in TASKS.glob("*.py"))
+    cfg = _campaign_config(monkeypatch, lambda task, cfg, modes, **_: _Stored(), device="cuda")
+    made: list[str] = []
+    monkeypatch.setattr(campaign, "run_reference",
+                        lambda task, *_, **__: made.append(task.name) or task.name)
+    monkeypatch.setattr(campaign, "release_reference", lambda ref: None)
+    monkeypatch.setattr(campaign, "resolve_device", lambda d: "cuda:0")
+    campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=1)
+    with RunStore.open(tmp_path / "run") as store:
+        store.clear_state(names[0], campaign.DONE_STATE)
+    for _ in range(100):  # the first call's references are made in background threads
+        if len(made) == len(names):
+            break
+        threading.Event().wait(0.05)
+    made.clear()
+    steps.clear()
+    done_reported = threading.Event()
+    reported: list[str] = []
+
+    def on_event(kind: str, **data: Any) -> None:
+        if kind == "task_done":
+            reported.append(data["task"])
+            if len(reported) == len(names) - 1:
+                done_reported.set()
+
+    def search(store: RunStore, task: Task, *_: Any, **__: Any) -> OptimizeResult:
+        steps.append(("search", task.name))
+        steps.append(("done ones reported meanwhile", str(done_reported.wait(10))))
+        return _nothing_found(store, task)
+
+    monkeypatch.setattr(campaign, "search_task", search)
+    result = campaign.bench(None, resume=tmp_path / "run", jobs=1, on_event=on_event)
+    assert all(o.error is None for o in result.outcomes)
+    assert steps == [("search", names[0]), ("done ones reported meanwhile", "True")]
+    assert sorted(reported[:len(names) - 1]) == names[1:]
+    threading.Event().wait(0.2)  # a reference made ahead would start in the background
+    assert made == [names[0]]

@@ -188,6 +188,13 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
         # candidates, more than jobs x workers evaluations at once for those minutes.
         # None: its reference ran out of memory beside the searches, for its baselines or
         # its search (tried again later).
+        if store.get_state(task.name, DONE_STATE) and not fill_baselines:
+            # Done in a call before: nothing to measure, search or make a reference for.
+            # Through the slots, on the H200 level2 bench each resumed call made a
+            # reference ahead for every done task (inputs and outputs of hundreds of MB,
+            # in a cache of live references the searches need), and two done tasks waited
+            # five minutes for a search slot, holding places of tasks still to measure.
+            return _one_task(store, task, cfg, lane, on_event)
         with _Slot(begun) as pending:
             if task.name in unmeasured and not measure(task, beside_searches):
                 return None
