@@ -161,13 +161,15 @@ def test_a_plain_evaluation_reads_no_bar_and_a_cpu_window_is_never_cut(
 
     monkeypatch.setattr(judge, "time_interleaved", spy)
     monkeypatch.setattr(shared_window, "time_interleaved", spy)  # a first window's
-    verdict = evaluate(mlp_task, candidate("slower"), fast_config)
+    # guards off: on CPU only the wall-clock (forged) check times a window again, on host load
+    cfg = fast_config.model_copy(update={"guards": False})
+    verdict = evaluate(mlp_task, candidate("slower"), cfg)
     assert verdict.ok and verdict.behind_best is None and asked == [(False, None)]
     # where a window's time goes: its calls within its blocks within the whole window
     steps = verdict.steps
     assert 0 < steps["timing.calls"] <= steps["timing.blocks"] <= steps["timing"]
     with search_bar.held(mlp_task.sha256, [50.0]):
-        verdict = evaluate(mlp_task, candidate("slower"), fast_config)
+        verdict = evaluate(mlp_task, candidate("slower"), cfg)
     # the bar reaches the window; on the CPU nothing cuts it (give_up False there)
     assert asked[-1] == (False, 50.0) and verdict.timed_rounds is None
 
