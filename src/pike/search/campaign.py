@@ -54,7 +54,7 @@ from pike.search.session import (
 from pike.solution_set import write_set
 from pike.store import BASELINE_STATE, DONE_STATE, ERROR_STATE, RunStore
 from pike.task import Task, load_tasks, tasks_to_redo
-from pike.threads import run_each, unwinding_stop
+from pike.threads import InOrder, run_each, unwinding_stop
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +162,13 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
     # With several GPUs, each task's baselines are measured on one of them, all GPUs at
     # once (on one GPU, each task's max-autotune build and timing hold it alone in turn).
     gpus = DeviceSlots(cfg, jobs, beside_others=True)  # the searches, on GPUs
-    measuring, searching = threading.Semaphore(gpus.at_once), threading.Semaphore(jobs)
+    # each slot goes to the waiting task first in the list (a task begun in a call before
+    # comes before those it would have come before then)
+    rank = {t.name: i for i, t in enumerate(tasks)}
+    measuring, searching = InOrder(gpus.at_once), InOrder(jobs)
 
     def measure(task: Task, beside_searches: bool = False) -> bool:
-        with measuring, gpus.take() as on_gpu:
+        with _Slot(measuring, rank[task.name]), gpus.take() as on_gpu:
             return _measure_baseline(store, task, on_gpu, on_event, beside_searches)
 
     if not gpus.locked:  # the CPU: every baseline before any search
@@ -176,7 +179,7 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
 
     ahead = jobs + (gpus.at_once if unmeasured else 0)
     # tasks begun and not yet past their search: measuring, waiting for a slot, searching
-    begun = threading.Semaphore(ahead)
+    begun = InOrder(ahead)
 
     def one(task: Task, lane: Lane, beside_searches: bool = True) -> TaskOutcome | None:
         # A task's search waits for its own baselines only. Threads beyond `jobs` measure
@@ -195,12 +198,12 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
             # in a cache of live references the searches need), and two done tasks waited
             # five minutes for a search slot, holding places of tasks still to measure.
             return _one_task(store, task, cfg, lane, on_event)
-        with _Slot(begun) as pending:
+        with _Slot(begun, rank[task.name]) as pending:
             if task.name in unmeasured and not measure(task, beside_searches):
                 return None
             if gpus.locked:
                 _reference_ahead(task, cfg)
-            with _Slot(searching) as slot:
+            with _Slot(searching, rank[task.name]) as slot:
                 def searched() -> None:
                     slot.free()
                     pending.free()
@@ -271,12 +274,12 @@ class _Slot:
     the next task's search from starting. That window holds the device alone as every
     timing does."""
 
-    def __init__(self, slots: threading.Semaphore) -> None:
-        self._slots, self._held = slots, False
+    def __init__(self, slots: InOrder, rank: int) -> None:
+        self._slots, self._rank, self._held = slots, rank, False
         self._lock = threading.Lock()
 
     def __enter__(self) -> _Slot:
-        self._slots.acquire()
+        self._slots.acquire(self._rank)
         self._held = True
         return self
 
