@@ -18,10 +18,10 @@
 # level1 bench was, twice, with no word in its log) the kernel's out-of-memory lines and
 # the host's memory. Where the machine lacks pike's small dependencies, wheels in .whl/
 # are installed into /tmp/site (no network there); PIKE_BWRAP may name a bubblewrap
-# binary (both in bench/device_env.sh; bench/device_setup.sh makes .whl/, .bwrap/ and .tasks/). DRAIN=s: `pike bench --stop-after` s seconds
-# before that SIGINT, so nothing new starts then and what is in flight finishes and is
-# kept (without it, the candidates in flight at the cut are lost and judged again after
-# the resume).
+# binary (both in bench/device_env.sh; bench/device_setup.sh makes .whl/, .bwrap/ and
+# .tasks/). DRAIN=s: `pike bench --stop-after` s seconds before that SIGINT, so nothing
+# new starts then and what is in flight finishes and is kept (without it, the candidates
+# in flight at the cut are lost and judged again after the resume).
 set -u
 T0=$(date +%s)
 mode=${1:?first or resume}
