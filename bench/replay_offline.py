@@ -1,6 +1,6 @@
 """Each offline search of a run, replayed under this pike's search from its own verdicts.
 
-    python bench/replay_offline.py RUN_DIR [--speed 20] [--tag level2-h200] [--out bench/results]
+    python bench/replay_offline.py RUN_DIR [--speed 20] [--workers N] [--tag level2-h200] [--out bench/results]
 
 Nothing is judged again: the search (search/offline.py, as checked out) runs with a judge
 that answers each transformation set the run judged with that set's stored verdict, after
@@ -16,7 +16,11 @@ judged add none). Not exact where a search's verdicts came within tens of millis
 each other: which sets start ahead of a round then follows the order the replay's
 threads see them in, and may differ by a set or two from the run's (a lower --speed
 narrows it).
-Results go to bench/results/replay-offline-<tag>.json and .md.
+With --workers, each search has that many lanes instead of the run's: a what-if whose
+durations are still those made beside the run's own lanes (fewer lanes, fewer timing
+windows stopping the others: on a GPU the evaluations would be shorter than replayed).
+Each search's replayed wall time, from its start to its last verdict, is in the run's
+seconds. Results go to bench/results/replay-offline-<tag>.json and .md.
 """
 
 from __future__ import annotations
@@ -39,7 +43,9 @@ from pike.search import session
 from pike.store import BASELINE_STATE, DONE_STATE, RunStore
 
 
-def replay(run_dir: Path, task: str, speed: float) -> dict:
+def replay(run_dir: Path, task: str, speed: float, workers: int | None = None) -> dict:
+    """`workers`: lanes of the replayed search, where not the run's own (a what-if: the
+    run's recorded durations were made beside its own number of lanes)."""
     with RunStore.open(run_dir) as store:
         rows = [r for r in store.candidates(task) if r.role == "offline" and r.verdict]
         source = next(t["source"] for t in store.tasks() if t["name"] == task)
@@ -50,6 +56,7 @@ def replay(run_dir: Path, task: str, speed: float) -> dict:
     recorded = {frozenset(r.idea.split(" + ")):
                 (_stamp(r.evaluated_at) - _stamp(r.created_at), r.verdict) for r in rows}
     asked: list[str] = []
+    made: list[float] = []  # the replay's clock at each verdict
 
     def judge(sources: list[str]) -> Iterator[tuple[int, Verdict]]:
         names = frozenset(named_in(sources[0]))
@@ -58,18 +65,20 @@ def replay(run_dir: Path, task: str, speed: float) -> dict:
             asked.append(" + ".join(sorted(names)))
             verdict = Verdict(status="ok", speedup=1.0)
         time.sleep(seconds / speed)
+        made.append(time.monotonic())
         yield 0, verdict
 
     real_clock = offline_search._clock
     offline_search._clock = lambda: real_clock() * speed
     try:
+        began = time.monotonic()
         with (TemporaryDirectory() as tmp,
               RunStore.create(Path(tmp) / "run", {}, "replay") as again):
             again.add_task(task, "replayed", "-", source)
             offline_search.OfflineSearch(
                 again, task, source, config["eval"]["device"], judge=judge,
                 max_candidates=offline["max_candidates"], max_seconds=offline["max_seconds"],
-                batch=config["eval"]["workers"],
+                batch=workers or config["eval"]["workers"],
                 compile_speedups=session.compile_speedups(baseline),
                 skip=session.hopeless_modes(baseline),
                 known_alone=session.no_gain_modes(baseline),
@@ -79,7 +88,9 @@ def replay(run_dir: Path, task: str, speed: float) -> dict:
     finally:
         offline_search._clock = real_clock
     return {"task": task, "judged": len(rows), "replayed": replayed, "new": asked,
-            "spent_run": spent_run, "spent_replay": spent}
+            "spent_run": spent_run, "spent_replay": spent,
+            "wall_replay": (max(made) - began) * speed if made else 0.0,
+            "workers": workers or config["eval"]["workers"]}
 
 
 def within_one_call(rows: list, calls: list[tuple[str, float, float]]) -> bool:
@@ -97,6 +108,9 @@ def main() -> None:
     p.add_argument("--speed", type=float, default=20.0, help="replay this many times faster")
     p.add_argument("--tag", default="run")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--workers", type=int, default=None,
+                   help="lanes per search, where not the run's (a what-if: the durations "
+                        "replayed were made beside the run's own lanes)")
     args = p.parse_args()
     calls = call_windows(args.run_dir)
     with RunStore.open(args.run_dir) as store:
@@ -109,7 +123,7 @@ def main() -> None:
                 or not within_one_call(rows, calls):
             skipped.append(task)
             continue
-        result = replay(args.run_dir, task, args.speed)
+        result = replay(args.run_dir, task, args.speed, args.workers)
         found.append(result)
         print(f"{task}: judged {result['judged']}, replayed {result['replayed']}, "
               f"new {result['new']}", flush=True)
@@ -117,7 +131,8 @@ def main() -> None:
     base = args.out / f"replay-offline-{args.tag}"
     args.out.mkdir(parents=True, exist_ok=True)
     data = {"command": command, "date": date, "run_dir": str(args.run_dir),
-            "speed": args.speed, "replayed": found, "skipped": skipped}
+            "speed": args.speed, "workers": args.workers, "replayed": found,
+            "skipped": skipped}
     with_ext(base, ".json").write_text(json.dumps(data, indent=1))
     with_ext(base, ".md").write_text(render(data))
     print(with_ext(base, ".md").read_text())
@@ -127,13 +142,18 @@ def render(data: dict) -> str:
     lines = [f"# Offline searches replayed from their verdicts: {Path(data['run_dir']).name}", "",
              f"- command: `{data['command']}`", f"- date: {data['date']}",
              f"- replayed {data['speed']:g} times faster; the search as checked out, each set "
-             "answered with the run's verdict after its recorded wall time", "",
-             "| task | judged in the run | replayed | sets the run never judged (asked) "
-             "| budget seconds: run / replay |", "|---|---|---|---|---|"]
+             "answered with the run's verdict after its recorded wall time"]
+    if data.get("workers"):
+        lines.append(f"- with {data['workers']} lanes per search, not the run's: a what-if, "
+                     "its verdicts' durations made beside the run's own lanes")
+    lines += ["", "| task | judged in the run | replayed | sets the run never judged (asked) "
+              "| budget seconds: run / replay | replayed wall, start to last verdict (s) |",
+              "|---|---|---|---|---|---|"]
     for r in data["replayed"]:
         new = "; ".join(r["new"]) or "-"
         lines.append(f"| {r['task']} | {r['judged']} | {r['replayed']} | {new} | "
-                     f"{r['spent_run'] or 0:.0f} / {r['spent_replay'] or 0:.0f} |")
+                     f"{r['spent_run'] or 0:.0f} / {r['spent_replay'] or 0:.0f} | "
+                     f"{r.get('wall_replay', 0.0):.0f} |")
     went_on = [r for r in data["replayed"] if r["new"]]
     lines += ["", f"{len(went_on)} of {len(data['replayed'])} searches go on past where the "
               "run's stopped (a new set's replayed verdict is a placeholder: 1.0x at once, so "

@@ -46,3 +46,13 @@ def test_a_search_is_replayed_where_made_in_one_call_and_asks_for_what_the_run_d
                                   "speed": 50.0, "replayed": [found], "skipped": ["x"]})
     assert f"| {mlp_task.name} | 1 | 2 | {names[1]} |" in text
     assert "1 of 1 searches go on" in text and "not offline): x." in text
+    assert "lanes per search" not in text
+
+    # a what-if with more lanes: both sets at once, the search's wall in the run's seconds
+    wider = replay_offline.replay(run, mlp_task.name, speed=50.0, workers=2)
+    assert (wider["replayed"], wider["workers"], found["workers"]) == (2, 2, 1)
+    assert 0.0 <= wider["wall_replay"] and 0.0 <= found["wall_replay"]
+    text = replay_offline.render({"command": "c", "date": "d", "run_dir": str(run),
+                                  "speed": 50.0, "workers": 2, "replayed": [wider],
+                                  "skipped": []})
+    assert "with 2 lanes per search" in text
