@@ -479,3 +479,33 @@ def test_a_resumed_campaign_s_done_tasks_take_no_slot_and_make_no_reference(
     assert sorted(reported[:len(names) - 1]) == names[1:]
     threading.Event().wait(0.2)  # a reference made ahead would start in the background
     assert made == [names[0]]
+
+
+def test_filling_a_done_task_s_baselines_makes_no_reference_for_a_search(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--fill-baselines takes a done task through the slots again; it searches nothing."""
+    _fakes(monkeypatch)
+    measured: list[str] = []
+
+    def measure(task: Task, cfg: Any, modes: Any, **_: Any) -> _Stored:
+        measured.append(task.name)
+        return _Stored()
+
+    cfg = _campaign_config(monkeypatch, measure, device="cuda")
+    made: list[str] = []
+    monkeypatch.setattr(campaign, "run_reference",
+                        lambda task, *_, **__: made.append(task.name) or task.name)
+    monkeypatch.setattr(campaign, "release_reference", lambda ref: None)
+    monkeypatch.setattr(campaign, "resolve_device", lambda d: "cuda:0")
+    campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=2)
+    names = sorted(p.stem for p in TASKS.glob("*.py"))
+    for _ in range(100):  # the first call's references are made in background threads
+        if len(made) == len(names):
+            break
+        threading.Event().wait(0.05)
+    made.clear()
+    measured.clear()
+    campaign.bench(None, resume=tmp_path / "run", jobs=2, fill_baselines=True)
+    assert sorted(measured) == names  # each baseline lacks the compile modes: filled
+    threading.Event().wait(0.2)
+    assert made == []

@@ -191,7 +191,8 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
         # candidates, more than jobs x workers evaluations at once for those minutes.
         # None: its reference ran out of memory beside the searches, for its baselines or
         # its search (tried again later).
-        if store.get_state(task.name, DONE_STATE) and not fill_baselines:
+        done = bool(store.get_state(task.name, DONE_STATE))
+        if done and not fill_baselines:
             # Done in a call before: nothing to measure, search or make a reference for.
             # Through the slots, on the H200 level2 bench each resumed call made a
             # reference ahead for every done task (inputs and outputs of hundreds of MB,
@@ -201,7 +202,7 @@ def _run_all(store: RunStore, tasks: list[Task], cfg: RunConfig, jobs: int,
         with _Slot(begun, rank[task.name]) as pending:
             if task.name in unmeasured and not measure(task, beside_searches):
                 return None
-            if gpus.locked:
+            if gpus.locked and not done:  # a done one's baselines filled need none
                 _reference_ahead(task, cfg)
             with _Slot(searching, rank[task.name]) as slot:
                 def searched() -> None:
