@@ -509,3 +509,29 @@ def test_filling_a_done_task_s_baselines_makes_no_reference_for_a_search(
     assert sorted(measured) == names  # each baseline lacks the compile modes: filled
     threading.Event().wait(0.2)
     assert made == []
+
+
+def test_a_campaign_cut_off_writes_the_summary_of_what_its_store_holds(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A Ctrl-C mid-run: summary.json says what is done and what is open, not nothing (or
+    an earlier call's, left in place)."""
+    import json
+
+    _fakes(monkeypatch)
+    names = sorted(p.stem for p in TASKS.glob("*.py"))
+
+    def search(store: RunStore, task: Task, *_: Any, **__: Any) -> OptimizeResult:
+        if task.name == names[1]:
+            raise KeyboardInterrupt
+        return _nothing_found(store, task)
+
+    monkeypatch.setattr(campaign, "search_task", search)
+    cfg = RunConfig()
+    cfg.eval.device = "cpu"
+    with pytest.raises(KeyboardInterrupt):
+        campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=1)
+    rows = json.loads((tmp_path / "run" / "summary.json").read_text())["tasks"]
+    done = {r["task"]: r["done"] for r in rows}
+    # (the last task's thread may take the freed slot and search before the summary)
+    assert sorted(done) == names and done[names[0]] and not done[names[1]]
+    assert (tmp_path / "run" / campaign.SOLUTIONS).is_dir()

@@ -112,7 +112,17 @@ def bench(folder: Path | None, config: RunConfig | None = None, *,
         if resume is not None:
             show_what_was_kept(store, tasks, on_event)
         with drain.stop_after(stop_after):
-            outcomes = _run_all(store, tasks, cfg, max(1, jobs), on_event, fill_baselines)
+            try:
+                outcomes = _run_all(store, tasks, cfg, max(1, jobs), on_event, fill_baselines)
+            except KeyboardInterrupt:
+                # A Ctrl-C (or SIGTERM) ends the call: its summary and solutions are those of
+                # the store as it stands, not an earlier call's left in place (on the H200
+                # level2 bench, the third call's cut left the second call's summary.json)
+                try:
+                    _write_outputs(store, _outcomes_so_far(store, tasks))
+                except Exception as err:  # noqa: BLE001 - the interrupt is what to report
+                    log.warning("the run's summary was not written: %s", one_line(err))
+                raise
         _write_outputs(store, outcomes)
         open_tasks = [t.name for t in tasks if not store.get_state(t.name, DONE_STATE)]
         return CampaignResult(run_dir=store.path.parent, outcomes=outcomes,
@@ -416,18 +426,26 @@ def _fill_baseline(store: RunStore, task: Task, cfg: RunConfig,
                     ", ".join(gaps))
 
 
+def _outcomes_so_far(store: RunStore, tasks: list[Task]) -> list[TaskOutcome]:
+    return [TaskOutcome(task=t.name, result=task_result(store, t.name),
+                        error=store.get_state(t.name, ERROR_STATE)) for t in tasks]
+
+
 def _write_outputs(store: RunStore, outcomes: list[TaskOutcome]) -> None:
     run_dir = store.path.parent
     best_dir = run_dir / "best"
     best_dir.mkdir(exist_ok=True)
     rows = []
     for outcome in outcomes:
+        # whether the task is finished: a call cut off or stopped leaves some open, and
+        # their figures are a search's so far, not its result
+        done = bool(store.get_state(outcome.task, DONE_STATE))
         if outcome.result is None:
-            rows.append({"task": outcome.task, "error": outcome.error})
+            rows.append({"task": outcome.task, "error": outcome.error, "done": done})
             continue
         if outcome.result.best_source is not None:
             (best_dir / f"{outcome.task}.py").write_text(outcome.result.best_source)
-        rows.append(summary_row(store, outcome.result))
+        rows.append({**summary_row(store, outcome.result), "done": done})
     (run_dir / "summary.json").write_text(json.dumps({"tasks": rows}, indent=2))
     _write_solutions(store, run_dir / SOLUTIONS)
 
