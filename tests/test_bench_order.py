@@ -435,6 +435,25 @@ def test_on_a_gpu_each_search_s_reference_is_made_while_it_waits_for_a_slot(
     assert sorted(released) == names  # and left in the cache for the search
 
 
+def _references_made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The tasks a reference is made ahead for (in background threads), as they come."""
+    made: list[str] = []
+    monkeypatch.setattr(campaign, "run_reference",
+                        lambda task, *_, **__: made.append(task.name) or task.name)
+    monkeypatch.setattr(campaign, "release_reference", lambda ref: None)
+    monkeypatch.setattr(campaign, "resolve_device", lambda d: "cuda:0")
+    return made
+
+
+def _forget_first_call_s(made: list[str], count: int) -> None:
+    """Once the first call's `count` references are in (background threads), none."""
+    for _ in range(100):
+        if len(made) == count:
+            break
+        threading.Event().wait(0.05)
+    made.clear()
+
+
 def test_a_resumed_campaign_s_done_tasks_take_no_slot_and_make_no_reference(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Through the slots, each resumed call on the H200 level2 bench made a reference
@@ -444,19 +463,11 @@ def test_a_resumed_campaign_s_done_tasks_take_no_slot_and_make_no_reference(
     steps = _fakes(monkeypatch)
     names = sorted(p.stem for p in TASKS.glob("*.py"))
     cfg = _campaign_config(monkeypatch, lambda task, cfg, modes, **_: _Stored(), device="cuda")
-    made: list[str] = []
-    monkeypatch.setattr(campaign, "run_reference",
-                        lambda task, *_, **__: made.append(task.name) or task.name)
-    monkeypatch.setattr(campaign, "release_reference", lambda ref: None)
-    monkeypatch.setattr(campaign, "resolve_device", lambda d: "cuda:0")
+    made = _references_made(monkeypatch)
     campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=1)
     with RunStore.open(tmp_path / "run") as store:
         store.clear_state(names[0], campaign.DONE_STATE)
-    for _ in range(100):  # the first call's references are made in background threads
-        if len(made) == len(names):
-            break
-        threading.Event().wait(0.05)
-    made.clear()
+    _forget_first_call_s(made, len(names))
     steps.clear()
     done_reported = threading.Event()
     reported: list[str] = []
@@ -492,18 +503,10 @@ def test_filling_a_done_task_s_baselines_makes_no_reference_for_a_search(
         return _Stored()
 
     cfg = _campaign_config(monkeypatch, measure, device="cuda")
-    made: list[str] = []
-    monkeypatch.setattr(campaign, "run_reference",
-                        lambda task, *_, **__: made.append(task.name) or task.name)
-    monkeypatch.setattr(campaign, "release_reference", lambda ref: None)
-    monkeypatch.setattr(campaign, "resolve_device", lambda d: "cuda:0")
+    made = _references_made(monkeypatch)
     campaign.bench(TASKS, cfg, out=tmp_path / "run", jobs=2)
     names = sorted(p.stem for p in TASKS.glob("*.py"))
-    for _ in range(100):  # the first call's references are made in background threads
-        if len(made) == len(names):
-            break
-        threading.Event().wait(0.05)
-    made.clear()
+    _forget_first_call_s(made, len(names))
     measured.clear()
     campaign.bench(None, resume=tmp_path / "run", jobs=2, fill_baselines=True)
     assert sorted(measured) == names  # each baseline lacks the compile modes: filled
