@@ -1,8 +1,8 @@
 """Timing noise between evaluations, with nothing else on the machine, per warm-up length.
 
     python bench/evaluation_noise.py [--device cuda] [--repeats 8] [--warmups 0.1,1.0]
-        [--max-calls 5000] [--min-seconds 1.0,0.5] [--size example|large | --task FILE]
-        [--tag h100] [--out bench/results]
+        [--max-calls 5000] [--min-seconds 1.0,0.5] [--rounds 20,10]
+        [--size example|large | --task FILE] [--tag h100] [--out bench/results]
 
 bench/throughput.py measures the fixed candidate's CV while other candidates compile.
 This script measures the floor under that figure: the same candidate (tests/candidates/
@@ -13,7 +13,9 @@ the run falls on every setting alike. `--max-calls 1000,5000` adds the timed cal
 (eval.timing.max_calls) as a second setting: on a task of 0.1 ms the cap, not
 min_seconds, decides how long timing takes. `--min-seconds 1.0,0.5` compares the timed run
 time each side keeps timing for (eval.timing.min_seconds): on a large-input task of
-milliseconds per call it decides how long the device is held alone. `--task FILE` judges a
+milliseconds per call it decides how long the device is held alone. `--rounds 20,10` adds
+the blocks each side is timed in (eval.timing.rounds): each block is a request to the
+child, a few milliseconds of the window beside calls of a few milliseconds. `--task FILE` judges a
 task's own module (ModelNew = Model) against it instead: its speedup should be 1.0, so how far
 each verdict's figure strays from 1.0 is the noise a search's ranking sees. Per setting: the CV of the candidate's medians, of
 the reference's medians and of the speedups. Results are rewritten after every
@@ -47,7 +49,13 @@ def summary(rows: list[dict]) -> dict:
             "reference_cv": cv([r["reference_ms"] for r in ok]),
             "speedup_cv": cv([r["speedup"] for r in ok]),
             "worst_speedup_error": max((abs(r["speedup"] - 1) for r in ok), default=None),
-            "timing_s": sum(timing) / len(timing) if timing else None}
+            "timing_s": sum(timing) / len(timing) if timing else None,
+            "window_s": _mean([r.get("window_s") for r in rows])}
+
+
+def _mean(values: list) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
 
 
 def write(out: Path, tag: str, data: dict) -> None:
@@ -64,16 +72,18 @@ def write(out: Path, tag: str, data: dict) -> None:
              f"- date: {data['date']}", f"- command: `{data['command']}`",
              f"- candidate: {data['candidate']} on {data['task']}, evaluated "
              "one at a time, settings round robin", "",
-             "| warm-up (s), max calls, min seconds | evaluations | ok | candidate median CV "
-             "| reference median CV | speedup CV | speedup's worst error | timing phase (s, mean) "
-             "| candidate medians (ms) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| warm-up (s), max calls, min seconds, rounds | evaluations | ok | candidate median "
+             "CV | reference median CV | speedup CV | speedup's worst error | timing phase (s, "
+             "mean) | window (s, mean) | candidate medians (ms) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for w, s in data["summary"].items():
         medians = ", ".join(f"{r['median_ms']:.3f}" for r in data["settings"][w]
                             if r["median_ms"])
         timing = f"{s['timing_s']:.2f}" if s.get("timing_s") is not None else "-"
+        window = f"{s['window_s']:.2f}" if s.get("window_s") is not None else "-"
         lines.append(f"| {w} | {s['evaluations']} | {s['ok']} | {pct(s['candidate_cv'])} | "
                      f"{pct(s['reference_cv'])} | {pct(s['speedup_cv'])} | "
-                     f"{pct(s.get('worst_speedup_error'))} | {timing} | {medians} |")
+                     f"{pct(s.get('worst_speedup_error'))} | {timing} | {window} | {medians} |")
     lines += notes_section(data)
     with_ext(stem, ".md").write_text("\n".join(lines) + "\n")
 
@@ -87,6 +97,8 @@ def main() -> int:
                    help="timed calls' caps to compare (comma list; default: the config's)")
     p.add_argument("--min-seconds", default=None,
                    help="timed run time per side to compare (comma list; default: the config's)")
+    p.add_argument("--rounds", default=None,
+                   help="blocks per side to compare (comma list; default: the config's)")
     p.add_argument("--size", choices=["example", "large"], default=None,
                    help="1_GeluMLP's size (default: large on CUDA, as throughput.py)")
     p.add_argument("--task", type=Path, default=None,
@@ -101,7 +113,10 @@ def main() -> int:
             else [EvalConfig().timing.max_calls])
     spans = ([float(m) for m in args.min_seconds.split(",")] if args.min_seconds
              else [EvalConfig().timing.min_seconds])
-    settings = {f"{w}, {c}, {m}": (w, c, m) for w in warmups for c in caps for m in spans}
+    blocks = ([int(r) for r in args.rounds.split(",")] if args.rounds
+              else [EvalConfig().timing.rounds])
+    settings = {f"{w}, {c}, {m}, {r}": (w, c, m, r)
+                for w in warmups for c in caps for m in spans for r in blocks}
     if args.task:
         task = Task.from_file(args.task)
         source, candidate, described = (identity_candidate(task), "its own module",
@@ -117,19 +132,22 @@ def main() -> int:
             "settings": {name: [] for name in settings}}
     base = EvalConfig(device=args.device)
     for i in range(args.repeats):
-        for name, (w, cap, span) in settings.items():
+        for name, (w, cap, span, rounds) in settings.items():
             cfg = base.model_copy(update={"timing": base.timing.model_copy(
-                update={"warmup_seconds": w, "max_calls": cap, "min_seconds": span})})
+                update={"warmup_seconds": w, "max_calls": cap, "min_seconds": span,
+                        "rounds": rounds})})
             verdict = evaluate(task, source, cfg)
             timing_s = verdict.phase_seconds.get("timing")
             data["settings"][name].append({
                 "status": verdict.status,
                 "median_ms": verdict.runtime.median_ms if verdict.runtime else None,
                 "reference_ms": verdict.reference.median_ms if verdict.reference else None,
-                "speedup": verdict.speedup, "timing_s": timing_s})
+                "speedup": verdict.speedup, "timing_s": timing_s,
+                # the window alone (the phase also holds the final check)
+                "window_s": verdict.steps.get("timing")})
             write(args.out, args.tag or ("cuda" if cuda else "cpu"), data)
             print(f"repeat {i + 1}/{args.repeats}, warm-up {w} s, max calls {cap}, "
-                  f"min seconds {span}: {verdict.status} {verdict.speedup} "
+                  f"min seconds {span}, rounds {rounds}: {verdict.status} {verdict.speedup} "
                   f"({timing_s or 0:.1f} s timing)", flush=True)
     return 0
 

@@ -176,3 +176,59 @@ def test_a_child_waiting_for_memory_closes_the_least_recently_used_idle_referenc
     assert judge._close_an_idle_reference() and closed == ["old", "new"]
     assert not judge._close_an_idle_reference()  # the one in use stays
     assert list(judge._references) == ["busy"]
+
+
+def test_a_counted_work_is_read_without_waiting_for_the_task_s_windows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The task's work is counted once in the reference's child; after that, a verdict's
+    floor reads it while another evaluation holds the reference (`talking`, as a timing
+    window does), instead of waiting out that window with its lane held."""
+    asked: list[str] = []
+
+    def request(child: Any, kind: str, answer: str, phase: str) -> dict[str, Any]:
+        asked.append(kind)
+        return {"work": {"flops": 10, "bytes_min": 20}}
+
+    monkeypatch.setattr(judge, "request", request)
+    run = judge.ReferenceRun(inputs_dir=tmp_path, expected=[], env={},
+                             child=types.SimpleNamespace(enter_phase=lambda phase: None),
+                             _tmp=tmp_path)
+    first = run.work()
+    assert first is not None and first.flops == 10 and asked == ["work"]
+    held, release = threading.Event(), threading.Event()
+
+    def window() -> None:  # another evaluation's timing window of the same task
+        with run.talking:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=window)
+    holder.start()
+    try:
+        assert held.wait(10)
+        read: list[Any] = []
+        reader = threading.Thread(target=lambda: read.append(run.work()))
+        reader.start()
+        reader.join(5)
+        assert not reader.is_alive(), "the floor waited for the window"
+        assert read == [first] and asked == ["work"]  # counted once
+    finally:
+        release.set()
+        holder.join()
+
+
+def test_a_failed_work_count_is_not_asked_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+
+    def request(child: Any, kind: str, answer: str, phase: str) -> dict[str, Any]:
+        asked.append(kind)
+        raise RuntimeError("the child went away")
+
+    monkeypatch.setattr(judge, "request", request)
+    run = judge.ReferenceRun(inputs_dir=tmp_path, expected=[], env={},
+                             child=types.SimpleNamespace(enter_phase=lambda phase: None),
+                             _tmp=tmp_path)
+    with pytest.raises(RuntimeError):
+        run.work()
+    assert run.work() is None and asked == ["work"]

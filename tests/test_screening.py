@@ -1,5 +1,6 @@
-"""A search's candidates are timed in shorter windows (search.screen_seconds) than the
-confirming window that times its best again in full, from which the figures come."""
+"""A search's candidates are timed in shorter windows (search.screen_seconds, in
+search.screen_rounds blocks) than the confirming window that times its best again in full,
+from which the figures come."""
 
 from __future__ import annotations
 
@@ -23,11 +24,24 @@ def test_a_search_times_its_candidates_for_the_screening_seconds_only() -> None:
     full = cfg.eval.timing.min_seconds
     screened = cfg.search_eval()
     assert screened.timing.min_seconds == cfg.search.screen_seconds < full
+    assert screened.timing.rounds == cfg.search.screen_rounds < cfg.eval.timing.rounds
     # the rest of the protocol is the same, and the run's own config is left as it was
     assert screened.model_dump(exclude={"timing"}) == cfg.eval.model_dump(exclude={"timing"})
-    assert screened.timing.model_dump(exclude={"min_seconds"}) == \
-        cfg.eval.timing.model_dump(exclude={"min_seconds"})
+    assert screened.timing.model_dump(exclude={"min_seconds", "rounds"}) == \
+        cfg.eval.timing.model_dump(exclude={"min_seconds", "rounds"})
     assert cfg.eval.timing.min_seconds == full
+    assert cfg.eval.timing.rounds == RunConfig().eval.timing.rounds
+
+
+@pytest.mark.parametrize("rounds", [None, 40])
+def test_screening_rounds_never_exceed_the_protocol_s(rounds: int | None) -> None:
+    """None asks for eval's rounds; more rounds than eval's are not taken either: a short
+    window in more blocks would only add requests to it."""
+    cfg = RunConfig()
+    cfg.search.screen_rounds = rounds
+    screened = cfg.search_eval()
+    assert screened.timing.min_seconds == cfg.search.screen_seconds
+    assert screened.timing.rounds == cfg.eval.timing.rounds
 
 
 @pytest.mark.parametrize("change", [
@@ -121,14 +135,17 @@ def test_pike_bench_screens_candidates_and_confirms_in_full(
 def _screened_then_confirmed(seen: dict[str, Any], cfg: RunConfig) -> None:
     assert len(seen["pool"]) == 1 and seen["pools"][0].judged >= 2
     assert seen["pool"][0].timing.min_seconds == cfg.search.screen_seconds
+    assert seen["pool"][0].timing.rounds == cfg.search.screen_rounds
     assert len(seen["confirm"]) == 1
     assert seen["confirm"][0].timing.min_seconds == cfg.eval.timing.min_seconds
+    assert seen["confirm"][0].timing.rounds == cfg.eval.timing.rounds
 
 
 def test_the_confirming_window_reuses_the_searchs_reference_child(
         mlp_task: Task, build_cache: Path) -> None:
-    """Only each block's request carries min_seconds: the screening windows' reference
-    child serves the confirming window too, not a second one made for it."""
+    """Only each block's request carries min_seconds, and only the parent reads rounds:
+    the screening windows' reference child serves the confirming window too, not a
+    second one made for it."""
     from pike.evaluate import judge
     from tests.conftest import fast_protocol
 
@@ -137,6 +154,7 @@ def test_the_confirming_window_reuses_the_searchs_reference_child(
     cfg.search.screen_seconds = full.timing.min_seconds / 2
     screened = cfg.search_eval()
     assert screened.timing.min_seconds != full.timing.min_seconds
+    assert screened.timing.rounds != full.timing.rounds
     first = judge.run_reference(mlp_task, screened, "cpu", keep_child=True)
     try:
         again = judge.run_reference(mlp_task, full, "cpu", keep_child=True)

@@ -306,13 +306,20 @@ class SearchConfig(_Strict):
     confirm_max: int = Field(6, ge=0, description="the most candidates one confirming "
                              "window takes (each is loaded and compiled again)")
     screen_seconds: float | None = Field(
-        0.5, gt=0, description="with confirm_top > 0: a search's candidates are timed for "
+        0.25, gt=0, description="with confirm_top > 0: a search's candidates are timed for "
         "this long in their own windows (eval.timing.min_seconds there), and the confirming "
         "window times the top ones for the full eval.timing.min_seconds, from which the best "
-        "and its figures come. On an H200 a window of 0.5 s took about a second less than "
-        "one of 1.0 s and stayed within 2.8% of it (bench/results/evaluation-noise-h200-"
-        "min-seconds.md), well inside confirm_within; every candidate's window stops all "
-        "other evaluations on the GPU. None: the full protocol in every window")
+        "and its figures come. Every candidate's window stops all other evaluations on the "
+        "GPU: on the H200 level2 bench they were the device's clock. With screen_rounds, a "
+        "window of an identical candidate took 1.0 to 1.5 s alone on an H200 where 0.5 s in "
+        "20 rounds took 1.75 to 2.4 s, and its figure stayed within 3.8% of 1.0 (bench/"
+        "results/evaluation-noise-h200-screen.md), well inside confirm_within. None: the "
+        "full protocol in every window")
+    screen_rounds: int | None = Field(
+        10, ge=1, description="with screen_seconds: the blocks each side of a search's "
+        "window is timed in (eval.timing.rounds there); each block is a request to the "
+        "child, and blocks of a few calls spent a tenth of a window on them. None: "
+        "eval.timing.rounds")
     baseline_modes: list[str] = Field(
         default_factory=lambda: ["eager", *(f"compile:{m}" for m in COMPILE_MODES)],
         description="what `pike bench` times once per task, for the report's comparisons")
@@ -328,14 +335,18 @@ class RunConfig(_Strict):
 
     def search_eval(self) -> EvalConfig:
         """The evaluator's config for a search's candidates: timed for
-        `search.screen_seconds` where a confirming window times its best again in full;
+        `search.screen_seconds` in `search.screen_rounds` blocks (never more blocks than
+        eval's) where a confirming window times its best again in full;
         `eval` itself otherwise (pike eval, pike audit, baselines and confirming windows
         always use `eval`)."""
-        screen = self.search.screen_seconds
+        screen, rounds = self.search.screen_seconds, self.search.screen_rounds
         if (self.search.confirm_top == 0 or screen is None
                 or screen >= self.eval.timing.min_seconds):
             return self.eval
-        timing = self.eval.timing.model_copy(update={"min_seconds": screen})
+        update: dict[str, float | int] = {"min_seconds": screen}
+        if rounds is not None and rounds < self.eval.timing.rounds:
+            update["rounds"] = rounds
+        timing = self.eval.timing.model_copy(update=update)
         return self.eval.model_copy(update={"timing": timing})
 
     @classmethod

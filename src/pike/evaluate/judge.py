@@ -124,6 +124,7 @@ class ReferenceRun:
     _loop_cost: tuple[ChildProcess, LoopCost] | None = None  # and the child it is of
     _work: Work | None = None
     _work_asked: bool = False
+    _work_counted: bool = False  # the count's answer is in (or it failed): read freely
     _shifted_atols: dict[float, list[float]] = field(default_factory=dict)  # by atol
     users: int = 0  # evaluations using it now; the cache evicts only unused ones
     # Evaluations of one task in a pool share this child: one request at a time.
@@ -165,17 +166,26 @@ class ReferenceRun:
         # The count runs on the meta device, or falls back to where the models are built:
         # only that fallback with construct_on 'device' uses the GPU. Holding it always
         # made a cold evaluation's timing wait seconds for a count that used no GPU.
+        # Counted, it is read without the locks: `talking` is held through every window of
+        # the task, and the shared hold waits behind every timer; on the H200 level2 bench
+        # 55 of 128 verdicts held their lane 1 to 53 s (454 s in all) to attach the floor.
+        if self._work_counted:
+            return self._work
         on_gpu = self.request is not None and self.request.construct_on == "device"
         with hold(self.device, exclusive=False) if on_gpu else nullcontext(), self.talking:
             if not self._work_asked and self.child is not None:
                 self._work_asked = True
-                reply = request(self.child, "work", "work", "work")
-                self.child.enter_phase("idle")
-                if isinstance(reply, dict) and reply.get("work"):
-                    self._work = Work.model_validate(reply["work"])
-                else:
-                    why = reply.message if isinstance(reply, Verdict) else reply.get("error")
-                    log.info("no work count for the floor: %s", why)
+                try:
+                    reply = request(self.child, "work", "work", "work")
+                    self.child.enter_phase("idle")
+                    if isinstance(reply, dict) and reply.get("work"):
+                        self._work = Work.model_validate(reply["work"])
+                    else:
+                        why = (reply.message if isinstance(reply, Verdict)
+                               else reply.get("error"))
+                        log.info("no work count for the floor: %s", why)
+                finally:
+                    self._work_counted = True
             return self._work
 
     def usable(self) -> bool:
@@ -364,11 +374,13 @@ def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
 def _reference_protocol(cfg: EvalConfig) -> str:
     """What a reference run is made with, as its cache key: timing too, since the child
     times the reference with the settings it was started with, less `min_seconds`, which
-    each block's request carries (driver.time_interleaved): a search's screening windows
-    (search.screen_seconds) and its confirming window time the same reference child."""
+    each block's request carries, and `rounds`, which only the parent reads
+    (driver.time_interleaved): a search's screening windows (search.screen_seconds,
+    screen_rounds) and its confirming window time the same reference child."""
     protocol = cfg.model_dump(mode="json",
                               include={*_CHILD_PROTOCOL, "limits", "seed", "sandbox"})
     protocol["timing"].pop("min_seconds", None)
+    protocol["timing"].pop("rounds", None)
     return json.dumps(protocol, sort_keys=True)
 
 
