@@ -182,3 +182,19 @@ def test_only_pikes_own_correct_rendering_of_the_mode_joins_it() -> None:
     # already among the chosen: once
     rows = [row(1, 3.0, idea=mode), row(2, 2.9)]
     assert [r.id for r in confirm_candidates(rows, SearchConfig(), mode)] == [1, 2]
+
+
+@pytest.mark.parametrize(("name", "words"), [
+    ("stale_when_fast", "timed call"),  # answers stale outputs once calls come back to back
+    ("memo_by_values", "reused, not computed"),  # answers inputs it has seen from a memo
+])
+def test_the_confirming_window_checks_the_timed_calls_as_a_search_s_window_does(
+        mlp_task: Task, build_cache: Path, name: str, words: str) -> None:
+    """Its blocks are longer than a screening window's, so a candidate can tell the two
+    apart: one honest in the search's windows and reusing its answers here must get no
+    confirmed figure."""
+    from pike.evaluate import confirm as confirming
+    found = {c.candidate_id: c for c in confirming.confirm(
+        mlp_task, {1: candidate("fused"), 2: candidate(name)}, fast_protocol(build_cache))}
+    assert found[1].speedup is not None, found[1].error
+    assert found[2].speedup is None and words in found[2].error, found[2]

@@ -38,6 +38,7 @@ from pike.evaluate.judge import (
     release_reference,
     resolve_device,
     run_reference,
+    timed_dishonestly,
 )
 from pike.evaluate.leftovers import make_temp_dir, remove_tree
 from pike.evaluate.sandbox import ChildProcess
@@ -109,6 +110,13 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
         forged = cost and unaccounted_wall_time(cost, timer, timers[0])
         if forged:
             found.append(Confirmation(candidate_id=cid, error=_short(forged)))
+            continue
+        # and its timed calls' sampled outputs and probes checked as there: a candidate
+        # that tells this window's longer blocks from a screening window's must not be
+        # honest there and reuse its answers here
+        dishonest = timed_dishonestly(reference, timer, config) if config.guards else None
+        if dishonest is not None:
+            found.append(Confirmation(candidate_id=cid, error=_short(dishonest.message)))
             continue
         raised = wall_clock_factor(cost, timer, timers[0]) if cost else 1.0
         ms = statistics.median(timer.samples) * raised

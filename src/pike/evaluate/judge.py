@@ -1072,7 +1072,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                 if forged:
                     timers[1].failure = Verdict(status="rejected", phase="timing", message=forged)
                 elif cfg.guards and not any(t.failure for t in timers):
-                    timers[1].failure = _timed_dishonestly(reference, timers[1], cfg)
+                    timers[1].failure = timed_dishonestly(reference, timers[1], cfg)
                 if not any(t.failure for t in timers):
                     # a hopeless candidate's figure is no search's pick, steady or not
                     if timers[1].gave_up_after is None:
@@ -1262,7 +1262,7 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
     return timers
 
 
-def _timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig) -> Verdict | None:
+def timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig) -> Verdict | None:
     """The verdict on timed calls whose sampled outputs are wrong (incorrect), or whose
     times show answers reused for inputs seen before (rejected); None when neither."""
     wrong = check.timed_outputs_problem(reference.timed_expected, timer.outputs,
