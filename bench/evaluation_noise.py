@@ -143,7 +143,8 @@ def main() -> int:
                 "median_ms": verdict.runtime.median_ms if verdict.runtime else None,
                 "reference_ms": verdict.reference.median_ms if verdict.reference else None,
                 "speedup": verdict.speedup, "timing_s": timing_s,
-                # the window alone (the phase also holds the final check)
+                # the windows' own time (the phase also holds the final check); a
+                # drifting reference's windows timed again add up here
                 "window_s": verdict.steps.get("timing")})
             write(args.out, args.tag or ("cuda" if cuda else "cpu"), data)
             print(f"repeat {i + 1}/{args.repeats}, warm-up {w} s, max calls {cap}, "

@@ -198,3 +198,37 @@ def test_the_confirming_window_checks_the_timed_calls_as_a_search_s_window_does(
         mlp_task, {1: candidate("fused"), 2: candidate(name)}, fast_protocol(build_cache))}
     assert found[1].speedup is not None, found[1].error
     assert found[2].speedup is None and words in found[2].error, found[2]
+
+
+def test_a_candidate_caught_in_the_confirming_window_is_never_the_task_s_best(
+        mlp_task: Task, tmp_path: Path, build_cache: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its figure taken away is not enough: with no other candidate confirmed, the best
+    falls back to the search's own figures, where it was the fastest. The guard's verdict
+    replaces its search window's `ok`, and no second window is timed for it."""
+    from pike.evaluate import confirm as confirming
+    windows: list[list[int]] = []
+    real = confirming.confirm
+
+    def counted(task: Task, sources: dict[int, str], config: object) -> list[object]:
+        windows.append(sorted(sources))
+        return real(task, sources, config)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(confirming, "confirm", counted)
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    store.add_task(mlp_task.name, str(mlp_task.path), mlp_task.sha256, mlp_task.source)
+    stats = TimingStats.from_samples([1.0])
+    cid = store.add_candidate(mlp_task.name, candidate("stale_when_fast"), parent_id=None,
+                              role="optimize", round=0, branch=0)
+    store.set_verdict(cid, Verdict(status="ok", runtime=stats, reference=stats, speedup=3.0))
+    assert store.best(mlp_task.name).id == cid
+    cfg = RunConfig()
+    cfg.eval = fast_protocol(build_cache)
+    confirm_best(store, mlp_task, cfg)
+    assert windows == [[cid]]
+    caught = store.candidate(cid).verdict
+    assert caught.status == "incorrect" and caught.phase == "timing"
+    assert caught.message.startswith("in the confirming window: timed call")
+    assert caught.speedup is None and not caught.rankable
+    assert store.best(mlp_task.name) is None
+    assert task_result(store, mlp_task.name).best_candidate is None

@@ -53,6 +53,9 @@ class Confirmation(BaseModel):
     reference_ms: float | None = None
     speedup: float | None = None
     error: str = ""
+    # the status a guard gave it here (its timed calls' outputs or probes): not a crash
+    # another window could undo, but the candidate's verdict (session.confirm_best)
+    caught: str = ""
 
 
 def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Confirmation]:
@@ -116,7 +119,8 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
         # honest there and reuse its answers here
         dishonest = timed_dishonestly(reference, timer, config) if config.guards else None
         if dishonest is not None:
-            found.append(Confirmation(candidate_id=cid, error=_short(dishonest.message)))
+            found.append(Confirmation(candidate_id=cid, error=_short(dishonest.message),
+                                      caught=dishonest.status))
             continue
         raised = wall_clock_factor(cost, timer, timers[0]) if cost else 1.0
         ms = statistics.median(timer.samples) * raised

@@ -374,9 +374,10 @@ def run_reference(task: Task, cfg: EvalConfig, device: str, *, keep_child: bool,
 def _reference_protocol(cfg: EvalConfig) -> str:
     """What a reference run is made with, as its cache key: timing too, since the child
     times the reference with the settings it was started with, less `min_seconds`, which
-    each block's request carries, and `rounds`, which only the parent reads
-    (driver.time_interleaved): a search's screening windows (search.screen_seconds,
-    screen_rounds) and its confirming window time the same reference child."""
+    each block's request carries, and `rounds`, which the child never reads (the parent's
+    driver.time_interleaved does): a search's screening windows (search.screen_seconds,
+    screen_rounds) and its confirming window time the same reference child. Other fields
+    only the parent reads stay in the key: needless there, but harmless."""
     protocol = cfg.model_dump(mode="json",
                               include={*_CHILD_PROTOCOL, "limits", "seed", "sandbox"})
     protocol["timing"].pop("min_seconds", None)

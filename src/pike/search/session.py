@@ -233,6 +233,7 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
         log.warning("%s: candidate %d failed in the confirming window (%s); the window is "
                     "timed once more", task.name, failed[0], _error_line(failed[1]))
         found = confirm(task, sources, cfg.eval)
+    _keep_what_the_window_caught(store, task, found)
     failed = _failed_above_the_best(found, searched)
     if failed:
         after = ("the best is the fastest one confirmed" if any(c.speedup for c in found)
@@ -244,13 +245,33 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
                                              "figures": [c.model_dump() for c in found]})
 
 
+def _keep_what_the_window_caught(store: RunStore, task: Task, found: list[Any]) -> None:
+    """A candidate whose timed calls a guard caught in the confirming window (wrong sampled
+    outputs, reused answers) gets that verdict in the store, in place of its search
+    window's `ok`: a file that told the two windows apart must not come back as the
+    task's best by its search figure where no other candidate was confirmed."""
+    for confirmation in found:
+        if not confirmation.caught:
+            continue
+        row = store.candidate(confirmation.candidate_id)
+        if row.verdict is None:
+            continue
+        log.warning("%s: candidate %d was caught in the confirming window (%s)", task.name,
+                    confirmation.candidate_id, _error_line(confirmation.error))
+        store.set_verdict(confirmation.candidate_id, row.verdict.model_copy(update={
+            "status": confirmation.caught, "phase": "timing", "speedup": None,
+            "runtime": None, "message": "in the confirming window: " + confirmation.error}))
+
+
 def _failed_above_the_best(found: list[Any], searched: dict[int, float]
                            ) -> tuple[int, str] | None:
     """Of the candidates that failed in the confirming window although their search-time
     figure is above that of the confirmed best (or any, where none was confirmed), the
-    one with the highest: a failure that changes which file is the task's best."""
+    one with the highest: a failure that changes which file is the task's best. One a
+    guard caught is left out: another window would not undo it."""
     best = next((searched.get(c.candidate_id, 0.0) for c in found if c.speedup), 0.0)
-    above = [c for c in found if not c.speedup and searched.get(c.candidate_id, 0.0) > best]
+    above = [c for c in found if not c.speedup and not getattr(c, "caught", "")
+             and searched.get(c.candidate_id, 0.0) > best]
     first = max(above, key=lambda c: searched.get(c.candidate_id, 0.0), default=None)
     return (first.candidate_id, first.error) if first else None
 
