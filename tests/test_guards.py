@@ -454,3 +454,28 @@ def test_the_references_rehearsed_sampling_drops_what_it_takes_and_never_fails()
         work((sparse, quantized))
     assert work.take() == (None, None)
     assert 0 < work.rehearsed <= RehearsedSamples.PER_BLOCK
+
+
+def test_a_probe_drawn_at_a_block_s_end_is_timed_not_taken_by_the_next_refill(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each block starts with one untimed call (timing.time_block). A probe drawn after
+    the last timed call of a block went to that call, untimed and unsampled: with one
+    timed call a block (calls of 50 ms and more in a full window), no probe was ever
+    timed and the reuse check never ran."""
+    from pike.evaluate import runner
+
+    monkeypatch.setattr(runner, "_draw_below", lambda n: 0)  # a probe after every call
+    rotation = runner.InputRotation([["a"], ["b"], ["c"]], probes=[["p0"], ["p1"], ["p2"]])
+    sampler = runner.TimedOutputSamples(rotation)
+    call = rotation.caller(lambda x: x)
+    monkeypatch.setattr(runner.check, "flatten_output", lambda out: [])
+    timed_probes, untimed = [], []
+    for _ in range(4):  # four blocks of one timed call each, as the child runs them
+        untimed.append(call())  # the refill
+        sampler(call())
+        timed_probes.append(sampler.take()[1])
+    assert not any(x.startswith("p") for x in untimed), untimed
+    # the first draw comes after block 1's call; a block whose call was a probe draws
+    # none (one a block at most), so every other block's call is one
+    assert timed_probes == [[], [0], [], [0]]
+    assert rotation.used_probes == 2

@@ -485,6 +485,11 @@ class InputRotation:
     def __init__(self, sets: list[list[Any]], probes: list[list[Any]] | None = None) -> None:
         self.sets, self.probes = sets, probes or []
         self.calls, self.last, self.used_probes, self.probe_next = 0, 0, 0, False
+        # The next call is a block's untimed refill (timing.time_block), which must not
+        # take the probe drawn after the last block's last timed call: it went there
+        # untimed and unsampled, and with one timed call a block (calls of 50 ms and
+        # more in a full window) no probe was ever timed and the reuse check never ran.
+        self.refill_next = False
 
     @property
     def last_was_probe(self) -> bool:
@@ -492,7 +497,8 @@ class InputRotation:
 
     def caller(self, fn: Callable[..., Any]) -> Callable[[], Any]:
         def call() -> Any:
-            if self.probe_next and self.used_probes < len(self.probes):
+            refill, self.refill_next = self.refill_next, False
+            if self.probe_next and not refill and self.used_probes < len(self.probes):
                 self.last = len(self.sets) + self.used_probes
                 args = self.probes[self.used_probes]
                 self.used_probes += 1
@@ -500,7 +506,8 @@ class InputRotation:
                 self.last = self.calls % len(self.sets)
                 args = self.sets[self.last]
                 self.calls += 1
-            self.probe_next = False
+            if not refill:
+                self.probe_next = False
             with torch.no_grad():
                 return fn(*args)
 
@@ -543,6 +550,7 @@ class TimedOutputSamples:
         """This block's samples, and which of its timed calls (by index) were probes."""
         taken, probes = self.taken, self.probe_calls
         self.taken, self.probe_calls, self.block_start = [], [], self.calls
+        self.rotation.refill_next = True  # the next block begins with one
         return taken, probes
 
 
