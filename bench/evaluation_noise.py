@@ -43,13 +43,12 @@ from pike.task import Task
 
 def summary(rows: list[dict]) -> dict:
     ok = [r for r in rows if r["status"] == "ok"]
-    timing = [r["timing_s"] for r in rows if r.get("timing_s") is not None]
     return {"evaluations": len(rows), "ok": len(ok),
             "candidate_cv": cv([r["median_ms"] for r in ok]),
             "reference_cv": cv([r["reference_ms"] for r in ok]),
             "speedup_cv": cv([r["speedup"] for r in ok]),
             "worst_speedup_error": max((abs(r["speedup"] - 1) for r in ok), default=None),
-            "timing_s": sum(timing) / len(timing) if timing else None,
+            "timing_s": _mean([r.get("timing_s") for r in rows]),
             "window_s": _mean([r.get("window_s") for r in rows])}
 
 

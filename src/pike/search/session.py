@@ -270,7 +270,7 @@ def _failed_above_the_best(found: list[Any], searched: dict[int, float]
     one with the highest: a failure that changes which file is the task's best. One a
     guard caught is left out: another window would not undo it."""
     best = next((searched.get(c.candidate_id, 0.0) for c in found if c.speedup), 0.0)
-    above = [c for c in found if not c.speedup and not getattr(c, "caught", "")
+    above = [c for c in found if not c.speedup and not c.caught
              and searched.get(c.candidate_id, 0.0) > best]
     first = max(above, key=lambda c: searched.get(c.candidate_id, 0.0), default=None)
     return (first.candidate_id, first.error) if first else None
