@@ -27,6 +27,9 @@ by mode (is a mode's figure the same where its build was made differently?).
 Where the run dir holds the logs of bench/device_calls.sh (bench-*.log), the evaluations
 in progress at once in each device call, by minute: of the lanes (jobs x workers), how
 many held a candidate that was judged (one in flight at a cut is not counted).
+Where the run dir holds `device-holds.jsonl` (`pike bench` writes it from 2026-12-04 on:
+src/pike/evaluate/device_holds.py), what held the device alone, by purpose, in all and
+per device call: each such hold stopped every other evaluation on the GPU.
 Results go to bench/results/search-time-<tag>.json and .md.
 """
 
@@ -43,7 +46,7 @@ from pathlib import Path
 from common import RESULTS, alone_seconds, now, this_command, with_ext
 
 from pike.config import autotunes
-from pike.evaluate import search_bar
+from pike.evaluate import device_holds, search_bar
 from pike.evaluate.driver import behind_bar
 from pike.evaluate.pool import POOL_STEPS
 from pike.evaluate.verdict import Verdict
@@ -344,6 +347,43 @@ def _wall(first: str | None, last: str | None) -> float | None:
     return (dt.datetime.fromisoformat(last) - dt.datetime.fromisoformat(first)).total_seconds()
 
 
+def held_alone(run_dir: Path, calls: list[tuple[str, float, float]]) -> dict | None:
+    """From the run's device-holds ledger: per purpose, over the whole run and per device
+    call, the holds, seconds held and waited; None where the run has no ledger."""
+    holds = device_holds.read(run_dir / device_holds.LEDGER_NAME)
+    if not holds:
+        return None
+    return {"all": device_holds.summarize(holds),
+            "calls": [{"call": name, "seconds": end - start,
+                       "purposes": device_holds.summarize(holds, start, end)}
+                      for name, start, end in calls]}
+
+
+def render_held_alone(held: dict) -> list[str]:
+    total = sum(p["held_s"] for p in held["all"].values())
+    lines = ["", "## The device held alone, by what held it", "",
+             f"From the run's device-holds ledger: {total:.0f} s held alone in all. Every "
+             "other evaluation on the GPU stood stopped meanwhile; `waited` is the time "
+             "the holders waited to take it, for shared holders (comparisons, final checks) "
+             "to leave.", "",
+             "| purpose | holds | held s | median s a hold | waited s | processes stopped, "
+             "median |", "|---|---|---|---|---|---|"]
+    lines += [f"| {name} | {p['holds']} | {p['held_s']:.0f} | {p['median_s']:.2f} | "
+              f"{p['waited_s']:.0f} | {p['stopped']:g} |" for name, p in held["all"].items()]
+    if held["calls"]:
+        purposes = list(held["all"])
+        lines += ["", "Per device call, seconds held alone (share of the call):", "",
+                  "| call | seconds | " + " | ".join(purposes) + " | all |",
+                  "|---|---|" + "---|" * (len(purposes) + 1)]
+        for c in held["calls"]:
+            got = [c["purposes"].get(n, {}).get("held_s", 0.0) for n in purposes]
+            share = sum(got) / c["seconds"] if c["seconds"] > 0 else 0.0
+            lines.append(f"| {c['call']} | {c['seconds']:.0f} | "
+                         + " | ".join(f"{g:.0f}" for g in got)
+                         + f" | {sum(got):.0f} ({share:.0%}) |")
+    return lines
+
+
 def render(found: dict, command: str, date: str, run_dir: Path) -> str:
     lines = [f"# Where the evaluations' time went: {run_dir.name}", "",
              f"- command: `{command}`", f"- date: {date}", "- from the run store's verdicts "
@@ -406,6 +446,8 @@ def render(found: dict, command: str, date: str, run_dir: Path) -> str:
                   "| call | seconds | verdicts | mean at once | by minute |", "|---|---|---|---|---|"]
         lines += [f"| {c['call']} | {c['seconds']:.0f} | {c['verdicts']} | {c['mean']:.1f} | "
                   f"{', '.join(f'{m:g}' for m in c['by_minute'])} |" for c in found["at_once"]]
+    if found.get("held_alone"):
+        lines += render_held_alone(found["held_alone"])
     if found.get("baselines"):
         lines += render_baselines(found["baselines"], found.get("against"))
     return "\n".join(lines) + "\n"
@@ -479,7 +521,9 @@ def main() -> None:
     found["behind_best"] = behind_best(args.run_dir, rank=args.bar_rank)
     found["shared_windows"] = shared_windows(args.run_dir)
     found["could_share"] = could_share(args.run_dir)
-    found["at_once"] = at_once(verdict_spans(args.run_dir), call_windows(args.run_dir))
+    calls = call_windows(args.run_dir)
+    found["at_once"] = at_once(verdict_spans(args.run_dir), calls)
+    found["held_alone"] = held_alone(args.run_dir, calls)
     found["lanes"] = lanes(args.run_dir)
     if args.against is not None:
         found["against"] = collect_baselines(args.against)

@@ -112,11 +112,14 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
 
     listed: list[int] = []
     kept: list[list[int]] = []
+    purposes: list[str] = []  # of the exclusive holds, for the device-holds ledger
 
     @contextmanager
-    def recording_hold(device, *, exclusive, keep=()):
+    def recording_hold(device, *, exclusive, keep=(), purpose="other"):
         assert state["held"] is None, f"a hold nested in a {state['held']} one"
         state["held"] = "exclusive" if exclusive else "shared"
+        if exclusive:
+            purposes.append(purpose)
         kept.append(list(keep() if callable(keep) else keep))
         try:
             yield
@@ -154,6 +157,7 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
     # the candidate's child (begun after the reference's) runs no code unlisted
     assert names.index("list_child") == len(names) - 1 - names[::-1].index("begin_child") - 1
     assert len(listed) == 1 and [listed[0]] in kept  # its own window does not stop it
+    assert set(purposes) == {"candidate window", "timing-loop calibration"}, purposes
     listed_at = names.index("list_child")
     for at, (name, held) in enumerate(seen):
         # the reference's child (before the candidate's listing) holds the device shared

@@ -85,7 +85,7 @@ def test_a_kept_loop_cost_is_returned_without_taking_the_device_and_renewed_per_
     holds: list[bool] = []
 
     @contextlib.contextmanager
-    def hold(device: str, *, exclusive: bool, keep: Any = ()) -> Any:
+    def hold(device: str, *, exclusive: bool, keep: Any = (), purpose: str = "") -> Any:
         holds.append(exclusive)
         yield
 

@@ -412,9 +412,10 @@ def test_the_candidate_holds_the_device_from_its_start(mlp_task: Task, fast_conf
     real_hold, real_ready = judge_module.hold, judge_module.wait_ready
 
     @contextmanager
-    def hold(device: str, *, exclusive: bool, keep: Any = ()) -> Iterator[None]:
+    def hold(device: str, *, exclusive: bool, keep: Any = (),
+             purpose: str = "other") -> Iterator[None]:
         order.append("exclusive" if exclusive else "shared")
-        with real_hold(device, exclusive=exclusive, keep=keep):
+        with real_hold(device, exclusive=exclusive, keep=keep, purpose=purpose):
             yield
 
     def wait_ready(child: Any, report: Any, *args: Any) -> bool:
@@ -566,9 +567,10 @@ def test_baseline_modes_that_measure_nothing_build_beside_others(
     real_hold = judge_module.hold
 
     @contextmanager
-    def hold(device: str, *, exclusive: bool, keep: Any = ()) -> Iterator[None]:
+    def hold(device: str, *, exclusive: bool, keep: Any = (),
+             purpose: str = "other") -> Iterator[None]:
         order.append("exclusive" if exclusive else "shared")
-        with real_hold(device, exclusive=exclusive, keep=keep):
+        with real_hold(device, exclusive=exclusive, keep=keep, purpose=purpose):
             yield
         order.append("released")
 

@@ -243,7 +243,8 @@ def test_three_evaluations_waiting_at_once_are_timed_in_one_window(
     stopped while eager and the others are timed."""
     joined = _count_joins(monkeypatch)
     @contextmanager
-    def hold(device: str, *, exclusive: bool, keep: Any = ()) -> Iterator[None]:
+    def hold(device: str, *, exclusive: bool, keep: Any = (),
+             purpose: str = "other") -> Iterator[None]:
         for _ in range(3):  # the device stays busy until all three wait for it
             assert joined.acquire(timeout=120)
         keep()

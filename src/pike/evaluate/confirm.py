@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from pike.config import EvalConfig
+from pike.evaluate import device_holds
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import hold, hold_for_build
 from pike.evaluate.driver import (
@@ -86,7 +87,8 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
         for child in children.values():
             child.permit("timing")
         with hold(device, exclusive=True, keep=[c.proc.pid for c in children.values()
-                                                if c.proc is not None]), reference.talking:
+                                                if c.proc is not None],
+                  purpose=device_holds.CONFIRMING_WINDOW), reference.talking:
             # read under `talking`: a drifting window elsewhere may renew the child
             assert reference.child is not None
             timers = [Timer(reference.child, "eager"),

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import psutil
 
+from pike.evaluate import device_holds
+
 log = logging.getLogger(__name__)
 
 # After stopping the others, kernels they had queued still run: a moment for them to end
@@ -77,24 +79,29 @@ def _flock(path: Path, mode: int) -> Iterator[None]:
 
 @contextmanager
 def hold(device: str, *, exclusive: bool,
-         keep: Iterable[int] | Callable[[], Iterable[int]] = ()) -> Iterator[None]:
+         keep: Iterable[int] | Callable[[], Iterable[int]] = (),
+         purpose: str = device_holds.OTHER) -> Iterator[None]:
     """Hold `device` for trials (shared) or for timing (exclusive); no-op off CUDA. An
     exclusive holder stops the listed children (see `list_child`) but those in `keep` (the
     pids of the children it times) until it lets the device go; a callable `keep` is
     asked once the device is held (a shared window takes whoever joined until then), and
-    not at all off CUDA."""
+    not at all off CUDA. An exclusive hold goes into the device-holds ledger as `purpose`
+    where one is recorded (device_holds.py)."""
     if not device.startswith("cuda"):
         yield
         return
     turnstile, device_lock = _lock_file(device, "turnstile"), _lock_file(device, "lock")
     if exclusive:
+        asked = time.time()
         with _flock(turnstile, fcntl.LOCK_EX), _flock(device_lock, fcntl.LOCK_EX):
+            held = time.time()
             kept = set(keep() if callable(keep) else keep)
             stopped = _stop_listed(_listed_dir(device), kept)
             try:
                 yield
             finally:
                 _signal_all(stopped, signal.SIGCONT)
+                device_holds.note(purpose, device, asked, held, time.time(), len(stopped))
         return
     with _flock(turnstile, fcntl.LOCK_EX):
         fd = os.open(device_lock, os.O_RDWR | os.O_CREAT, 0o600)

@@ -29,7 +29,7 @@ import torch
 
 from pike.config import CONSTRUCT_ON, EvalConfig, RunConfig, autotunes
 from pike.errors import EvaluatorError, TaskError
-from pike.evaluate import check, host_memory, search_bar, spares
+from pike.evaluate import check, device_holds, host_memory, search_bar, spares
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import hold, hold_for_build, hold_for_work, unlist_child
 from pike.evaluate.driver import (
@@ -154,7 +154,8 @@ class ReferenceRun:
         if kept is not None and (kept[0] is self.child or self.child is None):
             return kept[1]  # (a closed run keeps its last child's figure)
         # the calibration runs timing blocks (L2 flushes, events): timing, so exclusive
-        with hold(self.device, exclusive=True), self.talking:
+        with hold(self.device, exclusive=True, purpose=device_holds.CALIBRATION), \
+                self.talking:
             if self._loop_cost is None or self._loop_cost[0] is not self.child:
                 assert self.child is not None
                 self._loop_cost = (self.child, calibrate(self.child))
@@ -694,7 +695,7 @@ def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
         for timer in timers:
             if not autotunes(timer.mode) and not any(t.failure for t in timers):
                 _prepare(timer, cfg, on_built)
-    with hold(device, exclusive=True), reference.talking:
+    with hold(device, exclusive=True, purpose=device_holds.BASELINE), reference.talking:
         # autotuning measures kernels: alone on the device, as timing is
         for timer in timers:
             if autotunes(timer.mode) and not any(t.failure for t in timers):
@@ -1064,7 +1065,8 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                     # look flips the order, so a burst mid-window lands on other blocks.
                     log.info("timing blocks unaccounted for (%s); timing again", forged)
                     timers = _timing_window(reference, child, device, cfg, warmed=True,
-                                            flipped=looks % 2 == 1)
+                                            flipped=looks % 2 == 1,
+                                            purpose=device_holds.CANDIDATE_AGAIN)
                     looks += 1
                     forged = not any(t.failure for t in timers) and _forged(
                         reference, timers, strict=True)
@@ -1173,7 +1175,8 @@ def _steady_window(reference: ReferenceRun, child: ChildProcess, device: str, cf
         renew = tries == _DRIFT_RETRIES  # the same child stayed off: a fresh one
         if renew and reference.renewals >= _MAX_RENEWALS:
             break
-        retry = _timing_window(reference, child, device, cfg, warmed=True, renew=renew)
+        retry = _timing_window(reference, child, device, cfg, warmed=True, renew=renew,
+                               purpose=device_holds.CANDIDATE_AGAIN)
         if any(t.failure for t in retry):
             break
         timers, tries = retry, tries + 1
@@ -1224,7 +1227,8 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
                    cfg: EvalConfig, warmed: bool, renew: bool = False,
                    flipped: bool = False,
                    best: Callable[[], float | None] | None = None,
-                   share: bool = False) -> list[Timer]:
+                   share: bool = False,
+                   purpose: str = device_holds.CANDIDATE_WINDOW) -> list[Timer]:
     """Eager and the candidate, interleaved, with the device to themselves (and the
     reference's child renewed first where `renew`); `best`: the search's best speedup so
     far, which a candidate far behind ends the window for (search_bar.py). With `share`
@@ -1237,7 +1241,8 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
     child.permit("timing")
     with ExitStack() as alone:
         with span("wait_for_device"):
-            alone.enter_context(hold(device, exclusive=True, keep=[_pid(child) or -1]))
+            alone.enter_context(hold(device, exclusive=True, keep=[_pid(child) or -1],
+                                     purpose=purpose))
             alone.enter_context(reference.talking)
         # The reference's child is read under `talking`: another evaluation may renew it.
         if renew:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from pike.config import EvalConfig
+from pike.evaluate import device_holds
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import hold, set_stopped, tree_of
 from pike.evaluate.driver import Timer, time_interleaved
@@ -137,7 +138,8 @@ def _lead(window: _Window, reference: ReferenceRun, device: str, cfg: EvalConfig
         return [pid_of(s.child) or -1 for s in seats]
 
     with ExitStack() as alone:
-        alone.enter_context(hold(device, exclusive=True, keep=close))
+        alone.enter_context(hold(device, exclusive=True, keep=close,
+                                 purpose=device_holds.CANDIDATE_WINDOW))
         alone.enter_context(reference.talking)
         if not seats:  # off CUDA nothing is held: whoever joined while eager was busy
             close()

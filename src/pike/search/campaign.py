@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
-from pike.evaluate import measure_baselines
+from pike.evaluate import device_holds, measure_baselines
 from pike.evaluate.baseline import BaselineStopped, baseline_gaps, stopped_meanwhile
 from pike.evaluate.device_slots import DeviceSlots
 from pike.evaluate.judge import (
@@ -111,7 +111,10 @@ def bench(folder: Path | None, config: RunConfig | None = None, *,
     try:
         if resume is not None:
             show_what_was_kept(store, tasks, on_event)
-        with drain.stop_after(stop_after):
+        # what held the device alone, for bench/search_time.py: most of a bench's wall
+        # time beyond its searches' budgets
+        with drain.stop_after(stop_after), \
+                device_holds.recording(store.path.parent / device_holds.LEDGER_NAME):
             try:
                 outcomes = _run_all(store, tasks, cfg, max(1, jobs), on_event, fill_baselines)
             except KeyboardInterrupt:
