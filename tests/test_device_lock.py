@@ -97,10 +97,11 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
     """A child's launch (imports only) holds nothing; with every_gpu_use, from its begin,
     its load, builds and warm-up, and the trials, hold the device shared; with pause_others
     (the default) they hold nothing, and the child is listed for timers to stop before it
-    begins, with its own pid kept out of its windows' stops; timing and the wall-clock
-    calibration hold it alone; no hold nests in another (with the turnstile, a nested
-    shared hold deadlocks against a waiting timer). With eval.device_lock timing_only
-    (bench/contamination.py's control) only timing holds it."""
+    begins, with its own pid kept out of its windows' stops. The reference's child is
+    treated alike for its start and trials (listed, then unlisted before it is timed);
+    timing and the wall-clock calibration hold it alone; no hold nests in another (with
+    the turnstile, a nested shared hold deadlocks against a waiting timer). With
+    eval.device_lock timing_only (bench/contamination.py's control) only timing holds it."""
     from contextlib import contextmanager
 
     from pike.evaluate import device_lock, evaluate, judge, shared_window
@@ -137,6 +138,9 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
         listed.append(pid)
         return False  # the CPU device: nothing to stop
 
+    unlisted: list[int] = []
+    monkeypatch.setattr(judge, "unlist_child", lambda device, pid: unlisted.append(pid))
+
     monkeypatch.setattr(judge, "hold", recording_hold)
     monkeypatch.setattr(shared_window, "hold", recording_hold)  # a first window's
     monkeypatch.setattr(device_lock, "hold", recording_hold)
@@ -154,16 +158,18 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
     alone = {"time_interleaved", "calibrate"}
     assert {name for name, _ in seen} == {*steps, "list_child"}
     names = [name for name, _ in seen]
-    # the candidate's child (begun after the reference's) runs no code unlisted
-    assert names.index("list_child") == len(names) - 1 - names[::-1].index("begin_child") - 1
-    assert len(listed) == 1 and [listed[0]] in kept  # its own window does not stop it
+    # each child, the reference's and then the candidate's, runs no code unlisted
+    begins = [at for at, name in enumerate(names) if name == "begin_child"]
+    assert len(begins) == 2 and all(names[at - 1] == "list_child" for at in begins)
+    reference, own = listed
+    assert [own] in kept and [reference] not in kept  # its own window does not stop it
+    # the reference's child is unlisted before it is timed (pausable_on is set only where
+    # listing stops anything: on a GPU with pause_others)
+    assert unlisted == []
     assert set(purposes) == {"candidate window", "timing-loop calibration"}, purposes
-    listed_at = names.index("list_child")
-    for at, (name, held) in enumerate(seen):
-        # the reference's child (before the candidate's listing) holds the device shared
-        # but with timing_only; a candidate's holds it shared only with every_gpu_use
-        work = (None if scope == "timing_only" else "shared" if scope == "every_gpu_use"
-                or at < listed_at else None)
+    for name, held in seen:
+        # a child's untimed work holds the device shared only with every_gpu_use
+        work = "shared" if scope == "every_gpu_use" else None
         # a launched child only imports until it begins: no device, so no hold
         expected = (None if name in ("launch_child", "list_child") else
                     "exclusive" if name in alone else work)
@@ -374,3 +380,47 @@ def test_the_time_a_timer_keeps_a_child_stopped_does_not_count_against_its_limit
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("listed", [True, False])
+def test_the_final_check_holds_the_device_only_for_the_parents_part_once_listed(
+        monkeypatch, listed):
+    """A listed child (pause_others) is stopped by other timers: its final call and the
+    file it writes need no hold, and timers no longer wait behind them. The parent's read
+    back and comparison (its own GPU work) still hold the device shared. An unlisted child
+    (every_gpu_use) holds it through both, as before."""
+    from contextlib import contextmanager
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from pike.evaluate import judge
+    from pike.evaluate.verdict import Verdict
+    from tests.conftest import fast_protocol
+
+    held = {"now": False}
+    seen: list[tuple[str, bool]] = []
+
+    @contextmanager
+    def shared_hold(device, scope):
+        assert not held["now"], "a hold nested in another"
+        held["now"] = True
+        try:
+            yield
+        finally:
+            held["now"] = False
+
+    def child_call(child, *args, **kwargs):
+        seen.append(("child", held["now"]))
+        return {"event": "final_checked"}
+
+    def compared(*args):
+        seen.append(("parent", held["now"]))
+        return Verdict(status="ok")
+
+    monkeypatch.setattr(judge, "hold_for_work", shared_hold)
+    monkeypatch.setattr(judge, "request", child_call)
+    monkeypatch.setattr(judge, "_final_compared", compared)
+    child = SimpleNamespace(pausable_on="cuda:0" if listed else None, permit=lambda phase: None)
+    verdict = judge._final_check(child, None, Path("."), fast_protocol(), "cuda:0")
+    assert verdict.ok
+    assert seen == [("child", not listed), ("parent", True)]

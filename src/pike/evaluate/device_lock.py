@@ -17,8 +17,10 @@ the device's list for its whole life instead of holding the device shared while 
 builds and runs its trials, and a timer stops (SIGSTOP) every listed child's process tree
 but its own for its window, then lets them go on (SIGCONT). A compile of a minute no
 longer keeps every timer waiting for it, and a child can reach no other window with work
-started outside its phases (a thread it left running). What cannot be stopped still holds
-the device shared: the parent's own GPU work (comparisons) and the reference children.
+started outside its phases (a thread it left running). A reference's child is listed too
+while it starts and makes its inputs and expected outputs, and unlisted before it is
+timed. What cannot be stopped still holds the device shared: the parent's own GPU work
+(comparisons).
 A child stopped by a timer that died is let go by its own parent (`resume_unless_timed`);
 its phase limits do not count the time it was stopped (sandbox.ChildProcess).
 """

@@ -558,10 +558,14 @@ def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: boo
         ok = False
         try:
             # Its imports need no device; from "begin" on, loading and building use the GPU
-            # too (a CUDA context, a prefill).
+            # too (a CUDA context, a prefill). Beside other evaluations, as a candidate's
+            # trials are: listed for their timers to stop (pause_others), so no timer waits
+            # for it; it draws and saves every input set and expected output, files of
+            # hundreds of MB on the level2 tasks, seconds of mostly host work that a shared
+            # hold made every timer (and every comparison behind them) wait out.
             child = launch_child(request, work_dir, cfg, build_key="reference")
             wait_for_room(child)
-            with hold_for_work(device, cfg.device_lock):
+            with _beside_others(child, device, cfg.device_lock):
                 begin_child(child, cfg)
                 ok = run_trials(child, report)
         finally:
@@ -687,7 +691,7 @@ def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
     # its build with the device held alone then finds its kernels compiled and mostly
     # measures them (on an H200, the level2 baselines' max-autotune builds held the device
     # alone for 343 of 566 s, every other evaluation stopped, mostly compiling).
-    with _built_beside_others(reference.child, device, cfg.device_lock), reference.talking:
+    with _beside_others(reference.child, device, cfg.device_lock), reference.talking:
         for timer in timers:
             if cfg.prebuild_autotune == "on" and autotunes(timer.mode) \
                     and timer.mode not in no_prebuild:
@@ -729,18 +733,22 @@ class ModeFailed(TaskError):
 
 
 @contextmanager
-def _built_beside_others(child: ChildProcess, device: str, scope: str) -> Iterator[None]:
-    with hold_for_build(device, scope):
-        list_for_timers(child, device, scope)
-        try:
+def _beside_others(child: ChildProcess, device: str, scope: str) -> Iterator[None]:
+    """A trusted child's untimed GPU work (the reference's start and trials, a baseline's
+    builds) beside other evaluations: listed for their timers to stop, then unlisted, so
+    that the windows it is timed in later do not stop it; the device held shared instead
+    where `eval.device_lock` is every_gpu_use."""
+    list_for_timers(child, device, scope)  # as a candidate's child is: before any hold
+    try:
+        with hold_for_build(device, scope):
             yield
-        finally:
-            if child.pausable_on is not None and child.proc is not None:
-                # a child stopped on being listed mid-window, never asked anything since,
-                # would stay stopped with no one looking once unlisted
-                child.wait_unpaused()
-                unlist_child(device, child.proc.pid)
-                child.pausable_on = None
+    finally:
+        if child.pausable_on is not None and child.proc is not None:
+            # a child stopped on being listed mid-window, never asked anything since,
+            # would stay stopped with no one looking once unlisted
+            child.wait_unpaused()
+            unlist_child(device, child.proc.pid)
+            child.pausable_on = None
 
 
 def _prebuild(timer: Timer) -> None:
@@ -1083,8 +1091,8 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                     if cfg.guards:
                         raised = wall_clock_factor(reference.loop_cost(), timers[1], timers[0])
             if correctness.ok and cfg.guards and not any(t.failure for t in timers):
-                with span("final_check"), hold_for_work(device, cfg.device_lock):
-                    final = _final_check(child, reference, outputs_dir, cfg)
+                with span("final_check"):
+                    final = _final_check(child, reference, outputs_dir, cfg, device)
             if (correctness.ok and cfg.profile and not any(t.failure for t in timers)
                     and (final is None or final.ok)):
                 with hold_for_work(device, cfg.device_lock):
@@ -1197,12 +1205,24 @@ _MAX_RENEWALS = 3  # fresh reference children per reference run: a card that dri
 
 
 def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path,
-                 cfg: EvalConfig) -> Verdict:
-    """New values in the timed input tensors must give new, correct outputs."""
-    child.permit("final")
-    reply = request(child, "check", "final_checked", "final")
-    if isinstance(reply, Verdict):
-        return reply
+                 cfg: EvalConfig, device: str) -> Verdict:
+    """New values in the timed input tensors must give new, correct outputs. A child
+    listed for timers (pause_others) runs its call and writes its outputs with no hold:
+    another evaluation's timer stops it, as in its trials. Only the parent's own GPU work
+    (reading the outputs back, comparing) holds the device shared then. Holding it shared
+    through the child's part too (its call, and a file of up to a gigabyte on the level2
+    tasks) kept every timer waiting for it, and every comparison behind those timers."""
+    listed = child.pausable_on is not None
+    with nullcontext() if listed else hold_for_work(device, cfg.device_lock):
+        child.permit("final")
+        reply = request(child, "check", "final_checked", "final")
+        if isinstance(reply, Verdict):
+            return reply
+        with hold_for_work(device, cfg.device_lock) if listed else nullcontext():
+            return _final_compared(reference, outputs_dir, cfg)
+
+
+def _final_compared(reference: ReferenceRun, outputs_dir: Path, cfg: EvalConfig) -> Verdict:
     on = compare_device(reference.device)
     final_expected = reference.expected_on(on)[-1]
     try:
