@@ -97,6 +97,8 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
             with timing_cores(pids, device, config.timing_cores):
                 time_interleaved(timers, config.timing)
             reference.child.enter_phase("idle")
+            if config.guards:  # measured while the device is held, with no hold of its own
+                reference.loop_cost(held=True)
         cost = reference.loop_cost() if config.guards else None
     finally:
         for child in children.values():

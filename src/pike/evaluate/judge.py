@@ -145,16 +145,20 @@ class ReferenceRun:
         return statistics.median(self.window_ms) if self.window_ms else None
 
     # Lock order everywhere: the device lock first, then `talking`.
-    def loop_cost(self) -> LoopCost:
+    def loop_cost(self, held: bool = False) -> LoopCost:
         """The reference child's own timing-loop cost, measured once per child. Kept, it is
         returned without the device: each evaluation asks twice, and taking the device
         exclusively for a kept figure made it wait behind other windows (1.2 s median,
-        up to 15 s, on an H200 level2 bench) and stopped every other child meanwhile."""
+        up to 15 s, on an H200 level2 bench) and stopped every other child meanwhile.
+        `held`: the caller holds the device alone and `talking` (a window just timed):
+        measured there, with no hold of its own to wait for (on an H200 level2 bench the
+        calibrations' own holds waited 274 s in all, 11 s each, in the searches' time)."""
         kept = self._loop_cost
         if kept is not None and (kept[0] is self.child or self.child is None):
             return kept[1]  # (a closed run keeps its last child's figure)
         # the calibration runs timing blocks (L2 flushes, events): timing, so exclusive
-        with hold(self.device, exclusive=True, purpose=device_holds.CALIBRATION), \
+        with (nullcontext() if held else
+              hold(self.device, exclusive=True, purpose=device_holds.CALIBRATION)), \
                 self.talking:
             if self._loop_cost is None or self._loop_cost[0] is not self.child:
                 assert self.child is not None
@@ -1285,6 +1289,9 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
         steps.add("timing.calls", sum(t.calls_s() for t in timers))
         steps.add("timing.blocks", sum(t.blocks_s() for t in timers))
         reference.child.enter_phase("idle")
+        if cfg.guards:  # the wall-clock check needs it: measured while the device is held
+            with span("calibrate_timing_loop"):
+                reference.loop_cost(held=True)
     return timers
 
 

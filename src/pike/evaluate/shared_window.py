@@ -157,6 +157,8 @@ def _lead(window: _Window, reference: ReferenceRun, device: str, cfg: EvalConfig
                 if turns is not None:
                     turns.release()
         reference.child.enter_phase("idle")
+        if cfg.guards:  # the wall-clock check's figure, while the device is held (judge)
+            reference.loop_cost(held=True)
         window.ended = time.perf_counter()
     window.eager = eager
     for seat, timer in zip(seats, candidates, strict=True):
