@@ -431,14 +431,15 @@ def test_the_candidate_holds_the_device_from_its_start(mlp_task: Task, fast_conf
     verdict = judge_module.evaluate(mlp_task, GOOD, fast_config.model_copy(
         update={"device_lock": scope}))
     assert verdict.ok, verdict.message
-    # the reference's start and trials (shared), the candidate's start to trials (shared,
-    # ready within it, with every_gpu_use), comparing its outputs (shared: on a GPU it is
-    # GPU work; with pause_others each trial as the child saves it, then what is left),
-    # then timing (alone: the window, the wall-clock calibration)
-    candidate = ["shared"] if scope == "every_gpu_use" else []
+    # the reference's start and trials and the candidate's start to trials (shared, ready
+    # within it, with every_gpu_use; with pause_others no hold, their children listed for
+    # timers to stop), comparing its outputs (shared: on a GPU it is GPU work; with
+    # pause_others each trial as the child saves it, then what is left), then timing
+    # (alone: the window, and in it the wall-clock calibration)
+    untimed = ["shared"] if scope == "every_gpu_use" else []
     trials = fast_config.trials + 1  # and the shifted one
     comparing = ["shared"] * (1 if scope == "every_gpu_use" else trials + 1)
-    expected = ["shared", *candidate, "ready:queued", *comparing, "exclusive"]
+    expected = [*untimed, *untimed, "ready:queued", *comparing, "exclusive"]
     assert order[:len(expected)] == expected, order
     assert "queued" in verdict.phase_seconds
 
@@ -610,7 +611,8 @@ def test_baseline_modes_that_measure_nothing_build_beside_others(
         reference.close()
     assert order == ["build eager", "build compile:default", "build compile:reduce-overhead",
                      *alone]
-    assert len(listed) == 2  # the reference child, for those builds (once a call)
+    # the reference child: for its start and trials, then for those builds (once a call)
+    assert len(listed) == 3
 
 
 def test_a_mode_that_takes_the_shared_child_down_mid_window_is_the_one_blamed(
