@@ -354,6 +354,7 @@ def held_alone(run_dir: Path, calls: list[tuple[str, float, float]]) -> dict | N
     if not holds:
         return None
     return {"all": device_holds.summarize(holds),
+            "devices": sorted({str(h.get("device", "")) for h in holds}),
             "calls": [{"call": name, "seconds": end - start,
                        "purposes": device_holds.summarize(holds, start, end)}
                       for name, start, end in calls]}
@@ -362,7 +363,10 @@ def held_alone(run_dir: Path, calls: list[tuple[str, float, float]]) -> dict | N
 def render_held_alone(held: dict) -> list[str]:
     total = sum(p["held_s"] for p in held["all"].values())
     lines = ["", "## The device held alone, by what held it", "",
-             f"From the run's device-holds ledger: {total:.0f} s held alone in all. Every "
+             f"From the run's device-holds ledger: {total:.0f} s held alone in all"
+             + (f" over {len(held['devices'])} GPUs (each one's holds apart; their shares of "
+                "a call add up over them)" if len(held.get("devices", [])) > 1 else "")
+             + ". Every "
              "other evaluation on the GPU stood stopped meanwhile; `waited` is the time "
              "the holders waited to take it, for shared holders (comparisons, final checks) "
              "to leave.", "",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -138,8 +140,6 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
         listed.append(pid)
         return False  # the CPU device: nothing to stop
 
-    unlisted: list[int] = []
-    monkeypatch.setattr(judge, "unlist_child", lambda device, pid: unlisted.append(pid))
 
     monkeypatch.setattr(judge, "hold", recording_hold)
     monkeypatch.setattr(shared_window, "hold", recording_hold)  # a first window's
@@ -161,11 +161,9 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
     # each child, the reference's and then the candidate's, runs no code unlisted
     begins = [at for at, name in enumerate(names) if name == "begin_child"]
     assert len(begins) == 2 and all(names[at - 1] == "list_child" for at in begins)
-    reference, own = listed
-    assert [own] in kept and [reference] not in kept  # its own window does not stop it
-    # the reference's child is unlisted before it is timed (pausable_on is set only where
-    # listing stops anything: on a GPU with pause_others)
-    assert unlisted == []
+    _, own = listed  # the reference's child, then the candidate's
+    assert [own] in kept  # its own window does not stop it (the reference's is unlisted
+    # by then: test_a_trusted_childs_untimed_work_is_listed_and_unlisted_after)
     # the wall-clock calibration runs in the window, with no hold of its own to wait for
     assert purposes == ["candidate window"], purposes
     assert [name for name, _ in seen].count("calibrate") == 1
@@ -426,3 +424,67 @@ def test_the_final_check_holds_the_device_only_for_the_parents_part_once_listed(
     verdict = judge._final_check(child, None, Path("."), fast_protocol(), "cuda:0")
     assert verdict.ok
     assert seen == [("child", not listed), ("parent", True)]
+
+
+def test_a_calibration_in_a_held_window_stops_the_candidates_it_kept_running(monkeypatch):
+    """The window's hold keeps its candidates running; the calibration it then makes must
+    not measure beside a thread one of them left running (it would loosen the wall-clock
+    check for every later candidate), so it stops them, as its own hold did, and lets
+    them go on after."""
+    from pike.evaluate import judge
+    from pike.evaluate.device_lock import stopped
+    from pike.evaluate.driver import LoopCost
+
+    kept = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    seen: list[bool] = []
+
+    def calibrate(child):
+        deadline = time.monotonic() + 2  # a signal is delivered, not waited for
+        while not stopped(kept.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append(stopped(kept.pid))
+        return LoopCost(0.001, 0.0001)
+
+    class Child:
+        def enter_phase(self, phase):
+            pass
+
+    monkeypatch.setattr(judge, "calibrate", calibrate)
+    reference = judge.ReferenceRun(Path("."), [], {}, Child(), Path("."), device="cuda:0")
+    try:
+        cost = reference.loop_cost(held=True, stop=[kept.pid])
+        assert seen == [True]
+        deadline = time.monotonic() + 2
+        while stopped(kept.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not stopped(kept.pid)
+        assert cost == LoopCost(0.001, 0.0001)
+        assert reference.loop_cost() is cost and len(seen) == 1  # kept: no second one
+    finally:
+        kept.kill()
+        kept.wait()
+
+
+def test_a_trusted_childs_untimed_work_is_listed_and_unlisted_after(tmp_path):
+    """The reference's start (and a baseline's builds) run listed for timers to stop, and
+    the child is off the list afterwards, also when the work fails: a window that times it
+    later must not stop it."""
+    from pike.evaluate import judge
+    from pike.evaluate.device_lock import _listed_dir
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    child, write_fd = listening_child(proc, 10.0, pausable_on=None)
+    try:
+        for fails in (False, True):
+            with contextlib.suppress(RuntimeError), \
+                    judge._beside_others(child, "cuda:0", "pause_others"):
+                assert child.pausable_on == "cuda:0"
+                assert str(proc.pid) in os.listdir(_listed_dir("cuda:0"))
+                if fails:
+                    raise RuntimeError("the reference failed")
+            assert child.pausable_on is None
+            assert str(proc.pid) not in os.listdir(_listed_dir("cuda:0"))
+    finally:
+        os.close(write_fd)
+        proc.kill()
+        proc.wait()

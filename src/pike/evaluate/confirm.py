@@ -97,8 +97,9 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
             with timing_cores(pids, device, config.timing_cores):
                 time_interleaved(timers, config.timing)
             reference.child.enter_phase("idle")
-            if config.guards:  # measured while the device is held, with no hold of its own
-                reference.loop_cost(held=True)
+            if config.guards and timers[0].failure is None:  # with the device held, the
+                reference.loop_cost(held=True, stop=[  # candidates stopped
+                    c.proc.pid for c in children.values() if c.proc is not None])
         cost = reference.loop_cost() if config.guards else None
     finally:
         for child in children.values():

@@ -37,8 +37,11 @@ BASELINE = "baseline builds and window"
 CALIBRATION = "timing-loop calibration"
 OTHER = "other"
 
+# One ledger a process at a time, for all its threads (a bench's evaluations run in its
+# pool's threads); holds taken in other processes (Ray actors) are not recorded.
 _lock = threading.Lock()
 _path: Path | None = None
+_failed: set[Path] = set()
 
 
 @contextmanager
@@ -67,8 +70,10 @@ def note(purpose: str, device: str, asked: float, held: float, released: float,
         try:
             with open(_path, "a", encoding="utf-8") as ledger:
                 ledger.write(line)
-        except OSError as err:
-            log.debug("device holds not recorded in %s: %s", _path, err)
+        except OSError as err:  # said once a ledger: it never fails an evaluation
+            if _path not in _failed:
+                _failed.add(_path)
+                log.warning("device holds not recorded in %s: %s", _path, err)
 
 
 def read(path: Path) -> list[dict]:
@@ -92,7 +97,8 @@ def summarize(holds: list[dict], start: float | None = None,
               end: float | None = None) -> dict[str, dict[str, float]]:
     """Per purpose: holds, seconds held (total and median), seconds waited to take them,
     and the median of processes each stopped; only holds taken in [start, end) where
-    given. Holds of one device never overlap, so their totals add up to device time."""
+    given. Holds of one device never overlap, so their totals add up to that device's
+    time; with several devices they add up over all of them."""
     by: dict[str, list[dict]] = {}
     for h in holds:
         if (start is None or h["held"] >= start) and (end is None or h["held"] < end):

@@ -31,7 +31,14 @@ from pike.config import CONSTRUCT_ON, EvalConfig, RunConfig, autotunes
 from pike.errors import EvaluatorError, TaskError
 from pike.evaluate import check, device_holds, host_memory, search_bar, spares
 from pike.evaluate.cores import timing_cores
-from pike.evaluate.device_lock import hold, hold_for_build, hold_for_work, unlist_child
+from pike.evaluate.device_lock import (
+    hold,
+    hold_for_build,
+    hold_for_work,
+    set_stopped,
+    tree_of,
+    unlist_child,
+)
 from pike.evaluate.driver import (
     ChildReport,
     LoopCost,
@@ -72,6 +79,7 @@ from pike.evaluate.steps import measuring, span
 from pike.evaluate.verdict import OutputMismatch, TimingStats, Verdict, says_out_of_memory
 from pike.floor import Work, floor, times_floor
 from pike.task import Task
+from pike.threads import unwinding_stop
 
 log = logging.getLogger(__name__)
 
@@ -145,14 +153,18 @@ class ReferenceRun:
         return statistics.median(self.window_ms) if self.window_ms else None
 
     # Lock order everywhere: the device lock first, then `talking`.
-    def loop_cost(self, held: bool = False) -> LoopCost:
+    def loop_cost(self, held: bool = False, stop: Collection[int] = ()) -> LoopCost:
         """The reference child's own timing-loop cost, measured once per child. Kept, it is
         returned without the device: each evaluation asks twice, and taking the device
         exclusively for a kept figure made it wait behind other windows (1.2 s median,
         up to 15 s, on an H200 level2 bench) and stopped every other child meanwhile.
         `held`: the caller holds the device alone and `talking` (a window just timed):
         measured there, with no hold of its own to wait for (on an H200 level2 bench the
-        calibrations' own holds waited 274 s in all, 11 s each, in the searches' time)."""
+        calibrations' own holds waited 274 s in all, 11 s each, in the searches' time).
+        `stop`: the pids the window kept running (the candidates it timed), stopped for
+        the calibration as its own hold stopped every listed child: a thread a candidate
+        left running would inflate the figure, and with it loosen the wall-clock check
+        for every candidate judged against this child."""
         kept = self._loop_cost
         if kept is not None and (kept[0] is self.child or self.child is None):
             return kept[1]  # (a closed run keeps its last child's figure)
@@ -162,7 +174,12 @@ class ReferenceRun:
                 self.talking:
             if self._loop_cost is None or self._loop_cost[0] is not self.child:
                 assert self.child is not None
-                self._loop_cost = (self.child, calibrate(self.child))
+                trees = [p for pid in stop for p in tree_of(pid)]
+                set_stopped(trees, True)
+                try:
+                    self._loop_cost = (self.child, calibrate(self.child))
+                finally:
+                    set_stopped(trees, False)
                 self.child.enter_phase("idle")
             return self._loop_cost[1]
 
@@ -748,10 +765,12 @@ def _beside_others(child: ChildProcess, device: str, scope: str) -> Iterator[Non
             yield
     finally:
         if child.pausable_on is not None and child.proc is not None:
-            # a child stopped on being listed mid-window, never asked anything since,
-            # would stay stopped with no one looking once unlisted
-            child.wait_unpaused()
+            # as `finish` does: off the list first, so no new timer stops it; then a child
+            # a timer has stopped (or one stopped on being listed mid-window, never asked
+            # anything since) is waited out, or it would stay stopped with no one looking
             unlist_child(device, child.proc.pid)
+            if not unwinding_stop():  # a Ctrl-C: the child is killed next, not waited for
+                child.wait_unpaused()
             child.pausable_on = None
 
 
@@ -1289,9 +1308,9 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
         steps.add("timing.calls", sum(t.calls_s() for t in timers))
         steps.add("timing.blocks", sum(t.blocks_s() for t in timers))
         reference.child.enter_phase("idle")
-        if cfg.guards:  # the wall-clock check needs it: measured while the device is held
-            with span("calibrate_timing_loop"):
-                reference.loop_cost(held=True)
+        if cfg.guards and timers[0].failure is None:  # the wall-clock check's figure,
+            with span("calibrate_timing_loop"):  # measured while the device is held
+                reference.loop_cost(held=True, stop=[_pid(child) or -1])
     return timers
 
 

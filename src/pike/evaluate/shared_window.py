@@ -157,9 +157,10 @@ def _lead(window: _Window, reference: ReferenceRun, device: str, cfg: EvalConfig
                 if turns is not None:
                     turns.release()
         reference.child.enter_phase("idle")
-        if cfg.guards:  # the wall-clock check's figure, while the device is held (judge)
-            reference.loop_cost(held=True)
         window.ended = time.perf_counter()
+        if cfg.guards and eager.failure is None:  # the wall-clock check's figure, while
+            # the device is held, its candidates stopped (judge.ReferenceRun.loop_cost)
+            reference.loop_cost(held=True, stop=[pid_of(s.child) or -1 for s in seats])
     window.eager = eager
     for seat, timer in zip(seats, candidates, strict=True):
         seat.timer = timer
