@@ -347,3 +347,23 @@ def test_a_stateful_task_s_modes_each_keep_their_own_state(
     # reduce-overhead fails on its own: the state it keeps is its own graphs' output, as in
     # a user's program without cudagraph_mark_step_begin()
     assert graphs.stats or "CUDAGraphs" in (graphs.error or ""), graphs
+
+
+def test_holds_are_recorded_by_purpose_and_no_hold_waits_for_a_calibration(
+        mlp_task: Task, gpu_config: EvalConfig, tmp_path: Path) -> None:
+    """On the GPU: a verdict with the reference's child listed for its start, the check
+    after timing held only for the parent's part, and the loop calibrated in the window
+    (no hold of its own); the ledger names every exclusive hold's purpose."""
+    from pike.evaluate import device_holds
+
+    judge.close_references()
+    ledger = tmp_path / device_holds.LEDGER_NAME
+    with device_holds.recording(ledger):
+        verdict = evaluate(mlp_task, candidate("fused"), gpu_config)
+        caught = evaluate(mlp_task, candidate("caches_by_pointer"), gpu_config)
+    assert verdict.status == "ok", verdict.message
+    assert caught.status != "ok", caught.message  # the check after timing still catches it
+    purposes = [h["purpose"] for h in device_holds.read(ledger)]
+    assert device_holds.CANDIDATE_WINDOW in purposes, purposes
+    assert device_holds.CALIBRATION not in purposes, purposes
+    assert set(purposes) <= {device_holds.CANDIDATE_WINDOW, device_holds.CANDIDATE_AGAIN}
