@@ -142,3 +142,32 @@ def test_search_time_shows_what_held_the_device_alone_per_call(
     assert "| bench-1.log | 100 | 12 | 0 | 2 | 14 (14%) |" in text
     assert "| bench-2.log | 100 | 0 | 8 | 0 | 8 (8%) |" in text
     assert search_time.held_alone(tmp_path, calls) is None  # no ledger: no section
+
+
+def test_a_bench_says_in_one_line_what_held_the_device_alone(tmp_path: Path) -> None:
+    assert device_holds.said_briefly(tmp_path) is None  # no ledger (the CPU): nothing said
+    rows = [("candidate window", 0.0, 1.0, 3.0), ("baseline builds and window", 5, 5, 17)]
+    (tmp_path / device_holds.LEDGER_NAME).write_text("".join(
+        json.dumps({"purpose": p, "asked": a, "held": h, "released": r, "stopped": 2}) + "\n"
+        for p, a, h, r in rows))
+    line = device_holds.said_briefly(tmp_path)
+    assert line is not None and line.startswith("device held alone: 14 s over the run's calls")
+    assert "(baseline builds and window 12 s, candidate window 2 s)" in line
+
+
+def test_pike_bench_prints_the_line_where_its_run_has_a_ledger(
+        tmp_path: Path, run_config: Path) -> None:
+    from tests.test_optimize import pike
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "1_GeluMLP.py").write_text((EXAMPLES / "tasks" / "1_GeluMLP.py").read_text())
+    out = tmp_path / "campaign"
+    first = pike("bench", tasks, "--config", run_config, "--out", out, "--stop-after", "0")
+    assert first.exit_code == 75, first.output
+    assert "device held alone" not in first.output  # the CPU holds nothing alone
+    (out / device_holds.LEDGER_NAME).write_text(json.dumps(
+        {"purpose": "confirming window", "asked": 1.0, "held": 2.0, "released": 9.0}) + "\n")
+    again = pike("bench", "--resume", out, "--stop-after", "0")
+    assert again.exit_code == 75, again.output
+    assert "device held alone: 7 s over the run's calls (confirming window 7 s)" in again.output

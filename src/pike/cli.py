@@ -21,7 +21,7 @@ from typer.core import TyperCommand
 
 from pike.config import CONSTRUCT_ON, RunConfig
 from pike.errors import ConfigError, PikeError, TaskError
-from pike.evaluate import BASELINE_MODES, Baseline, evaluate, measure_baselines
+from pike.evaluate import BASELINE_MODES, Baseline, device_holds, evaluate, measure_baselines
 from pike.evaluate.leftovers import end_children_and_remove_own_dirs, sweep_orphaned_dirs
 from pike.preflight import check_devices, check_new_run_dir, check_run
 from pike.report.progress import StatusFields, built_line, prebuild_line
@@ -435,6 +435,9 @@ def bench_command(
                        fill_baselines=fill_baselines, stop_after=stop_after,
                        on_event=progress)
     console.print(bench_table(result))
+    held = device_holds.said_briefly(result.run_dir)
+    if held:
+        console.print(escape(held))
     console.print(f"report: pike report {escape(str(result.run_dir))}")
     console.print(f"solutions: {escape(str(result.run_dir / 'solutions'))} "
                   "(re-judge them alone with pike audit)")

@@ -117,3 +117,14 @@ def summarize(holds: list[dict], start: float | None = None,
 def _held(holds: list[dict]) -> float:
     return sum(max(0.0, h["released"] - h["held"]) for h in holds)
 
+
+def said_briefly(run_dir: Path) -> str | None:
+    """One line on what held the device alone over a run's calls (None without a
+    ledger): the part of a bench's wall time its searches' budgets do not count."""
+    found = summarize(read(run_dir / LEDGER_NAME))
+    if not found:
+        return None
+    total = sum(p["held_s"] for p in found.values())
+    parts = ", ".join(f"{name} {p['held_s']:.0f} s" for name, p in found.items())
+    return (f"device held alone: {total:.0f} s over the run's calls ({parts}); every other "
+            "evaluation on the GPU stood stopped meanwhile")
