@@ -86,8 +86,8 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
                     failed.append(Confirmation(candidate_id=cid, error=problem))
         for child in children.values():
             child.permit("timing")
-        with hold(device, exclusive=True, keep=[c.proc.pid for c in children.values()
-                                                if c.proc is not None],
+        timed = [c.proc.pid for c in children.values() if c.proc is not None]
+        with hold(device, exclusive=True, keep=timed,
                   purpose=device_holds.CONFIRMING_WINDOW), reference.talking:
             # read under `talking`: a drifting window elsewhere may renew the child
             assert reference.child is not None
@@ -97,9 +97,8 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
             with timing_cores(pids, device, config.timing_cores):
                 time_interleaved(timers, config.timing)
             reference.child.enter_phase("idle")
-            if config.guards and timers[0].failure is None:  # with the device held, the
-                reference.loop_cost(held=True, stop=[  # candidates stopped
-                    c.proc.pid for c in children.values() if c.proc is not None])
+            if config.guards:  # the wall-clock check's figure, while the device is held
+                reference.calibrate_in_window(timers[0], timed)
         cost = reference.loop_cost() if config.guards else None
     finally:
         for child in children.values():

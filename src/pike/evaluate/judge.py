@@ -183,6 +183,13 @@ class ReferenceRun:
                 self.child.enter_phase("idle")
             return self._loop_cost[1]
 
+    def calibrate_in_window(self, eager: Timer, timed: Collection[int]) -> None:
+        """In a window that has just timed this child (`eager`, its timer there), before
+        it lets the device go: the loop cost, the candidates it timed (`timed`, pids)
+        stopped for it. Not where the reference failed in the window."""
+        if eager.failure is None:
+            self.loop_cost(held=True, stop=timed)
+
     def work(self) -> Work | None:
         """The task's FLOPs and minimum bytes, counted once in the reference's child."""
         # The count runs on the meta device, or falls back to where the models are built:
@@ -1236,13 +1243,16 @@ def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path
     through the child's part too (its call, and a file of up to a gigabyte on the level2
     tasks) kept every timer waiting for it, and every comparison behind those timers."""
     listed = child.pausable_on is not None
-    with nullcontext() if listed else hold_for_work(device, cfg.device_lock):
+    with ExitStack() as held:  # one hold: from the child's call, or only for the parent's
+        if not listed:
+            held.enter_context(hold_for_work(device, cfg.device_lock))
         child.permit("final")
         reply = request(child, "check", "final_checked", "final")
         if isinstance(reply, Verdict):
             return reply
-        with hold_for_work(device, cfg.device_lock) if listed else nullcontext():
-            return _final_compared(reference, outputs_dir, cfg)
+        if listed:
+            held.enter_context(hold_for_work(device, cfg.device_lock))
+        return _final_compared(reference, outputs_dir, cfg)
 
 
 def _final_compared(reference: ReferenceRun, outputs_dir: Path, cfg: EvalConfig) -> Verdict:
@@ -1308,9 +1318,9 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
         steps.add("timing.calls", sum(t.calls_s() for t in timers))
         steps.add("timing.blocks", sum(t.blocks_s() for t in timers))
         reference.child.enter_phase("idle")
-        if cfg.guards and timers[0].failure is None:  # the wall-clock check's figure,
-            with span("calibrate_timing_loop"):  # measured while the device is held
-                reference.loop_cost(held=True, stop=[_pid(child) or -1])
+        if cfg.guards:  # the wall-clock check's figure, measured while the device is held
+            with span("calibrate_timing_loop"):
+                reference.calibrate_in_window(timers[0], [_pid(child) or -1])
     return timers
 
 

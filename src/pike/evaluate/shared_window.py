@@ -133,9 +133,12 @@ def _lead(window: _Window, reference: ReferenceRun, device: str, cfg: EvalConfig
           pid_of: Callable[[ChildProcess | None], int | None]) -> None:
     seats: list[_Seat] = []
 
+    def seated() -> list[int]:
+        return [pid_of(s.child) or -1 for s in seats]
+
     def close() -> list[int]:  # asked once the device is held: whoever joined by then
         seats.extend(reference.windows.close(window))
-        return [pid_of(s.child) or -1 for s in seats]
+        return seated()
 
     with ExitStack() as alone:
         alone.enter_context(hold(device, exclusive=True, keep=close,
@@ -158,9 +161,8 @@ def _lead(window: _Window, reference: ReferenceRun, device: str, cfg: EvalConfig
                     turns.release()
         reference.child.enter_phase("idle")
         window.ended = time.perf_counter()
-        if cfg.guards and eager.failure is None:  # the wall-clock check's figure, while
-            # the device is held, its candidates stopped (judge.ReferenceRun.loop_cost)
-            reference.loop_cost(held=True, stop=[pid_of(s.child) or -1 for s in seats])
+        if cfg.guards:  # the wall-clock check's figure, while the device is held
+            reference.calibrate_in_window(eager, seated())
     window.eager = eager
     for seat, timer in zip(seats, candidates, strict=True):
         seat.timer = timer
