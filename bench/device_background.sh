@@ -6,13 +6,19 @@
 # when it returns, except one in a session of its own (setsid), hence this driver.
 #
 #   RUN=name TASKS_DIR=path CONFIG=file [TASKS=9,12,...] [JOBS=4] [WORKERS=4] [SRC=path/to/src] \
-#     [DEVICE=cuda] [LIMIT=590] bash bench/device_background.sh start|wait|stop
+#     [DEVICE=cuda] [STOP_AFTER=s] [LIMIT=590] bash bench/device_background.sh start|wait|stop
 #
 # start: copies SRC, TASKS_DIR and CONFIG under /tmp/pike-bg (outside the tree a later call
 #        re-copies, so no child of the bench imports a file mid-copy), starts the bench there
 #        in its own session, then waits as `wait` does.
 # wait:  until the bench ends or LIMIT less 20 s from the call's start has passed.
 # stop:  SIGINT (as Ctrl-C) to the bench, then waits for it to end.
+# STOP_AFTER=s (start): `pike bench --stop-after s`, so a bench that would outrun the
+# session's device time starts nothing new after s seconds and ends with what was in
+# flight judged and kept; `stop` (SIGINT) loses what is in flight.
+# A call that comes more than the machine's idle time (30 s) after the last one ended finds
+# the machine given back and the bench gone with it (2026-12-04: a session's turn broke off
+# between calls): then resume from the last RUN.tgz.
 # Each mode ends by putting the bench's log and a tarball of its run dir (a copy of the run
 # store made by sqlite's backup, so a live store is copied whole) into $OUT as RUN.log and
 # RUN.tgz: if the machine goes back between calls, bench/device_calls.sh resume goes on
@@ -36,7 +42,7 @@ if [ "$mode" = start ]; then
   # an async command starts with SIGINT ignored, and Python keeps it so: `stop` needs it back
   setsid env --default-signal=INT python3 -m pike bench "$base/tasks" ${TASKS:+--tasks "$TASKS"} \
     --jobs "${JOBS:-4}" --workers "${WORKERS:-4}" --device "${DEVICE:-cuda}" \
-    ${CONFIG:+--config "$base/config.yaml"} --out "$run" >>"$log" 2>&1 < /dev/null &
+    ${CONFIG:+--config "$base/config.yaml"} --out "$run" ${STOP_AFTER:+--stop-after "$STOP_AFTER"} >>"$log" 2>&1 < /dev/null &
   echo $! >"$pidfile"
 elif [ "$mode" = stop ] && alive; then
   echo "$(date -u +%T) driver: SIGINT to the bench" >>"$log"

@@ -76,6 +76,9 @@ def test_the_confirming_window_holds_figures_to_the_parents_clock(
         assert "do not account for the wall time" in found[2].error
         return
     assert len(factors) == 2 and factors[1] > 1.1, factors
+    # the raise is kept with the figure, and only where there was one
+    assert found[2].wall_clock_factor == round(factors[1], 4)
+    assert found[1].wall_clock_factor == (round(factors[0], 4) if factors[0] > 1.0 else None)
 
 
 def test_the_confirming_window_takes_every_candidate_near_the_best() -> None:

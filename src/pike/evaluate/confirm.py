@@ -57,6 +57,11 @@ class Confirmation(BaseModel):
     # the status a guard gave it here (its timed calls' outputs or probes): not a crash
     # another window could undo, but the candidate's verdict (session.confirm_best)
     caught: str = ""
+    # as Verdict.wall_clock_factor: its times were multiplied by this (None: not raised).
+    # On the H200 level2 bench (bench-level2-h200-ledger) this window gave
+    # 17_Conv2d_InstanceNorm_Divide's max-autotune candidates 1.40 to 1.68x where they were
+    # 2.04 to 2.10x alone and in the search; kept so such a figure says whether this was it
+    wall_clock_factor: float | None = None
 
 
 def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Confirmation]:
@@ -129,7 +134,8 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
         raised = wall_clock_factor(cost, timer, timers[0]) if cost else 1.0
         ms = statistics.median(timer.samples) * raised
         found.append(Confirmation(candidate_id=cid, runtime_ms=ms, reference_ms=eager,
-                                  speedup=eager / ms))
+                                  speedup=eager / ms,
+                                  wall_clock_factor=round(raised, 4) if raised > 1.0 else None))
     found.sort(key=lambda c: (c.speedup is None, -(c.speedup or 0.0), c.candidate_id))
     return found + failed
 
