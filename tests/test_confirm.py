@@ -235,3 +235,26 @@ def test_a_candidate_caught_in_the_confirming_window_is_never_the_task_s_best(
     assert caught.speedup is None and not caught.rankable
     assert store.best(mlp_task.name) is None
     assert task_result(store, mlp_task.name).best_candidate is None
+
+
+def test_the_confirming_window_loads_timed_inputs_before_it_and_drops_who_cannot(
+        mlp_task: Task, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import confirm as confirming
+    from pike.evaluate import driver
+
+    seen: list[bool] = []
+
+    def staged(child: object) -> Verdict | None:
+        if not seen:  # the first candidate's sets do not fit beside the others
+            seen.append(True)
+            return Verdict(status="runtime_error", phase="timing",
+                           message="torch.OutOfMemoryError: CUDA out of memory")
+        seen.append(True)
+        return driver.stage_timed_inputs(child)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(confirming, "stage_timed_inputs", staged)
+    found = {c.candidate_id: c for c in confirming.confirm(
+        mlp_task, {1: candidate("fused"), 2: candidate("fused")}, fast_protocol(build_cache))}
+    assert len(seen) == 2
+    assert found[1].speedup is None and "out of memory" in found[1].error
+    assert found[2].speedup is not None, found[2].error

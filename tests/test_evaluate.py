@@ -280,3 +280,35 @@ def test_a_crashed_childs_output_is_kept_outside_the_scratch_and_named_in_its_ve
     assert verdict.message.rstrip().endswith("pike-test: the last words of the child")
     assert where and all(w.startswith(str(tmp_path)) and w.endswith("(deleted)")
                          for w in where), where
+
+
+def test_a_candidate_s_timed_inputs_are_loaded_before_its_window(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Loaded by the window's first block, up to 7 GiB on a level2 task moved with the
+    # device held alone and every other evaluation stopped.
+    staged_at_window: list[set[str]] = []
+    window = judge._timing_window
+
+    def watched(reference: object, child: judge.ChildProcess, *args: object, **kw: object):
+        assert child.stage is not None
+        staged_at_window.append(set(child.stage.staged))
+        return window(reference, child, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(judge, "_timing_window", watched)
+    verdict = evaluate(mlp_task, candidate("fused"), fast_config)
+    assert verdict.status == "ok", verdict.message
+    assert staged_at_window and all("timing" in s for s in staged_at_window)
+    assert "stage_timed_inputs" in verdict.steps
+
+
+def test_timed_inputs_that_do_not_load_are_the_candidate_s_verdict_with_no_window(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate.verdict import Verdict
+
+    out_of_memory = Verdict(status="runtime_error", phase="timing",
+                            message="torch.OutOfMemoryError: CUDA out of memory")
+    monkeypatch.setattr(judge, "stage_timed_inputs", lambda child: out_of_memory)
+    monkeypatch.setattr(judge, "_timing_window", lambda *a, **kw: pytest.fail("timed"))
+    verdict = evaluate(mlp_task, candidate("fused"), fast_config)
+    assert (verdict.status, verdict.phase) == ("runtime_error", "timing")
+    assert "out of memory" in verdict.message and verdict.speedup is None

@@ -112,3 +112,68 @@ def test_the_references_check_reads_each_trials_inputs_back_one_set_at_a_time(
                     ("pool_0", 10.0), ("pool_1", 11.0)]
     assert alive_at_load == [[], [False], [False, False]]  # nothing read is held meanwhile
     assert kept[3]() is pool[0][0]  # the timing pool's sets are the kept ones
+
+
+class Script:
+    """The parent's side of a timing conversation: these requests, then the end."""
+
+    def __init__(self, *requests: dict[str, Any]) -> None:
+        self.requests, self.sent = list(requests), []  # type: list[dict[str, Any]]
+
+    def receive(self) -> dict[str, Any] | None:
+        return self.requests.pop(0) if self.requests else None
+
+    def send(self, event: str, **fields: Any) -> None:
+        self.sent.append({"event": event, **fields})
+
+
+_BLOCK = {"event": "time", "mode": "candidate", "warm_up": True, "min_calls": 2,
+          "min_seconds": 0.0, "max_calls": 3, "seq": "b"}
+
+
+def test_timed_inputs_staged_before_the_window_are_not_loaded_again_in_it(
+        tmp_path: Path) -> None:
+    # The window's first block used to load them (up to 7 GiB on a level2 task), with the
+    # device held alone; staged ahead, the block times calls only.
+    made: list[str] = []
+
+    def make_call(mode: str) -> Any:
+        made.append(mode)
+        return lambda: torch.zeros(1)
+
+    def failed(mode: str, exc: BaseException, seq: object) -> None:
+        raise AssertionError(f"{mode} failed: {exc}")
+
+    chan = Script({"event": "stage_timed_inputs", "mode": "candidate", "seq": "a"}, _BLOCK)
+    runner._serve_timing(request(tmp_path), chan, torch.device("cpu"),  # type: ignore[arg-type]
+                         make_call, failed)
+    assert made == ["candidate"]
+    assert [(m["event"], m["seq"]) for m in chan.sent] == [
+        ("timed_inputs_staged", "a"), ("timed", "b")]
+    assert "error" not in chan.sent[0] and chan.sent[1]["samples"]
+
+
+def test_timed_inputs_that_do_not_load_end_a_candidate_as_a_block_would(
+        tmp_path: Path) -> None:
+    def make_call(mode: str) -> Any:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+
+    class Ended(Exception):
+        pass
+
+    def failed(mode: str, exc: BaseException, seq: object) -> None:
+        raise Ended(str(exc))  # a candidate's: runner.Failure, which ends its child
+
+    chan = Script({"event": "stage_timed_inputs", "mode": "candidate", "seq": "a"}, _BLOCK)
+    with pytest.raises(Ended, match="out of memory"):
+        runner._serve_timing(request(tmp_path), chan, torch.device("cpu"),  # type: ignore[arg-type]
+                             make_call, failed)
+    assert chan.sent == []
+    # a child that reports a mode's failure and goes on (the reference's) answers with it
+    reported: list[str] = []
+    chan = Script({"event": "stage_timed_inputs", "mode": "candidate", "seq": "a"})
+    runner._serve_timing(request(tmp_path), chan, torch.device("cpu"),  # type: ignore[arg-type]
+                         make_call, lambda mode, exc, seq: reported.append(mode))
+    assert reported == ["candidate"]
+    assert chan.sent[-1]["event"] == "timed_inputs_staged"
+    assert "out of memory" in chan.sent[-1]["error"]

@@ -27,6 +27,7 @@ from pike.evaluate.driver import (
     launch_child,
     list_for_timers,
     run_trials,
+    stage_timed_inputs,
     time_interleaved,
     unaccounted_wall_time,
     wait_for_room,
@@ -89,8 +90,13 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
                     children[cid] = child
                 else:
                     failed.append(Confirmation(candidate_id=cid, error=problem))
-        for child in children.values():
+        for cid, child in list(children.items()):
             child.permit("timing")
+            unstaged = stage_timed_inputs(child)  # before the window, as a search's are
+            if unstaged is not None:
+                finish(children.pop(cid))
+                failed.append(Confirmation(candidate_id=cid, error=_short(
+                    unstaged.message or "its timed inputs did not load")))
         timed = [c.proc.pid for c in children.values() if c.proc is not None]
         with hold(device, exclusive=True, keep=timed,
                   purpose=device_holds.CONFIRMING_WINDOW), reference.talking:

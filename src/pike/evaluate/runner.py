@@ -653,6 +653,17 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
                 continue
             chan.send("prebuilt", seq=msg.get("seq"))
             continue
+        if msg and msg.get("event") == "stage_timed_inputs":  # before the window: no timing
+            mode = str(msg["mode"])
+            try:
+                calls[mode] = calls.get(mode) or make_call(mode)
+            except BaseException as exc:  # the sets did not load (out of memory): as in a block
+                failed_mode(mode, exc, msg.get("seq"))  # a candidate's child ends here
+                chan.send("timed_inputs_staged", mode=mode, seq=msg.get("seq"),
+                          error=describe_exception(exc).splitlines()[0][:500])
+                continue
+            chan.send("timed_inputs_staged", mode=mode, seq=msg.get("seq"))
+            continue
         if msg and msg.get("event") == "prepare":  # build a mode and warm it up, untimed
             mode = str(msg["mode"])
             try:
