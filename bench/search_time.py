@@ -55,10 +55,12 @@ from pike.store import BASELINE_STATE, DONE_STATE, RunStore
 # timing.calls and timing.blocks: of `timing`, the timed calls and the blocks after the
 # warm-up (verdicts from 2026-12-02 on; 0 before); wait_to_list: the wait to be listed
 # for timers to stop, before the child begins (in wait_for_device before 2026-12-02);
-# wait_in_pool and crowded_try: the pool's, outside `total` (verdicts from 2026-12-03 on)
+# wait_in_pool and crowded_try: the pool's, outside `total` (verdicts from 2026-12-03 on);
+# stage_timed_inputs: the timed sets loaded before the window (from 2026-12-04 on; in
+# `timing` before)
 STEPS = ("total", "paused", "reference", "wait_to_list", "wait_for_device",
-         "load_build_warm_up", "trials", "compare", "timing", "timing.calls", "timing.blocks",
-         "final_check", "stop_child", *POOL_STEPS)
+         "load_build_warm_up", "trials", "compare", "stage_timed_inputs", "timing",
+         "timing.calls", "timing.blocks", "final_check", "stop_child", *POOL_STEPS)
 
 
 def kind(idea: str | None) -> str:
