@@ -145,8 +145,8 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
     monkeypatch.setattr(shared_window, "hold", recording_hold)  # a first window's
     monkeypatch.setattr(device_lock, "hold", recording_hold)
     monkeypatch.setattr(device_lock, "list_child", recording_list)
-    steps = ("launch_child", "begin_child", "wait_ready", "run_trials", "time_interleaved",
-             "calibrate")
+    steps = ("launch_child", "begin_child", "wait_ready", "run_trials", "stage_timed_inputs",
+             "time_interleaved", "calibrate")
     for name in steps:
         monkeypatch.setattr(judge, name, watched(name, getattr(judge, name)))
     monkeypatch.setattr(shared_window, "time_interleaved",

@@ -292,6 +292,8 @@ def test_a_candidate_s_timed_inputs_are_loaded_before_its_window(
     def watched(reference: object, child: judge.ChildProcess, *args: object, **kw: object):
         assert child.stage is not None
         staged_at_window.append(set(child.stage.staged))
+        # loaded, and their files gone from the child's folder before any timed call
+        assert not list(child.stage.folder.glob("pool_*")), list(child.stage.folder.iterdir())
         return window(reference, child, *args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(judge, "_timing_window", watched)

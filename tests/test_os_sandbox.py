@@ -53,17 +53,22 @@ def test_a_new_program_started_by_the_candidate_stays_in_the_sandbox(
 
 
 @needs_bwrap
-@pytest.mark.parametrize("name", ["slows_the_reference", "reads_inputs_ahead"])
+@pytest.mark.parametrize("name", ["slows_the_reference", "reads_inputs_ahead",
+                                  "reads_timed_sets_ahead"])
 def test_the_reference_and_the_inputs_are_out_of_sight(mlp_task: Task, sandboxed: EvalConfig,
                                                        name: str) -> None:
     verdict = evaluate(mlp_task, candidate(name), sandboxed)
     assert verdict.status == "ok", verdict.message
 
 
+@pytest.mark.parametrize("name", ["reads_inputs_ahead", "reads_timed_sets_ahead"])
 def test_inputs_of_later_phases_are_not_there_to_read_ahead(mlp_task: Task,
-                                                            fast_config: EvalConfig) -> None:
+                                                            fast_config: EvalConfig,
+                                                            name: str) -> None:
+    # reads_timed_sets_ahead: the timed sets (the probes among them) are loaded before the
+    # window and their files taken away, so no timed call reads a later call's set ahead
     fast_config.sandbox = "off"  # the staging itself, without the sandbox's mounts
-    verdict = evaluate(mlp_task, candidate("reads_inputs_ahead"), fast_config)
+    verdict = evaluate(mlp_task, candidate(name), fast_config)
     assert verdict.status == "ok", verdict.message
 
 

@@ -435,11 +435,12 @@ def test_the_candidate_holds_the_device_from_its_start(mlp_task: Task, fast_conf
     # within it, with every_gpu_use; with pause_others no hold, their children listed for
     # timers to stop), comparing its outputs (shared: on a GPU it is GPU work; with
     # pause_others each trial as the child saves it, then what is left), then timing
-    # (alone: the window, and in it the wall-clock calibration)
+    # (alone: the window, and in it the wall-clock calibration), its timed sets loaded
+    # just before it as the rest of its untimed work is
     untimed = ["shared"] if scope == "every_gpu_use" else []
     trials = fast_config.trials + 1  # and the shifted one
     comparing = ["shared"] * (1 if scope == "every_gpu_use" else trials + 1)
-    expected = [*untimed, *untimed, "ready:queued", *comparing, "exclusive"]
+    expected = [*untimed, *untimed, "ready:queued", *comparing, *untimed, "exclusive"]
     assert order[:len(expected)] == expected, order
     assert "queued" in verdict.phase_seconds
 

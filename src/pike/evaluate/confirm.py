@@ -91,8 +91,8 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
                 else:
                     failed.append(Confirmation(candidate_id=cid, error=problem))
         for cid, child in list(children.items()):
-            child.permit("timing")
-            unstaged = stage_timed_inputs(child)  # before the window, as a search's are
+            with hold_for_build(device, config.device_lock):  # before the window, as a
+                unstaged = stage_timed_inputs(child)          # search's are
             if unstaged is not None:
                 finish(children.pop(cid))
                 failed.append(Confirmation(candidate_id=cid, error=_short(

@@ -400,10 +400,15 @@ def stage_timed_inputs(child: ChildProcess) -> Verdict | None:
     1 GiB each on the level2 tasks) held the device alone while they moved: on the H200
     level2 bench its windows took 0.4 to 1.3 s more on the large-input convolutions than
     on the GEMMs beside the same timed calls. No candidate code runs for it: the sets sit
-    in the runner until the first timed call, as they did. Call it after
-    `permit("timing")`."""
+    in the runner until the first timed call, as they did. Their files are then taken
+    out of the child's folder: no timed call can read a set ahead of its turn from disk
+    (the four probe sets, first seen at their own calls, tell reused answers from work).
+    Hold the device as a child's untimed work does (`hold_for_build`)."""
+    child.permit("timing")
     reply = request(child, "timing", "timed_inputs_staged", "stage_timed_inputs",
                     mode="candidate")
+    if child.stage is not None:
+        child.stage.withdraw("timing")
     if isinstance(reply, Verdict):
         return reply
     if reply.get("error"):  # a child that reports a mode's failure and goes on

@@ -1093,8 +1093,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                 _release_compare_memory(on)
             unstaged = None
             if correctness.ok and cfg.time_candidate and reference.child is not None:
-                child.permit("timing")
-                with span("stage_timed_inputs"):
+                with span("stage_timed_inputs"), hold_for_build(device, cfg.device_lock):
                     unstaged = stage_timed_inputs(child)
             if unstaged is not None:
                 timers = [Timer(reference.child, "eager"), Timer(child, "candidate",

@@ -22,6 +22,7 @@ class InputStage:
     phases: dict[str, list[str]]  # phase -> the file names it uses
     permitted: set[str] = field(default_factory=set)
     staged: set[str] = field(default_factory=set)
+    withdrawn: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.folder.mkdir(exist_ok=True)
@@ -31,6 +32,9 @@ class InputStage:
         """Stage `phase`'s files; why not, when the child asked out of turn."""
         if phase not in self.phases:
             return f"asked for inputs of an unknown phase {phase[:40]!r}"
+        if phase in self.withdrawn:
+            return (f"asked for the {phase} inputs again after they were loaded and taken "
+                    "out of its folder")
         if phase not in self.permitted:
             return (f"asked for the {phase} inputs before the evaluator started that phase "
                     "(reading inputs ahead is not allowed)")
@@ -38,6 +42,13 @@ class InputStage:
             self._link(name)
         self.staged.add(phase)
         return None
+
+    def withdraw(self, phase: str) -> None:
+        """Take `phase`'s files out of the child's folder (loaded, they are no longer
+        needed there); a later request for the phase is refused, not staged again."""
+        self.withdrawn.add(phase)
+        for name in self.phases.get(phase, []):
+            (self.folder / name).unlink(missing_ok=True)
 
     def _link(self, name: str) -> None:
         target = self.folder / name
