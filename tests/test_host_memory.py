@@ -229,9 +229,11 @@ def test_a_real_evaluations_children_are_counted_waited_for_and_released(
                        + "\nclass Model(ModelNew):\n    pass\n", fast_config)
     assert verdict.status in ("ok", "rejected", "incorrect"), verdict.message
     # each child waits for room before its device hold: the reference's before its start,
-    # the candidate's before its own
+    # the candidate's before its own (a third, where it was timed: its timed sets' load)
     holds = [at for at, step in enumerate(order) if step == "hold"]
-    assert [order[at - 1] for at in holds] == ["admit reference None", "admit candidate None"]
+    assert [order[at - 1] for at in holds[:2]] == ["admit reference None",
+                                                    "admit candidate None"]
+    assert len(holds) in (2, 3), order
     assert "admit reference None" in order  # the cached reference: waits as they do
     assert verdict.steps.get("wait_for_memory", 0.0) >= 1.5 and _stood(verdict) >= 1.5
     assert len(gate._begun) == 1  # the reference's child, kept for the next candidate
