@@ -81,14 +81,14 @@ def render(data: dict[str, Any]) -> str:
             f"- command: `{data['command']}`",
             f"- run: `{data['run']}`; each cell: speedup over eager in that window, with the "
             "factor its times were raised by where they were (the parent's clock)", ""]
-    ids = list(data["search"])
+    found = {variant: {str(c["candidate_id"]): c for c in data["variants"].get(variant, [])}
+             for variant in VARIANTS}
     rows = ["| candidate | idea | search | " + " | ".join(VARIANTS) + " |",
             "|---|---|---|" + "---|" * len(VARIANTS)]
-    for cid in ids:
+    for cid in data["search"]:
         cells = []
         for variant in VARIANTS:
-            found = {str(c["candidate_id"]): c for c in data["variants"].get(variant, [])}
-            c = found.get(cid)
+            c = found[variant].get(cid)
             cells.append("-" if c is None else _figure(c).split(" ", 1)[1])
         rows.append(f"| {cid} | {data['ideas'].get(cid, '')} | "
                     f"{data['search'][cid]:.2f}x | " + " | ".join(cells) + " |")

@@ -1091,14 +1091,15 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
             with span("compare"), hold_for_work(device, cfg.device_lock):
                 correctness = comparison.verdict()
                 _release_compare_memory(on)
+            timed = correctness.ok and cfg.time_candidate and reference.child is not None
             unstaged = None
-            if correctness.ok and cfg.time_candidate and reference.child is not None:
+            if timed:
                 with span("stage_timed_inputs"), hold_for_build(device, cfg.device_lock):
                     unstaged = stage_timed_inputs(child)
             if unstaged is not None:
                 timers = [Timer(reference.child, "eager"), Timer(child, "candidate",
                                                                  failure=unstaged)]
-            elif correctness.ok and cfg.time_candidate and reference.child is not None:
+            elif timed:
                 # a search's bar ends the window of a candidate far behind its best
                 timers = _timing_window(reference, child, device, cfg, warmed=False,
                                         best=partial(search_bar.current, task.sha256),
