@@ -84,7 +84,7 @@ def collect(run_dir: Path, since: int = 0) -> dict:
                 continue
             t = tasks.setdefault(r.task, {"judged": 0, "ok": 0, "unfinished": 0, "first": None,
                                           "last": None, "build_s": [], "cheap_s": [],
-                                          "spans": [], "outside_s": []})
+                                          "spans": [], "outside_s": [], "window_extra_s": []})
             t["first"] = min(filter(None, [t["first"], r.created_at]))
             if r.verdict is None:
                 t["unfinished"] += 1
@@ -94,6 +94,10 @@ def collect(run_dir: Path, since: int = 0) -> dict:
             t["last"] = max(filter(None, [t["last"], r.evaluated_at]))
             seconds = step_seconds(r.verdict)
             t[f"{kind(r.idea)}_s"].append(seconds["total"])
+            if seconds["timing.blocks"] > 0 and (r.verdict.window_candidates or 1) == 1:
+                # a window of its own's time outside its kept blocks: the first blocks (warm
+                # up), moving cores and, before 2026-12-04, loading the timed sets
+                t["window_extra_s"].append(seconds["timing"] - seconds["timing.blocks"])
             if r.role == "offline" and r.created_at and r.evaluated_at:
                 # judged in a later device call than it was made in: it began there
                 end, made = _stamp(r.evaluated_at), _stamp(r.created_at)
@@ -397,12 +401,14 @@ def render(found: dict, command: str, date: str, run_dir: Path) -> str:
              "## Per task", "",
              "| task | judged (ok) | unfinished | done | wall, first made to last verdict (s) "
              "| budgeted s | replayed: all lanes / beside | median s, cheap | median s, builds "
-             "| median s outside its verdict |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| median s outside its verdict | median s of a window outside its kept blocks |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, t in sorted(found["tasks"].items(), key=lambda kv: _task_number(kv[0])):
         wall = _wall(t["first"], t["last"])
         med = [f"{statistics.median(t[k]):.0f}" if t[k] else "-"
                for k in ("cheap_s", "build_s", "outside_s")]
+        extra = (f"{statistics.median(t['window_extra_s']):.2f}" if t["window_extra_s"]
+                 else "-")
         budget = f"{float(t['budget_s']):.0f}" if t["budget_s"] is not None else "-"
         wall_text = f"{wall:.0f}" if wall is not None else "-"
         replay = t.get("replay") or {}
@@ -410,7 +416,7 @@ def render(found: dict, command: str, date: str, run_dir: Path) -> str:
                     else "-")
         lines.append(f"| {name} | {t['judged']} ({t['ok']}) | {t['unfinished']} | "
                      f"{'yes' if t['done'] else 'no'} | {wall_text} | {budget} | {replayed} | "
-                     f"{med[0]} | {med[1]} | {med[2]} |")
+                     f"{med[0]} | {med[1]} | {med[2]} | {extra} |")
     lines += ["", "## Per kind of candidate (median / total seconds of each step)", "",
               "| kind | n | " + " | ".join(STEPS) + " |", "|---|---|" + "---|" * len(STEPS)]
     for k, steps in sorted(found["kinds"].items()):

@@ -33,7 +33,8 @@ def test_steps_are_split_by_kind_and_counted_per_task(tmp_path: Path,
     store = RunStore.create(run, {}, "test")
     try:
         store.add_task("9_Gemm", "9_Gemm.py", "0" * 64, "src")
-        _judged(store, "tf32", 40.0, 10.0, {"timing": 3.0, "load_build_warm_up": 5.0})
+        _judged(store, "tf32", 40.0, 10.0, {"timing": 3.0, "timing.blocks": 2.0,
+                                            "load_build_warm_up": 5.0})
         _judged(store, "cuda_graph", 60.0, 20.0, {"timing": 5.0})
         later = _judged(store, "autocast_fp16 + compile:default", 200.0, 120.0,
                         {"load_build_warm_up": 70.0})
@@ -47,11 +48,15 @@ def test_steps_are_split_by_kind_and_counted_per_task(tmp_path: Path,
     assert (task["judged"], task["ok"], task["unfinished"]) == (3, 3, 1)
     assert task["budget_s"] == 130.0 and not task["done"]
     assert task["cheap_s"] == [40.0, 60.0] and task["build_s"] == [200.0]
+    # the window's time outside its kept blocks, of verdicts whose blocks were recorded
+    assert task["window_extra_s"] == [1.0]
     cheap, build = found["kinds"]["cheap"], found["kinds"]["build"]
     assert cheap["paused"] == [10.0, 20.0] and cheap["timing"] == [3.0, 5.0]
     assert cheap["load_build_warm_up"] == [5.0, 0.0] and build["paused"] == [120.0]
     text = search_time.render(found, "python bench/search_time.py run", "2026-01-01", run)
     assert "| 9_Gemm | 3 (3) | 1 | no |" in text
+    assert next(line for line in text.splitlines() if line.startswith("| 9_Gemm |")
+                ).endswith("| 1.00 |")
     assert "| cheap | 2 | 50.0 / 100 | 15.0 / 30 |" in text
     assert search_time.collect(run, since=later)["tasks"]["9_Gemm"]["judged"] == 1
 
