@@ -39,8 +39,11 @@ def test_it_times_the_window_s_candidates_together_and_each_alone(
     store, ids = a_run(tmp_path, mlp_task)
     sources, search = confirm_gap.confirmed_sources(store, mlp_task.name)
     assert list(sources) == ids[:2] and search == {ids[0]: 2.0, ids[1]: 1.5}
-    variants = confirm_gap.time_variants(mlp_task, sources, fast_protocol(build_cache))
+    saved: list[list[str]] = []  # what a cut-off call would have kept, variant by variant
+    variants = confirm_gap.time_variants(mlp_task, sources, fast_protocol(build_cache),
+                                         done=lambda so_far: saved.append(list(so_far)))
     assert list(variants) == list(confirm_gap.VARIANTS)
+    assert saved == [list(confirm_gap.VARIANTS[:n]) for n in (1, 2, 3)]
     for variant, found in variants.items():
         assert sorted(c["candidate_id"] for c in found) == ids[:2], variant
         assert all(c["speedup"] for c in found), (variant, found)
