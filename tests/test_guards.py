@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,14 @@ pytestmark = pytest.mark.timing
     # round 5: the name given by importlib's own (frozen) code, with bytes the candidate chose
     ("loader_names_code_as_library", "rejected", "library's file"),
     ("unmarshals_through_importlib", "rejected", "marshal data"),
+    # round 6: the probe sets read ahead from the evaluator's memory (each was `ok` at about
+    # 70x on the CPU before the probes were sealed, but pulls_probes_ahead, which finds no
+    # seal to pull from there and is told by its reused answers)
+    ("reads_probes_by_frames", "rejected", "inspecting the evaluator's frames"),
+    ("pulls_probes_ahead", "rejected", "probe sets out of turn"),
+    ("reenters_the_rotation", "rejected", "probe sets out of turn"),
+    ("disarms_the_guards", "rejected", "inspecting the evaluator's frames"),
+    ("empties_the_guards_lists", "rejected", "patching pike.evaluate.guards._untrusted_dirs"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:
@@ -259,13 +268,13 @@ def test_only_a_loopback_bind_on_port_0_passes_the_network_guard(address: object
     guards = Guards(writable=[], armed=True)
     if refused:
         with pytest.raises(PermissionError):
-            guards._audit("socket.bind", (None, address))
+            guards._audit("socket.bind", (None, address), sys._getframe(), False)
         assert guards.violations == ["network access"]
     else:
-        guards._audit("socket.bind", (None, address))
+        guards._audit("socket.bind", (None, address), sys._getframe(), False)
         assert guards.violations == []
     with pytest.raises(PermissionError):
-        guards._audit("socket.connect", (None, ("127.0.0.1", 0)))
+        guards._audit("socket.connect", (None, ("127.0.0.1", 0)), sys._getframe(), False)
 
 
 def test_a_candidate_importing_urllib3_style_probes_is_judged(mlp_task: Task,
@@ -311,6 +320,38 @@ def test_a_thread_pool_whose_workers_are_done_when_the_call_ends_is_no_violation
     # whose work is all waited for inside the call is honest
     verdict = evaluate(mlp_task, candidate("pool_honest"), fast_config)
     assert verdict.status == "ok", verdict.message
+
+
+def test_reading_frames_of_its_own_is_no_violation(mlp_task: Task,
+                                                  fast_config: EvalConfig) -> None:
+    # the frame attributes refused for the evaluator's frames (tb_frame, gi_frame) pass
+    # for the candidate's own
+    verdict = evaluate(mlp_task, candidate("reads_its_own_frames"), fast_config)
+    assert verdict.status == "ok", verdict.message
+
+
+def test_the_probes_wait_sealed_and_go_only_to_the_rotation_s_own_call() -> None:
+    """Nothing the rotation holds lists the probes; a take the seal finds foreign ends
+    it, says so, and the rotation goes on with its own sets."""
+    from pike.evaluate import runner
+
+    tampered: list[str] = []
+    foreign = [False]
+    rotation = runner.InputRotation([["a"], ["b"]], probes=[["p0"], ["p1"], ["p2"]],
+                                    taker_is_foreign=lambda: foreign[0],
+                                    tampered=tampered.append)
+    held = [v for v in vars(rotation).values() if isinstance(v, (list, tuple, dict))]
+    assert not any(["p0"] in v or "p0" in str(v) for v in held), held
+    call = rotation.caller(lambda x: x)
+    rotation.probe_next = True
+    assert call() == "p0" and rotation.last_was_probe and not tampered
+    foreign[0] = True  # as a next() of the candidate's, or the call made inside a call
+    rotation.probe_next = True
+    assert call() == "a" and not rotation.last_was_probe
+    assert tampered == ["taking the timing's probe sets out of turn"]
+    foreign[0] = False
+    rotation.probe_next = True
+    assert call() == "b" and rotation.used_probes == 1  # the seal stays broken
 
 
 def test_the_shared_trial_inputs_are_read_only(mlp_task: Task, fast_config: EvalConfig) -> None:

@@ -77,6 +77,26 @@ _PATH_EVENTS = {"os.remove": (0,), "os.rmdir": (0,), "os.chmod": (0,), "os.trunc
 _DEVICE_SINKS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"})
 
 
+# The attributes that hand out a frame other than by walking the stack: a traceback's, and
+# a suspended generator's or coroutine's, whose locals are otherwise out of reach (the
+# timing's probe sets wait in one: runner._sealed_probes). Reading them raises the audit
+# event object.__getattr__; f_back and f_locals do not.
+_FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+# The events Guards._audit decides on; the hook lets every other one pass at once (an
+# integrity snapshot alone raises builtins.id thousands of times, and a walk of the
+# stack for each stretched a candidate's timing blocks past the wall-clock margin).
+_WATCHED_EVENTS = frozenset({
+    *_NETWORK_EVENTS, *_GC_EVENTS, *_NAMING_EVENTS, *_MARSHAL_EVENTS, *_PATH_EVENTS,
+    "sys._getframe", "object.__setattr__", "object.__delattr__", "object.__getattr__", "open"})
+
+
+def _evaluator_frame(holder: object, attribute: str) -> bool:
+    """Whether `holder.attribute` (one of _FRAME_ATTRIBUTES) is a frame of the evaluator's
+    code."""
+    code = getattr(getattr(holder, attribute, None), "f_code", None)
+    return code is not None and code.co_filename.startswith(_EVALUATOR_DIR)
+
+
 def _linked_elsewhere(path: str | bytes | os.PathLike[str]) -> bool:
     """An existing regular file with other names: writing it writes them too."""
     try:
@@ -86,11 +106,12 @@ def _linked_elsewhere(path: str | bytes | os.PathLike[str]) -> bool:
     return info.st_nlink > 1 and (info.st_mode & 0o170000) == 0o100000
 
 
-def _patched_by_candidate() -> bool:
-    """Whether candidate code is anywhere on the stack of a patch of a protected class.
-    Library code patching on its own (torch's internals) passes; a candidate that routes
-    the patch through a library helper (unittest.mock, setattr in functools) does not."""
-    return _candidate_code_on(sys._getframe(2))
+def _patched_by_candidate(raiser: FrameType) -> bool:
+    """Whether candidate code is anywhere on the stack of a patch of a protected class
+    (`raiser`: the patching frame). Library code patching on its own (torch's internals)
+    passes; a candidate that routes the patch through a library helper (unittest.mock,
+    setattr in functools) does not."""
+    return _candidate_code_on(raiser)
 
 
 def _candidate_code_on(frame: FrameType | None, also_trusted: tuple[str, ...] = ()) -> bool:
@@ -290,7 +311,6 @@ class Guards:
         if not self.enabled:
             return
         self._protected = _protected_types()
-        self._snapshot = _integrity_snapshot()
         self._flags = backend_flags()
         self._threads = {t.ident or 0 for t in threading.enumerate()}
         global _library_roots, _untrusted_dirs
@@ -301,16 +321,62 @@ class Guards:
             form.rstrip(os.sep) + os.sep for w in self.writable
             for form in (os.path.abspath(w), os.path.realpath(w))))
         _imp._fix_co_filename = _renaming_for_imports_only(_imp._fix_co_filename, self)
-        sys.addaudithook(self._audit)
+        # after the folder lists are set: they are in it (a candidate's code that emptied
+        # them would pass for a library's with every guard)
+        self._snapshot = _integrity_snapshot()
+        sys.addaudithook(self._hook())
+
+    def _hook(self) -> Callable[[str, tuple[Any, ...]], None]:
+        """The audit hook. It watches an event where the guards are armed or candidate
+        code is on the event's stack: a timed call can walk its stack to these Guards and
+        set `armed` as the evaluator does between calls (disarms_the_guards in
+        tests/candidates: `ok` at 83x on the CPU, the sealed probes read, before). Which
+        threads are inside the hook's own look at the stack (whose frame reads raise
+        events again) is kept in this closure alone: no object the candidate reaches
+        holds the hook, so no flag of it can be set to switch the guards off."""
+        looking: set[int] = set()
+
+        def hook(event: str, args: tuple[Any, ...]) -> None:
+            if event not in _WATCHED_EVENTS or (
+                    event == "object.__getattr__"
+                    and (len(args) < 2 or args[1] not in _FRAME_ATTRIBUTES)):
+                return  # builtins.id and __code__ reads come by the thousand
+            me = threading.get_ident()
+            if me in looking:
+                return
+            looking.add(me)
+            try:
+                raiser = sys._getframe(1)
+                watched = self.armed or _candidate_code_on(raiser)
+                frame_read = (event == "object.__getattr__" and watched
+                              and _evaluator_frame(args[0], args[1])
+                              and _candidate_code_on(raiser))
+            finally:
+                looking.discard(me)
+            if watched:
+                self._audit(event, args, raiser, frame_read)
+
+        return hook
+
+    def probe_taker_is_foreign(self) -> bool:
+        """Whether whoever resumed the timing's sealed probe sets (runner._sealed_probes,
+        the caller of this) is not the rotation's own call: the guards armed (a take from
+        inside a timed call) or candidate code anywhere on the stack above it."""
+        if not self.enabled:
+            return False
+        return self.armed or _candidate_code_on(sys._getframe(2))
 
     def _refuse(self, what: str) -> None:
         if what not in self.violations:
             self.violations.append(what)
         raise PermissionError(f"pike evaluator: {what} is not allowed")
 
-    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
-        if not self.armed:
-            return
+    def _audit(self, event: str, args: tuple[Any, ...], raiser: FrameType,
+               evaluator_frame_read: bool) -> None:
+        """An event the hook watches; `raiser` is the frame that raised it, and
+        `evaluator_frame_read` whether it read an evaluator's frame for candidate code
+        (the evaluator describing a candidate's exception reads traceback frames itself,
+        and a candidate's own frames pass)."""
         if event in _NETWORK_EVENTS:
             if not (event == "socket.bind" and _loopback_probe(args)):
                 self._refuse("network access")
@@ -320,9 +386,13 @@ class Guards:
             frame = args[0] if args else None
             if frame is not None and frame.f_code.co_filename.startswith(_EVALUATOR_DIR):
                 self._refuse("inspecting the evaluator's frames")
+        elif event == "object.__getattr__":
+            if evaluator_frame_read:
+                self._refuse("inspecting the evaluator's frames")
         elif event in ("object.__setattr__", "object.__delattr__"):
-            if args and isinstance(args[0], type) and args[0] in self._protected:
-                if _patched_by_candidate():
+            # by identity: `in` would call a candidate metaclass's __eq__ inside the hook
+            if args and isinstance(args[0], type) and any(args[0] is t for t in self._protected):
+                if _patched_by_candidate(raiser):
                     self._refuse(f"patching {args[0].__module__}.{args[0].__qualname__}")
         elif event == "open":
             self._check_open(args)
@@ -335,14 +405,14 @@ class Guards:
                       if event == "compile" and name is not None
                       else _never if event == "code.__new__" else None)
             if name is not None and _trusted_name(name) and _for_the_candidate(
-                    sys._getframe(1), honest):
+                    raiser, honest):
                 self._refuse(f"code named after a library's file ({name})")
             elif (event == "compile" and name is None and args
-                  and isinstance(args[0], ast.AST) and _for_the_candidate(sys._getframe(1))):
+                  and isinstance(args[0], ast.AST) and _for_the_candidate(raiser)):
                 # the event names no file for a syntax tree: any name may be inside
                 self._refuse("compiling a syntax tree (the file name it gives is not seen)")
         elif event in _MARSHAL_EVENTS:
-            if _for_the_candidate(sys._getframe(1), _loads_its_file(args[0] if args else None)):
+            if _for_the_candidate(raiser, _loads_its_file(args[0] if args else None)):
                 self._refuse("loading code objects from marshal data")
         elif event in _PATH_EVENTS:
             # rename, replace and link: the destination counts as much as the source
@@ -498,6 +568,7 @@ def _integrity_snapshot() -> dict[str, int]:
     for module_name, module in list(sys.modules.items()):
         if module_name.startswith("pike.evaluate") and module is not None:
             for name, value in vars(module).items():
-                if callable(value) or isinstance(value, (int, float, str)):
+                # tuples and frozensets: the folder lists that say whose code is whose
+                if callable(value) or isinstance(value, (int, float, str, tuple, frozenset)):
                     watched[f"{module_name}.{name}"] = value
     return {name: id(value) for name, value in watched.items()}

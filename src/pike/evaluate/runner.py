@@ -480,16 +480,32 @@ class InputRotation:
     """Timed calls take the input sets in turn, so no call sees the inputs of the one
     before it: a stale or never-computed output cannot pass for the right one. Now and
     then (drawn after the call before) a probe set, never seen before, takes a call's
-    turn: set numbers go on past the rotation's for them."""
+    turn: set numbers go on past the rotation's for them. The probes are sealed
+    (`_sealed_probes`): a timed call that walks its stack to this rotation finds the
+    sets it is timed on, not the probes it has yet to meet."""
 
-    def __init__(self, sets: list[list[Any]], probes: list[list[Any]] | None = None) -> None:
-        self.sets, self.probes = sets, probes or []
+    def __init__(self, sets: list[list[Any]], probes: list[list[Any]] | None = None,
+                 taker_is_foreign: Callable[[], bool] = lambda: False,
+                 tampered: Callable[[str], None] = lambda what: None) -> None:
+        self.sets = sets
         self.calls, self.last, self.used_probes, self.probe_next = 0, 0, 0, False
+        self.probe_count = 0
+        self._probes: Iterator[list[Any]] = iter(())
         # The next call is a block's untimed refill (timing.time_block), which must not
         # take the probe drawn after the last block's last timed call: it went there
         # untimed and unsampled, and with one timed call a block (calls of 50 ms and
         # more in a full window) no probe was ever timed and the reuse check never ran.
         self.refill_next = False
+        if probes:
+            self.seal_probes(probes, taker_is_foreign, tampered)
+
+    def seal_probes(self, probes: list[list[Any]],
+                    taker_is_foreign: Callable[[], bool],
+                    tampered: Callable[[str], None]) -> None:
+        """Hand `probes` over to a sealed generator; the caller must drop its own
+        references to them (a list the caller keeps would hold them in its frame)."""
+        self.probe_count = len(probes)
+        self._probes = _sealed_probes(list(probes), taker_is_foreign, tampered)
 
     @property
     def last_was_probe(self) -> bool:
@@ -498,11 +514,13 @@ class InputRotation:
     def caller(self, fn: Callable[..., Any]) -> Callable[[], Any]:
         def call() -> Any:
             refill, self.refill_next = self.refill_next, False
-            if self.probe_next and not refill and self.used_probes < len(self.probes):
-                self.last = len(self.sets) + self.used_probes
-                args = self.probes[self.used_probes]
-                self.used_probes += 1
-            else:
+            args = None
+            if self.probe_next and not refill and self.used_probes < self.probe_count:
+                args = next(self._probes, None)  # None: the seal was broken, none left
+                if args is not None:
+                    self.last = len(self.sets) + self.used_probes
+                    self.used_probes += 1
+            if args is None:
                 self.last = self.calls % len(self.sets)
                 args = self.sets[self.last]
                 self.calls += 1
@@ -512,6 +530,26 @@ class InputRotation:
                 return fn(*args)
 
         return call
+
+
+def _sealed_probes(probes: list[list[Any]], taker_is_foreign: Callable[[], bool],
+                   tampered: Callable[[str], None]) -> Iterator[list[Any]]:
+    """The probe sets one by one, held meanwhile in this generator's frame alone: its
+    locals are reachable only through `gi_frame`, which the guards refuse candidate code
+    for an evaluator's generator (guards.Guards._hook). Before, the rotation held them
+    in a list, and a timed call that walked `f_back` to it answered every probe at its
+    first call and served the rest from a memo (tests/candidates/reads_probes_by_frames:
+    `ok` at 70x on the CPU). A probe goes only to the rotation's own call with no
+    candidate code above it (`taker_is_foreign` says otherwise: a `next()` of the
+    candidate's, or the rotation's call made from inside a timed call); any other taker
+    ends the generator and the candidate's verdict is `rejected` (`tampered`)."""
+    for index in range(len(probes)):
+        if taker_is_foreign():
+            probes.clear()
+            tampered("taking the timing's probe sets out of turn")
+            return
+        probe, probes[index] = probes[index], None
+        yield probe
 
 
 def _draw_below(n: int) -> int:
@@ -810,8 +848,13 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
         if not rotation.sets:  # the timed inputs reach the child only now
             sets = _staged_inputs(chan, req, device, "timing", [
                 f"pool_{k}" for k in range(timed_set_count(req.input_sets))])
-            rotation.sets, rotation.probes = sets[:req.input_sets], sets[req.input_sets:]
-        return armed_call(guards, rotation.caller(model))
+            rotation.sets = sets[:req.input_sets]
+            rotation.seal_probes(sets[req.input_sets:], guards.probe_taker_is_foreign,
+                                 guards.violations.append)
+            del sets  # nothing but the seal holds the probes now
+        # the rotation picks each call's set unarmed, so the seal knows a take from inside
+        # a timed call (armed) from its own
+        return rotation.caller(armed_call(guards, model))
 
     def failed(mode: str, exc: BaseException, seq: object) -> None:
         _reject_violations(guards, "timing")
@@ -877,11 +920,11 @@ class _armed:
         self.guards.armed = False
 
 
-def armed_call(guards: Guards, fn: Callable[[], Any]) -> Callable[[], Any]:
-    def call() -> Any:
+def armed_call(guards: Guards, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
         guards.armed = True
         try:
-            return fn()
+            return fn(*args)
         finally:
             guards.armed = False
 
