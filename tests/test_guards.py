@@ -51,9 +51,18 @@ pytestmark = pytest.mark.timing
     # seal to pull from there and is told by its reused answers)
     ("reads_probes_by_frames", "rejected", "inspecting the evaluator's frames"),
     ("pulls_probes_ahead", "rejected", "probe sets out of turn"),
-    ("reenters_the_rotation", "rejected", "probe sets out of turn"),
+    ("reenters_the_rotation", "rejected", "inspecting the evaluator's frames"),
     ("disarms_the_guards", "rejected", "inspecting the evaluator's frames"),
     ("empties_the_guards_lists", "rejected", "patching pike.evaluate.guards._untrusted_dirs"),
+    # round 7 (helper-46's review of round 6): each `ok` at 67 to 73x on the CPU before
+    ("starves_probes", "rejected", "probes were withheld"),
+    ("reads_inside_the_hook", "runtime_error", "ran none of the bait's code"),
+    ("replaces_audit", "rejected", "inspecting the evaluator's frames"),
+    ("patches_guards_class", "rejected", ""),
+    ("truthy_enabled", "rejected", "reused, not computed"),
+    ("pulls_by_thread", "rejected", "probe sets out of turn"),
+    ("swaps_getframe", "rejected", "inspecting the evaluator's frames"),
+    ("shadows_taker", "rejected", "probe sets out of turn"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:
@@ -338,7 +347,7 @@ def test_the_probes_wait_sealed_and_go_only_to_the_rotation_s_own_call() -> None
     tampered: list[str] = []
     foreign = [False]
     rotation = runner.InputRotation([["a"], ["b"]], probes=[["p0"], ["p1"], ["p2"]],
-                                    taker_is_foreign=lambda: foreign[0],
+                                    taker_is_foreign=lambda frame, thread: foreign[0],
                                     tampered=tampered.append)
     held = [v for v in vars(rotation).values() if isinstance(v, (list, tuple, dict))]
     assert not any(["p0"] in v or "p0" in str(v) for v in held), held
@@ -520,3 +529,22 @@ def test_a_probe_drawn_at_a_block_s_end_is_timed_not_taken_by_the_next_refill(
     # none (one a block at most), so every other block's call is one
     assert timed_probes == [[], [0], [], [0]]
     assert rotation.used_probes == 2
+
+
+def test_withheld_probes_are_told_only_where_chance_cannot_explain_them() -> None:
+    """Fewer than two probes in WITHHELD_MIN_CALLS timed calls is under one in a million
+    for an honest child drawing one in runner.PROBE_ONE_IN after each call; one call fewer
+    is not, and is let pass."""
+    from pike.evaluate import check, runner
+
+    def chance_of_fewer_than_two(calls: int) -> float:
+        miss = 1 - 1 / runner.PROBE_ONE_IN
+        draws = calls - 1
+        return miss ** draws + draws * (1 / runner.PROBE_ONE_IN) * miss ** (draws - 1)
+
+    n = check.WITHHELD_MIN_CALLS
+    assert chance_of_fewer_than_two(n) < 1e-6 <= chance_of_fewer_than_two(n - 1)
+    assert check.withheld_probes_problem(n - 1, 0) is None
+    assert check.withheld_probes_problem(n, 2) is None
+    assert "withheld" in (check.withheld_probes_problem(n, 1) or "")
+    assert "withheld" in (check.withheld_probes_problem(5000, 0) or "")

@@ -299,6 +299,28 @@ def reused_answers_problem(samples: list[float], probe_samples: list[float]) -> 
             "before are reused, not computed")
 
 
+def withheld_probes_problem(timed_calls: int, probes_timed: int) -> str | None:
+    """Why a child's timed calls (over all its windows: a window timed again after a burst
+    of load finds the probes used in the first) show its probes withheld: the child draws
+    a probe for the next call after each timed one (one in runner.PROBE_ONE_IN), so in
+    WITHHELD_MIN_CALLS timed calls or more an honest child takes at least two (of
+    protocol.PROBE_SETS, more than two). A candidate that set its
+    rotation's probe count to 0 (or closed the seal) was timed on the rotation's sets
+    alone, and with under two probe samples the reuse check never ran
+    (tests/candidates/starves_probes: `ok` at about 70x on the CPU before)."""
+    if probes_timed >= 2 or timed_calls < WITHHELD_MIN_CALLS:
+        return None
+    return (f"only {probes_timed} of its {timed_calls} timed calls took inputs never seen "
+            "before, where an honest child's would take two or more but for a chance under "
+            "one in a million: the probes were withheld from its timing")
+
+
+# The fewest timed calls in which fewer than two probes cannot be chance: with one draw
+# in 6 after each call but the first (runner.PROBE_ONE_IN), none or one of n - 1 draws
+# has (5/6)^(n-1) + (n-1)/6 * (5/6)^(n-2) < 1e-6 from n = 94 (tests/test_guards.py holds
+# the two together)
+WITHHELD_MIN_CALLS = 94
+
 _REUSE_RATIO, _REUSE_SLACK_MS = 3.0, 0.05
 # timed calls the reuse check needs; a window never gives up on a candidate before it has
 # them (driver.time_interleaved), so a memo that looks slow while it fills is still caught

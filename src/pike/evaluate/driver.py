@@ -443,6 +443,7 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
             return
         samples = [float(x) for x in reply["samples"]]
         timer.samples.extend(samples)
+        timer.child.timed_calls += len(samples)
         if isinstance(reply.get("outputs"), list):
             timer.outputs.extend(o for o in reply["outputs"] if isinstance(o, dict))
         if timer.mode != "candidate" and isinstance(reply.get("rehearsed"), int):
@@ -451,6 +452,7 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
         for i in probes if isinstance(probes, list) else []:
             if isinstance(i, int) and 0 <= i < len(samples):
                 timer.probe_samples.append(samples[i])
+                timer.child.probes_timed += 1
         if not warm_up:
             timer.blocks.append((wall, samples))
     else:

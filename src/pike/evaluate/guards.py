@@ -29,6 +29,7 @@ import sys
 import sysconfig
 import threading
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,10 @@ _DEVICE_SINKS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"
 # timing's probe sets wait in one: runner._sealed_probes). Reading them raises the audit
 # event object.__getattr__; f_back and f_locals do not.
 _FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+# The frames above a probe's taker that must be the evaluator's: the rotation's call, the
+# timing loop's (two), the runner's serving loop
+_TAKER_DEPTH = 4
+_get_ident = threading.get_ident  # taken at import, as the hook's (Guards._hook)
 # The events Guards._audit decides on; the hook lets every other one pass at once (an
 # integrity snapshot alone raises builtins.id thousands of times, and a walk of the
 # stack for each stretched a candidate's timing blocks past the wall-clock margin).
@@ -90,9 +95,18 @@ _WATCHED_EVENTS = frozenset({
     "sys._getframe", "object.__setattr__", "object.__delattr__", "object.__getattr__", "open"})
 
 
+# Only these hand out frames through those attributes; anything else named in the event
+# is the candidate's own object, whose attribute would run its code inside the hook (an
+# event any code may raise with sys.audit: reads_inside_the_hook)
+_FRAME_HOLDERS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType,
+                  types.TracebackType)
+
+
 def _evaluator_frame(holder: object, attribute: str) -> bool:
     """Whether `holder.attribute` (one of _FRAME_ATTRIBUTES) is a frame of the evaluator's
     code."""
+    if type(holder) not in _FRAME_HOLDERS:
+        return False
     code = getattr(getattr(holder, attribute, None), "f_code", None)
     return code is not None and code.co_filename.startswith(_EVALUATOR_DIR)
 
@@ -287,10 +301,16 @@ def _loopback_probe(args: tuple[Any, ...]) -> bool:
 
 
 def _protected_types() -> tuple[type, ...]:
-    types: list[type] = [torch.Tensor, torch.UntypedStorage, torch.nn.Module]
+    found: list[type] = [torch.Tensor, torch.UntypedStorage, torch.nn.Module]
     if hasattr(torch, "cuda"):
-        types += [torch.cuda.Event, torch.cuda.Stream]
-    return tuple(types)
+        found += [torch.cuda.Event, torch.cuda.Stream]
+    # the guards' own class and the runner's timing state: a method patched on the class
+    # would change what the hook or the probes' seal asks (patches_guards_class)
+    found.append(Guards)
+    runner = sys.modules.get("pike.evaluate.runner")
+    found += [getattr(runner, name) for name in ("InputRotation", "TimedOutputSamples")
+              if runner is not None and isinstance(getattr(runner, name, None), type)]
+    return tuple(found)
 
 
 @dataclass
@@ -335,36 +355,60 @@ class Guards:
         events again) is kept in this closure alone: no object the candidate reaches
         holds the hook, so no flag of it can be set to switch the guards off."""
         looking: set[int] = set()
+        # what the hook calls, taken now: the candidate reaches the instance, the class and
+        # the sys module, and a swapped sys._getframe (swaps_getframe) or _audit
+        # (replaces_audit) would blind it
+        audit, getframe, get_ident = Guards._audit, sys._getframe, threading.get_ident
 
         def hook(event: str, args: tuple[Any, ...]) -> None:
             if event not in _WATCHED_EVENTS or (
                     event == "object.__getattr__"
                     and (len(args) < 2 or args[1] not in _FRAME_ATTRIBUTES)):
                 return  # builtins.id and __code__ reads come by the thousand
-            me = threading.get_ident()
+            me = get_ident()
             if me in looking:
                 return
             looking.add(me)
             try:
-                raiser = sys._getframe(1)
-                watched = self.armed or _candidate_code_on(raiser)
+                raiser = getframe(1)
+                # `is True`: an object of the candidate's there would run its __bool__.
+                # A sys._getframe unarmed is not worth a walk of the stack: the probes'
+                # seal asks for one at each probe, inside the timed calls, and what it
+                # refuses (an evaluator's frame) f_back gives a disarmed candidate anyway.
+                watched = self.armed is True or (event != "sys._getframe"
+                                                 and _candidate_code_on(raiser))
                 frame_read = (event == "object.__getattr__" and watched
                               and _evaluator_frame(args[0], args[1])
                               and _candidate_code_on(raiser))
             finally:
                 looking.discard(me)
             if watched:
-                self._audit(event, args, raiser, frame_read)
+                audit(self, event, args, raiser, frame_read)
 
         return hook
 
-    def probe_taker_is_foreign(self) -> bool:
-        """Whether whoever resumed the timing's sealed probe sets (runner._sealed_probes,
-        the caller of this) is not the rotation's own call: the guards armed (a take from
-        inside a timed call) or candidate code anywhere on the stack above it."""
-        if not self.enabled:
+    def probe_taker_is_foreign(self, resumer: FrameType, sealed_on: int) -> bool:
+        """Whether `resumer`, the frame that resumed the timing's sealed probe sets
+        (runner._sealed_probes), is not the rotation's own call in the timing loop: on
+        another thread than the one that sealed them (a thread of the candidate's, whose
+        stack holds only the standard library's frames: pulls_by_thread), with the guards
+        armed (a take from inside a timed call; `is not False`: an object of the
+        candidate's there would run its code while the seal's frame is on the stack), or
+        with a frame of code outside the evaluator among the few above it (the rotation's
+        call, the timing loop, the runner): a bounded look, since it runs inside a
+        timed call's measured time."""
+        if self.enabled is False:
             return False
-        return self.armed or _candidate_code_on(sys._getframe(2))
+        if _get_ident() != sealed_on or self.armed is not False:
+            return True
+        frame: FrameType | None = resumer
+        for _ in range(_TAKER_DEPTH):
+            if frame is None:
+                return False
+            if not frame.f_code.co_filename.startswith(_EVALUATOR_DIR):
+                return True
+            frame = frame.f_back
+        return False
 
     def _refuse(self, what: str) -> None:
         if what not in self.violations:

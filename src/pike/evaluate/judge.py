@@ -1340,7 +1340,9 @@ def timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig) ->
                                         len(timer.samples), cfg.atol, cfg.rtol)
     if wrong:
         return Verdict(status="incorrect", phase="timing", message=wrong)
-    reused = check.reused_answers_problem(timer.samples, timer.probe_samples)
+    reused = (check.reused_answers_problem(timer.samples, timer.probe_samples)
+              or check.withheld_probes_problem(timer.child.timed_calls,
+                                               timer.child.probes_timed))
     return Verdict(status="rejected", phase="timing", message=reused) if reused else None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import faulthandler
+import functools
 import getpass
 import hashlib
 import importlib.util
@@ -20,8 +21,10 @@ import platform
 import re
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -485,7 +488,7 @@ class InputRotation:
     sets it is timed on, not the probes it has yet to meet."""
 
     def __init__(self, sets: list[list[Any]], probes: list[list[Any]] | None = None,
-                 taker_is_foreign: Callable[[], bool] = lambda: False,
+                 taker_is_foreign: Callable[[FrameType, int], bool] = lambda frame, thread: False,
                  tampered: Callable[[str], None] = lambda what: None) -> None:
         self.sets = sets
         self.calls, self.last, self.used_probes, self.probe_next = 0, 0, 0, False
@@ -500,7 +503,7 @@ class InputRotation:
             self.seal_probes(probes, taker_is_foreign, tampered)
 
     def seal_probes(self, probes: list[list[Any]],
-                    taker_is_foreign: Callable[[], bool],
+                    taker_is_foreign: Callable[[FrameType, int], bool],
                     tampered: Callable[[str], None]) -> None:
         """Hand `probes` over to a sealed generator; the caller must drop its own
         references to them (a list the caller keeps would hold them in its frame)."""
@@ -532,7 +535,7 @@ class InputRotation:
         return call
 
 
-def _sealed_probes(probes: list[list[Any]], taker_is_foreign: Callable[[], bool],
+def _sealed_probes(probes: list[list[Any]], taker_is_foreign: Callable[[FrameType, int], bool],
                    tampered: Callable[[str], None]) -> Iterator[list[Any]]:
     """The probe sets one by one, held meanwhile in this generator's frame alone: its
     locals are reachable only through `gi_frame`, which the guards refuse candidate code
@@ -543,13 +546,19 @@ def _sealed_probes(probes: list[list[Any]], taker_is_foreign: Callable[[], bool]
     candidate code above it (`taker_is_foreign` says otherwise: a `next()` of the
     candidate's, or the rotation's call made from inside a timed call); any other taker
     ends the generator and the candidate's verdict is `rejected` (`tampered`)."""
+    sealed_on = _get_ident()
     for index in range(len(probes)):
-        if taker_is_foreign():
+        if taker_is_foreign(_getframe(1), sealed_on):
             probes.clear()
             tampered("taking the timing's probe sets out of turn")
             return
         probe, probes[index] = probes[index], None
         yield probe
+
+
+# taken at import: the candidate reaches the sys and threading modules, and a swapped
+# sys._getframe or threading.get_ident would vouch for any taker of the sealed probes
+_getframe, _get_ident = sys._getframe, threading.get_ident
 
 
 def _draw_below(n: int) -> int:
@@ -849,7 +858,10 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
             sets = _staged_inputs(chan, req, device, "timing", [
                 f"pool_{k}" for k in range(timed_set_count(req.input_sets))])
             rotation.sets = sets[:req.input_sets]
-            rotation.seal_probes(sets[req.input_sets:], guards.probe_taker_is_foreign,
+            # the class's method, not the instance's attribute: a candidate that reached
+            # the Guards in its __init__ could have shadowed it there (shadows_taker)
+            rotation.seal_probes(sets[req.input_sets:],
+                                 functools.partial(Guards.probe_taker_is_foreign, guards),
                                  guards.violations.append)
             del sets  # nothing but the seal holds the probes now
         # the rotation picks each call's set unarmed, so the seal knows a take from inside

@@ -325,6 +325,10 @@ class ChildProcess:
         self._ready_at = self.line_ready_at = 0.0  # perf_counter: the last line's arrival
         self._memory_walked = 0.0
         self.begun = False  # the request is handed over by `begin`
+        # its timed calls and those on probe sets, over every window it was timed in (a
+        # window timed again after a burst of load finds its probes used in the first):
+        # check.withheld_probes_problem
+        self.timed_calls = self.probes_timed = 0
         self.see: Callable[[str], str] = str  # a host path as the child sees it
 
     def __enter__(self) -> ChildProcess:
