@@ -14,7 +14,7 @@ from pike.evaluate.sandbox import ChildProcess
 
 
 def _block_wall(monkeypatch: pytest.MonkeyPatch, arrived_after_start: bool) -> float:
-    child = SimpleNamespace(line_ready_at=0.0)
+    child = SimpleNamespace(line_ready_at=0.0, timed_calls=0, probes_timed=0)
 
     def request(child_: Any, *args: Any, **kwargs: Any) -> dict:
         if arrived_after_start:

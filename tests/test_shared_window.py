@@ -117,6 +117,7 @@ def test_probe_calls_that_are_no_list_are_ignored(monkeypatch: pytest.MonkeyPatc
         "samples": [1.0, 1.0, 1.0], "probe_calls": 5})
     class Child:
         line_ready_at = 0.0
+        timed_calls = probes_timed = 0  # as ChildProcess counts them
 
     timer = Timer(child=Child(), mode="candidate", warmed=True)  # type: ignore[arg-type]
     driver._time_one_block(timer, min_calls=3, min_seconds=0.0, max_calls=3)
