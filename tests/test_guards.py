@@ -170,6 +170,7 @@ class _Replying:
 
     def __init__(self, blocks: list[list[float]]) -> None:
         self.blocks, self.line_ready_at, self.seq = iter(blocks), 0.0, ""
+        self.timed_calls = self.probes_timed = 0  # as ChildProcess counts them
 
     def enter_phase(self, phase: str) -> None:
         pass
