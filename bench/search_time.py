@@ -57,9 +57,11 @@ from pike.store import BASELINE_STATE, DONE_STATE, RunStore
 # for timers to stop, before the child begins (in wait_for_device before 2026-12-02);
 # wait_in_pool and crowded_try: the pool's, outside `total` (verdicts from 2026-12-03 on);
 # stage_timed_inputs: the timed sets loaded before the window (from 2026-12-04 on; in
-# `timing` before)
+# `timing` before); wait_for_reference: of a window's hold, the wait for the reference's
+# child (other evaluations of the task talking to it), the device held alone meanwhile
+# (from 2026-12-04, late, on; in wait_for_device before)
 STEPS = ("total", "paused", "reference", "wait_to_list", "wait_for_device",
-         "load_build_warm_up", "trials", "compare", "stage_timed_inputs", "timing",
+         "wait_for_reference", "load_build_warm_up", "trials", "compare", "stage_timed_inputs", "timing",
          "timing.calls", "timing.blocks", "final_check", "stop_child", *POOL_STEPS)
 
 
@@ -102,7 +104,8 @@ def collect(run_dir: Path, since: int = 0) -> dict:
                 # judged in a later device call than it was made in: it began there
                 end, made = _stamp(r.evaluated_at), _stamp(r.created_at)
                 start = max(made, end - seconds["total"])
-                t["spans"].append((start, end, seconds["paused"] + seconds["wait_for_device"]))
+                t["spans"].append((start, end, seconds["paused"] + seconds["wait_for_device"]
+                                   + seconds["wait_for_reference"]))
                 if _same_call(made, end, calls):
                     t["outside_s"].append(max(0.0, end - made - seconds["total"]))
             steps = by_kind.setdefault(kind(r.idea), {s: [] for s in STEPS})
@@ -377,9 +380,11 @@ def render_held_alone(held: dict) -> list[str]:
              "the holders waited to take it, for shared holders (comparisons, final checks) "
              "to leave.", "",
              "| purpose | holds | held s | median s a hold | waited s | processes stopped, "
-             "median |", "|---|---|---|---|---|---|"]
+             "median | s stopping them, median |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {name} | {p['holds']} | {p['held_s']:.0f} | {p['median_s']:.2f} | "
-              f"{p['waited_s']:.0f} | {p['stopped']:g} |" for name, p in held["all"].items()]
+              f"{p['waited_s']:.0f} | {p['stopped']:g} | "
+              + (f"{p['stopping_s']:.3f} |" if "stopping_s" in p else "- |")
+              for name, p in held["all"].items()]
     if held["calls"]:
         purposes = list(held["all"])
         lines += ["", "Per device call, seconds held alone (share of the call):", "",

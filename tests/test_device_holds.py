@@ -68,6 +68,10 @@ def test_a_hold_counts_the_processes_it_stopped_and_its_wait(tmp_path: Path) -> 
         (only,) = device_holds.read(ledger)
         assert only["stopped"] == 1
         assert only["held"] - only["asked"] >= 0.15  # behind the trial's shared hold
+        # stopping it (a scan of the host's processes, the signal, a settle) is in the hold
+        assert 0.0 < only["stopping_s"] <= only["released"] - only["held"]
+        assert device_holds.summarize([only])["candidate window"]["stopping_s"] \
+            == only["stopping_s"]
     finally:
         release.set()
         unlist_child("cuda:0", sleeper.pid)
@@ -91,6 +95,7 @@ def test_a_torn_line_is_left_out_and_purposes_are_summed(tmp_path: Path) -> None
     window = found["candidate window"]
     assert (window["holds"], window["held_s"], window["waited_s"]) == (2, 2.0, 1.5)
     assert window["median_s"] == 1.0 and window["stopped"] == 3
+    assert "stopping_s" not in window  # older ledgers do not say
     early = device_holds.summarize(holds, start=0.0, end=10.0)  # by when each was taken
     assert set(early) == {"candidate window", "baseline builds and window"}
     assert device_holds.read(tmp_path / "none.jsonl") == []

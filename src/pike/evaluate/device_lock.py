@@ -99,11 +99,13 @@ def hold(device: str, *, exclusive: bool,
             held = time.time()
             kept = set(keep() if callable(keep) else keep)
             stopped = _stop_listed(_listed_dir(device), kept)
+            stopping_s = time.time() - held
             try:
                 yield
             finally:
                 _signal_all(stopped, signal.SIGCONT)
-                device_holds.note(purpose, device, asked, held, time.time(), len(stopped))
+                device_holds.note(purpose, device, asked, held, time.time(), len(stopped),
+                                  stopping_s)
         return
     with _flock(turnstile, fcntl.LOCK_EX):
         fd = os.open(device_lock, os.O_RDWR | os.O_CREAT, 0o600)

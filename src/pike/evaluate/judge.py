@@ -1305,6 +1305,7 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
         with span("wait_for_device"):
             alone.enter_context(hold(device, exclusive=True, keep=[_pid(child) or -1],
                                      purpose=purpose))
+        with span("wait_for_reference"):  # the device held alone meanwhile
             alone.enter_context(reference.talking)
         # The reference's child is read under `talking`: another evaluation may renew it.
         if renew:
