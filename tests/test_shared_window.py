@@ -220,13 +220,14 @@ def _count_joins(monkeypatch: pytest.MonkeyPatch) -> threading.Semaphore:
     return joined
 
 
-def _stops(procs: list[psutil.Process]) -> bool:
-    """Whether every live one of `procs` is seen stopped within a second (a signal is
-    delivered a moment after it is sent)."""
+def _stops(procs: list[tuple[int, int]]) -> bool:
+    """Whether every live one of `procs` (pid, start ticks) is seen stopped within a second
+    (a signal is delivered a moment after it is sent)."""
     deadline = time.monotonic() + 1.0
     while True:
         try:
-            if all(p.status() == psutil.STATUS_STOPPED for p in procs if p.is_running()):
+            if all(psutil.Process(pid).status() == psutil.STATUS_STOPPED
+                   for pid, _ in procs if psutil.pid_exists(pid)):
                 return True
         except psutil.NoSuchProcess:
             continue

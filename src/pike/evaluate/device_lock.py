@@ -37,10 +37,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 import psutil
 
-from pike.evaluate import device_holds
+from pike.evaluate import device_holds, process_stopper
+from pike.evaluate.process_stopper import Proc
 
 log = logging.getLogger(__name__)
 
@@ -166,95 +168,33 @@ def unlist_child(device: str, pid: int) -> None:
 
 
 def _started(pid: int) -> float:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return 0.0
+    # the helper checks an entry against this figure, computed the same way
+    return process_stopper.created(pid) or 0.0
 
 
-def _trees(roots: list[int]) -> dict[int, psutil.Process]:
-    """The processes of the trees under `roots`, roots included, from one pass over the
-    host's processes (a child's tree: bwrap, the runner, compile workers, what it
-    started)."""
-    below: dict[int, list[psutil.Process]] = {}
-    found: dict[int, psutil.Process] = {}
-    for p in psutil.process_iter(["ppid"]):
-        below.setdefault(p.info["ppid"], []).append(p)
-        if p.pid in roots:
-            found[p.pid] = p
-    todo = list(found)
-    while todo:
-        for p in below.get(todo.pop(), []):
-            if p.pid not in found:
-                found[p.pid] = p
-                todo.append(p.pid)
-    return found
+def _stop_listed(folder: Path, keep: set[int]) -> list[Proc]:
+    """SIGSTOP the trees of the listed children but `keep` (process_stopper.py, where the
+    walk of the host's processes does not wait on the parent's threads)."""
+    return cast(list[Proc], process_stopper.call(
+        "stop_listed", folder=str(folder), keep=sorted(keep), settle_s=_SETTLE_S))
 
 
-def _stop_listed(folder: Path, keep: set[int]) -> list[psutil.Process]:
-    """SIGSTOP the trees of the listed children but `keep`; entries of ended processes
-    (or of a reused pid) are dropped, and so are half-written ones a killed lister left."""
-    roots = []
-    for entry in folder.iterdir():
-        if entry.name.endswith(".part"):
-            _drop_if_stale(entry)
-            continue
-        try:
-            pid, started = int(entry.name), float(entry.read_text() or 0)
-        except (ValueError, OSError):
-            continue
-        if pid in keep:
-            continue
-        if not psutil.pid_exists(pid) or abs(_started(pid) - started) > 0.01:
-            entry.unlink(missing_ok=True)
-            continue
-        roots.append(pid)
-    stopped = _stop_trees(roots)
-    if stopped:
-        time.sleep(_SETTLE_S)
-    return stopped
-
-
-# A listing entry is renamed a moment after it is written: one older than this was left
-# by a lister that was killed in between.
-_PART_STALE_S = 60.0
-
-
-def _drop_if_stale(entry: Path) -> None:
-    try:
-        if time.time() - entry.stat().st_mtime > _PART_STALE_S:
-            entry.unlink(missing_ok=True)
-    except OSError:
-        pass
-
-
-def _stop_trees(roots: list[int]) -> list[psutil.Process]:
+def _stop_trees(roots: list[int]) -> list[Proc]:
     """SIGSTOP the process trees under `roots`; the processes stopped."""
-    stopped: dict[int, psutil.Process] = {}
-    # again until no process is new: one may start between a tree's listing and its stop
-    for _ in range(8):
-        late = {pid: p for pid, p in _trees(roots).items() if pid not in stopped}
-        if not late:
-            break
-        _signal_all(list(late.values()), signal.SIGSTOP)
-        stopped.update(late)
-    return list(stopped.values())
+    return cast(list[Proc], process_stopper.call("stop_trees", roots=roots))
 
 
-def _signal_all(procs: list[psutil.Process], sig: int) -> None:
-    for p in procs:
-        try:
-            p.send_signal(sig)  # psutil checks the pid still names the same process
-        except psutil.Error:
-            pass
+def _signal_all(procs: list[Proc], sig: int) -> None:
+    if procs:
+        process_stopper.call("signal_all", procs=procs, sig=int(sig))
 
 
-def tree_of(pid: int) -> list[psutil.Process]:
+def tree_of(pid: int) -> list[Proc]:
     """The process tree under `pid`, itself included (empty when it has ended)."""
-    return list(_trees([pid]).values())
+    return cast(list[Proc], process_stopper.call("trees", roots=[pid]))
 
 
-def set_stopped(procs: list[psutil.Process], stop: bool) -> None:
+def set_stopped(procs: list[Proc], stop: bool) -> None:
     """SIGSTOP (or SIGCONT) each of `procs` that still is the process it was."""
     _signal_all(procs, signal.SIGSTOP if stop else signal.SIGCONT)
 

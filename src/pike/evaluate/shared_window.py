@@ -37,13 +37,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import psutil
-
 from pike.config import EvalConfig
 from pike.evaluate import device_holds
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import hold, set_stopped, tree_of
 from pike.evaluate.driver import Timer, time_interleaved
+from pike.evaluate.process_stopper import Proc
 from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.steps import current as current_steps
 
@@ -173,7 +172,7 @@ class _Turns:
 
     def __init__(self, candidates: list[Timer],
                  pid_of: Callable[[ChildProcess | None], int | None]) -> None:
-        self._trees: dict[int, list[psutil.Process]] = {}
+        self._trees: dict[int, list[Proc]] = {}
         for timer in candidates:
             pid = pid_of(timer.child)
             self._trees[id(timer.child)] = tree_of(pid) if pid is not None else []
