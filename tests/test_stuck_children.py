@@ -102,3 +102,44 @@ def test_a_child_that_cannot_start_leaves_no_descriptor_open(
         child.__enter__()
     assert sorted(os.listdir("/proc/self/fd")) == before
     assert child._log.closed
+
+
+def test_the_tree_is_found_once_a_second_and_its_memory_read_every_poll(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding a child's tree walks every process on the host: at most once a period,
+    while each process found is read every poll; one started since is counted from the
+    next walk, and a tree that is gone reads as nothing."""
+    from pike.evaluate import sandbox
+
+    child = _bare_child(
+        "import subprocess, sys, time\n"
+        "time.sleep(0.5)\n"
+        "subprocess.Popen(['sleep', '30'])\n"  # a process started after the first walk
+        "time.sleep(30)\n", tmp_path)
+    walks = []
+    real_children = psutil.Process.children
+
+    def children(self, recursive=False):
+        walks.append(time.monotonic())
+        return real_children(self, recursive=recursive)
+
+    monkeypatch.setattr(psutil.Process, "children", children)
+    monkeypatch.setattr(sandbox, "_TREE_EVERY_S", 1.5)
+    try:
+        first = child.measure_memory()
+        assert first > 0 and len(walks) == 1
+        time.sleep(0.8)  # the sleep has started, the period has not passed
+        assert [p.pid for p in child._tree] == [child.proc.pid]
+        assert child.measure_memory() > 0 and len(walks) == 1  # read, not walked
+        time.sleep(0.8)
+        grown = child.measure_memory()
+        assert len(walks) == 2 and len(child._tree) == 2  # walked again: the sleep found
+        assert grown > first
+        for p in child._tree:
+            p.kill()
+        child.proc.wait()
+        psutil.wait_procs(child._tree, timeout=5)
+        assert child.measure_memory() == 0  # gone: nothing, and no error
+    finally:
+        child.unresponsive = True
+        finish(child, ChildReport())

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 MARKER_VARIABLE = "PIKE_EVAL_MARKER"
 _POLL_SECONDS = 0.05
 _TIMING_MEMORY_EVERY_S = 1.0
+_TREE_EVERY_S = 1.0
 
 # The child's environment is built from an allow-list: what Python, torch, CUDA, the
 # compilers and pike itself read. Anything else (DATABASE_URL, GITHUB_PAT, MYSQL_PWD,
@@ -299,6 +300,9 @@ class ChildProcess:
     _oom_count_seen_at = 0.0
     _last_rss: int | None = None
     peak_rss = 0  # the most the child tree held when measured (host_memory learns from it)
+    # the tree's processes as last found, and when (monotonic): _tree_rss
+    _tree: tuple[psutil.Process, ...] = ()
+    _tree_walked = float("-inf")
 
     def __init__(self, request: ChildRequest, work_dir: Path, env: dict[str, str],
                  limits: LimitsConfig, phase_limits: dict[str, float],
@@ -505,11 +509,11 @@ class ChildProcess:
         return used
 
     def _memory_due(self, now: float) -> bool:
-        """Whether to walk the child's process tree for its memory now: every poll, but
-        while timing at most every _TIMING_MEMORY_EVERY_S. The walk reads /proc for every
-        process on the host; with other threads of this process busy, each read waits for
-        the GIL, and a walk took 0.5 s where it takes 1.3 ms alone. A reply that came
-        meanwhile sat unread, and the timing block's wall time grew by the walk."""
+        """Whether to read the child's tree's memory now: every poll, but while timing at
+        most every _TIMING_MEMORY_EVERY_S. Each read of /proc waits for the GIL where
+        other threads of this process are busy: a walk of the host's processes (which
+        finding the tree is, _tree_rss) took 0.5 s where it takes 1.3 ms alone, and a
+        reply that came meanwhile sat unread, the timing block's wall time grown by it."""
         if self.phase == "timing" and now - self._memory_walked < _TIMING_MEMORY_EVERY_S:
             return False
         self._memory_walked = now
@@ -527,14 +531,25 @@ class ChildProcess:
         return bool(chunk)
 
     def _tree_rss(self) -> int:
+        """The tree's resident memory: each process's read every poll, the tree itself
+        found again at most every _TREE_EVERY_S. Finding it reads every process on the
+        host (psutil, for their parents), and with a bench's 16 to 20 children polled 20
+        times a second those walks kept the parent's threads busy: each file read waits
+        for the GIL, and so did everything else the parent did, a timer stopping the
+        others among it (process_stopper.py). A process started since the last walk is
+        counted from the next one, within a second, as while timing before."""
         assert self.proc is not None
-        try:
-            root = psutil.Process(self.proc.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return 0
+        now = time.monotonic()
+        if not self._tree or now - self._tree_walked >= _TREE_EVERY_S:
+            try:
+                root = psutil.Process(self.proc.pid)
+                self._tree = (root, *root.children(recursive=True))
+            except psutil.Error:
+                self._tree = ()
+                return 0
+            self._tree_walked = now
         total = 0
-        for p in procs:
+        for p in self._tree:
             try:
                 total += p.memory_info().rss
             except psutil.Error:
