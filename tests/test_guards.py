@@ -63,6 +63,8 @@ pytestmark = pytest.mark.timing
     ("pulls_by_thread", "rejected", "probe sets out of turn"),
     ("swaps_getframe", "rejected", "inspecting the evaluator's frames"),
     ("shadows_taker", "rejected", "probe sets out of turn"),
+    # names a memo hit as its probe with the probes starved: `ok` at 150x on the CPU before
+    ("claims_probes", "rejected", "no sample of those inputs' outputs"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -122,6 +123,38 @@ def test_probe_calls_that_are_no_list_are_ignored(monkeypatch: pytest.MonkeyPatc
     timer = Timer(child=Child(), mode="candidate", warmed=True)  # type: ignore[arg-type]
     driver._time_one_block(timer, min_calls=3, min_seconds=0.0, max_calls=3)
     assert timer.samples == [1.0, 1.0, 1.0] and timer.probe_samples == []
+
+
+@pytest.mark.parametrize(("probes", "sets", "kept"), [
+    ([1], [0, 3], True),   # its probe, with the probe set's sample (set 3: a probe set)
+    ([1], [0, 1], False),  # a probe named with no sample of a probe set
+    ([0, 1], [2, 3], False),  # two in a block, where at most one is drawn
+])
+def test_a_candidates_probe_counts_only_with_a_probe_sets_sample(
+        monkeypatch: pytest.MonkeyPatch, probes: list[int], sets: list[int], kept: bool) -> None:
+    """The list of probe calls is the child's word; the sample of a probe set's outputs
+    (checked against the reference's answers for that set) is the evidence."""
+    monkeypatch.setattr(driver, "request", lambda *a, **k: {
+        "samples": [1.0, 2.0, 3.0], "probe_calls": probes,
+        "outputs": [{"call": i, "set": k, "leaves": []} for i, k in enumerate(sets)]})
+
+    class Child:
+        line_ready_at = 0.0
+        timed_calls = probes_timed = 0
+        request = SimpleNamespace(input_sets=2)  # sets 0 and 1 rotate; 2 on are probes
+
+    timer = Timer(child=Child(), mode="candidate", warmed=True)  # type: ignore[arg-type]
+    driver._time_one_block(timer, min_calls=3, min_seconds=0.0, max_calls=3)
+    if kept:
+        assert timer.failure is None and timer.probe_samples == [2.0]
+        assert timer.child.probes_timed == 1
+    else:
+        assert timer.failure is not None and timer.failure.status == "rejected"
+        assert "records were rewritten" in timer.failure.message
+        assert timer.samples == [] and timer.child.probes_timed == 0
+    eager = Timer(child=Child(), mode="eager", warmed=True)  # type: ignore[arg-type]
+    driver._time_one_block(eager, min_calls=3, min_seconds=0.0, max_calls=3)
+    assert eager.failure is None  # the reference's child runs no candidate code
 
 
 def test_each_candidate_of_a_window_is_held_to_the_usual_time_as_the_window_began() -> None:

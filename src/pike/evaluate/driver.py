@@ -442,21 +442,52 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
                                             "call takes: its timing samples were rewritten")
             return
         samples = [float(x) for x in reply["samples"]]
+        taken = ([o for o in reply["outputs"] if isinstance(o, dict)]
+                 if isinstance(reply.get("outputs"), list) else [])
+        probes = reply.get("probe_calls")  # written by the child: anything may be there
+        claimed = [i for i in (probes if isinstance(probes, list) else [])
+                   if type(i) is int and 0 <= i < len(samples)]
+        if timer.mode == "candidate":
+            problem = _claimed_probes_problem(claimed, taken, timer.child)
+            if problem is not None:
+                timer.failure = Verdict(status="rejected", phase="timing", message=problem)
+                return
         timer.samples.extend(samples)
         timer.child.timed_calls += len(samples)
-        if isinstance(reply.get("outputs"), list):
-            timer.outputs.extend(o for o in reply["outputs"] if isinstance(o, dict))
+        timer.outputs.extend(taken)
         if timer.mode != "candidate" and isinstance(reply.get("rehearsed"), int):
             timer.rehearsed += reply["rehearsed"]
-        probes = reply.get("probe_calls")  # written by the child: anything may be there
-        for i in probes if isinstance(probes, list) else []:
-            if isinstance(i, int) and 0 <= i < len(samples):
-                timer.probe_samples.append(samples[i])
-                timer.child.probes_timed += 1
+        for i in claimed:
+            timer.probe_samples.append(samples[i])
+            timer.child.probes_timed += 1
         if not warm_up:
             timer.blocks.append((wall, samples))
     else:
         timer.error = str(reply.get("error") or "no samples")
+
+
+def _claimed_probes_problem(claimed: list[int], taken: list[dict], child: ChildProcess
+                            ) -> str | None:
+    """Why a candidate's block names probe calls it did not make (None when it made them).
+    The child draws at most one probe a block and samples every probe's outputs
+    (runner.TimedOutputSamples), so each probe it names comes with a sample of a probe
+    set's outputs, which the parent compares with the reference's answers for that set
+    (check.timed_outputs_problem): only a call on the probe set's inputs gives them. The
+    list of probe calls alone is the child's word: a candidate that starved the rotation
+    of probes and wrote a memo hit into that list was `ok` at 150x on the CPU
+    (tests/candidates/claims_probes)."""
+    if not claimed:
+        return None
+    if len(claimed) > 1:
+        return (f"its timing block names {len(claimed)} calls on never-seen inputs, where "
+                "the evaluator draws at most one a block: the timing loop's records were "
+                "rewritten")
+    input_sets = child.request.input_sets
+    if not any(type(o.get("set")) is int and o["set"] >= input_sets for o in taken):
+        return ("its timing block names a call on never-seen inputs with no sample of "
+                "those inputs' outputs, which every such call gives: the timing loop's "
+                "records were rewritten")
+    return None
 
 
 # A nanosecond, in ms: below any clock's tick (CUDA events around nothing read 0.003 ms on
