@@ -166,9 +166,8 @@ def _as_procs(found: object) -> object:
 def helper_pid() -> int | None:
     """The helper's pid where this process has one running: the evaluator's own, which
     lives as long as this process does (no evaluation's)."""
-    proc = _helper._proc
-    return proc.pid if proc is not None and _helper._owner == os.getpid() \
-        and proc.poll() is None else None
+    proc = _helper.running()
+    return proc.pid if proc is not None else None
 
 
 def call(op: str, **args: object) -> object:
@@ -177,14 +176,17 @@ def call(op: str, **args: object) -> object:
 
 
 class _Helper:
-    """The parent's end: one helper per process (a fork starts its own), one request at a
-    time. Three failures in a row and the parent does the work itself from then on."""
+    """The parent's end: one helper per process (a fork starts afresh, below), one request
+    at a time. Three failures in a row and the parent does the work itself from then on."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
-        self._owner = 0
         self._failures = 0
+
+    def running(self) -> subprocess.Popen[bytes] | None:
+        """The helper, where it is running."""
+        return self._proc if self._proc is not None and self._proc.poll() is None else None
 
     def call(self, op: str, args: dict[str, object]) -> object:
         with self._lock:
@@ -206,9 +208,9 @@ class _Helper:
         proc.stdin.write(json.dumps({"op": op, "args": args}).encode() + b"\n")
         proc.stdin.flush()
         ready, _, _ = select.select([proc.stdout], [], [], _REPLY_S)
-        line = proc.stdout.readline() if ready else b""
         if not ready:
             raise TimeoutError(f"no reply in {_REPLY_S:g} s")
+        line = proc.stdout.readline()
         if not line:
             raise OSError("the helper ended")
         reply = json.loads(line)
@@ -217,19 +219,17 @@ class _Helper:
         return reply["result"]
 
     def _started(self) -> subprocess.Popen[bytes]:
-        if self._proc is not None and self._owner == os.getpid() \
-                and self._proc.poll() is None:
-            return self._proc
-        if self._owner == os.getpid():
-            self._end()
+        running = self.running()
+        if running is not None:
+            return running
+        self._end()  # one that ended: reaped, its pipes closed
         self._proc = subprocess.Popen(
             [sys.executable, "-I", "-S", __file__], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
-        self._owner = os.getpid()
         return self._proc
 
     def _end(self) -> None:
-        if self._proc is not None and self._owner == os.getpid():
+        if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
             for pipe in (self._proc.stdin, self._proc.stdout):
@@ -239,7 +239,8 @@ class _Helper:
 
 
 _helper = _Helper()
-# a forked child starts its own helper, and its lock free: another thread may have held it
+# a forked child starts its own helper, and its lock free: another thread may have held
+# it, and the parent's helper is the parent's to end
 os.register_at_fork(after_in_child=_helper.__init__)
 
 
