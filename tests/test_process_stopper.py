@@ -145,13 +145,41 @@ def test_the_helper_ignores_ctrl_c_and_says_what_it_cannot_do() -> None:
         assert helper.stdin is not None and helper.stdout is not None
         time.sleep(0.3)
         helper.send_signal(signal.SIGINT)
-        helper.stdin.write(b'{"op": "nothing", "args": {}}\n')
+        helper.stdin.write(b'{"id": 1, "op": "nothing", "args": {}}\n')
         helper.stdin.flush()
         assert b"KeyError" in helper.stdout.readline()
-        helper.stdin.write(b'{"op": "trees", "args": {"roots": [1]}}\n')
+        helper.stdin.write(b'{"id": 2, "op": "trees", "args": {"roots": [1]}}\n')
         helper.stdin.flush()
-        assert b'"result"' in helper.stdout.readline()
+        reply = helper.stdout.readline()
+        assert b'"result"' in reply and b'"id": 2' in reply
         helper.stdin.close()
         assert helper.wait(5) == 0
     finally:
         helper.kill()
+
+
+def test_a_reply_left_unread_is_not_taken_for_the_next_ones(
+        family: subprocess.Popen, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller interrupted between its request and the reply (Ctrl-C in the main thread)
+    leaves that reply in the pipe: the next call must get its own answer, not that one (a
+    hold given another call's list would let go of the wrong processes, or of none)."""
+    real_select = process_stopper.select.select
+    calls = []
+
+    def interrupted(*args: object) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.3)  # the reply arrives meanwhile, and stays unread
+            raise KeyboardInterrupt
+        return real_select(*args)
+
+    monkeypatch.setattr(process_stopper.select, "select", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        process_stopper.call("trees", roots=[999_999_999])  # answered with []
+    stopped = device_lock._stop_trees([family.pid])
+    try:
+        assert {pid for pid, _ in stopped} == {pid for pid, _ in device_lock.tree_of(family.pid)}
+        assert _until(lambda: _state(family.pid) == psutil.STATUS_STOPPED)
+    finally:
+        device_lock.set_stopped(stopped, False)
+    assert _until(lambda: _state(family.pid) != psutil.STATUS_STOPPED)

@@ -13,7 +13,7 @@ import pytest
 
 from pike.config import EvalConfig
 from pike.errors import TaskError
-from pike.evaluate import evaluate, judge
+from pike.evaluate import evaluate, judge, process_stopper
 from pike.task import Task
 from tests.conftest import candidate
 
@@ -62,10 +62,11 @@ def test_hung_kernel_times_out_and_leaves_nothing(mlp_task: Task, gpu_config: Ev
     alive = {c.pid for c in psutil.Process().children(recursive=True)
              if c.status() != psutil.STATUS_ZOMBIE}
     # Only the cached reference children, kept to time later candidates against, remain
-    # (with what runs them: bwrap and its init, in the OS sandbox).
+    # (with what runs them: bwrap and its init, in the OS sandbox), and the evaluator's
+    # process stopper, which lives as long as this process.
     cached = {r.child.proc.pid for r in judge._references.values() if r.child and r.child.proc}
     their_own = {c.pid for pid in cached for c in psutil.Process(pid).children(recursive=True)}
-    assert alive == cached | their_own
+    assert alive - {process_stopper.helper_pid()} == cached | their_own
 
 
 def test_good_kernel_still_passes_after_a_crash(mlp_task: Task, gpu_config: EvalConfig) -> None:

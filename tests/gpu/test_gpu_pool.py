@@ -79,6 +79,8 @@ def test_a_timer_stops_a_neighbour_busy_on_the_gpu_and_it_goes_on_after(tmp_path
     import sys
     import time
 
+    import psutil
+
     from pike.evaluate import device_lock
 
     monkeypatch.setenv("PIKE_LOCK_DIR", str(tmp_path / "locks"))
@@ -87,10 +89,19 @@ def test_a_timer_stops_a_neighbour_busy_on_the_gpu_and_it_goes_on_after(tmp_path
                             stderr=subprocess.PIPE, text=True)
 
     def progress() -> int:
+        # a read may land between the writer's truncate and its write: read again
+        for _ in range(200):
+            try:
+                return int(counter.read_text())
+            except (OSError, ValueError):
+                time.sleep(0.005)
+        return 0
+
+    def state() -> str:
         try:
-            return int(counter.read_text() or 0)
-        except (OSError, ValueError):
-            return 0
+            return f"the busy process is {psutil.Process(busy.pid).status()}"
+        except psutil.Error as err:
+            return f"the busy process: {err}"
 
     try:
         deadline = time.monotonic() + 60
@@ -106,7 +117,8 @@ def test_a_timer_stops_a_neighbour_busy_on_the_gpu_and_it_goes_on_after(tmp_path
             assert device_lock.stopped(busy.pid)
         after = progress()
         time.sleep(2.0)
-        assert progress() > after and busy.poll() is None
+        assert busy.poll() is None
+        assert progress() > after, state()
     finally:
         busy.kill()
         _, err = busy.communicate()

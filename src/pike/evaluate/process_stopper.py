@@ -183,6 +183,8 @@ class _Helper:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._failures = 0
+        self._asked = 0  # requests sent: each carries its number, and so does its reply
+        self._unread = b""  # what came from the helper after the last whole reply
 
     def running(self) -> subprocess.Popen[bytes] | None:
         """The helper, where it is running."""
@@ -205,18 +207,36 @@ class _Helper:
     def _ask(self, op: str, args: dict[str, object]) -> object:
         proc = self._started()
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(json.dumps({"op": op, "args": args}).encode() + b"\n")
+        self._asked += 1
+        proc.stdin.write(json.dumps({"id": self._asked, "op": op, "args": args}).encode() + b"\n")
         proc.stdin.flush()
-        ready, _, _ = select.select([proc.stdout], [], [], _REPLY_S)
-        if not ready:
-            raise TimeoutError(f"no reply in {_REPLY_S:g} s")
-        line = proc.stdout.readline()
-        if not line:
-            raise OSError("the helper ended")
-        reply = json.loads(line)
+        deadline = time.monotonic() + _REPLY_S
+        while True:
+            reply = json.loads(self._line(proc.stdout.fileno(), deadline))
+            if not isinstance(reply, dict):
+                raise ValueError(f"not a reply: {reply!r:.80}")
+            # a reply to an earlier request (one whose caller was interrupted before it read
+            # it) is not this one's answer: a hold given the processes another call stopped
+            # would let go of the wrong ones
+            if reply.get("id") == self._asked:
+                break
         if "error" in reply:
             raise ValueError(reply["error"])
         return reply["result"]
+
+    def _line(self, fd: int, deadline: float) -> bytes:
+        """The helper's next reply line, read from the pipe itself: a buffered reader could
+        hold a line that select would not see."""
+        while b"\n" not in self._unread:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise TimeoutError(f"no reply in {_REPLY_S:g} s")
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise OSError("the helper ended")
+            self._unread += chunk
+        line, _, self._unread = self._unread.partition(b"\n")
+        return line
 
     def _started(self) -> subprocess.Popen[bytes]:
         running = self.running()
@@ -236,6 +256,7 @@ class _Helper:
                 if pipe is not None:
                     pipe.close()
         self._proc = None
+        self._unread = b""
 
 
 _helper = _Helper()
@@ -250,11 +271,13 @@ def serve() -> None:
     Ctrl-C is the parent's to handle."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for line in sys.stdin.buffer:
+        asked = None
         try:
             request = json.loads(line)
-            reply = {"result": _OPS[request["op"]](**request["args"])}
+            asked = request["id"]
+            reply = {"id": asked, "result": _OPS[request["op"]](**request["args"])}
         except Exception as err:  # said to the parent, which does the work itself
-            reply = {"error": f"{type(err).__name__}: {err}"}
+            reply = {"id": asked, "error": f"{type(err).__name__}: {err}"}
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()
 
