@@ -237,8 +237,17 @@ def test_the_sweep_keeps_the_dirs_of_live_pikes(tmp_path: Path) -> None:
         other.mkdir()
         live = tmp_path / mine.name
         live.mkdir()
-        assert sweep_orphaned_dirs(str(tmp_path)) == [dead.name]
+        # the owner's start in clock ticks since boot: a folder naming this pid with
+        # another start is a dead run's whose pid came back; an older pike's names hold
+        # whole seconds since the epoch, understood as before
+        ticks = int(mine.name.split("-")[3].removeprefix("t"))
+        recycled = tmp_path / f"pike-cand-{os.getpid()}-t{ticks + 1}-abc"
+        recycled.mkdir()
+        older = tmp_path / f"pike-cand-{os.getpid()}-{int(psutil.Process().create_time())}-abc"
+        older.mkdir()
+        assert sorted(sweep_orphaned_dirs(str(tmp_path))) == sorted([dead.name, recycled.name])
         assert not dead.exists() and other.exists() and live.exists()
+        assert not recycled.exists() and older.exists()
     finally:
         mine.rmdir()
 

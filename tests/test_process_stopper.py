@@ -183,3 +183,31 @@ def test_a_reply_left_unread_is_not_taken_for_the_next_ones(
     finally:
         device_lock.set_stopped(stopped, False)
     assert _until(lambda: _state(family.pid) != psutil.STATUS_STOPPED)
+
+
+def test_an_entry_names_its_child_by_start_ticks_and_older_entries_are_understood(
+        family: subprocess.Popen, tmp_path: Path) -> None:
+    """An entry holds its child's start in clock ticks since boot (`t<ticks>`), which a
+    step of the wall clock does not move; an older pike's entry (seconds since the epoch,
+    as psutil says a start) still names its child; one with another start is dropped."""
+    folder = tmp_path / "children"
+    folder.mkdir()
+    written = device_lock._started(family.pid)
+    assert written == f"t{process_stopper.start_ticks(family.pid)}"
+    (folder / str(family.pid)).write_text(written)
+    older = _family(0)
+    (folder / str(older.pid)).write_text(str(psutil.Process(older.pid).create_time()))
+    moved = _family(0)
+    (folder / str(moved.pid)).write_text(f"t{process_stopper.start_ticks(moved.pid) + 1}")
+    try:
+        stopped = device_lock._stop_listed(folder, set())
+        try:
+            assert {pid for pid, _ in stopped} == {
+                *(pid for pid, _ in device_lock.tree_of(family.pid)), older.pid}
+            assert sorted(p.name for p in folder.iterdir()) == sorted([str(family.pid),
+                                                                        str(older.pid)])
+        finally:
+            device_lock.set_stopped(stopped, False)
+    finally:
+        _end(older)
+        _end(moved)

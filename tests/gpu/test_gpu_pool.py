@@ -98,10 +98,13 @@ def test_a_timer_stops_a_neighbour_busy_on_the_gpu_and_it_goes_on_after(tmp_path
         return 0
 
     def state() -> str:
+        # stopped again after the window: by whom? (another thread's timer, in this test's
+        # lock folder, would hold the device now)
+        timed = f"a timer holds the device: {device_lock.timed_now('cuda:0')}"
         try:
-            return f"the busy process is {psutil.Process(busy.pid).status()}"
+            return f"the busy process is {psutil.Process(busy.pid).status()}; {timed}"
         except psutil.Error as err:
-            return f"the busy process: {err}"
+            return f"the busy process: {err}; {timed}"
 
     try:
         deadline = time.monotonic() + 60

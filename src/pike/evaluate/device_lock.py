@@ -156,7 +156,7 @@ def list_child(device: str, pid: int, scope: str) -> bool:
         return False
     folder = _listed_dir(device)
     part = folder / f".{pid}.part"  # whole or absent: a timer reads entries at any time
-    part.write_text(str(_started(pid)))
+    part.write_text(_started(pid))
     part.replace(folder / str(pid))
     if timed_now(device):
         _stop_trees([pid])
@@ -167,9 +167,12 @@ def unlist_child(device: str, pid: int) -> None:
     (_listed_dir(device) / str(pid)).unlink(missing_ok=True)
 
 
-def _started(pid: int) -> float:
-    # the helper checks an entry against this figure, computed the same way
-    return process_stopper.created(pid) or 0.0
+def _started(pid: int) -> str:
+    """What a listing entry says of its child's start, which the stopper checks it against
+    (process_stopper._same_start): its start in clock ticks since boot, which a change of
+    the wall clock does not move (a start since the epoch did: after a clock step of a
+    second every entry looked stale, was dropped, and no timer stopped those children)."""
+    return f"t{process_stopper.start_ticks(pid) or 0}"
 
 
 def _stop_listed(folder: Path, keep: set[int]) -> list[Proc]:

@@ -3,7 +3,10 @@ and the next pike to start removes those whose owner is gone.
 
 `pike-cand-<pid>-*` and `pike-ref-<pid>-*` hold a candidate's work and a reference's
 inputs; a pike ended by SIGKILL (or the OOM killer) cannot remove them itself. The owner's
-start time is in the name too, so a recycled pid does not keep a dead run's folder alive.
+start is in the name too (clock ticks since boot, `t<ticks>`, which a change of the wall
+clock does not move; before 2026-12-04 seconds since the epoch, still understood), so a
+recycled pid does not keep a dead run's folder alive, and a live one's is never taken for
+a dead one's.
 """
 
 from __future__ import annotations
@@ -26,17 +29,18 @@ from typing import Any
 
 import psutil
 
+from pike.evaluate import process_stopper
+
 log = logging.getLogger(__name__)
 
 # cache: a build cache of its own for one measurement (bench/baseline_phase.py)
 _KINDS = ("cand", "ref", "ncu", "ray-tasks", "cache")
-_NAME = re.compile(r"^pike-(?:" + "|".join(_KINDS) + r")-(\d+)-(\d+)-")
+_NAME = re.compile(r"^pike-(?:" + "|".join(_KINDS) + r")-(\d+)-(t?\d+)-")
 
 
 @functools.cache
 def _owner_tag() -> str:
-    me = psutil.Process()
-    return f"{me.pid}-{int(me.create_time())}"
+    return f"{os.getpid()}-t{process_stopper.start_ticks(os.getpid())}"
 
 
 # Free space /dev/shm must have to hold the evaluator's files: input sets and outputs of
@@ -104,9 +108,13 @@ def make_temp_dir(kind: str) -> Path:
                                      dir=scratch_root()))
 
 
-def _owner_alive(pid: int, started: int) -> bool:
+def _owner_alive(pid: int, started: str) -> bool:
+    """Whether the folder's owner runs: its start as written, `t<ticks>` or (older pikes)
+    whole seconds since the epoch."""
+    if started.startswith("t"):
+        return started == f"t{process_stopper.start_ticks(pid)}"
     try:
-        return int(psutil.Process(pid).create_time()) == started
+        return int(psutil.Process(pid).create_time()) == int(started)
     except psutil.Error:
         return False
 
@@ -171,11 +179,11 @@ def _kill_children(wait_s: float) -> None:
     psutil.wait_procs(children, timeout=wait_s)
 
 
-def _is_mine(owner: int, started: int) -> bool:
+def _is_mine(owner: int, started: str) -> bool:
     return f"{owner}-{started}" == _owner_tag()
 
 
-def _remove_dirs_of(owned_by: Callable[[int, int], bool]) -> list[str]:
+def _remove_dirs_of(owned_by: Callable[[int, str], bool]) -> list[str]:
     return [name for root in _roots() for name in _remove_dirs(root, owned_by)]
 
 
@@ -185,7 +193,7 @@ def _roots() -> list[str]:
     return list(dict.fromkeys([tempfile.gettempdir(), str(scratch_root())]))
 
 
-def _dirs_of(owned_by: Callable[[int, int], bool], folder: str | None = None) -> list[Path]:
+def _dirs_of(owned_by: Callable[[int, str], bool], folder: str | None = None) -> list[Path]:
     """The pike temp folders in `folder` (or every root) whose owner (pid, start time)
     matches."""
     if folder is None:
@@ -196,10 +204,10 @@ def _dirs_of(owned_by: Callable[[int, int], bool], folder: str | None = None) ->
         return []
     return [path for path in entries
             if (match := _NAME.match(path.name)) and path.is_dir()
-            and owned_by(int(match[1]), int(match[2]))]
+            and owned_by(int(match[1]), match[2])]
 
 
-def _remove_dirs(folder: str, owned_by: Callable[[int, int], bool]) -> list[str]:
+def _remove_dirs(folder: str, owned_by: Callable[[int, str], bool]) -> list[str]:
     """Remove the pike temp folders in `folder` whose owner (pid, start time) matches."""
     removed = []
     for path in _dirs_of(owned_by, folder):

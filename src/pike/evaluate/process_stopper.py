@@ -58,19 +58,28 @@ def _stat(pid: int) -> tuple[int, int] | None:
         return None
 
 
-def _boot_time() -> float:
-    with open("/proc/stat", "rb") as f:
-        for line in f:
-            if line.startswith(b"btime"):
-                return float(line.split()[1])
-    raise RuntimeError("no btime in /proc/stat")
-
-
-def created(pid: int) -> float | None:
-    """When `pid` started, in seconds since the epoch as psutil's create_time says it (the
-    listing entries hold that figure); None where it has ended."""
+def start_ticks(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot (None where it has ended): unlike a
+    time since the epoch (boot time + ticks, as psutil's create_time says it), it does not
+    move when the wall clock is set, so two processes reading it at different times agree."""
     found = _stat(pid)
-    return None if found is None else found[1] / _CLOCK_TICKS + _boot_time()
+    return None if found is None else found[1]
+
+
+def _same_start(pid: int, written: str) -> bool:
+    """Whether `pid` is the process a listing entry names: `t<ticks>` since 2026-12-04;
+    before, the start in seconds since the epoch (an older pike listing on this host)."""
+    ticks = start_ticks(pid)
+    if ticks is None:
+        return False
+    if written.startswith("t"):
+        return written[1:] == str(ticks)
+    try:
+        with open("/proc/stat", "rb") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith(b"btime"))
+        return abs(ticks / _CLOCK_TICKS + boot - float(written or 0)) <= 0.01
+    except (OSError, StopIteration, ValueError):
+        return False
 
 
 def trees(roots: list[int]) -> list[Proc]:
@@ -131,13 +140,12 @@ def stop_listed(folder: str, keep: list[int], settle_s: float = 0.0) -> list[Pro
             _drop_if_stale(entry)
             continue
         try:
-            pid, started = int(entry.name), float(entry.read_text() or 0)
+            pid, written = int(entry.name), entry.read_text()
         except (ValueError, OSError):
             continue
         if pid in keep:
             continue
-        began = created(pid)
-        if began is None or abs(began - started) > 0.01:
+        if not _same_start(pid, written):  # ended, or the pid names another process now
             entry.unlink(missing_ok=True)
             continue
         roots.append(pid)
