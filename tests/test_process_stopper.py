@@ -66,8 +66,11 @@ def test_a_tree_is_stopped_and_let_go_by_the_helper(family: subprocess.Popen) ->
     stopped = device_lock._stop_trees([family.pid])
     assert sorted(stopped) == sorted(tree)
     assert _until(lambda: all(_state(pid) == psutil.STATUS_STOPPED for pid, _ in tree))
+    assert all(device_lock.stopped(pid) for pid, _ in tree)  # one stat read, as psutil says
     device_lock.set_stopped(stopped, False)
     assert _until(lambda: all(_state(pid) != psutil.STATUS_STOPPED for pid, _ in tree))
+    assert not any(device_lock.stopped(pid) for pid, _ in tree)
+    assert not device_lock.stopped(999_999_999)
 
 
 def test_a_process_started_since_is_not_signalled(family: subprocess.Popen) -> None:

@@ -39,8 +39,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
 
-import psutil
-
 from pike.evaluate import device_holds, process_stopper
 from pike.evaluate.process_stopper import Proc
 
@@ -225,10 +223,7 @@ def timed_now(device: str) -> bool:
 
 
 def stopped(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
-    except psutil.Error:
-        return False
+    return process_stopper.is_stopped(pid)
 
 
 def resume_unless_timed(device: str, pid: int) -> bool:

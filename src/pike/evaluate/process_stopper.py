@@ -43,19 +43,32 @@ _REPLY_S = 20.0
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start ticks) of `pid`, or None where it has ended."""
+def _fields(pid: int) -> list[bytes] | None:
+    """The fields of `pid`'s stat file after its name (state, parent, ...), or None where
+    it has ended."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             text = f.read()
     except OSError:
         return None
     # the name in parentheses may hold spaces and parentheses: fields follow the last ')'
-    fields = text[text.rfind(b")") + 2:].split()
+    return text[text.rfind(b")") + 2:].split()
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start ticks) of `pid`, or None where it has ended."""
+    fields = _fields(pid)
     try:
-        return int(fields[1]), int(fields[19])
+        return (int(fields[1]), int(fields[19])) if fields else None
     except (IndexError, ValueError):
         return None
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether `pid` stands stopped by a signal (state T): one read of its stat file, as a
+    waiting child's watchdog asks it at every poll (psutil took two)."""
+    fields = _fields(pid)
+    return bool(fields) and fields[0] == b"T"
 
 
 def start_ticks(pid: int) -> int | None:
