@@ -122,14 +122,14 @@ def test_a_comparison_without_room_on_the_gpu_is_made_on_the_host(
     candidate whose outputs the parent cannot fit on the GPU is compared on the host, and
     stays correct (on an H200 with 16 evaluations at once it was judged `incorrect`)."""
     from pike.config import EvalConfig
-    from pike.evaluate import judge
+    from pike.evaluate import trial_comparison
     from pike.evaluate.leaf_files import write_leaves
 
     expected = [[torch.full((4, 3), float(t))] for t in range(2)]
     for t, leaves in enumerate(expected):
         write_leaves(leaves, tmp_path / f"outputs_{t}.pt")
     gpu = torch.device("cuda")
-    real_load, real_compare = judge._load_leaves, judge._compare_leaves
+    real_load, real_compare = trial_comparison.load_leaves, trial_comparison._compare_leaves
     tried_on: list[str] = []
 
     def load(path: Path, mapped: bool = False, on: torch.device | None = None,
@@ -146,9 +146,10 @@ def test_a_comparison_without_room_on_the_gpu_is_made_on_the_host(
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 498.00 MiB.")
         return real_compare(exp, act, trial, cfg, on, atol)
 
-    monkeypatch.setattr(judge, "_load_leaves", load)
-    monkeypatch.setattr(judge, "_compare_leaves", compare)
-    verdict = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=2), gpu).verdict()
+    monkeypatch.setattr(trial_comparison, "load_leaves", load)
+    monkeypatch.setattr(trial_comparison, "_compare_leaves", compare)
+    verdict = trial_comparison.TrialComparison(expected, tmp_path, EvalConfig(trials=2),
+                                               gpu).verdict()
     assert verdict.status == "ok", verdict.message
     assert verdict.trials_passed == 2
     assert tried_on[:3] == (["read on cuda", "read on cpu", "compare on cpu"]
@@ -157,8 +158,8 @@ def test_a_comparison_without_room_on_the_gpu_is_made_on_the_host(
 
     # a candidate's wrong values are still wrong when compared on the host
     write_leaves([torch.zeros(4, 3)], tmp_path / "outputs_1.pt")
-    assert judge.TrialComparison(expected, tmp_path, EvalConfig(trials=2),
-                                 gpu).verdict().status == "incorrect"
+    assert trial_comparison.TrialComparison(expected, tmp_path, EvalConfig(trials=2),
+                                            gpu).verdict().status == "incorrect"
 
 
 def _trials(tmp_path: Path, count: int) -> list[list[torch.Tensor]]:
@@ -175,19 +176,19 @@ def test_trials_compared_as_the_child_saves_them_are_each_compared_once_and_all_
     """The child's word that a trial is saved only decides when the parent looks: out of
     order, repeated, or never said, every trial is compared once, in order, and judged."""
     from pike.config import EvalConfig
-    from pike.evaluate import judge
+    from pike.evaluate import trial_comparison
 
     expected = _trials(tmp_path, 4)
     compared: list[int] = []
-    real = judge._compare_with_room
+    real = trial_comparison.compare_with_room
 
     def counted(exp: list, act: list, trial: int, *rest: Any) -> list:
         compared.append(trial)
         return real(exp, act, trial, *rest)
 
-    monkeypatch.setattr(judge, "_compare_with_room", counted)
-    comparison = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=3),
-                                       torch.device("cpu"))
+    monkeypatch.setattr(trial_comparison, "compare_with_room", counted)
+    comparison = trial_comparison.TrialComparison(expected, tmp_path, EvalConfig(trials=3),
+                                                  torch.device("cpu"))
     comparison.add(1)
     assert compared == [0, 1]  # the first trial's fingerprint comes first
     comparison.add(1)
@@ -201,8 +202,8 @@ def test_trials_compared_as_the_child_saves_them_are_each_compared_once_and_all_
     from pike.evaluate.leaf_files import write_leaves
     for t in range(4):
         write_leaves(expected[0], tmp_path / f"outputs_{t}.pt")
-    comparison = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=3),
-                                       torch.device("cpu"))
+    comparison = trial_comparison.TrialComparison(expected, tmp_path, EvalConfig(trials=3),
+                                                  torch.device("cpu"))
     comparison.add(2)
     verdict = comparison.verdict()
     assert verdict.status == "incorrect" and "trial 1" in verdict.message
@@ -211,12 +212,12 @@ def test_trials_compared_as_the_child_saves_them_are_each_compared_once_and_all_
 
 def test_an_unreadable_trial_ends_the_comparison(tmp_path: Path) -> None:
     from pike.config import EvalConfig
-    from pike.evaluate import judge
+    from pike.evaluate import trial_comparison
 
     expected = _trials(tmp_path, 3)
     (tmp_path / "outputs_1.pt").write_bytes(b"not a tensor file")
-    comparison = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=2),
-                                       torch.device("cpu"))
+    comparison = trial_comparison.TrialComparison(expected, tmp_path, EvalConfig(trials=2),
+                                                  torch.device("cpu"))
     comparison.add(2)
     verdict = comparison.verdict()
     assert verdict.status == "incorrect" and "trial 1: outputs could not be read back" in \
@@ -227,11 +228,11 @@ def test_the_parent_compares_a_trial_while_the_child_runs_the_next(
         monkeypatch: pytest.MonkeyPatch, fast_config: Any, mlp_task: Any) -> None:
     """With pausing (the default), a candidate's trial is compared when its child says it
     is saved, before the child's trials end; the verdict is the same."""
-    from pike.evaluate import driver, judge
+    from pike.evaluate import driver, judge, trial_comparison
     from tests.conftest import candidate
 
     seen: list[tuple[int, bool]] = []
-    real_add = judge.TrialComparison.add
+    real_add = trial_comparison.TrialComparison.add
     checked = {"done": False}
     real_pump = driver._pump
 
@@ -245,7 +246,7 @@ def test_the_parent_compares_a_trial_while_the_child_runs_the_next(
             checked["done"] = True
         return ran
 
-    monkeypatch.setattr(judge.TrialComparison, "add", add)
+    monkeypatch.setattr(trial_comparison.TrialComparison, "add", add)
     monkeypatch.setattr(driver, "_pump", pump)
     verdict = judge.evaluate(mlp_task, candidate("fused"),
                              fast_config.model_copy(update={"device_lock": "pause_others"}))
@@ -260,15 +261,15 @@ def test_a_read_trial_file_is_passed_on_to_a_later_trial_never_over_one_begun(
     t+2, the check after timing's last), for the child to write over in place; a file the
     child has begun is never replaced, and a file with nowhere to go is removed."""
     from pike.config import EvalConfig
-    from pike.evaluate import judge
+    from pike.evaluate import trial_comparison
     from pike.evaluate.leaf_files import write_leaves
 
     expected = _trials(tmp_path, 4)  # three trials and the shifted one
     inodes = {t: (tmp_path / f"outputs_{t}.pt").stat().st_ino for t in range(4)}
     (tmp_path / "outputs_2.pt").unlink()  # the child has not reached trial 2 yet
     (tmp_path / "outputs_3.pt").write_bytes(b"begun")  # but has begun trial 3
-    comparison = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=3),
-                                       torch.device("cpu"))
+    comparison = trial_comparison.TrialComparison(expected, tmp_path, EvalConfig(trials=3),
+                                                  torch.device("cpu"))
     comparison.add(1)
     assert not (tmp_path / "outputs_0.pt").exists() and not (tmp_path / "outputs_1.pt").exists()
     assert (tmp_path / "outputs_2.pt").stat().st_ino == inodes[0]
@@ -289,13 +290,13 @@ def test_a_passed_on_file_the_child_does_not_write_over_fails_its_trial(
     outputs in the passed-on file: they are judged against the new trial's expected
     outputs, as a missing file would be, and never pass."""
     from pike.config import EvalConfig
-    from pike.evaluate import judge
+    from pike.evaluate import trial_comparison
 
     expected = _trials(tmp_path, 4)
     for t in (2, 3):
         (tmp_path / f"outputs_{t}.pt").unlink()
-    comparison = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=3),
-                                       torch.device("cpu"))
+    comparison = trial_comparison.TrialComparison(expected, tmp_path, EvalConfig(trials=3),
+                                                  torch.device("cpu"))
     comparison.add(1)  # trial 0's file is now trial 2's, trial 1's trial 3's
     verdict = comparison.verdict()
     assert verdict.status == "incorrect"
@@ -330,7 +331,7 @@ def test_outputs_linked_to_the_expected_ones_are_refused_not_compared(tmp_path: 
     """A child that links its outputs file to the parent's own expected outputs (which a
     reader following links would compare with themselves) gets `incorrect`."""
     from pike.config import EvalConfig
-    from pike.evaluate import judge
+    from pike.evaluate import trial_comparison
     from pike.evaluate.leaf_files import write_leaves
 
     expected = _trials(tmp_path, 3)
@@ -338,8 +339,8 @@ def test_outputs_linked_to_the_expected_ones_are_refused_not_compared(tmp_path: 
     write_leaves(expected[0], answers)
     (tmp_path / "outputs_0.pt").unlink()
     (tmp_path / "outputs_0.pt").symlink_to(answers)
-    verdict = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=2),
-                                    torch.device("cpu")).verdict()
+    verdict = trial_comparison.TrialComparison(expected, tmp_path, EvalConfig(trials=2),
+                                               torch.device("cpu")).verdict()
     assert verdict.status == "incorrect"
     assert "trial 0: outputs could not be read back (the file is a symbolic link)" in \
         verdict.message

@@ -138,7 +138,7 @@ def test_dtypes_no_comparison_supports_go_through_torch_save(tmp_path: Path) -> 
 
 
 def test_outputs_of_a_dtype_torch_cannot_compare_are_not_the_same() -> None:
-    from pike.evaluate.judge import _same_leaves
+    from pike.evaluate.trial_comparison import _same_leaves
     odd = torch.zeros(4, dtype=torch.uint8).view(torch.bits8)
     assert not _same_leaves([odd], [odd.clone()])
     assert _same_leaves([torch.ones(3)], [torch.ones(3)])
@@ -147,7 +147,7 @@ def test_outputs_of_a_dtype_torch_cannot_compare_are_not_the_same() -> None:
 def test_a_trials_outputs_are_kept_in_short_to_tell_repeats() -> None:
     # the check keeps the first trial's outputs only to name a repeated answer in its
     # message: a fingerprint of a few thousand values, not a gigabyte on the GPU
-    from pike.evaluate.judge import _PRINTED_VALUES, _fingerprint, _same_print
+    from pike.evaluate.trial_comparison import _PRINTED_VALUES, _fingerprint, _same_print
     big = torch.randn(300, 200)
     shapes, values = _fingerprint([big, 2.0])
     assert shapes == [(300, 200), None] and values[0].numel() == _PRINTED_VALUES
@@ -163,7 +163,7 @@ def test_a_trials_outputs_are_kept_in_short_to_tell_repeats() -> None:
 
 def test_a_fingerprint_of_a_large_output_stays_inside_it() -> None:
     # float32 positions rounded past the end of outputs above 2**24 elements
-    from pike.evaluate.judge import _PRINTED_VALUES, _fingerprint, _same_print
+    from pike.evaluate.trial_comparison import _PRINTED_VALUES, _fingerprint, _same_print
     big = torch.zeros(2**25 + 3, dtype=torch.uint8)
     big[-1] = 7
     printed = _fingerprint([big])
@@ -173,7 +173,7 @@ def test_a_fingerprint_of_a_large_output_stays_inside_it() -> None:
 
 
 def test_a_dtype_that_cannot_be_indexed_has_no_fingerprint() -> None:
-    from pike.evaluate.judge import _fingerprint, _same_print
+    from pike.evaluate.trial_comparison import _fingerprint, _same_print
     odd = torch.zeros(5000, dtype=torch.uint8).view(torch.bits8)
     assert _fingerprint([odd]) is None
     assert not _same_print(_fingerprint([odd]), _fingerprint([odd]))

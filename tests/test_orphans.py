@@ -325,7 +325,7 @@ def test_a_kept_reference_outlives_the_thread_that_started_it(
         reference.close()
 
 
-@pytest.mark.parametrize("step", ["_load_leaves", "run_trials", "_make_read_only"])
+@pytest.mark.parametrize("step", ["load_leaves", "run_trials", "_make_read_only"])
 def test_a_reference_cut_short_leaves_no_child_or_folder(
         mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch,
         step: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pike.config import EvalConfig
-from pike.evaluate import judge, outputs_handoff
+from pike.evaluate import judge, outputs_handoff, trial_comparison
 from pike.evaluate.leaf_files import LeafFileError, layout_of, write_leaves
 from pike.evaluate.outputs_handoff import OutputsBuffer, OutputsSlot, leaves_from, write_into
 from pike.task import Task
@@ -89,9 +89,11 @@ class _FakeBuffer:
         pass
 
 
-def _comparison(tmp_path: Path, trials: int = 2) -> tuple[judge.TrialComparison, list]:
+def _comparison(tmp_path: Path, trials: int = 2) -> tuple[trial_comparison.TrialComparison, list]:
     expected = [[torch.full((4,), float(t))] for t in range(trials)]
-    return judge.TrialComparison(expected, tmp_path, EvalConfig(trials=trials), CPU), expected
+    comparison = trial_comparison.TrialComparison(expected, tmp_path, EvalConfig(trials=trials),
+                                                  CPU)
+    return comparison, expected
 
 
 def test_a_trial_said_to_be_in_the_buffer_is_read_there_and_its_file_ignored(
@@ -136,8 +138,8 @@ class _FakeChild:
         pass
 
 
-def _early(comparison: judge.TrialComparison, child: _FakeChild) -> Any:
-    compare = judge._compare_early(comparison, child, "cpu",  # type: ignore[arg-type]
+def _early(comparison: trial_comparison.TrialComparison, child: _FakeChild) -> Any:
+    compare = trial_comparison.compare_early(comparison, child, "cpu",  # type: ignore[arg-type]
                                    EvalConfig(trials=2, device_lock="pause_others"))
     assert compare is not None
     return compare
@@ -168,13 +170,13 @@ def test_the_child_may_write_its_next_trial_before_this_one_is_compared(
     child = _FakeChild()
     compare = _early(comparison, child)
     told_when_compared: list[int] = []
-    real = judge._compare_with_room
+    real = trial_comparison.compare_with_room
 
     def compare_with_room(*args: Any, **kwargs: Any) -> Any:
         told_when_compared.append(len(child.sent))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(judge, "_compare_with_room", compare_with_room)
+    monkeypatch.setattr(trial_comparison, "compare_with_room", compare_with_room)
     for t, leaves in enumerate(expected):
         entries, _ = layout_of(leaves)
         write_into(fake.bytes, leaves, entries)

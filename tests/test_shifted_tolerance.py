@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pike.config import EvalConfig
-from pike.evaluate import check, judge
+from pike.evaluate import check, judge, trial_comparison
 from pike.evaluate.leaf_files import write_leaves
 
 TRIALS = 2  # trial 2 is the shifted one
@@ -20,8 +20,8 @@ def _judged(tmp_path: Path, expected: list[list[torch.Tensor]],
             actual: list[list[torch.Tensor]]) -> judge.Verdict:
     for t, leaves in enumerate(actual):
         write_leaves(leaves, tmp_path / f"outputs_{t}.pt")
-    return judge.TrialComparison(expected, tmp_path, EvalConfig(trials=TRIALS),
-                                 torch.device("cpu")).verdict()
+    return trial_comparison.TrialComparison(expected, tmp_path, EvalConfig(trials=TRIALS),
+                                            torch.device("cpu")).verdict()
 
 
 def _expected(scale: float) -> list[list[torch.Tensor]]:
@@ -82,7 +82,7 @@ def test_a_reference_run_works_its_tolerance_out_once_for_every_candidate(
     off = [leaf + 0.02 for leaf in expected[2]]
     for t, leaves in enumerate([expected[0], expected[1], off]):
         write_leaves(leaves, tmp_path / f"outputs_{t}.pt")
-    verdict = judge.TrialComparison(expected, tmp_path, EvalConfig(trials=TRIALS),
-                                    torch.device("cpu"), first).verdict()
+    verdict = trial_comparison.TrialComparison(expected, tmp_path, EvalConfig(trials=TRIALS),
+                                               torch.device("cpu"), first).verdict()
     assert verdict.status == "ok", verdict.message
     assert worked == [1]
