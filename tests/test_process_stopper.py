@@ -176,10 +176,14 @@ def test_a_reply_left_unread_is_not_taken_for_the_next_ones(
             raise KeyboardInterrupt
         return real_select(*args)
 
+    device_lock.tree_of(family.pid)
+    helper = process_stopper.helper_pid()
     monkeypatch.setattr(process_stopper.select, "select", interrupted)
     with pytest.raises(KeyboardInterrupt):
         process_stopper.call("trees", roots=[999_999_999])  # answered with []
+    assert process_stopper.helper_pid() is None  # ended with what it had not said yet
     stopped = device_lock._stop_trees([family.pid])
+    assert process_stopper.helper_pid() not in (None, helper)
     try:
         assert {pid for pid, _ in stopped} == {pid for pid, _ in device_lock.tree_of(family.pid)}
         assert _until(lambda: _state(family.pid) == psutil.STATUS_STOPPED)
@@ -214,3 +218,22 @@ def test_an_entry_names_its_child_by_start_ticks_and_older_entries_are_understoo
     finally:
         _end(older)
         _end(moved)
+
+
+def test_a_reply_to_no_request_of_this_caller_is_dropped_and_a_garbled_one_fails_at_once(
+        family: subprocess.Popen, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replies carry their request's number: one to another request is not taken for this
+    one's, and the helper's answer to a line it could not read fails the call at once (the
+    parent does the work), not after the reply timeout."""
+    monkeypatch.setattr(process_stopper, "_REPLY_S", 10.0)
+    tree = {pid for pid, _ in device_lock.tree_of(family.pid)}
+    proc = process_stopper._helper._proc
+    assert proc is not None and proc.stdin is not None
+    proc.stdin.write(b'{"id": -1, "op": "trees", "args": {"roots": []}}\n')  # no one's
+    proc.stdin.flush()
+    assert {pid for pid, _ in device_lock.tree_of(family.pid)} == tree
+    proc.stdin.write(b'{"id": 7, "op": "tre')  # cut short: the next request joins it
+    proc.stdin.flush()
+    started = time.monotonic()
+    assert {pid for pid, _ in device_lock.tree_of(family.pid)} == tree
+    assert time.monotonic() - started < 5.0

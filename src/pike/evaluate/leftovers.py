@@ -40,7 +40,10 @@ _NAME = re.compile(r"^pike-(?:" + "|".join(_KINDS) + r")-(\d+)-(t?\d+)-")
 
 @functools.cache
 def _owner_tag() -> str:
-    return f"{os.getpid()}-t{process_stopper.start_ticks(os.getpid())}"
+    ticks = process_stopper.start_ticks(os.getpid())
+    if ticks is None:  # no /proc to read: the start in seconds, as older pikes named it
+        return f"{os.getpid()}-{int(psutil.Process().create_time())}"
+    return f"{os.getpid()}-t{ticks}"
 
 
 # Free space /dev/shm must have to hold the evaluator's files: input sets and outputs of

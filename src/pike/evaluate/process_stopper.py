@@ -223,6 +223,11 @@ class _Helper:
                     log.warning("the process stopper failed (%s): this %s in the parent",
                                 err, op)
                     self._end()
+                except BaseException:
+                    # interrupted (Ctrl-C) between request and reply: the unread reply, or a
+                    # request half-flushed into the pipe, goes with this helper
+                    self._end()
+                    raise
         return _OPS[op](**args)  # type: ignore[operator]
 
     def _ask(self, op: str, args: dict[str, object]) -> object:
@@ -236,6 +241,8 @@ class _Helper:
             reply = json.loads(self._line(proc.stdout.fileno(), deadline))
             if not isinstance(reply, dict):
                 raise ValueError(f"not a reply: {reply!r:.80}")
+            if reply.get("id") is None and "error" in reply:  # a request it could not read
+                raise ValueError(reply["error"])
             # a reply to an earlier request (one whose caller was interrupted before it read
             # it) is not this one's answer: a hold given the processes another call stopped
             # would let go of the wrong ones
