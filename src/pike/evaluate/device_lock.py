@@ -170,7 +170,7 @@ def _started(pid: int) -> str:
     (process_stopper._same_start): its start in clock ticks since boot, which a change of
     the wall clock does not move (a start since the epoch did: after a clock step of a
     second every entry looked stale, was dropped, and no timer stopped those children)."""
-    return f"t{process_stopper.start_ticks(pid) or 0}"
+    return process_stopper.start_tag(pid) or "t0"
 
 
 def _stop_listed(folder: Path, keep: set[int]) -> list[Proc]:

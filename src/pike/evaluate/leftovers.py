@@ -40,10 +40,10 @@ _NAME = re.compile(r"^pike-(?:" + "|".join(_KINDS) + r")-(\d+)-(t?\d+)-")
 
 @functools.cache
 def _owner_tag() -> str:
-    ticks = process_stopper.start_ticks(os.getpid())
-    if ticks is None:  # no /proc to read: the start in seconds, as older pikes named it
-        return f"{os.getpid()}-{int(psutil.Process().create_time())}"
-    return f"{os.getpid()}-t{ticks}"
+    started = process_stopper.start_tag(os.getpid())
+    if started is None:  # no /proc to read: the start in seconds, as older pikes named it
+        started = str(int(psutil.Process().create_time()))
+    return f"{os.getpid()}-{started}"
 
 
 # Free space /dev/shm must have to hold the evaluator's files: input sets and outputs of
@@ -115,7 +115,7 @@ def _owner_alive(pid: int, started: str) -> bool:
     """Whether the folder's owner runs: its start as written, `t<ticks>` or (older pikes)
     whole seconds since the epoch."""
     if started.startswith("t"):
-        return started == f"t{process_stopper.start_ticks(pid)}"
+        return started == process_stopper.start_tag(pid)
     try:
         return int(psutil.Process(pid).create_time()) == int(started)
     except psutil.Error:

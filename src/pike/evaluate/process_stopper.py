@@ -79,14 +79,21 @@ def start_ticks(pid: int) -> int | None:
     return None if found is None else found[1]
 
 
+def start_tag(pid: int) -> str | None:
+    """`pid`'s start as the listing entries and pike's temp-folder names write it,
+    `t<ticks>` (None where it has ended)."""
+    ticks = start_ticks(pid)
+    return None if ticks is None else f"t{ticks}"
+
+
 def _same_start(pid: int, written: str) -> bool:
     """Whether `pid` is the process a listing entry names: `t<ticks>` since 2026-12-04;
     before, the start in seconds since the epoch (an older pike listing on this host)."""
+    if written.startswith("t"):
+        return written == start_tag(pid)
     ticks = start_ticks(pid)
     if ticks is None:
         return False
-    if written.startswith("t"):
-        return written[1:] == str(ticks)
     try:
         with open("/proc/stat", "rb") as f:
             boot = next(float(line.split()[1]) for line in f if line.startswith(b"btime"))
