@@ -38,8 +38,8 @@ from common import RESULTS, device_name, now, run_script, this_command, with_ext
 
 from pike.config import EvalConfig
 from pike.evaluate import evaluate, spares
-from pike.evaluate.judge import close_references
 from pike.evaluate.pool import LocalPool
+from pike.evaluate.reference import close_references
 from pike.evaluate.verdict import Verdict
 from pike.task import Task
 

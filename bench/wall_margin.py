@@ -50,7 +50,7 @@ from common import RESULTS, device_name, notes_section, now, run_script, this_co
 
 from pike.config import EvalConfig
 from pike.evaluate import driver, evaluate, judge
-from pike.evaluate.judge import close_references
+from pike.evaluate.reference import close_references
 from pike.task import Task
 
 FORGER = '''

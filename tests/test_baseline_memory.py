@@ -15,7 +15,7 @@ import pytest
 from pike.config import RunConfig
 from pike.errors import TaskError
 from pike.evaluate import baseline as baseline_module
-from pike.evaluate.judge import ModeFailed
+from pike.evaluate.baseline import ModeFailed
 from pike.task import load_task
 from tests.conftest import EXAMPLES
 

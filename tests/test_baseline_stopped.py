@@ -17,7 +17,7 @@ import pytest
 from pike.config import RunConfig
 from pike.errors import TaskError
 from pike.evaluate import baseline as baseline_module
-from pike.evaluate.judge import ModeFailed
+from pike.evaluate.baseline import ModeFailed
 from pike.search import campaign, drain
 from pike.store import RunStore
 from pike.task import load_task

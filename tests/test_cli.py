@@ -345,7 +345,7 @@ def _autotuned_baseline(tmp_path: Path, config: Path, name: str,
 def test_an_autotuning_baseline_mode_is_built_first_beside_others(tmp_path: Path,
                                                                    config: Path) -> None:
     """max-autotune compiles once beside other evaluations, then again with the device
-    held alone (judge._prebuild): the build's line says how much of it held the device."""
+    held alone (baseline._prebuild): the build's line says how much of it held the device."""
     eager, tuned, said = _autotuned_baseline(tmp_path, config, "1_Double", TASK)
     assert tuned["stats"]["median_ms"] > 0 and tuned["checked"] is True, tuned
     assert 0 < tuned["prebuild_s"] < tuned["build_s"] and eager["prebuild_s"] is None

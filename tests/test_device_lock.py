@@ -106,7 +106,7 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
     eval.device_lock timing_only (bench/contamination.py's control) only timing holds it."""
     from contextlib import contextmanager
 
-    from pike.evaluate import device_lock, evaluate, judge, shared_window
+    from pike.evaluate import device_lock, evaluate, judge, reference, shared_window
     from pike.task import Task
     from tests.conftest import EXAMPLES, candidate, fast_protocol
 
@@ -142,16 +142,19 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
 
 
     monkeypatch.setattr(judge, "hold", recording_hold)
+    monkeypatch.setattr(reference, "hold", recording_hold)  # the reference's calibration
     monkeypatch.setattr(shared_window, "hold", recording_hold)  # a first window's
     monkeypatch.setattr(device_lock, "hold", recording_hold)
     monkeypatch.setattr(device_lock, "list_child", recording_list)
     steps = ("launch_child", "begin_child", "wait_ready", "run_trials", "stage_timed_inputs",
              "time_interleaved", "calibrate")
-    for name in steps:
-        monkeypatch.setattr(judge, name, watched(name, getattr(judge, name)))
+    for module in (judge, reference):  # the candidate's steps, and the reference's
+        for name in steps:
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, watched(name, getattr(module, name)))
     monkeypatch.setattr(shared_window, "time_interleaved",
                         watched("time_interleaved", shared_window.time_interleaved))
-    judge.close_references()
+    reference.close_references()
     verdict = evaluate(Task.from_file(EXAMPLES / "tasks" / "1_GeluMLP.py"),
                        candidate("fused"), fast_protocol().model_copy(update={"device_lock": scope}))
     assert verdict.ok, verdict.message
@@ -431,7 +434,7 @@ def test_a_calibration_in_a_held_window_stops_the_candidates_it_kept_running(mon
     not measure beside a thread one of them left running (it would loosen the wall-clock
     check for every later candidate), so it stops them, as its own hold did, and lets
     them go on after."""
-    from pike.evaluate import judge
+    from pike.evaluate import reference as reference_module
     from pike.evaluate.device_lock import stopped
     from pike.evaluate.driver import LoopCost
 
@@ -449,8 +452,8 @@ def test_a_calibration_in_a_held_window_stops_the_candidates_it_kept_running(mon
         def enter_phase(self, phase):
             pass
 
-    monkeypatch.setattr(judge, "calibrate", calibrate)
-    reference = judge.ReferenceRun(Path("."), [], {}, Child(), Path("."), device="cuda:0")
+    monkeypatch.setattr(reference_module, "calibrate", calibrate)
+    reference = reference_module.ReferenceRun(Path("."), [], {}, Child(), Path("."), device="cuda:0")
     try:
         cost = reference.loop_cost(held=True, stop=[kept.pid])
         assert seen == [True]
@@ -469,15 +472,15 @@ def test_a_trusted_childs_untimed_work_is_listed_and_unlisted_after(tmp_path):
     """The reference's start (and a baseline's builds) run listed for timers to stop, and
     the child is off the list afterwards, also when the work fails: a window that times it
     later must not stop it."""
-    from pike.evaluate import judge
     from pike.evaluate.device_lock import _listed_dir
+    from pike.evaluate.reference import beside_others
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     child, write_fd = listening_child(proc, 10.0, pausable_on=None)
     try:
         for fails in (False, True):
             with contextlib.suppress(RuntimeError), \
-                    judge._beside_others(child, "cuda:0", "pause_others"):
+                    beside_others(child, "cuda:0", "pause_others"):
                 assert child.pausable_on == "cuda:0"
                 assert str(proc.pid) in os.listdir(_listed_dir("cuda:0"))
                 if fails:

@@ -11,8 +11,9 @@ import pytest
 
 from pike.config import EvalConfig
 from pike.evaluate import evaluate, judge, os_sandbox, process_stopper
-from pike.evaluate.judge import close_references
+from pike.evaluate import reference as reference_module
 from pike.evaluate.protocol import DESCENDANTS_GRACE_S
+from pike.evaluate.reference import close_references
 from pike.task import Task
 from tests.conftest import candidate
 
@@ -197,7 +198,7 @@ def test_no_process_outlives_its_evaluation(mlp_task: Task, fast_config: EvalCon
     time.sleep(0.2)
     assert {p.pid for p in _sleepers()} - before == set()
     # The reference child stays alive, cached, to time the next candidate against.
-    cached = {r.child.proc.pid for r in judge._references.values() if r.child and r.child.proc}
+    cached = {r.child.proc.pid for r in reference_module._references.values() if r.child and r.child.proc}
     # and the evaluator's process stopper, which lives as long as this process
     helper = {process_stopper.helper_pid()} - {None}
     assert {c.pid for c in _live_children(recursive=False)} - helper == cached

@@ -10,6 +10,7 @@ import pytest
 from pike.config import EvalConfig
 from pike.evaluate import evaluate
 from pike.evaluate import judge as judge_module
+from pike.evaluate import reference as reference_module
 from pike.task import Task
 from tests.conftest import candidate
 
@@ -94,12 +95,12 @@ def test_a_kept_loop_cost_is_returned_without_taking_the_device_and_renewed_per_
             pass
 
     measured: list[object] = []
-    monkeypatch.setattr(judge_module, "hold", hold)
-    monkeypatch.setattr(judge_module, "calibrate",
+    monkeypatch.setattr(reference_module, "hold", hold)
+    monkeypatch.setattr(reference_module, "calibrate",
                         lambda child: measured.append(child) or f"cost of {id(child)}")
     first, second = Child(), Child()
-    reference = judge_module.ReferenceRun(inputs_dir=tmp_path, expected=[], env={},
-                                          child=first, _tmp=tmp_path, device="cuda:0")
+    reference = reference_module.ReferenceRun(inputs_dir=tmp_path, expected=[], env={},
+                                              child=first, _tmp=tmp_path, device="cuda:0")
     assert reference.loop_cost() == f"cost of {id(first)}"
     assert reference.loop_cost() == reference.loop_cost()
     assert holds == [True] and measured == [first]

@@ -367,7 +367,7 @@ def test_the_probes_wait_sealed_and_go_only_to_the_rotation_s_own_call() -> None
 
 
 def test_the_shared_trial_inputs_are_read_only(mlp_task: Task, fast_config: EvalConfig) -> None:
-    from pike.evaluate.judge import _references
+    from pike.evaluate.reference import _references
 
     evaluate(mlp_task, candidate("fused"), fast_config)
     run = next(iter(_references.values()))

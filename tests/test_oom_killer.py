@@ -19,8 +19,8 @@ import pytest
 from pike.config import EvalConfig
 from pike.evaluate import sandbox
 from pike.evaluate.driver import abnormal_end, finish
-from pike.evaluate.judge import run_reference
 from pike.evaluate.pool import out_of_device_memory
+from pike.evaluate.reference import run_reference
 from pike.evaluate.sandbox import (
     OOM_SCORE_ADJ,
     ChildExit,
@@ -180,13 +180,13 @@ def test_a_tree_gone_before_its_death_is_seen_keeps_its_last_real_measurement(
 ])
 def test_a_reference_ended_by_memory_is_told_apart_from_the_tasks_own_failure(
         status: str, message: str, device: str, memory: bool) -> None:
-    from pike.evaluate.judge import ReferenceOutOfMemory, _reference_failed
+    from pike.evaluate.reference import ReferenceOutOfMemory, reference_failed
     from pike.evaluate.verdict import Verdict
     from pike.task import Task
     from tests.conftest import EXAMPLES
 
     task = Task.from_file(EXAMPLES / "tasks" / "1_GeluMLP.py")
-    err = _reference_failed(task, Verdict(status=status, phase="check", message=message),
+    err = reference_failed(task, Verdict(status=status, phase="check", message=message),
                             device)
     assert isinstance(err, ReferenceOutOfMemory) is memory
     assert message.splitlines()[0] in str(err)

@@ -305,7 +305,7 @@ def test_a_kept_reference_outlives_the_thread_that_started_it(
     # for later candidates, started by a pool's worker, died with that worker.
     import threading
 
-    from pike.evaluate.judge import release_reference, run_reference
+    from pike.evaluate.reference import release_reference, run_reference
     started = {}
 
     def start() -> None:
@@ -329,7 +329,7 @@ def test_a_kept_reference_outlives_the_thread_that_started_it(
 def test_a_reference_cut_short_leaves_no_child_or_folder(
         mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch,
         step: str) -> None:
-    from pike.evaluate import judge
+    from pike.evaluate import reference
 
     folders: list[Path] = []
 
@@ -341,18 +341,18 @@ def test_a_reference_cut_short_leaves_no_child_or_folder(
         raise OSError("No space left on device")
 
     launched: list[int] = []
-    launch = judge.launch_child
+    launch = reference.launch_child
 
     def recorded_launch(*args: object, **kwargs: object) -> object:
         child = launch(*args, **kwargs)
         launched.append(child.proc.pid)
         return child
 
-    monkeypatch.setattr(judge, "make_temp_dir", recorded)
-    monkeypatch.setattr(judge, step, unreadable)
-    monkeypatch.setattr(judge, "launch_child", recorded_launch)
+    monkeypatch.setattr(reference, "make_temp_dir", recorded)
+    monkeypatch.setattr(reference, step, unreadable)
+    monkeypatch.setattr(reference, "launch_child", recorded_launch)
     with pytest.raises(OSError, match="No space left"):
-        judge.run_reference(mlp_task, fast_config, "cpu", keep_child=True, cache=False)
+        reference.run_reference(mlp_task, fast_config, "cpu", keep_child=True, cache=False)
     assert folders and not any(f.exists() for f in folders)
     # its own child (other tests' kept children may share this process)
     assert len(launched) == 1

@@ -20,9 +20,11 @@ import yaml
 
 from pike.config import EvalConfig
 from pike.errors import TaskError
+from pike.evaluate import baseline as baseline_module
 from pike.evaluate import device_lock, shared_window
 from pike.evaluate import judge as judge_module
 from pike.evaluate import pool as pool_module
+from pike.evaluate import reference as reference_module
 from pike.evaluate.pool import Lane, LocalPool, requeue_once
 from pike.evaluate.verdict import Verdict
 from pike.search.offline import OfflineSearch
@@ -424,10 +426,11 @@ def test_the_candidate_holds_the_device_from_its_start(mlp_task: Task, fast_conf
         return ready
 
     monkeypatch.setattr(judge_module, "hold", hold)
+    monkeypatch.setattr(reference_module, "hold", hold)  # the reference's calibration
     monkeypatch.setattr(device_lock, "hold", hold)  # the shared holds go through it
     monkeypatch.setattr(shared_window, "hold", hold)  # and a first window
     monkeypatch.setattr(judge_module, "wait_ready", wait_ready)
-    judge_module.close_references()
+    reference_module.close_references()
     verdict = judge_module.evaluate(mlp_task, GOOD, fast_config.model_copy(
         update={"device_lock": scope}))
     assert verdict.ok, verdict.message
@@ -566,7 +569,7 @@ def test_baseline_modes_that_measure_nothing_build_beside_others(
     (it measures kernels) and the timing; eager and the other compile modes are built
     before, as a candidate's build is, their child listed for other timers to stop."""
     order: list[str] = []
-    real_hold = judge_module.hold
+    real_hold = baseline_module.hold
 
     @contextmanager
     def hold(device: str, *, exclusive: bool, keep: Any = (),
@@ -586,26 +589,26 @@ def test_baseline_modes_that_measure_nothing_build_beside_others(
         order.append("timing")
 
     listed: list[int] = []
-    monkeypatch.setattr(judge_module, "hold", hold)
-    monkeypatch.setattr(judge_module, "_prepare", prepare)
-    monkeypatch.setattr(judge_module, "_prebuild", prebuild)
-    monkeypatch.setattr(judge_module, "time_interleaved", timing)
-    monkeypatch.setattr(judge_module, "list_for_timers",
+    monkeypatch.setattr(baseline_module, "hold", hold)
+    monkeypatch.setattr(baseline_module, "_prepare", prepare)
+    monkeypatch.setattr(baseline_module, "_prebuild", prebuild)
+    monkeypatch.setattr(baseline_module, "time_interleaved", timing)
+    monkeypatch.setattr(reference_module, "list_for_timers",
                         lambda child, device, scope: listed.append(child.proc.pid))
     modes = ["eager", "compile:default", "compile:max-autotune-no-cudagraphs",
              "compile:reduce-overhead"]
     alone = ["exclusive", "build compile:max-autotune-no-cudagraphs", "timing", "released"]
     cfg = fast_config.model_copy(update={"device_lock": "pause_others",
                                          "prebuild_autotune": "on"})
-    reference = judge_module.run_reference(mlp_task, cfg, "cpu", keep_child=True, cache=False)
+    reference = reference_module.run_reference(mlp_task, cfg, "cpu", keep_child=True, cache=False)
     try:
-        judge_module.time_reference_modes(mlp_task, reference, modes, cfg, "cpu")
+        baseline_module.time_reference_modes(mlp_task, reference, modes, cfg, "cpu")
         # max-autotune is compiled once beside the others first, before any other mode
         # (its pre-build resets the compiled frames), so its build alone mostly measures
         assert order == ["prebuild compile:max-autotune-no-cudagraphs", "build eager",
                          "build compile:default", "build compile:reduce-overhead", *alone]
         order.clear()
-        judge_module.time_reference_modes(  # auto, as no DeviceSlots settled it: off
+        baseline_module.time_reference_modes(  # auto, as no DeviceSlots settled it: off
             mlp_task, reference, modes, cfg.model_copy(update={"prebuild_autotune": "auto"}),
             "cpu")
     finally:

@@ -15,8 +15,9 @@ import pytest
 
 from pike.config import EvalConfig
 from pike.errors import TaskError
-from pike.evaluate import judge
+from pike.evaluate import reference
 from pike.evaluate.steps import current, measuring
+from pike.evaluate.verdict import Verdict
 from pike.task import Task
 
 
@@ -38,8 +39,8 @@ def _run() -> Any:
 @pytest.fixture(autouse=True)
 def _empty_cache() -> Iterator[None]:
     yield
-    judge._references.clear()
-    judge._making.clear()
+    reference._references.clear()
+    reference._making.clear()
 
 
 def _in_threads(work: Callable[[], Any], count: int) -> list[Any]:
@@ -80,11 +81,11 @@ def test_references_of_different_tasks_are_made_at_once_and_each_only_once(
         time.sleep(0.1)  # the task's second evaluation asks meanwhile
         return types.SimpleNamespace(usable=lambda: True, users=0, close=lambda: None)
 
-    monkeypatch.setattr(judge, "_start_reference", start)
+    monkeypatch.setattr(reference, "_start_reference", start)
     got: dict[str, list[Any]] = {t.name: [] for t in tasks}
 
     def evaluation(task: Task) -> None:
-        got[task.name].append(judge.run_reference(task, EvalConfig(), "cpu", keep_child=True))
+        got[task.name].append(reference.run_reference(task, EvalConfig(), "cpu", keep_child=True))
 
     threads = [threading.Thread(target=evaluation, args=(t,)) for t in (*tasks, tasks[0])]
     try:
@@ -94,7 +95,7 @@ def test_references_of_different_tasks_are_made_at_once_and_each_only_once(
         for thread in threads:
             thread.join(10)
     finally:
-        judge._references.clear()
+        reference._references.clear()
     assert met == [True, True]
     assert sorted(making) == ["1_A", "2_B"]  # the first task's second evaluation made none
     first, again = got["1_A"]
@@ -111,12 +112,12 @@ def test_a_failed_reference_is_the_failure_of_every_evaluation_waiting_for_it(
         time.sleep(0.2)  # the others ask meanwhile
         raise TaskError("reference failed: the task's own module raised")
 
-    monkeypatch.setattr(judge, "_start_reference", start)
-    got = _in_threads(lambda: judge.run_reference(task, EvalConfig(), "cpu", keep_child=True),
+    monkeypatch.setattr(reference, "_start_reference", start)
+    got = _in_threads(lambda: reference.run_reference(task, EvalConfig(), "cpu", keep_child=True),
                       3)
     assert attempts == ["1_A"]  # made once, failed once: not once per waiting evaluation
     assert len(got) == 3 and all(isinstance(e, TaskError) for e in got)
-    assert judge._making == {}
+    assert reference._making == {}
 
 
 def test_a_reference_whose_maker_was_interrupted_is_made_by_the_next_evaluation(
@@ -131,8 +132,8 @@ def test_a_reference_whose_maker_was_interrupted_is_made_by_the_next_evaluation(
             raise KeyboardInterrupt  # its own evaluation unwinds; the task's others go on
         return _run()
 
-    monkeypatch.setattr(judge, "_start_reference", start)
-    got = _in_threads(lambda: judge.run_reference(task, EvalConfig(), "cpu", keep_child=True),
+    monkeypatch.setattr(reference, "_start_reference", start)
+    got = _in_threads(lambda: reference.run_reference(task, EvalConfig(), "cpu", keep_child=True),
                       2)
     assert attempts == [0, 1]
     assert sum(isinstance(g, KeyboardInterrupt) for g in got) == 1
@@ -152,15 +153,15 @@ def test_the_references_wait_for_memory_is_counted_once(
         current().add("launch_child", 1.0)
         return _run()
 
-    monkeypatch.setattr(judge, "_start_reference", start)
+    monkeypatch.setattr(reference, "_start_reference", start)
     with measuring() as clock:
         with clock.span("reference"):
-            judge.run_reference(task, EvalConfig(), "cpu", keep_child=True)
+            reference.run_reference(task, EvalConfig(), "cpu", keep_child=True)
         clock.add("reference", 31.0)  # the seconds the making took, as its span says
     assert "wait_for_memory" not in clock.spans
     assert clock.spans["reference.wait_for_memory"] == 30.0
     assert clock.spans["launch_child"] == 1.0
-    verdict = judge.Verdict(status="ok", steps=clock.rounded())
+    verdict = Verdict(status="ok", steps=clock.rounded())
     assert _stood(verdict) == pytest.approx(clock.spans["reference"], abs=1e-3)
 
 
@@ -170,12 +171,12 @@ def test_a_child_waiting_for_memory_closes_the_least_recently_used_idle_referenc
     def run(name: str, users: int) -> Any:
         return types.SimpleNamespace(users=users, close=lambda: closed.append(name))
 
-    judge._references.update({"busy": run("busy", 1), "old": run("old", 0),
+    reference._references.update({"busy": run("busy", 1), "old": run("old", 0),
                               "new": run("new", 0)})
-    assert judge._close_an_idle_reference() and closed == ["old"]
-    assert judge._close_an_idle_reference() and closed == ["old", "new"]
-    assert not judge._close_an_idle_reference()  # the one in use stays
-    assert list(judge._references) == ["busy"]
+    assert reference._close_an_idle_reference() and closed == ["old"]
+    assert reference._close_an_idle_reference() and closed == ["old", "new"]
+    assert not reference._close_an_idle_reference()  # the one in use stays
+    assert list(reference._references) == ["busy"]
 
 
 def test_a_counted_work_is_read_without_waiting_for_the_task_s_windows(
@@ -189,10 +190,10 @@ def test_a_counted_work_is_read_without_waiting_for_the_task_s_windows(
         asked.append(kind)
         return {"work": {"flops": 10, "bytes_min": 20}}
 
-    monkeypatch.setattr(judge, "request", request)
-    run = judge.ReferenceRun(inputs_dir=tmp_path, expected=[], env={},
-                             child=types.SimpleNamespace(enter_phase=lambda phase: None),
-                             _tmp=tmp_path)
+    monkeypatch.setattr(reference, "request", request)
+    run = reference.ReferenceRun(inputs_dir=tmp_path, expected=[], env={},
+                                 child=types.SimpleNamespace(enter_phase=lambda phase: None),
+                                 _tmp=tmp_path)
     first = run.work()
     assert first is not None and first.flops == 10 and asked == ["work"]
     held, release = threading.Event(), threading.Event()
@@ -225,10 +226,10 @@ def test_a_failed_work_count_is_not_asked_again(
         asked.append(kind)
         raise RuntimeError("the child went away")
 
-    monkeypatch.setattr(judge, "request", request)
-    run = judge.ReferenceRun(inputs_dir=tmp_path, expected=[], env={},
-                             child=types.SimpleNamespace(enter_phase=lambda phase: None),
-                             _tmp=tmp_path)
+    monkeypatch.setattr(reference, "request", request)
+    run = reference.ReferenceRun(inputs_dir=tmp_path, expected=[], env={},
+                                 child=types.SimpleNamespace(enter_phase=lambda phase: None),
+                                 _tmp=tmp_path)
     with pytest.raises(RuntimeError):
         run.work()
     assert run.work() is None and asked == ["work"]

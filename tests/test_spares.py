@@ -78,7 +78,7 @@ def test_a_pools_spare_takes_the_next_candidate_and_goes_with_the_pool(
 
 
 def _cached_references() -> set[int]:
-    from pike.evaluate.judge import _references
+    from pike.evaluate.reference import _references
 
     pids = set()
     for run in _references.values():

@@ -136,7 +136,7 @@ def test_candidates_waiting_at_once_share_a_window_on_the_gpu(
     import threading
     from contextlib import contextmanager
 
-    from pike.evaluate import judge, shared_window
+    from pike.evaluate import reference, shared_window
     from pike.evaluate.shared_window import WindowQueue
 
     joined = threading.Semaphore(0)
@@ -158,7 +158,7 @@ def test_candidates_waiting_at_once_share_a_window_on_the_gpu(
     monkeypatch.setattr(shared_window, "hold", hold)
     cfg = fast_config.model_copy(update={"device": "cuda"})
     cfg.limits.memory_gib = 16
-    judge.close_references()
+    reference.close_references()
     with LocalPool(cfg, workers=3) as pool:
         got = dict(pool.judge_many(mlp_task, [candidate(n) for n in
                                               ("fused", "slower", "counts_calls")]))

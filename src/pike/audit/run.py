@@ -35,7 +35,8 @@ from pike.evaluate import Baseline, Verdict, evaluate, measure_baselines
 from pike.evaluate.baseline import BaselineStopped, baseline_gaps, stopped_meanwhile
 from pike.evaluate.device_identity import probe
 from pike.evaluate.device_slots import DeviceSlots
-from pike.evaluate.judge import keep_references, resolve_device
+from pike.evaluate.judge import resolve_device
+from pike.evaluate.reference import keep_references
 from pike.report.data import geomean
 from pike.search import drain
 from pike.store import (

@@ -5,26 +5,28 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from pydantic import BaseModel, Field
 
-from pike.config import COMPILE_MODES, EvalConfig, RunConfig
+from pike.config import COMPILE_MODES, EvalConfig, RunConfig, autotunes
 from pike.errors import TaskError
-from pike.evaluate.cores import build_cores
-from pike.evaluate.driver import Timer
-from pike.evaluate.judge import (  # the wait: a baseline's second pass waits as a reference's
-    _OUT_OF_MEMORY_WAIT_S,
-    ModeFailed,
-    ReferenceRun,
-    as_eval_config,
-    resolve_device,
-    run_reference,
-    time_reference_modes,
-)
+from pike.evaluate import device_holds
+from pike.evaluate.cores import build_cores, timing_cores
+from pike.evaluate.device_lock import hold
+from pike.evaluate.driver import Timer, request, time_interleaved
+from pike.evaluate.judge import as_eval_config, resolve_device
 from pike.evaluate.pool import one_line
+from pike.evaluate.reference import (  # the wait: a baseline's second pass waits as a reference's
+    _OUT_OF_MEMORY_WAIT_S,
+    ReferenceRun,
+    beside_others,
+    pid_of,
+    reference_failed,
+    run_reference,
+)
 from pike.evaluate.shared_builds import share_reference_builds
-from pike.evaluate.verdict import TimingStats, says_out_of_memory
+from pike.evaluate.verdict import TimingStats, Verdict, says_out_of_memory
 from pike.floor import Floor, Work, floor, no_floor_reason
 from pike.task import Task
 
@@ -37,6 +39,115 @@ _STOP_GRACE_S = 1.0
 # A folder's time and this process's clock may disagree by a file system's tick: builds
 # share from folders changed up to this long before the baseline began.
 _CLOCK_SLACK_S = 5.0
+
+
+def time_reference_modes(task: Task, reference: ReferenceRun, modes: list[str],
+                         cfg: EvalConfig, device: str,
+                         on_built: Callable[[Timer], None] | None = None,
+                         no_prebuild: Collection[str] = ()) -> list[Timer]:
+    """Time the reference's modes (eager, torch.compile ...) alternating with each other.
+    on_built(timer) after each mode's build: a large model's max-autotune build can take
+    minutes, and the user should see which mode it is. `no_prebuild`: autotuning modes
+    built alone only (their pre-build took a child down before)."""
+    assert reference.child is not None
+    timers = [Timer(reference.child, mode) for mode in modes]
+    # Each mode is built (a torch.compile mode compiles, max-autotune also autotunes)
+    # before the child moves onto the timing cores: on the build cores, with the compile
+    # workers the child was started with. Modes that measure nothing while they build go
+    # first, beside other evaluations, as a candidate's build does: the child listed, so
+    # other timers stop it (pause_others), or the device held shared (every_gpu_use).
+    # A build that takes the child down (or past its limit) ends the building: the mode
+    # whose build it was is the only one marked failed, and the others wait for a new child.
+    # An autotuning mode is built once first, beside the others as well, and thrown away:
+    # its build with the device held alone then finds its kernels compiled and mostly
+    # measures them (on an H200, the level2 baselines' max-autotune builds held the device
+    # alone for 343 of 566 s, every other evaluation stopped, mostly compiling).
+    with beside_others(reference.child, device, cfg.device_lock), reference.talking:
+        for timer in timers:
+            if cfg.prebuild_autotune == "on" and autotunes(timer.mode) \
+                    and timer.mode not in no_prebuild:
+                _prebuild(timer)
+        for timer in timers:
+            if not autotunes(timer.mode) and not any(t.failure for t in timers):
+                _prepare(timer, cfg, on_built)
+    with hold(device, exclusive=True, purpose=device_holds.BASELINE), reference.talking:
+        # autotuning measures kernels: alone on the device, as timing is
+        for timer in timers:
+            if autotunes(timer.mode) and not any(t.failure for t in timers):
+                _prepare(timer, cfg, on_built)
+        if not any(t.failure for t in timers):
+            with timing_cores([pid_of(reference.child)], device, cfg.timing_cores):
+                time_interleaved(timers, cfg.timing, stop_at_failure=True)
+            reference.child.enter_phase("idle")
+    broken = next((t for t in timers if t.failure), None)
+    if broken is not None:
+        reference.close()
+        if broken.mode != "eager":
+            raise ModeFailed(task, broken)
+        raise reference_failed(task, broken.failure, device)
+    return timers
+
+
+class ModeFailed(TaskError):
+    """A torch.compile mode took the reference's child down (its build ran past the phase's
+    limit, crashed or ran out of memory): the mode failed, not necessarily the reference."""
+
+    def __init__(self, task: Task, timer: Timer) -> None:
+        super().__init__(str(reference_failed(task, timer.failure)))
+        assert timer.failure is not None
+        self.mode = timer.mode
+        self.build_s = timer.build_s
+        self.prebuild_s = timer.prebuild_s
+        self.in_prebuild = timer.prebuild_failed
+        first_line = (timer.failure.message or "no message").strip().splitlines() or [""]
+        self.reason = f"{timer.failure.status} in phase '{timer.failure.phase}': {first_line[0]}"
+
+
+def _prebuild(timer: Timer) -> None:
+    """Compile a mode of a live child once, untimed, its results thrown away (runner:
+    prebuild). How long it took counts in the mode's build_s; an error is the mode's own
+    build's to report. A child that died here ends this child's building as any build's
+    end does (ModeFailed), marked, so that the mode is built again without a pre-build
+    (measure_baselines): a pre-build may only save time, never fail a mode."""
+    if timer.stopped:
+        return
+    started = time.perf_counter()
+    reply = request(timer.child, "build", "prebuilt", "prebuild", mode=timer.mode)
+    timer.prebuild_s = time.perf_counter() - started
+    if isinstance(reply, Verdict):
+        timer.failure, timer.prebuild_failed = reply, True
+        timer.build_s = timer.prebuild_s
+    elif reply.get("error"):
+        log.info("the pre-build of %s failed (its own build says why): %s", timer.mode,
+                 reply["error"])
+
+
+def _prepare(timer: Timer, cfg: EvalConfig,
+             on_built: Callable[[Timer], None] | None = None) -> None:
+    """Build one mode of a live child and warm it up, untimed; how long it took is kept.
+    A torch.compile mode's outputs on the check trials are compared with eager's there:
+    a mode that is wrong for the task (it happens: a scan compiled past the tolerance) is
+    reported as failing, not kept as the bar a candidate is measured against."""
+    if timer.stopped:
+        return
+    started = time.perf_counter()
+    check_with = ({"atol": cfg.atol, "rtol": cfg.rtol} if timer.mode.startswith("compile:")
+                  else None)
+    reply = request(timer.child, "build", "prepared", "prepare", mode=timer.mode,
+                    check=check_with)
+    timer.build_s = time.perf_counter() - started + (timer.prebuild_s or 0.0)
+    if isinstance(reply, Verdict):
+        timer.failure = reply
+    elif reply.get("error"):
+        timer.error = str(reply["error"])
+    else:
+        timer.checked = {"checked": True, "unchecked": False}.get(str(reply.get("checked")))
+        timer.check_note = str(reply["why"]) if reply.get("why") else None
+    if on_built is not None:
+        try:
+            on_built(timer)
+        except Exception:  # a display's failure must not cost a build of minutes
+            log.exception("reporting the build of %s failed", timer.mode)
 
 
 class BaselineStopped(Exception):

@@ -34,15 +34,9 @@ from pike.evaluate.driver import (
     wait_ready,
     wall_clock_factor,
 )
-from pike.evaluate.judge import (
-    ReferenceRun,
-    candidate_files,
-    release_reference,
-    resolve_device,
-    run_reference,
-    timed_dishonestly,
-)
+from pike.evaluate.judge import candidate_files, resolve_device, timed_dishonestly
 from pike.evaluate.leftovers import make_temp_dir, remove_tree
+from pike.evaluate.reference import ReferenceRun, release_reference, run_reference
 from pike.evaluate.sandbox import ChildProcess
 from pike.task import Task
 

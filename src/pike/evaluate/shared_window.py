@@ -47,7 +47,7 @@ from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.steps import current as current_steps
 
 if TYPE_CHECKING:
-    from pike.evaluate.judge import ReferenceRun
+    from pike.evaluate.reference import ReferenceRun
 
 
 @dataclass

@@ -31,16 +31,16 @@ from pike.errors import ConfigError, TaskError
 from pike.evaluate import device_holds, measure_baselines
 from pike.evaluate.baseline import BaselineStopped, baseline_gaps, stopped_meanwhile
 from pike.evaluate.device_slots import DeviceSlots
-from pike.evaluate.judge import (
+from pike.evaluate.judge import resolve_device
+from pike.evaluate.leftovers import remove_tree
+from pike.evaluate.pool import Lane, Pool, make_pool, one_line
+from pike.evaluate.reference import (
     ReferenceOutOfMemory,
     failed_for_memory,
     keep_references,
     release_reference,
-    resolve_device,
     run_reference,
 )
-from pike.evaluate.leftovers import remove_tree
-from pike.evaluate.pool import Lane, Pool, make_pool, one_line
 from pike.search import drain
 from pike.search.session import (
     OptimizeResult,
