@@ -344,6 +344,60 @@ def test_the_geomean_over_each_tasks_fastest_compile_mode_and_who_falls_below_it
     assert not tasks[0].is_its_fastest_compile_mode()
 
 
+def test_the_page_says_what_holds_the_figure_back_and_how_far_each_task_is_from_its_floor(
+        ) -> None:
+    """Each task's distance from its floor is worked out from the work its baseline counted
+    (the floor's model of today, not the one kept with the baseline), for the file and for
+    eager; the page lists the tasks below their fastest compile mode and the lowest over
+    eager with it, and the aggregates keep the geomeans."""
+    from pike.audit.result import TaskAudit, aggregate, task_audit
+    from pike.floor import Work, floor
+
+    h200 = "NVIDIA H200"
+    work = Work(flops=10**12, flops_by_op={"aten.convolution": 10**12}, bytes_min=10**6)
+    at = floor(work, h200)
+    assert at is not None and at.tf32_flops == 10**12
+
+    def baseline(name: str, eager_ms: float, kept_floor: bool = True) -> Baseline:
+        modes = [ModeTiming(mode="eager", stats=TimingStats.from_samples([eager_ms]),
+                            speedup_vs_eager=1.0),
+                 ModeTiming(mode="compile:default", stats=TimingStats.from_samples([1.0]),
+                            speedup_vs_eager=eager_ms)]
+        stale = at.model_copy(update={"ms": 99.0})  # as an older pike worked it out
+        return Baseline(task=name, task_path=name, task_sha256="0", device="cuda:0",
+                        device_name=h200, torch_version="0", host="h", date="d", modes=modes,
+                        work=work, floor=stale if kept_floor else None)
+
+    def verdict(ms: float) -> Verdict:
+        return Verdict(status="ok", runtime=TimingStats.from_samples([ms]), speedup=1.0)
+
+    a = task_audit(TaskAudit(task="1_A", status="missing"), verdict(4 * at.ms),
+                   baseline("1_A", 20 * at.ms))
+    assert a.floor_ms == pytest.approx(at.ms) and a.lowp_floor_ms == pytest.approx(at.lowp_ms)
+    assert a.times_floor == pytest.approx(4.0) and a.eager_times_floor == pytest.approx(20.0)
+    failed = task_audit(TaskAudit(task="2_B", status="missing"),
+                        Verdict(status="incorrect", trials=5), baseline("2_B", 3 * at.ms))
+    assert failed.times_floor is None and failed.eager_times_floor == pytest.approx(3.0)
+    # no work counted (a CPU baseline, an unknown card): no distance, and no error
+    bare = baseline("3_C", 1.0, kept_floor=False).model_copy(update={"work": None})
+    assert task_audit(TaskAudit(task="3_C", status="missing"), verdict(1.0), bare).floor_ms \
+        is None
+    a.compile_speedups = {"compile:default": 0.5}  # half as fast as compile default
+    agg = aggregate([a, failed], {}, None)
+    assert agg.times_floor is not None and agg.times_floor.tasks == 1
+    assert (agg.times_floor.geomean, agg.times_floor.eager) == (pytest.approx(4.0),
+                                                               pytest.approx(20.0))
+    agg.below_best_compile = {"1_A": 0.5}
+    page = to_markdown(AuditResult(solutions="s", tasks_dir="t", matched_by="m", run_dir="r",
+                                   date="d", protocol="p", tasks=[a, failed], aggregates=agg))
+    held = page.split("## What holds it back")[1].split("## Tasks")[0]
+    assert "- 1_A: ok, 1× over eager, 0.5× its fastest compile mode (default), 4× floor " \
+           "(eager 20×)" in held
+    assert "- 2_B: incorrect, 1× over eager, file untimed (eager 3×)" in held
+    assert "geomean over the 1 correct file with one: 4× the floor, eager 20×" in page
+    assert "| 4× floor (eager 20×) |" in page  # the table's column
+
+
 def test_an_offline_files_marker_names_its_transformations() -> None:
     from pike.agents.offline import named_in, render
 

@@ -143,6 +143,58 @@ def test_recount_counts_bytes_again_and_rescales_the_multiples(
     assert "- 2_Other was counted on the GPU" in bench_floor.markdown(result)
 
 
+CONV_TASK = """
+import torch
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(256, 256, 3, padding=1, bias=False)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def get_inputs():
+    return [torch.randn(8, 256, 64, 64)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_recount_takes_up_the_floors_tf32_convolutions(
+        bench_floor: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row written when the floor counted an fp32 task's convolutions at the CUDA-core
+    peak: the same FLOPs, a lower compute floor now, the multiples scaled up with it."""
+    from pike.floor import count_work, floor
+    from pike.task import Task
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "1_Conv.py").write_text(CONV_TASK)
+    device = "NVIDIA H100 80GB HBM3"
+    work = count_work(Task.from_file(tasks / "1_Conv.py"))
+    now = floor(work, device)
+    assert now is not None and now.bound == "compute" and now.tf32_flops == work.flops
+    old_ms = work.flops / 67e12 * 1e3  # every FLOP at the fp32 peak, as it was
+    row = {"task": "1_Conv", "flops": work.flops, "bytes_min": work.bytes_min,
+           "floor_ms": old_ms, "bound": "compute", "modes_ms": {"eager": 1.0},
+           "modes_x_floor": {"eager": 1.0 / old_ms}}
+    (tmp_path / "floor-t.json").write_text(json.dumps(
+        {"benchmark": "floor", **MEASURED, "device_name": device, "earlier_calls": [],
+         "rows": [row], "not_run": []}))
+    monkeypatch.setattr(sys, "argv", ["bench/floor.py", str(tasks), "--recount", "--tag", "t",
+                                      "--out", str(tmp_path)])
+    assert bench_floor.main() == 0
+    out = json.loads((tmp_path / "floor-t.json").read_text())["rows"][0]
+    assert "recount_error" not in out
+    assert out["floor_ms"] == pytest.approx(now.ms) and now.ms < old_ms / 7
+    assert out["modes_x_floor"]["eager"] == pytest.approx(1.0 / now.ms)
+
+
 @pytest.mark.parametrize("has_cuda, expected", [(True, "cuda"), (False, "cpu")])
 def test_recount_of_a_task_that_reads_values_counts_on_the_gpu_where_there_is_one(
         bench_floor: ModuleType, monkeypatch: pytest.MonkeyPatch, has_cuda: bool,

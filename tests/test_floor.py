@@ -367,6 +367,28 @@ def test_compute_bound_fp32_floor_and_its_tensor_core_floor() -> None:
     assert "compute-bound" in line and "fp32" in line and "bf16 tensor cores" in line
 
 
+def test_an_fp32_tasks_convolutions_count_at_the_tf32_peak_and_the_rest_at_fp32() -> None:
+    """cuDNN runs fp32 convolutions in TF32 by default, the reference's too: on an H200
+    compile default ran 6_GoogleNetInceptionModule below a floor that counted them at the
+    CUDA-core fp32 peak. Its matrix multiplies stay at fp32 (torch's default there)."""
+    conv, gemm = 4 * 10**12, 10**12
+    work = Work(flops=conv + gemm, flops_by_op={"aten.convolution": conv, "aten.addmm": gemm},
+                bytes_min=10, dtype="fp32")
+    fl = floor(work, H100)
+    assert fl is not None and fl.precision == "fp32" and fl.tf32_flops == conv
+    assert fl.compute_ms == pytest.approx((conv / 494.7e12 + gemm / 67e12) * 1e3)
+    assert fl.peak_flops == pytest.approx((conv + gemm) / fl.compute_ms * 1e3)
+    assert fl.ms < (conv + gemm) / 67e12 * 1e3  # below the all-fp32 floor it was
+    assert "convolutions in TF32" in describe(fl) and any("TF32" in n for n in fl.notes)
+    # a GEMM task, and a half-precision task's convolutions, are as they were
+    gemm_only = floor(Work(flops=gemm, flops_by_op={"aten.mm": gemm}, bytes_min=10), H100)
+    assert gemm_only is not None and gemm_only.tf32_flops == 0
+    assert gemm_only.compute_ms == pytest.approx(gemm / 67e12 * 1e3)
+    half = floor(Work(flops=conv, flops_by_op={"aten.convolution": conv}, bytes_min=10,
+                      dtype="bf16"), H100)
+    assert half is not None and half.tf32_flops == 0 and half.ms == half.lowp_ms
+
+
 def test_half_precision_tasks_use_their_own_peak() -> None:
     fl = floor(Work(flops=10**12, bytes_min=10, dtype="bf16"), "NVIDIA H200")
     assert fl is not None

@@ -10,7 +10,11 @@ bytes that must cross DRAM at least once (inputs, parameters, buffers, outputs) 
 bandwidth. No kernel launch, dispatch or synchronization cost is in it.
 
 Precision: the task's dtype is the contract, so the headline floor (`ms`) uses the peak of
-the dtype the task is written in, and for fp32 that is the CUDA-core fp32 peak. The
+the dtype the task is written in, and for fp32 that is the CUDA-core fp32 peak, except for
+convolutions: cuDNN runs fp32 convolutions in TF32 unless told not to
+(`torch.backends.cudnn.allow_tf32`, on by default), so the reference itself does, and
+their FLOPs count at the TF32 peak (on an H200 compile default ran
+6_GoogleNetInceptionModule in 0.8x of the all-fp32 floor). The
 evaluator also passes candidates that compute in TF32, bf16 or fp16 when they stay within
 tolerance, so every Floor also carries `lowp_ms`: the same floor at the fastest tensor-core
 peak on file (bf16/fp16 on every listed device). For fp16 and bf16 tasks the two agree.
@@ -133,7 +137,10 @@ class Floor(BaseModel):
     bandwidth: float = Field(description="bytes/s")
     memory_ms: float
     precision: Precision = Field(description="whose peak `compute_ms` uses")
-    peak_flops: float = Field(description="FLOP/s")
+    peak_flops: float = Field(description="FLOP/s: the rate compute_ms works out at (the "
+                              "precision's peak, or between it and TF32's: tf32_flops)")
+    tf32_flops: int = Field(0, description="of flops, those counted at the TF32 peak: an "
+                            "fp32 task's convolutions, which cuDNN runs in TF32 by default")
     compute_ms: float
     ms: float
     bound: Literal["compute", "memory"]
@@ -574,17 +581,31 @@ def floor(work: Work, device_name: str) -> Floor | None:
     if device.uncertain:
         notes.append(f"{device.name}: estimated peaks for {', '.join(device.uncertain)}")
     memory_ms = work.bytes_min / device.bandwidth * 1e3
-    compute_ms = work.flops / device.peak(precision) * 1e3
+    in_tf32 = convolution_flops(work) if precision == "fp32" else 0
+    if in_tf32:
+        notes.append("convolutions at the TF32 peak: cuDNN runs fp32 convolutions in TF32 "
+                     "by default (torch.backends.cudnn.allow_tf32), the reference's too")
+    compute_ms = (in_tf32 / device.peak("tf32")
+                  + (work.flops - in_tf32) / device.peak(precision)) * 1e3
+    # the peak the compute time works out at, where convolutions and the rest mix
+    peak = work.flops / compute_ms * 1e3 if compute_ms > 0 else device.peak(precision)
     lowp_compute_ms = work.flops / device.peak(lowp) * 1e3
     return Floor(
         device=device.name, dtype=work.dtype, flops=work.flops, bytes_min=work.bytes_min,
         bandwidth=device.bandwidth, memory_ms=memory_ms,
-        precision=precision, peak_flops=device.peak(precision), compute_ms=compute_ms,
+        precision=precision, peak_flops=peak, tf32_flops=in_tf32, compute_ms=compute_ms,
         ms=max(compute_ms, memory_ms), bound=_bound(compute_ms, memory_ms),
         lowp_precision=lowp, lowp_peak_flops=device.peak(lowp), lowp_compute_ms=lowp_compute_ms,
         lowp_ms=max(lowp_compute_ms, memory_ms), lowp_bound=_bound(lowp_compute_ms, memory_ms),
         notes=notes,
     )
+
+
+def convolution_flops(work: Work) -> int:
+    """Of the work's counted FLOPs, the convolutions' (forward ops only: `flops_by_op` keeps
+    the largest ops by name; a convolution folded into its 'other' is counted at fp32)."""
+    return sum(n for op, n in work.flops_by_op.items()
+               if "convolution" in op and "backward" not in op)
 
 
 def no_floor_reason(work: Work, device_name: str) -> str | None:
@@ -624,7 +645,9 @@ def describe(floor: Floor | None, runtime_ms: float | None = None, label: str = 
         why = f"memory-bound: {_si(floor.bytes_min, 'B')} at {_si(floor.bandwidth, 'B/s')}"
     else:
         why = (f"compute-bound: {_si(floor.flops, 'FLOP')} at "
-               f"{_si(floor.peak_flops, 'FLOP/s')} {floor.precision}")
+               f"{_si(floor.peak_flops, 'FLOP/s')} {floor.precision}"
+               + (f", its {_si(floor.tf32_flops, 'FLOP')} of convolutions in TF32"
+                  if floor.tf32_flops else ""))
     if floor.lowp_ms < floor.ms * 0.99:
         why += f"; {_duration(floor.lowp_ms)} with {floor.lowp_precision} tensor cores"
     line = f"floor {_duration(floor.ms)} on {floor.device} ({why})"

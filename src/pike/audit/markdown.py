@@ -21,6 +21,7 @@ def to_markdown(result: AuditResult) -> str:
                 if result.combined_from else result.date)
              + f". Protocol: {result.protocol}.", ""]
     lines += _summary(result)
+    lines += _held_back(result)
     lines += _table(result)
     lines += _failures(result.tasks)
     if result.warnings:
@@ -59,6 +60,11 @@ def _summary(result: AuditResult) -> list[str]:
                            for task, over in
                            sorted(agg.below_best_compile.items(), key=lambda kv: kv[1]))
         lines.append(f"- Correct but slower than their task's fastest torch.compile mode: {slower}")
+    if agg.times_floor is not None:
+        lines.append(f"- Distance from the floor (What holds it back), geomean over the "
+                     f"{_count(agg.times_floor.tasks, 'correct file')} with one: "
+                     f"{_x(agg.times_floor.geomean)} the floor, eager "
+                     f"{_x(agg.times_floor.eager)}")
     if agg.claimed_geomean is not None:
         lines.append(f"- Claimed geomean: {_x(agg.claimed_geomean)} ({_inline(agg.claimed_source or '')}); "
                      f"the measured all-task geomean is {agg.geomean_all / agg.claimed_geomean:.2f}× "
@@ -72,11 +78,63 @@ def _summary(result: AuditResult) -> list[str]:
     return [*lines, ""]
 
 
+# how many of the tasks with the lowest figures over eager the page names as holding it back
+_LOWEST = 5
+
+
+def _held_back(result: AuditResult) -> list[str]:
+    """The tasks that hold the geomeans back, each with how far its file (and eager) is from
+    the least time the task could take on its GPU: the tasks slower than their fastest
+    torch.compile mode, and the lowest over eager."""
+    below = result.aggregates.below_best_compile
+    lowest = sorted(result.tasks, key=lambda t: t.counted_speedup())[:_LOWEST]
+    if not below and not lowest:
+        return []
+    by_name = {t.task: t for t in result.tasks}
+    lines = ["## What holds it back", "",
+             "Each task's floor is the least time it can take on its GPU at its own precision "
+             "(pike.floor: its FLOPs at the card's peak, or its minimum bytes at the card's "
+             "bandwidth); \"N× floor\" is the file's median time over it (eager's in "
+             "brackets), and a tensor-core floor where a file within tolerance could use one.",
+             ""]
+    if below:
+        lines += ["Slower than their task's fastest torch.compile mode:", ""]
+        lines += [f"- {_held_line(by_name[name])}"
+                  for name, _ in sorted(below.items(), key=lambda kv: kv[1])]
+        lines.append("")
+    lines += ["Lowest over eager (a failing or missing file counts 1.0×):", ""]
+    lines += [f"- {_held_line(t)}" for t in lowest]
+    return [*lines, ""]
+
+
+def _held_line(t: TaskAudit) -> str:
+    parts = [f"{t.task}: {_verdict(t)}, {_x(t.counted_speedup())} over eager"]
+    if t.ok and t.compile_speedups:
+        mode = min(t.compile_speedups, key=lambda m: t.compile_speedups[m])
+        parts.append(f"{_x(t.compile_speedups[mode])} its fastest compile mode ({_mode(mode)})")
+    parts.append(_floor_text(t, long=True))
+    return ", ".join(parts)
+
+
+def _floor_text(t: TaskAudit, long: bool = False) -> str:
+    if t.floor_ms is None:
+        return "no floor" if long else "—"
+    text = (f"{_x(t.times_floor)} floor" if t.times_floor is not None else "file untimed") \
+        + f" (eager {_x(t.eager_times_floor)})"
+    if long and t.lowp_floor_ms and t.lowp_floor_ms < 0.99 * t.floor_ms:
+        text += f", floor {_ms(t.floor_ms)}, {_ms(t.lowp_floor_ms)} with tensor cores"
+    elif long:
+        text += f", floor {_ms(t.floor_ms)}"
+    return text
+
+
 def _table(result: AuditResult) -> list[str]:
     modes = [m.mode for m in result.aggregates.modes]
     claimed = any(t.claimed_speedup is not None for t in result.tasks)
+    floors = any(t.floor_ms is not None for t in result.tasks)
     head = ["task", "file", "verdict", "trials passed", "max abs / rel error", "vs eager",
             *(f"vs compile {_mode(m)}" for m in modes), "precision detected"]
+    head += ["× floor (eager)"] if floors else []
     head += ["claimed"] if claimed else []
     lines = ["## Tasks", "", _row(head), _row(["---"] * len(head))]
     for t in result.tasks:
@@ -84,6 +142,7 @@ def _table(result: AuditResult) -> list[str]:
                  _verdict(t), f"{t.trials_passed}/{t.trials}" if t.trials else "—",
                  _errors(t), _x(t.speedup), *(_x(t.compile_speedups.get(m)) for m in modes),
                  ", ".join(t.precision) or "none"]
+        cells += [_floor_text(t)] if floors else []
         cells += [_x(t.claimed_speedup)] if claimed else []
         lines.append(_row(cells))
     return [*lines, ""]
@@ -139,6 +198,10 @@ def _mode(mode: str) -> str:
 
 def _x(value: float | None) -> str:
     return "—" if value is None else f"{value:.3g}×"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3g} ms"
 
 
 def _num(value: float | None) -> str:

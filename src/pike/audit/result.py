@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from pike.evaluate.baseline import Baseline
 from pike.evaluate.verdict import Status, Verdict
+from pike.floor import floor
 from pike.report.data import geomean
 from pike.solution_set import compile_speedups
 
@@ -52,6 +53,13 @@ class TaskAudit(BaseModel):
     candidate_id: int | None = None
     built_on: str = Field("", description="where both models were built: 'cpu' or 'device' "
                           "(eval.construct_on as the task's reference settled it)")
+    floor_ms: float | None = Field(None, description="the least time the task can take on "
+                                   "its GPU at its own precision (pike.floor; the baseline's)")
+    lowp_floor_ms: float | None = Field(None, description="the same with bf16/fp16 tensor "
+                                        "cores, which a file within tolerance may use")
+    times_floor: float | None = Field(None, description="the correct file's median time as a "
+                                      "multiple of floor_ms (1.0 = at the floor)")
+    eager_times_floor: float | None = Field(None, description="eager's, the same way")
 
     @property
     def ok(self) -> bool:
@@ -77,6 +85,12 @@ class ModeGeomean(BaseModel):
     tasks: int
 
 
+class FloorGeomean(BaseModel):
+    geomean: float = Field(description="the correct files' median times over their floors")
+    eager: float = Field(description="eager's over the same tasks' floors")
+    tasks: int
+
+
 class Aggregates(BaseModel):
     tasks: int
     correct: int = Field(description="files judged correct")
@@ -91,6 +105,8 @@ class Aggregates(BaseModel):
     below_best_compile: dict[str, float] = Field(
         default_factory=dict, description="correct files slower than their task's fastest "
         "torch.compile mode: task -> speedup over it")
+    times_floor: FloorGeomean | None = Field(
+        None, description="over the correct files whose task has a floor and an eager time")
     claimed_geomean: float | None = None
     claimed_source: str | None = None
 
@@ -125,7 +141,28 @@ def task_audit(base: TaskAudit, verdict: Verdict, baseline: Baseline | None) -> 
         "seed_dependent": not verdict.ok and 0 < verdict.trials_passed < verdict.trials,
         "max_abs_error": verdict.max_abs_error, "max_rel_error": verdict.max_rel_error,
         "trial_errors": trial_errors(verdict), "speedup": speedup,
-        "compile_speedups": compile_speedups(speedup, baseline)})
+        "compile_speedups": compile_speedups(speedup, baseline),
+        **_floor_distances(verdict, baseline)})
+
+
+def _floor_distances(verdict: Verdict, baseline: Baseline | None) -> dict[str, float | None]:
+    """How far the file and eager are from the least time the task could take on the
+    card (its baseline's floor): where the audit says what holds a figure back, a task at
+    2x its floor has little left and one at 30x has much."""
+    if baseline is None:
+        return {}
+    # worked out again from the counted work: a baseline keeps the floor of the pike that
+    # measured it, and the floor's model has since learnt (TF32 convolutions)
+    found = (floor(baseline.work, baseline.device_name) if baseline.work is not None
+             and baseline.device_name else baseline.floor)
+    if found is None or found.ms <= 0:
+        return {}
+    eager = next((m.stats.median_ms for m in baseline.modes
+                  if m.mode == "eager" and m.stats is not None), None)
+    runtime = verdict.runtime.median_ms if verdict.ok and verdict.runtime is not None else None
+    return {"floor_ms": found.ms, "lowp_floor_ms": found.lowp_ms,
+            "times_floor": runtime / found.ms if runtime else None,
+            "eager_times_floor": eager / found.ms if eager else None}
 
 
 def trial_errors(verdict: Verdict) -> list[TrialError]:
@@ -166,7 +203,17 @@ def aggregate(tasks: list[TaskAudit], baselines: dict[str, Baseline],
         best_compile=_best_mode_geomean(tasks, baselines),
         below_best_compile={t.task: over for t in tasks
                             if (over := _over_best_mode(t, baselines)) is not None and over < 1.0},
+        times_floor=_floor_geomean(tasks),
         claimed_geomean=claim[0] if claim else None, claimed_source=claim[1] if claim else None)
+
+
+def _floor_geomean(tasks: list[TaskAudit]) -> FloorGeomean | None:
+    pairs = [(t.times_floor, t.eager_times_floor) for t in tasks
+             if t.ok and t.times_floor and t.eager_times_floor]
+    if not pairs:
+        return None
+    return FloorGeomean(geomean=geomean([f for f, _ in pairs]),
+                        eager=geomean([e for _, e in pairs]), tasks=len(pairs))
 
 
 def _working_modes(baseline: Baseline | None) -> list[str]:
