@@ -394,8 +394,19 @@ def test_the_page_says_what_holds_the_figure_back_and_how_far_each_task_is_from_
     assert "- 1_A: ok, 1× over eager, 0.5× its fastest compile mode (default), 4× floor " \
            "(eager 20×)" in held
     assert "- 2_B: incorrect, 1× over eager, file untimed (eager 3×)" in held
-    assert "geomean over the 1 correct file with one: 4× the floor, eager 20×" in page
+    assert "geomean over the 1 correct file with one: 4× their floor; eager 20× the " \
+        "task's floor" in page
     assert "| 4× floor (eager 20×) |" in page  # the table's column
+    # a file in lower precision is held to the tensor-core floor, which is lower
+    lowp = task_audit(TaskAudit(task="1_A", status="missing", precision=["fp16"]),
+                      verdict(4 * at.ms), baseline("1_A", 20 * at.ms))
+    assert lowp.floor_is_lowp and lowp.times_floor == pytest.approx(4 * at.ms / at.lowp_ms)
+    assert lowp.times_floor > 4.0 and lowp.eager_times_floor == pytest.approx(20.0)
+    page = to_markdown(AuditResult(solutions="s", tasks_dir="t", matched_by="m", run_dir="r",
+                                   date="d", protocol="p", tasks=[lowp],
+                                   aggregates=aggregate([lowp], {}, None)))
+    assert "tensor-core floor (eager 20×)" in page
+    assert "(the tensor-core floor for the 1 in lower precision)" in page
 
 
 def test_an_offline_files_marker_names_its_transformations() -> None:
@@ -846,6 +857,12 @@ def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
     assert part.open_tasks == ["3_RowSum", "10_Square"]
     assert [t.task for t in part.tasks] == ["1_Scale", "2_Softplus", "4_Negate"]  # 4: no file
     assert any(w.startswith("partial: 3 of 5") for w in part.warnings)
+    # the part's own tasks only (an audit of a sample of a large folder): nothing open, and
+    # the tasks of the folder outside the sample do not count as missing
+    sample = combine(folder, TASKS, [tmp_path / "a"], out=tmp_path / "sample", ids=[1, 2])
+    assert [t.task for t in sample.tasks] == ["1_Scale", "2_Softplus"]
+    assert sample.open_tasks == [] and sample.aggregates.missing == 0
+    assert sample.aggregates.geomean_all == pytest.approx(15 ** 0.5)
 
     # what would mix different things under one figure is refused
     with pytest.raises(ConfigError, match="judged in both"):
@@ -901,6 +918,10 @@ def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
     measuring = pike("audit", folder, TASKS, "--combine", tmp_path / "a", "--out",
                      tmp_path / "y", "--devices", "cuda:0")
     assert measuring.exit_code == 2 and "drop --devices" in measuring.output
+    sampled = pike("audit", folder, TASKS, "--combine", tmp_path / "a", "--tasks", "1,2",
+                   "--out", tmp_path / "z", "--json")
+    assert sampled.exit_code == 0, sampled.output
+    assert [t["task"] for t in json.loads(sampled.stdout)["tasks"]] == ["1_Scale", "2_Softplus"]
 
 
 def test_an_auto_run_combines_with_fixed_runs_only_where_it_built_its_tasks_alike(

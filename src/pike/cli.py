@@ -575,7 +575,8 @@ def audit_command(
     Cut off (Ctrl-C, a time limit), --resume RUN_DIR goes on where it stopped (--workers and
     --devices may change then); with it, --redo IDS audits tasks again and
     --fill-baselines those whose baselines failed. Audits of parts of a set made apart,
-    --combine RUN_DIR (once per run) gathers into one result."""
+    --combine RUN_DIR (once per run) gathers into one result (--tasks: of those tasks
+    only, as an audit of a sample of a folder was run)."""
     from pike.audit import audit, resume_audit, to_markdown
     from pike.audit.matching import match
     from pike.audit.run import resumed_config
@@ -583,8 +584,8 @@ def audit_command(
     from pike.search.session import new_run_dir
 
     if combine:
-        _combine_audits(solutions, tasks_folder, combine, out, as_json, given=[
-            name for name, value in (("--tasks", tasks), ("--device", device),
+        _combine_audits(solutions, tasks_folder, combine, out, as_json, _ids(tasks), given=[
+            name for name, value in (("--device", device),
                                      ("--devices", devices), ("--workers", workers),
                                      ("--resume", resume), ("--stop-after", stop_after),
                                      ("--config", config), ("--construct-on", construct_on),
@@ -638,7 +639,8 @@ def audit_command(
 
 
 def _combine_audits(solutions: Path | None, tasks_folder: Path | None, runs: list[Path],
-                    out: Path | None, as_json: bool, given: list[str]) -> None:
+                    out: Path | None, as_json: bool, ids: list[int] | None,
+                    given: list[str]) -> None:
     from pike.audit import to_markdown
     from pike.audit.combine import combine
 
@@ -647,7 +649,7 @@ def _combine_audits(solutions: Path | None, tasks_folder: Path | None, runs: lis
                           f"{', '.join(given)}")
     if solutions is None or tasks_folder is None or out is None:
         raise ConfigError("--combine needs SOLUTIONS, TASKS and --out (where the result goes)")
-    result = combine(solutions, tasks_folder, runs, out=out)
+    result = combine(solutions, tasks_folder, runs, out=out, ids=ids)
     if as_json:
         print(result.model_dump_json(indent=2))
     else:

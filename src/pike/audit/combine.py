@@ -37,14 +37,16 @@ from pike.task import Task, load_tasks
 _Found = tuple[TaskAudit, Baseline | None, Path]
 
 
-def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path) -> AuditResult:
-    """The audit of `solutions` against the folder `tasks`, gathered from the audit runs
-    `run_dirs`; tasks none of them judged are the result's `open_tasks`. Writes audit.json
-    and audit.md into `out`, a folder that holds no run store (the runs keep theirs)."""
+def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path,
+            ids: list[int] | None = None) -> AuditResult:
+    """The audit of `solutions` against the folder `tasks` (its tasks of `ids` only, where
+    given: an audit of a sample of a folder), gathered from the audit runs `run_dirs`;
+    tasks none of them judged are the result's `open_tasks`. Writes audit.json and audit.md
+    into `out`, a folder that holds no run store (the runs keep theirs)."""
     runs = [Path(r) for r in run_dirs]
     _check_places(runs, Path(out))
     solutions, tasks_dir = Path(solutions), Path(tasks)
-    task_list = load_tasks(tasks_dir)
+    task_list = load_tasks(tasks_dir, ids)
     matching = match(solutions, task_list)
     changed = changed_tasks(matching, task_list)
     if changed:

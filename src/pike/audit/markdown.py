@@ -61,10 +61,13 @@ def _summary(result: AuditResult) -> list[str]:
                            sorted(agg.below_best_compile.items(), key=lambda kv: kv[1]))
         lines.append(f"- Correct but slower than their task's fastest torch.compile mode: {slower}")
     if agg.times_floor is not None:
+        lowp = sum(1 for t in result.tasks if t.ok and t.floor_is_lowp and t.times_floor)
         lines.append(f"- Distance from the floor (What holds it back), geomean over the "
                      f"{_count(agg.times_floor.tasks, 'correct file')} with one: "
-                     f"{_x(agg.times_floor.geomean)} the floor, eager "
-                     f"{_x(agg.times_floor.eager)}")
+                     f"{_x(agg.times_floor.geomean)} their floor"
+                     + (f" (the tensor-core floor for the {lowp} in lower precision)"
+                        if lowp else "")
+                     + f"; eager {_x(agg.times_floor.eager)} the task's floor")
     if agg.claimed_geomean is not None:
         lines.append(f"- Claimed geomean: {_x(agg.claimed_geomean)} ({_inline(agg.claimed_source or '')}); "
                      f"the measured all-task geomean is {agg.geomean_all / agg.claimed_geomean:.2f}× "
@@ -95,7 +98,8 @@ def _held_back(result: AuditResult) -> list[str]:
              "Each task's floor is the least time it can take on its GPU at its own precision "
              "(pike.floor: its FLOPs at the card's peak, or its minimum bytes at the card's "
              "bandwidth); \"N× floor\" is the file's median time over it (eager's in "
-             "brackets), and a tensor-core floor where a file within tolerance could use one.",
+             "brackets), over the tensor-core floor (bf16/fp16 peaks) where the file "
+             "computes in lower precision (TF32, fp16, bf16 detected).",
              ""]
     if below:
         lines += ["Slower than their task's fastest torch.compile mode:", ""]
@@ -119,7 +123,8 @@ def _held_line(t: TaskAudit) -> str:
 def _floor_text(t: TaskAudit, long: bool = False) -> str:
     if t.floor_ms is None:
         return "no floor" if long else "—"
-    text = (f"{_x(t.times_floor)} floor" if t.times_floor is not None else "file untimed") \
+    text = (f"{_x(t.times_floor)} {'tensor-core ' if t.floor_is_lowp else ''}floor"
+            if t.times_floor is not None else "file untimed") \
         + f" (eager {_x(t.eager_times_floor)})"
     if long and t.lowp_floor_ms and t.lowp_floor_ms < 0.99 * t.floor_ms:
         text += f", floor {_ms(t.floor_ms)}, {_ms(t.lowp_floor_ms)} with tensor cores"

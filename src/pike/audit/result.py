@@ -58,7 +58,10 @@ class TaskAudit(BaseModel):
     lowp_floor_ms: float | None = Field(None, description="the same with bf16/fp16 tensor "
                                         "cores, which a file within tolerance may use")
     times_floor: float | None = Field(None, description="the correct file's median time as a "
-                                      "multiple of floor_ms (1.0 = at the floor)")
+                                      "multiple of its floor (1.0 = at the floor): "
+                                      "lowp_floor_ms where it computes in lower precision "
+                                      "(`precision`), else floor_ms")
+    floor_is_lowp: bool = Field(False, description="times_floor is over lowp_floor_ms")
     eager_times_floor: float | None = Field(None, description="eager's, the same way")
 
     @property
@@ -142,13 +145,16 @@ def task_audit(base: TaskAudit, verdict: Verdict, baseline: Baseline | None) -> 
         "max_abs_error": verdict.max_abs_error, "max_rel_error": verdict.max_rel_error,
         "trial_errors": trial_errors(verdict), "speedup": speedup,
         "compile_speedups": compile_speedups(speedup, baseline),
-        **_floor_distances(verdict, baseline)})
+        **_floor_distances(verdict, baseline, lowp=bool(base.precision))})
 
 
-def _floor_distances(verdict: Verdict, baseline: Baseline | None) -> dict[str, float | None]:
+def _floor_distances(verdict: Verdict, baseline: Baseline | None, lowp: bool
+                     ) -> dict[str, float | bool | None]:
     """How far the file and eager are from the least time the task could take on the
     card (its baseline's floor): where the audit says what holds a figure back, a task at
-    2x its floor has little left and one at 30x has much."""
+    2x its floor has little left and one at 30x has much. A file that computes in lower
+    precision (`lowp`: TF32, fp16, bf16 detected) is held to the tensor-core floor, which
+    its fp32 floor does not bound."""
     if baseline is None:
         return {}
     # worked out again from the counted work: a baseline keeps the floor of the pike that
@@ -160,8 +166,9 @@ def _floor_distances(verdict: Verdict, baseline: Baseline | None) -> dict[str, f
     eager = next((m.stats.median_ms for m in baseline.modes
                   if m.mode == "eager" and m.stats is not None), None)
     runtime = verdict.runtime.median_ms if verdict.ok and verdict.runtime is not None else None
-    return {"floor_ms": found.ms, "lowp_floor_ms": found.lowp_ms,
-            "times_floor": runtime / found.ms if runtime else None,
+    own = found.lowp_ms if lowp else found.ms
+    return {"floor_ms": found.ms, "lowp_floor_ms": found.lowp_ms, "floor_is_lowp": lowp,
+            "times_floor": runtime / own if runtime and own > 0 else None,
             "eager_times_floor": eager / found.ms if eager else None}
 
 

@@ -376,10 +376,10 @@ def _cards_now(store: RunStore, cfg: RunConfig, devices: list[str]) -> dict[str 
 def judged_audit(base: TaskAudit, task: Task, source: str, candidate_id: int,
                  verdict: Verdict, baseline: Baseline) -> TaskAudit:
     """A task's audit from its file's verdict and the baselines of the same card."""
-    done = task_audit(base, verdict, baseline)
+    precision = detect_precision(source, task.source, verdict)
+    done = task_audit(base.model_copy(update={"precision": precision}), verdict, baseline)
     done.candidate_id = candidate_id
     done.built_on = verdict.built_on
-    done.precision = detect_precision(source, task.source, verdict)
     done.transformations = named_in(source)
     return done
 
