@@ -345,13 +345,13 @@ def test_reading_frames_of_its_own_is_no_violation(mlp_task: Task,
 def test_the_probes_wait_sealed_and_go_only_to_the_rotation_s_own_call() -> None:
     """Nothing the rotation holds lists the probes; a take the seal finds foreign ends
     it, says so, and the rotation goes on with its own sets."""
-    from pike.evaluate import runner
+    from pike.evaluate import timed_calls
 
     tampered: list[str] = []
     foreign = [False]
-    rotation = runner.InputRotation([["a"], ["b"]], probes=[["p0"], ["p1"], ["p2"]],
-                                    taker_is_foreign=lambda frame, thread: foreign[0],
-                                    tampered=tampered.append)
+    rotation = timed_calls.InputRotation([["a"], ["b"]], probes=[["p0"], ["p1"], ["p2"]],
+                                         taker_is_foreign=lambda frame, thread: foreign[0],
+                                         tampered=tampered.append)
     held = [v for v in vars(rotation).values() if isinstance(v, (list, tuple, dict))]
     assert not any(["p0"] in v or "p0" in str(v) for v in held), held
     call = rotation.caller(lambda x: x)
@@ -497,7 +497,7 @@ def test_the_references_rehearsed_sampling_drops_what_it_takes_and_never_fails()
     no sample can be taken of (sparse, quantized) must not fail a mode that timed fine."""
     import torch
 
-    from pike.evaluate.runner import InputRotation, RehearsedSamples
+    from pike.evaluate.timed_calls import InputRotation, RehearsedSamples
 
     work = RehearsedSamples(InputRotation([[]]))
     sparse = torch.eye(4).to_sparse()
@@ -515,13 +515,13 @@ def test_a_probe_drawn_at_a_block_s_end_is_timed_not_taken_by_the_next_refill(
     the last timed call of a block went to that call, untimed and unsampled: with one
     timed call a block (calls of 50 ms and more in a full window), no probe was ever
     timed and the reuse check never ran."""
-    from pike.evaluate import runner
+    from pike.evaluate import timed_calls
 
-    monkeypatch.setattr(runner, "_draw_below", lambda n: 0)  # a probe after every call
-    rotation = runner.InputRotation([["a"], ["b"], ["c"]], probes=[["p0"], ["p1"], ["p2"]])
-    sampler = runner.TimedOutputSamples(rotation)
+    monkeypatch.setattr(timed_calls, "_draw_below", lambda n: 0)  # a probe after every call
+    rotation = timed_calls.InputRotation([["a"], ["b"], ["c"]], probes=[["p0"], ["p1"], ["p2"]])
+    sampler = timed_calls.TimedOutputSamples(rotation)
     call = rotation.caller(lambda x: x)
-    monkeypatch.setattr(runner.check, "flatten_output", lambda out: [])
+    monkeypatch.setattr(timed_calls.check, "flatten_output", lambda out: [])
     timed_probes, untimed = [], []
     for _ in range(4):  # four blocks of one timed call each, as the child runs them
         untimed.append(call())  # the refill
@@ -536,14 +536,14 @@ def test_a_probe_drawn_at_a_block_s_end_is_timed_not_taken_by_the_next_refill(
 
 def test_withheld_probes_are_told_only_where_chance_cannot_explain_them() -> None:
     """Fewer than two probes in WITHHELD_MIN_CALLS timed calls is under one in a million
-    for an honest child drawing one in runner.PROBE_ONE_IN after each call; one call fewer
+    for an honest child drawing one in timed_calls.PROBE_ONE_IN after each call; one call fewer
     is not, and is let pass."""
-    from pike.evaluate import check, runner
+    from pike.evaluate import check, timed_calls
 
     def chance_of_fewer_than_two(calls: int) -> float:
-        miss = 1 - 1 / runner.PROBE_ONE_IN
+        miss = 1 - 1 / timed_calls.PROBE_ONE_IN
         draws = calls - 1
-        return miss ** draws + draws * (1 / runner.PROBE_ONE_IN) * miss ** (draws - 1)
+        return miss ** draws + draws * (1 / timed_calls.PROBE_ONE_IN) * miss ** (draws - 1)
 
     n = check.WITHHELD_MIN_CALLS
     assert chance_of_fewer_than_two(n) < 1e-6 <= chance_of_fewer_than_two(n - 1)

@@ -180,13 +180,14 @@ def test_a_dtype_that_cannot_be_indexed_has_no_fingerprint() -> None:
 
 
 def test_calibration_stand_ins_take_a_plain_dtype() -> None:
-    from pike.evaluate.runner import _sample_leaf, _stand_in
+    from pike.evaluate.timed_calls import _sample_leaf, stand_in
+
     quantized = torch.quantize_per_tensor(torch.ones(3, 4), 0.1, 0, torch.quint8)
     for leaf in (quantized, torch.ones(3, 4, dtype=torch.bfloat16), torch.tensor(1.0)):
-        stand_in = _stand_in(leaf)
-        assert stand_in.dim() == leaf.dim() and stand_in.device == leaf.device
-        _sample_leaf(stand_in, 16)  # what the calibration does with it
-    assert _stand_in(2.5) == 2.5
+        small = stand_in(leaf)
+        assert small.dim() == leaf.dim() and small.device == leaf.device
+        _sample_leaf(small, 16)  # what the calibration does with it
+    assert stand_in(2.5) == 2.5
 
 
 def test_a_file_written_in_place_keeps_its_pages_and_holds_only_the_new_leaves(

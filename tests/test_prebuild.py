@@ -1,5 +1,5 @@
 """A baseline's autotuning mode is compiled once beside other evaluations and thrown away
-(runner.prebuild_mode): its own build, with the device held alone, must trace, compile and
+(compiled_modes.prebuild_mode): its own build, with the device held alone, must trace, compile and
 autotune again, and may only find the pre-build's compiled kernels. Inductor keeps whole
 results in two caches on disk (the compiled graph, which carries autotuning's choices, and
 the AOT autograd entry around it); a pre-build that left them would hand its choices, made
@@ -48,7 +48,7 @@ def _copy(model: torch.nn.Module) -> torch.nn.Module:
 
 def test_the_mode_s_own_build_reuses_nothing_of_its_pre_build(
         tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pike.evaluate.runner import prebuild_mode
+    from pike.evaluate.compiled_modes import prebuild_mode
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
@@ -82,7 +82,7 @@ def test_the_mode_s_own_build_measures_every_kernel_choice_again(
     import torch._inductor.codecache as codecache
     import torch._inductor.config as inductor_config
 
-    from pike.evaluate.runner import prebuild_mode
+    from pike.evaluate.compiled_modes import prebuild_mode
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     looked_up: list[bool] = []  # one per lookup that had a benchmark: whether it ran

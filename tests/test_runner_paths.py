@@ -38,7 +38,7 @@ def test_the_child_starts_without_a_warning_in_every_failure_message() -> None:
 def test_each_compile_mode_gets_its_own_copy_of_the_module() -> None:
     import torch
 
-    from pike.evaluate.runner import own_copy
+    from pike.evaluate.compiled_modes import own_copy
 
     model = torch.nn.Linear(3, 2)
     model.hidden = torch.zeros(2)  # state a forward may write
@@ -61,15 +61,15 @@ def test_each_compile_mode_gets_its_own_copy_of_the_module() -> None:
 def test_a_module_too_big_for_a_copy_per_mode_is_shared(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from pike.evaluate import runner
+    from pike.evaluate import compiled_modes
 
     model = torch.nn.Linear(1000, 1000, device="meta")  # 4 MB of weights, none allocated
     model.scale = torch.ones(1000, 1000, device="meta")  # a plain attribute counts too
-    weights = sum(t.numel() * t.element_size() for t in runner._on_device(model))
+    weights = sum(t.numel() * t.element_size() for t in compiled_modes._on_device(model))
     assert weights == (1000 * 1000 * 2 + 1000) * 4
-    monkeypatch.setattr(runner, "_free_bytes", lambda device: 24 * 2**20)
-    kept, note = runner.own_copy(model)  # over a quarter of what is free: shared
+    monkeypatch.setattr(compiled_modes, "_free_bytes", lambda device: 24 * 2**20)
+    kept, note = compiled_modes.own_copy(model)  # over a quarter of what is free: shared
     assert kept is model and note and note.startswith("shares eager's module: its weights")
-    monkeypatch.setattr(runner, "_free_bytes", lambda device: 100 * 2**20)
-    copied, note = runner.own_copy(model)
+    monkeypatch.setattr(compiled_modes, "_free_bytes", lambda device: 100 * 2**20)
+    copied, note = compiled_modes.own_copy(model)
     assert copied is not model and note is None

@@ -227,7 +227,7 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"[:80]
 
 
-# What the child samples of each timed call it picks (runner.TimedOutputSamples).
+# What the child samples of each timed call it picks (timed_calls.TimedOutputSamples).
 SAMPLED_LEAVES, SAMPLED_POSITIONS = 8, 16
 
 
@@ -302,7 +302,7 @@ def reused_answers_problem(samples: list[float], probe_samples: list[float]) -> 
 def withheld_probes_problem(timed_calls: int, probes_timed: int) -> str | None:
     """Why a child's timed calls (over all its windows: a window timed again after a burst
     of load finds the probes used in the first) show its probes withheld: the child draws
-    a probe for the next call after each timed one (one in runner.PROBE_ONE_IN), so in
+    a probe for the next call after each timed one (one in timed_calls.PROBE_ONE_IN), so in
     WITHHELD_MIN_CALLS timed calls or more an honest child takes at least two (of
     protocol.PROBE_SETS, more than two). A candidate that set its
     rotation's probe count to 0 (or closed the seal) was timed on the rotation's sets
@@ -316,7 +316,7 @@ def withheld_probes_problem(timed_calls: int, probes_timed: int) -> str | None:
 
 
 # The fewest timed calls in which fewer than two probes cannot be chance: with one draw
-# in 6 after each call but the first (runner.PROBE_ONE_IN), none or one of n - 1 draws
+# in 6 after each call but the first (timed_calls.PROBE_ONE_IN), none or one of n - 1 draws
 # has (5/6)^(n-1) + (n-1)/6 * (5/6)^(n-2) < 1e-6 from n = 94 (tests/test_guards.py holds
 # the two together)
 WITHHELD_MIN_CALLS = 94

@@ -470,7 +470,7 @@ def _claimed_probes_problem(claimed: list[int], taken: list[dict], child: ChildP
                             ) -> str | None:
     """Why a candidate's block names probe calls it did not make (None when it made them).
     The child draws at most one probe a block and samples every probe's outputs
-    (runner.TimedOutputSamples), so each probe it names comes with a sample of a probe
+    (timed_calls.TimedOutputSamples), so each probe it names comes with a sample of a probe
     set's outputs, which the parent compares with the reference's answers for that set
     (check.timed_outputs_problem): only a call on the probe set's inputs gives them. The
     list of probe calls alone is the child's word: a candidate that starved the rotation

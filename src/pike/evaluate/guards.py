@@ -80,7 +80,7 @@ _DEVICE_SINKS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"
 
 # The attributes that hand out a frame other than by walking the stack: a traceback's, and
 # a suspended generator's or coroutine's, whose locals are otherwise out of reach (the
-# timing's probe sets wait in one: runner._sealed_probes). Reading them raises the audit
+# timing's probe sets wait in one: timed_calls._sealed_probes). Reading them raises the audit
 # event object.__getattr__; f_back and f_locals do not.
 _FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 # The frames above a probe's taker that must be the evaluator's: the rotation's call, the
@@ -307,9 +307,9 @@ def _protected_types() -> tuple[type, ...]:
     # the guards' own class and the runner's timing state: a method patched on the class
     # would change what the hook or the probes' seal asks (patches_guards_class)
     found.append(Guards)
-    runner = sys.modules.get("pike.evaluate.runner")
-    found += [getattr(runner, name) for name in ("InputRotation", "TimedOutputSamples")
-              if runner is not None and isinstance(getattr(runner, name, None), type)]
+    timed = sys.modules.get("pike.evaluate.timed_calls")
+    found += [getattr(timed, name) for name in ("InputRotation", "TimedOutputSamples")
+              if timed is not None and isinstance(getattr(timed, name, None), type)]
     return tuple(found)
 
 
@@ -389,7 +389,7 @@ class Guards:
 
     def probe_taker_is_foreign(self, resumer: FrameType, sealed_on: int) -> bool:
         """Whether `resumer`, the frame that resumed the timing's sealed probe sets
-        (runner._sealed_probes), is not the rotation's own call in the timing loop: on
+        (timed_calls._sealed_probes), is not the rotation's own call in the timing loop: on
         another thread than the one that sealed them (a thread of the candidate's, whose
         stack holds only the standard library's frames: pulls_by_thread), with the guards
         armed (a take from inside a timed call; `is not False`: an object of the

@@ -21,20 +21,19 @@ import platform
 import re
 import sys
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
 
 from pike.config import BUILD_ON_DEVICE_BYTES
 from pike.evaluate import check
+from pike.evaluate.compiled_modes import own_copy, prebuild_mode
 from pike.evaluate.device_identity import identity
 from pike.evaluate.diagnostics import describe_exception
 from pike.evaluate.guards import Guards, rehearse_check_after
-from pike.evaluate.leaf_files import PLAIN_DTYPES, read_leaves, write_leaves
+from pike.evaluate.leaf_files import read_leaves, write_leaves
 from pike.evaluate.outputs_handoff import OutputsSlot
 from pike.evaluate.profile import profile_calls
 from pike.evaluate.protocol import (
@@ -45,6 +44,12 @@ from pike.evaluate.protocol import (
     timed_set_count,
 )
 from pike.evaluate.steps import StepClock
+from pike.evaluate.timed_calls import (
+    InputRotation,
+    RehearsedSamples,
+    TimedOutputSamples,
+    stand_in,
+)
 from pike.evaluate.timing import time_block, warm_up
 
 _save = torch.save
@@ -57,7 +62,6 @@ STEPS = StepClock()  # this child's steps, sent to the parent with its trials' e
 _manual_seed = torch.manual_seed
 _globals_in = torch.serialization.get_unsafe_globals_in_checkpoint
 _safe_globals = torch.serialization.safe_globals
-_urandom = os.urandom  # bound at import: the timed outputs' sample positions come from it
 REFERENCE_MODULE = "pike_reference"
 
 
@@ -251,7 +255,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
             write_leaves(check.flatten_output(out), outputs_dir / f"{name}.pt")
         # Small stand-ins for the outputs (same devices, dtypes and dims), so the
         # calibration's blocks sample outputs as a guarded candidate's blocks do.
-        stand_ins = [_stand_in(leaf) for leaf in check.flatten_output(out)[:check.SAMPLED_LEAVES]]
+        stand_ins = [stand_in(leaf) for leaf in check.flatten_output(out)[:check.SAMPLED_LEAVES]]
         del inputs, out  # before the next set loads
     # A kept reference waits, idle, through its task's search: its allocator's cache (the
     # check's peak) goes back to the card's other evaluations.
@@ -334,103 +338,6 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
                   forget=lambda mode: compiled.pop(mode, None), prebuild=prebuild)
 
 
-def prebuild_mode(model: torch.nn.Module, mode: str,
-                  call_once: Callable[[Callable[..., Any]], object],
-                  device: torch.device) -> None:
-    """Compile a torch.compile `mode` of the model once (its own copy) and throw it away,
-    keeping only what any build of the same code may share: its compiled kernels."""
-    module, _ = own_copy(model)
-    fn = torch.compile(module, mode=mode.split(":", 1)[1])
-    try:
-        with _results_not_kept(), torch.no_grad():
-            call_once(fn)
-            _sync(device)
-    finally:
-        del fn, module
-        # Nothing of this build may be reused as it is: the mode's own build traces,
-        # compiles and autotunes again (its kernels then come from the caches on disk).
-        torch._dynamo.reset()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-
-
-@contextlib.contextmanager
-def _results_not_kept() -> Iterator[None]:
-    """Inductor's caches of whole results off: the compiled graph (whose kernels are
-    the ones autotuning chose), the AOT autograd graph that holds it, and the autotuning
-    timings. A pre-build's autotuning runs beside other evaluations, so its choices are
-    not the mode's; its compiled kernels are the same code either way and stay (Triton's
-    binaries; C++ kernels in inductor's cache). Options this torch does not have are left
-    alone; where it has no way to keep timings off the disk, there is no pre-build.
-
-    autotune_local_cache=False stops reading the kept timings, not writing them: the
-    algorithm selection's lookup writes its fresh timings to the cache file all the same
-    (helper-22's review: the mode's own build then took the pre-build's GEMM timings from
-    there), so the write itself is made a no-op here. With the option off, the generated
-    Triton sources (their inductor_meta names it) differ from the own build's, so no kernel
-    object the pre-build autotuned is found again in memory."""
-    import unittest.mock
-
-    import torch._functorch.config as functorch_config
-    import torch._inductor.codecache as codecache
-    import torch._inductor.config as inductor_config
-    if not callable(getattr(getattr(codecache, "CacheBase", None), "update_local_cache", None)):
-        raise RuntimeError("this torch keeps autotuning timings otherwise: no pre-build")
-    patches = [(inductor_config, {"fx_graph_cache": False, "autotune_local_cache": False,
-                                  "autotune_remote_cache": False}),
-               (functorch_config, {"enable_autograd_cache": False})]
-    with contextlib.ExitStack() as stack:
-        for module, options in patches:
-            known = {k: v for k, v in options.items() if hasattr(module, k)}
-            stack.enter_context(module.patch(known))
-        stack.enter_context(unittest.mock.patch.object(
-            codecache.CacheBase, "update_local_cache", lambda self, local_cache: None))
-        yield
-
-
-def own_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
-    """A compile mode's own module, with the same weights: a forward that keeps state on
-    the module (an RNN's hidden state, a decoder's cache) would otherwise carry one mode's
-    outputs into the next mode's calls (33_VanillaRNN: eager was handed a CUDA graph's
-    output, since overwritten, and failed). The module is shared, as before, and the
-    reason given, where its weights would take over a quarter of the device memory free
-    to this process (a level-5 model: the compiled modes need that room for their own
-    buffers) or deepcopy refuses it. Hooks are copied by reference: one that closes over
-    the original's tensors still reaches them."""
-    on_device = _on_device(model)
-    weights = sum(t.numel() * t.element_size() for t in on_device)
-    free = _free_bytes(on_device[0].device) if on_device else None
-    if free is not None and weights > free * COPY_SHARE_OF_FREE:
-        return model, (f"shares eager's module: its weights ({weights / 2**30:.2f} GiB) are "
-                       f"over a quarter of the free device memory ({free / 2**30:.2f} GiB)")
-    try:
-        return copy.deepcopy(model), None
-    except Exception as exc:  # noqa: BLE001 - any failure to copy leaves the shared module
-        return model, ("shares eager's module: it could not be copied: "
-                       + describe_exception(exc).splitlines()[0][:200])
-
-
-COPY_SHARE_OF_FREE = 0.25
-
-
-def _on_device(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The module's tensors off the host: parameters, buffers and plain tensor attributes
-    (KernelBench tasks keep some as `self.bias = torch.randn(...)`)."""
-    tensors = {id(t): t for m in model.modules()
-               for t in (*m.parameters(recurse=False), *m.buffers(recurse=False),
-                         *(v for v in vars(m).values() if isinstance(v, torch.Tensor)))}
-    return [t for t in tensors.values() if t.device.type != "cpu"]
-
-
-def _free_bytes(device: torch.device) -> int | None:
-    """Device memory this process could still use: free on the card plus what its caching
-    allocator holds unused; None for a device that does not say."""
-    if device.type != "cuda":
-        return None
-    free, _ = torch.cuda.mem_get_info(device)
-    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-
-
 def _outputs_differ(expected: list[Any], got: list[Any], atol: float, rtol: float,
                     device: torch.device) -> str | None:
     found = next((m for m in check.compare_leaves(expected, got, 0, atol, rtol, device)
@@ -467,188 +374,6 @@ def _loaded_one_by_one(folder: Path, names: list[str], device: torch.device,
             loaded = _to_device(read_leaves(folder / f"{name}.pt", trusted=True), device)
         yield loaded
         del loaded  # (held here, the last set would live on while the next one loads)
-
-
-def _stand_in(leaf: Any) -> Any:
-    """A small tensor like `leaf` (device, dims, and its dtype where that is a plain one:
-    a quantized or bits dtype cannot be made or indexed like this, float32 serves)."""
-    if not isinstance(leaf, torch.Tensor):
-        return leaf
-    shape = (check.SAMPLED_POSITIONS,) + (1,) * (leaf.dim() - 1) if leaf.dim() else ()
-    dtype = leaf.dtype if leaf.dtype in PLAIN_DTYPES else torch.float32
-    return torch.zeros(shape, dtype=dtype, device=leaf.device)
-
-
-class InputRotation:
-    """Timed calls take the input sets in turn, so no call sees the inputs of the one
-    before it: a stale or never-computed output cannot pass for the right one. Now and
-    then (drawn after the call before) a probe set, never seen before, takes a call's
-    turn: set numbers go on past the rotation's for them. The probes are sealed
-    (`_sealed_probes`): a timed call that walks its stack to this rotation finds the
-    sets it is timed on, not the probes it has yet to meet."""
-
-    def __init__(self, sets: list[list[Any]], probes: list[list[Any]] | None = None,
-                 taker_is_foreign: Callable[[FrameType, int], bool] = lambda frame, thread: False,
-                 tampered: Callable[[str], None] = lambda what: None) -> None:
-        self.sets = sets
-        self.calls, self.last, self.used_probes, self.probe_next = 0, 0, 0, False
-        self.probe_count = 0
-        self._probes: Iterator[list[Any]] = iter(())
-        # The next call is a block's untimed refill (timing.time_block), which must not
-        # take the probe drawn after the last block's last timed call: it went there
-        # untimed and unsampled, and with one timed call a block (calls of 50 ms and
-        # more in a full window) no probe was ever timed and the reuse check never ran.
-        self.refill_next = False
-        if probes:
-            self.seal_probes(probes, taker_is_foreign, tampered)
-
-    def seal_probes(self, probes: list[list[Any]],
-                    taker_is_foreign: Callable[[FrameType, int], bool],
-                    tampered: Callable[[str], None]) -> None:
-        """Hand `probes` over to a sealed generator; the caller must drop its own
-        references to them (a list the caller keeps would hold them in its frame)."""
-        self.probe_count = len(probes)
-        self._probes = _sealed_probes(list(probes), taker_is_foreign, tampered)
-
-    @property
-    def last_was_probe(self) -> bool:
-        return self.last >= len(self.sets)
-
-    def caller(self, fn: Callable[..., Any]) -> Callable[[], Any]:
-        def call() -> Any:
-            refill, self.refill_next = self.refill_next, False
-            args = None
-            if self.probe_next and not refill and self.used_probes < self.probe_count:
-                args = next(self._probes, None)  # None: the seal was broken, none left
-                if args is not None:
-                    self.last = len(self.sets) + self.used_probes
-                    self.used_probes += 1
-            if args is None:
-                self.last = self.calls % len(self.sets)
-                args = self.sets[self.last]
-                self.calls += 1
-            if not refill:
-                self.probe_next = False
-            with torch.no_grad():
-                return fn(*args)
-
-        return call
-
-
-def _sealed_probes(probes: list[list[Any]], taker_is_foreign: Callable[[FrameType, int], bool],
-                   tampered: Callable[[str], None]) -> Iterator[list[Any]]:
-    """The probe sets one by one, held meanwhile in this generator's frame alone: its
-    locals are reachable only through `gi_frame`, which the guards refuse candidate code
-    for an evaluator's generator (guards.Guards._hook). Before, the rotation held them
-    in a list, and a timed call that walked `f_back` to it answered every probe at its
-    first call and served the rest from a memo (tests/candidates/reads_probes_by_frames:
-    `ok` at 70x on the CPU). A probe goes only to the rotation's own call with no
-    candidate code above it (`taker_is_foreign` says otherwise: a `next()` of the
-    candidate's, or the rotation's call made from inside a timed call); any other taker
-    ends the generator and the candidate's verdict is `rejected` (`tampered`)."""
-    sealed_on = _get_ident()
-    for index in range(len(probes)):
-        if taker_is_foreign(_getframe(1), sealed_on):
-            probes.clear()
-            tampered("taking the timing's probe sets out of turn")
-            return
-        probe, probes[index] = probes[index], None
-        yield probe
-
-
-# taken at import: the candidate reaches the sys and threading modules, and a swapped
-# sys._getframe or threading.get_ident would vouch for any taker of the sealed probes
-_getframe, _get_ident = sys._getframe, threading.get_ident
-
-
-def _draw_below(n: int) -> int:
-    return int.from_bytes(_urandom(8), "little") % n
-
-
-class TimedOutputSamples:
-    """Values of timed calls' outputs at random positions, for the parent to compare with
-    the reference's answers for the same inputs. Whether a call is sampled, and where,
-    is drawn from the OS after the call has returned, so the candidate cannot know which
-    of its timed calls will be checked."""
-
-    RATE_PERCENT, PER_BLOCK = 50, 8
-
-    def __init__(self, rotation: InputRotation) -> None:
-        self.rotation, self.taken, self.calls = rotation, [], 0
-        self.probe_calls: list[int] = []
-        self.block_start = 0
-
-    def __call__(self, out: Any) -> None:
-        call, self.calls = self.calls, self.calls + 1
-        probe = self.rotation.last_was_probe
-        if probe:
-            self.probe_calls.append(call - self.block_start)
-        # At most one probe a block, so they spread over the window (and a burst of host
-        # load cannot fall on all of them).
-        self.rotation.probe_next = not self.probe_calls and _draw_below(PROBE_ONE_IN) == 0
-        if not probe and (len(self.taken) >= self.PER_BLOCK
-                          or _draw_below(100) >= self.RATE_PERCENT):
-            return  # probes are always sampled: a fast wrong answer must not pass either
-        leaves = check.flatten_output(out)[:check.SAMPLED_LEAVES]
-        self.taken.append({"call": call, "set": self.rotation.last, "leaves": [
-            _sample_leaf(leaf, check.SAMPLED_POSITIONS) for leaf in leaves]})
-
-    def take(self) -> tuple[list[dict[str, Any]], list[int]]:
-        """This block's samples, and which of its timed calls (by index) were probes."""
-        taken, probes = self.taken, self.probe_calls
-        self.taken, self.probe_calls, self.block_start = [], [], self.calls
-        self.rotation.refill_next = True  # the next block begins with one
-        return taken, probes
-
-
-class RehearsedSamples(TimedOutputSamples):
-    """The sampling a guarded candidate's child does between its timed calls, done by the
-    reference for its cost alone: what it takes is dropped, never sent, and an output it
-    cannot sample (sparse, quantized) costs no more than that; it must not fail a mode."""
-
-    def __init__(self, rotation: InputRotation) -> None:
-        super().__init__(rotation)
-        self.rehearsed = 0  # sampled in this block: reported, so the work can be seen done
-
-    def __call__(self, out: Any) -> None:
-        try:
-            super().__call__(out)
-        except Exception:  # noqa: BLE001 - the samples are not used
-            pass
-
-    def take(self) -> tuple[None, None]:  # type: ignore[override]
-        self.rehearsed = len(super().take()[0])
-        return None, None
-
-
-PROBE_ONE_IN = 6  # the chance that the next timed call takes a probe set
-
-
-def _sample_leaf(leaf: Any, count: int) -> dict[str, Any]:
-    if not isinstance(leaf, torch.Tensor):
-        return {"scalar": leaf if isinstance(leaf, (int, float, bool)) else repr(leaf)[:80]}
-    shape, n = list(leaf.shape), leaf.numel()
-    positions = [_draw_below(n) for _ in range(min(count, n))]
-    values: list[float] = []
-    if positions:
-        # Coordinates by hand: torch.unravel_index cost 0.1 ms a call on the host, and this
-        # runs between timed calls, in the wall time the parent checks the samples against.
-        picked = (leaf.detach()[torch.tensor(_coordinates(positions, shape)).unbind()]
-                  if leaf.dim() else leaf.detach().reshape(1))
-        if picked.is_complex():
-            picked = picked.abs()
-        values = picked.to("cpu", torch.float64).tolist()
-    return {"shape": shape, "dtype": str(leaf.dtype), "positions": positions, "values": values}
-
-
-def _coordinates(positions: list[int], shape: list[int]) -> list[list[int]]:
-    """Row-major flat positions as one list of indices per dimension."""
-    columns: list[list[int]] = [[] for _ in shape]
-    for position in positions:
-        for dim in range(len(shape) - 1, -1, -1):
-            position, index = divmod(position, shape[dim])
-            columns[dim].append(index)
-    return columns
 
 
 def _shift_distribution(value: Any, spec: ShiftSpec | None) -> Any:

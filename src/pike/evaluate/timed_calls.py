@@ -1,0 +1,207 @@
+"""The timed calls' inputs and the samples of their outputs, in the child.
+
+Timed calls take the input sets in turn, now and then a probe set never seen before
+(`InputRotation`, its probes sealed in a generator a candidate cannot read); after each
+call the child samples the output at positions drawn from the OS (`TimedOutputSamples`),
+for the parent to compare with the reference's answers. The randomness and the frame
+functions are bound at import, before any candidate code runs: a candidate reaches the
+os, sys and threading modules, and a swapped function would choose for it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+import torch
+
+from pike.evaluate import check
+from pike.evaluate.leaf_files import PLAIN_DTYPES
+
+_urandom = os.urandom  # bound at import: the timed outputs' sample positions come from it
+
+
+def stand_in(leaf: Any) -> Any:
+    """A small tensor like `leaf` (device, dims, and its dtype where that is a plain one:
+    a quantized or bits dtype cannot be made or indexed like this, float32 serves)."""
+    if not isinstance(leaf, torch.Tensor):
+        return leaf
+    shape = (check.SAMPLED_POSITIONS,) + (1,) * (leaf.dim() - 1) if leaf.dim() else ()
+    dtype = leaf.dtype if leaf.dtype in PLAIN_DTYPES else torch.float32
+    return torch.zeros(shape, dtype=dtype, device=leaf.device)
+
+
+class InputRotation:
+    """Timed calls take the input sets in turn, so no call sees the inputs of the one
+    before it: a stale or never-computed output cannot pass for the right one. Now and
+    then (drawn after the call before) a probe set, never seen before, takes a call's
+    turn: set numbers go on past the rotation's for them. The probes are sealed
+    (`_sealed_probes`): a timed call that walks its stack to this rotation finds the
+    sets it is timed on, not the probes it has yet to meet."""
+
+    def __init__(self, sets: list[list[Any]], probes: list[list[Any]] | None = None,
+                 taker_is_foreign: Callable[[FrameType, int], bool] = lambda frame, thread: False,
+                 tampered: Callable[[str], None] = lambda what: None) -> None:
+        self.sets = sets
+        self.calls, self.last, self.used_probes, self.probe_next = 0, 0, 0, False
+        self.probe_count = 0
+        self._probes: Iterator[list[Any]] = iter(())
+        # The next call is a block's untimed refill (timing.time_block), which must not
+        # take the probe drawn after the last block's last timed call: it went there
+        # untimed and unsampled, and with one timed call a block (calls of 50 ms and
+        # more in a full window) no probe was ever timed and the reuse check never ran.
+        self.refill_next = False
+        if probes:
+            self.seal_probes(probes, taker_is_foreign, tampered)
+
+    def seal_probes(self, probes: list[list[Any]],
+                    taker_is_foreign: Callable[[FrameType, int], bool],
+                    tampered: Callable[[str], None]) -> None:
+        """Hand `probes` over to a sealed generator; the caller must drop its own
+        references to them (a list the caller keeps would hold them in its frame)."""
+        self.probe_count = len(probes)
+        self._probes = _sealed_probes(list(probes), taker_is_foreign, tampered)
+
+    @property
+    def last_was_probe(self) -> bool:
+        return self.last >= len(self.sets)
+
+    def caller(self, fn: Callable[..., Any]) -> Callable[[], Any]:
+        def call() -> Any:
+            refill, self.refill_next = self.refill_next, False
+            args = None
+            if self.probe_next and not refill and self.used_probes < self.probe_count:
+                args = next(self._probes, None)  # None: the seal was broken, none left
+                if args is not None:
+                    self.last = len(self.sets) + self.used_probes
+                    self.used_probes += 1
+            if args is None:
+                self.last = self.calls % len(self.sets)
+                args = self.sets[self.last]
+                self.calls += 1
+            if not refill:
+                self.probe_next = False
+            with torch.no_grad():
+                return fn(*args)
+
+        return call
+
+
+def _sealed_probes(probes: list[list[Any]], taker_is_foreign: Callable[[FrameType, int], bool],
+                   tampered: Callable[[str], None]) -> Iterator[list[Any]]:
+    """The probe sets one by one, held meanwhile in this generator's frame alone: its
+    locals are reachable only through `gi_frame`, which the guards refuse candidate code
+    for an evaluator's generator (guards.Guards._hook). Before, the rotation held them
+    in a list, and a timed call that walked `f_back` to it answered every probe at its
+    first call and served the rest from a memo (tests/candidates/reads_probes_by_frames:
+    `ok` at 70x on the CPU). A probe goes only to the rotation's own call with no
+    candidate code above it (`taker_is_foreign` says otherwise: a `next()` of the
+    candidate's, or the rotation's call made from inside a timed call); any other taker
+    ends the generator and the candidate's verdict is `rejected` (`tampered`)."""
+    sealed_on = _get_ident()
+    for index in range(len(probes)):
+        if taker_is_foreign(_getframe(1), sealed_on):
+            probes.clear()
+            tampered("taking the timing's probe sets out of turn")
+            return
+        probe, probes[index] = probes[index], None
+        yield probe
+
+
+# taken at import: the candidate reaches the sys and threading modules, and a swapped
+# sys._getframe or threading.get_ident would vouch for any taker of the sealed probes
+_getframe, _get_ident = sys._getframe, threading.get_ident
+
+
+def _draw_below(n: int) -> int:
+    return int.from_bytes(_urandom(8), "little") % n
+
+
+class TimedOutputSamples:
+    """Values of timed calls' outputs at random positions, for the parent to compare with
+    the reference's answers for the same inputs. Whether a call is sampled, and where,
+    is drawn from the OS after the call has returned, so the candidate cannot know which
+    of its timed calls will be checked."""
+
+    RATE_PERCENT, PER_BLOCK = 50, 8
+
+    def __init__(self, rotation: InputRotation) -> None:
+        self.rotation, self.taken, self.calls = rotation, [], 0
+        self.probe_calls: list[int] = []
+        self.block_start = 0
+
+    def __call__(self, out: Any) -> None:
+        call, self.calls = self.calls, self.calls + 1
+        probe = self.rotation.last_was_probe
+        if probe:
+            self.probe_calls.append(call - self.block_start)
+        # At most one probe a block, so they spread over the window (and a burst of host
+        # load cannot fall on all of them).
+        self.rotation.probe_next = not self.probe_calls and _draw_below(PROBE_ONE_IN) == 0
+        if not probe and (len(self.taken) >= self.PER_BLOCK
+                          or _draw_below(100) >= self.RATE_PERCENT):
+            return  # probes are always sampled: a fast wrong answer must not pass either
+        leaves = check.flatten_output(out)[:check.SAMPLED_LEAVES]
+        self.taken.append({"call": call, "set": self.rotation.last, "leaves": [
+            _sample_leaf(leaf, check.SAMPLED_POSITIONS) for leaf in leaves]})
+
+    def take(self) -> tuple[list[dict[str, Any]], list[int]]:
+        """This block's samples, and which of its timed calls (by index) were probes."""
+        taken, probes = self.taken, self.probe_calls
+        self.taken, self.probe_calls, self.block_start = [], [], self.calls
+        self.rotation.refill_next = True  # the next block begins with one
+        return taken, probes
+
+
+class RehearsedSamples(TimedOutputSamples):
+    """The sampling a guarded candidate's child does between its timed calls, done by the
+    reference for its cost alone: what it takes is dropped, never sent, and an output it
+    cannot sample (sparse, quantized) costs no more than that; it must not fail a mode."""
+
+    def __init__(self, rotation: InputRotation) -> None:
+        super().__init__(rotation)
+        self.rehearsed = 0  # sampled in this block: reported, so the work can be seen done
+
+    def __call__(self, out: Any) -> None:
+        try:
+            super().__call__(out)
+        except Exception:  # noqa: BLE001 - the samples are not used
+            pass
+
+    def take(self) -> tuple[None, None]:  # type: ignore[override]
+        self.rehearsed = len(super().take()[0])
+        return None, None
+
+
+PROBE_ONE_IN = 6  # the chance that the next timed call takes a probe set
+
+
+def _sample_leaf(leaf: Any, count: int) -> dict[str, Any]:
+    if not isinstance(leaf, torch.Tensor):
+        return {"scalar": leaf if isinstance(leaf, (int, float, bool)) else repr(leaf)[:80]}
+    shape, n = list(leaf.shape), leaf.numel()
+    positions = [_draw_below(n) for _ in range(min(count, n))]
+    values: list[float] = []
+    if positions:
+        # Coordinates by hand: torch.unravel_index cost 0.1 ms a call on the host, and this
+        # runs between timed calls, in the wall time the parent checks the samples against.
+        picked = (leaf.detach()[torch.tensor(_coordinates(positions, shape)).unbind()]
+                  if leaf.dim() else leaf.detach().reshape(1))
+        if picked.is_complex():
+            picked = picked.abs()
+        values = picked.to("cpu", torch.float64).tolist()
+    return {"shape": shape, "dtype": str(leaf.dtype), "positions": positions, "values": values}
+
+
+def _coordinates(positions: list[int], shape: list[int]) -> list[list[int]]:
+    """Row-major flat positions as one list of indices per dimension."""
+    columns: list[list[int]] = [[] for _ in shape]
+    for position in positions:
+        for dim in range(len(shape) - 1, -1, -1):
+            position, index = divmod(position, shape[dim])
+            columns[dim].append(index)
+    return columns
