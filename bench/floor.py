@@ -213,6 +213,12 @@ def recounted_row(row: dict, task: Task, device_name: str) -> dict:
     if work.flops != row.get("flops"):
         return {**row, "recount_error": f"counted here: {work.flops} FLOPs, on the device: "
                 f"{row.get('flops')} FLOPs; count again on the device"}
+    # a row keeps no dtype; a compute-bound fp32 row's floor is above its tensor-core one
+    # and a half-precision row's is not: the dtype class counted here must say the same
+    if row.get("bound") == "compute" and row.get("lowp_floor_ms") and fl.bound == "compute" \
+            and (row["floor_ms"] > 1.01 * row["lowp_floor_ms"]) != (fl.ms > 1.01 * fl.lowp_ms):
+        return {**row, "recount_error": f"counted here as {work.dtype}, which the device's "
+                "floor does not match; count again on the device"}
     scale = row["floor_ms"] / fl.ms
     eager_ms = row.get("modes_ms", {}).get("eager")
     return {**row, "flops": work.flops, "bytes_min": work.bytes_min, "floor_ms": fl.ms,

@@ -407,6 +407,14 @@ def test_the_page_says_what_holds_the_figure_back_and_how_far_each_task_is_from_
                                    aggregates=aggregate([lowp], {}, None)))
     assert "tensor-core floor (eager 20×)" in page
     assert "(the tensor-core floor for the 1 in lower precision)" in page
+    # fp8 has no floor on file that bounds it; a half-precision task's two floors are one
+    fp8 = task_audit(TaskAudit(task="1_A", status="missing", precision=["fp8"]),
+                     verdict(4 * at.ms), baseline("1_A", 20 * at.ms))
+    assert not fp8.floor_is_lowp and fp8.times_floor == pytest.approx(4.0)
+    half_work = work.model_copy(update={"dtype": "bf16"})
+    half = task_audit(TaskAudit(task="1_A", status="missing", precision=["bf16"]),
+                      verdict(1.0), baseline("1_A", 2.0).model_copy(update={"work": half_work}))
+    assert not half.floor_is_lowp and half.floor_ms == half.lowp_floor_ms
 
 
 def test_an_offline_files_marker_names_its_transformations() -> None:

@@ -193,6 +193,12 @@ def test_recount_takes_up_the_floors_tf32_convolutions(
     assert "recount_error" not in out
     assert out["floor_ms"] == pytest.approx(now.ms) and now.ms < old_ms / 7
     assert out["modes_x_floor"]["eager"] == pytest.approx(1.0 / now.ms)
+    # the same FLOPs counted as another dtype class than the device's (a half-precision
+    # row, whose floor is its tensor-core one): refused, as other FLOPs are
+    half = {**row, "floor_ms": now.lowp_ms, "lowp_floor_ms": now.lowp_ms}
+    refused = bench_floor.recounted_row(half, Task.from_file(tasks / "1_Conv.py"), device)
+    assert "count again on the device" in refused["recount_error"]
+    assert refused["floor_ms"] == now.lowp_ms
 
 
 @pytest.mark.parametrize("has_cuda, expected", [(True, "cuda"), (False, "cpu")])

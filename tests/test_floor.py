@@ -387,6 +387,10 @@ def test_an_fp32_tasks_convolutions_count_at_the_tf32_peak_and_the_rest_at_fp32(
     half = floor(Work(flops=conv, flops_by_op={"aten.convolution": conv}, bytes_min=10,
                       dtype="bf16"), H100)
     assert half is not None and half.tf32_flops == 0 and half.ms == half.lowp_ms
+    double = floor(Work(flops=conv, flops_by_op={"aten.convolution": conv}, bytes_min=10,
+                        dtype="fp64"), H100)  # cuDNN's TF32 is fp32's, not fp64's
+    assert double is not None and double.tf32_flops == 0
+    assert not any("TF32" in n for n in double.notes)
 
 
 def test_half_precision_tasks_use_their_own_peak() -> None:

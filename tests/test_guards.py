@@ -65,6 +65,10 @@ pytestmark = pytest.mark.timing
     ("shadows_taker", "rejected", "probe sets out of turn"),
     # names a memo hit as its probe with the probes starved: `ok` at 150x on the CPU before
     ("claims_probes", "rejected", "no sample of those inputs' outputs"),
+    # the rotation's class patched through its module: `ok` before, the patch unseen (no
+    # audit event for a class attribute set, and the classes were looked for under the
+    # runner's name, which a child runs as __main__)
+    ("patches_rotation_class", "rejected", "patching pike.evaluate.timed_calls.InputRotation"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:

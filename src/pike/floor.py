@@ -581,7 +581,7 @@ def floor(work: Work, device_name: str) -> Floor | None:
     if device.uncertain:
         notes.append(f"{device.name}: estimated peaks for {', '.join(device.uncertain)}")
     memory_ms = work.bytes_min / device.bandwidth * 1e3
-    in_tf32 = convolution_flops(work) if precision == "fp32" else 0
+    in_tf32 = convolution_flops(work) if work.dtype == "fp32" else 0  # not fp64's
     if in_tf32:
         notes.append("convolutions at the TF32 peak: cuDNN runs fp32 convolutions in TF32 "
                      "by default (torch.backends.cudnn.allow_tf32), the reference's too")

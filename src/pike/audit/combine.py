@@ -74,7 +74,8 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path,
         with RunStore.open(run) as store:
             rows = {t["name"]: t for t in store.tasks()}
             outside = [name for name in rows if name not in names]
-            warnings += [f"{run}: {', '.join(outside)} not in {tasks_dir}; left out"] if outside else []
+            where = f"among the tasks asked of {tasks_dir}" if ids is not None else f"in {tasks_dir}"
+            warnings += [f"{run}: {', '.join(outside)} not {where}; left out"] if outside else []
             for task in task_list:
                 if task.name not in rows:
                     continue

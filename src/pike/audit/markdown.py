@@ -61,7 +61,8 @@ def _summary(result: AuditResult) -> list[str]:
                            sorted(agg.below_best_compile.items(), key=lambda kv: kv[1]))
         lines.append(f"- Correct but slower than their task's fastest torch.compile mode: {slower}")
     if agg.times_floor is not None:
-        lowp = sum(1 for t in result.tasks if t.ok and t.floor_is_lowp and t.times_floor)
+        lowp = sum(1 for t in result.tasks if t.ok and t.floor_is_lowp and t.times_floor
+                   and t.eager_times_floor)  # as the geomean counts them
         lines.append(f"- Distance from the floor (What holds it back), geomean over the "
                      f"{_count(agg.times_floor.tasks, 'correct file')} with one: "
                      f"{_x(agg.times_floor.geomean)} their floor"

@@ -145,7 +145,12 @@ def task_audit(base: TaskAudit, verdict: Verdict, baseline: Baseline | None) -> 
         "max_abs_error": verdict.max_abs_error, "max_rel_error": verdict.max_rel_error,
         "trial_errors": trial_errors(verdict), "speedup": speedup,
         "compile_speedups": compile_speedups(speedup, baseline),
-        **_floor_distances(verdict, baseline, lowp=bool(base.precision))})
+        **_floor_distances(verdict, baseline, lowp=bool(_TENSOR_CORE & set(base.precision)))})
+
+
+# the markers (audit/precision.py) of a file whose math may run on bf16/fp16 tensor cores:
+# the floor those allow bounds it; fp8 has no peaks on file, and its floor is no bound
+_TENSOR_CORE = {"tf32", "fp16", "bf16", "autocast"}
 
 
 def _floor_distances(verdict: Verdict, baseline: Baseline | None, lowp: bool
@@ -166,6 +171,7 @@ def _floor_distances(verdict: Verdict, baseline: Baseline | None, lowp: bool
     eager = next((m.stats.median_ms for m in baseline.modes
                   if m.mode == "eager" and m.stats is not None), None)
     runtime = verdict.runtime.median_ms if verdict.ok and verdict.runtime is not None else None
+    lowp = lowp and found.lowp_ms < found.ms  # an fp16 task's two floors are one
     own = found.lowp_ms if lowp else found.ms
     return {"floor_ms": found.ms, "lowp_floor_ms": found.lowp_ms, "floor_is_lowp": lowp,
             "times_floor": runtime / own if runtime and own > 0 else None,

@@ -304,13 +304,21 @@ def _protected_types() -> tuple[type, ...]:
     found: list[type] = [torch.Tensor, torch.UntypedStorage, torch.nn.Module]
     if hasattr(torch, "cuda"):
         found += [torch.cuda.Event, torch.cuda.Stream]
-    # the guards' own class and the runner's timing state: a method patched on the class
-    # would change what the hook or the probes' seal asks (patches_guards_class)
-    found.append(Guards)
+    return (*found, *_evaluator_classes())
+
+
+def _evaluator_classes() -> list[type]:
+    """The guards' own class and the timing's rotation and samplers: a method patched on
+    one would change what the hook or the probes' seal asks, or what the timed calls
+    report (patches_guards_class, patches_rotation_class). CPython raises no audit event
+    for `SomeClass.name = value` (object.__setattr__ only for that function's own calls;
+    3.8 to 3.13 checked), so `_integrity_snapshot` holds their attributes one by one."""
+    found: list[type] = [Guards]
     timed = sys.modules.get("pike.evaluate.timed_calls")
-    found += [getattr(timed, name) for name in ("InputRotation", "TimedOutputSamples")
+    found += [getattr(timed, name) for name in ("InputRotation", "TimedOutputSamples",
+                                                "RehearsedSamples")
               if timed is not None and isinstance(getattr(timed, name, None), type)]
-    return tuple(found)
+    return found
 
 
 @dataclass
@@ -609,6 +617,9 @@ def _integrity_snapshot() -> dict[str, int]:
         for name, value in vars(cls).items():
             if callable(value):
                 watched[f"{cls.__module__}.{cls.__qualname__}.{name}"] = value
+    for cls in _evaluator_classes():  # every attribute: a class patch raises no event
+        for name, value in vars(cls).items():
+            watched[f"{cls.__module__}.{cls.__qualname__}.{name}"] = value
     for module_name, module in list(sys.modules.items()):
         if module_name.startswith("pike.evaluate") and module is not None:
             for name, value in vars(module).items():
