@@ -45,7 +45,7 @@ CLASSES: dict[str, list[str]] = {
         "reads_probes_by_frames", "pulls_probes_ahead", "reenters_the_rotation",
         "disarms_the_guards", "empties_the_guards_lists", "starves_probes",
         "reads_inside_the_hook", "replaces_audit", "patches_guards_class",
-        "patches_rotation_class", "truthy_enabled",
+        "patches_rotation_class", "patches_channel_class", "truthy_enabled",
         "pulls_by_thread", "swaps_getframe", "shadows_taker", "claims_probes"],
     "passing its code off as a library's": [
         "names_code_as_library", "helper_in_torch_folder", "compiles_through_stdlib",

@@ -69,6 +69,7 @@ pytestmark = pytest.mark.timing
     # audit event for a class attribute set, and the classes were looked for under the
     # runner's name, which a child runs as __main__)
     ("patches_rotation_class", "rejected", "patching pike.evaluate.timed_calls.InputRotation"),
+    ("patches_channel_class", "rejected", "patching pike.evaluate.protocol.Channel"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:

@@ -307,17 +307,27 @@ def _protected_types() -> tuple[type, ...]:
     return (*found, *_evaluator_classes())
 
 
+# The child's classes whose methods run around the candidate's calls: the timing's
+# rotation and samplers, the channel its reports go through, the slot its outputs go to,
+# its step clock (plain classes: a pydantic model's class may fill itself in later).
+_CHILD_CLASSES = {"pike.evaluate.timed_calls": ("InputRotation", "TimedOutputSamples",
+                                                "RehearsedSamples"),
+                  "pike.evaluate.protocol": ("Channel",),
+                  "pike.evaluate.outputs_handoff": ("OutputsSlot",),
+                  "pike.evaluate.steps": ("StepClock",)}
+
+
 def _evaluator_classes() -> list[type]:
-    """The guards' own class and the timing's rotation and samplers: a method patched on
-    one would change what the hook or the probes' seal asks, or what the timed calls
-    report (patches_guards_class, patches_rotation_class). CPython raises no audit event
-    for `SomeClass.name = value` (object.__setattr__ only for that function's own calls;
-    3.8 to 3.13 checked), so `_integrity_snapshot` holds their attributes one by one."""
+    """The guards' own class and the child's classes above: a method patched on one would
+    change what the hook or the probes' seal asks, or what the child reports
+    (patches_guards_class, patches_rotation_class). CPython raises no audit event for
+    `SomeClass.name = value` (object.__setattr__ only for that function's own calls; 3.8
+    to 3.13 checked), so `_integrity_snapshot` holds their attributes one by one."""
     found: list[type] = [Guards]
-    timed = sys.modules.get("pike.evaluate.timed_calls")
-    found += [getattr(timed, name) for name in ("InputRotation", "TimedOutputSamples",
-                                                "RehearsedSamples")
-              if timed is not None and isinstance(getattr(timed, name, None), type)]
+    for module_name, names in _CHILD_CLASSES.items():
+        module = sys.modules.get(module_name)
+        found += [getattr(module, name) for name in names
+                  if module is not None and isinstance(getattr(module, name, None), type)]
     return found
 
 
