@@ -167,9 +167,12 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
     _, own = listed  # the reference's child, then the candidate's
     assert [own] in kept  # its own window does not stop it (the reference's is unlisted
     # by then: test_a_trusted_childs_untimed_work_is_listed_and_unlisted_after)
-    # the wall-clock calibration runs in the window, with no hold of its own to wait for
-    assert purposes == ["candidate window"], purposes
-    assert [name for name, _ in seen].count("calibrate") == 1
+    # the wall-clock calibration runs in the window, with no hold of its own to wait for;
+    # on a loaded host the window may be timed again (a second look, a steady-window
+    # retry: device_holds.CANDIDATE_AGAIN), in windows of its own, never in another hold
+    assert purposes[0] == "candidate window" and set(purposes[1:]) <= {
+        "candidate window, again"}, purposes
+    assert [name for name, _ in seen].count("calibrate") == 1 or len(purposes) > 1
     for name, held in seen:
         # a child's untimed work holds the device shared only with every_gpu_use
         work = "shared" if scope == "every_gpu_use" else None
