@@ -61,8 +61,7 @@ def _summary(result: AuditResult) -> list[str]:
                            sorted(agg.below_best_compile.items(), key=lambda kv: kv[1]))
         lines.append(f"- Correct but slower than their task's fastest torch.compile mode: {slower}")
     if agg.times_floor is not None:
-        lowp = sum(1 for t in result.tasks if t.ok and t.floor_is_lowp and t.times_floor
-                   and t.eager_times_floor)  # as the geomean counts them
+        lowp = agg.times_floor.lowp_tasks
         lines.append(f"- Distance from the floor (What holds it back), geomean over the "
                      f"{_count(agg.times_floor.tasks, 'correct file')} with one: "
                      f"{_x(agg.times_floor.geomean)} their floor"
@@ -114,8 +113,8 @@ def _held_back(result: AuditResult) -> list[str]:
 
 def _held_line(t: TaskAudit) -> str:
     parts = [f"{t.task}: {_verdict(t)}, {_x(t.counted_speedup())} over eager"]
-    if t.ok and t.compile_speedups:
-        mode = min(t.compile_speedups, key=lambda m: t.compile_speedups[m])
+    mode = t.fastest_compile_mode()
+    if t.ok and mode is not None:
         parts.append(f"{_x(t.compile_speedups[mode])} its fastest compile mode ({_mode(mode)})")
     parts.append(_floor_text(t, long=True))
     return ", ".join(parts)

@@ -68,13 +68,17 @@ class TaskAudit(BaseModel):
     def ok(self) -> bool:
         return self.status == "ok"
 
+    def fastest_compile_mode(self) -> str | None:
+        """The torch.compile mode the file is slowest against: the task's fastest."""
+        if not self.compile_speedups:
+            return None
+        return min(self.compile_speedups, key=lambda m: self.compile_speedups[m])
+
     def is_its_fastest_compile_mode(self) -> bool:
         """The file is the very torch.compile mode it is compared with (an offline file
         of that mode): a figure below 1.0x there compares two builds of the same code."""
-        if not self.compile_speedups:
-            return False
-        fastest = min(self.compile_speedups, key=lambda m: self.compile_speedups[m])
-        return fastest in self.transformations
+        fastest = self.fastest_compile_mode()
+        return fastest is not None and fastest in self.transformations
 
     def counted_speedup(self) -> float:
         """What the task adds to the all-task geomean: 1.0x unless correct and timed."""
@@ -92,6 +96,7 @@ class FloorGeomean(BaseModel):
     geomean: float = Field(description="the correct files' median times over their floors")
     eager: float = Field(description="eager's over the same tasks' floors")
     tasks: int
+    lowp_tasks: int = Field(0, description="of them, files held to the tensor-core floor")
 
 
 class Aggregates(BaseModel):
@@ -168,8 +173,7 @@ def _floor_distances(verdict: Verdict, baseline: Baseline | None, lowp: bool
              and baseline.device_name else baseline.floor)
     if found is None or found.ms <= 0:
         return {}
-    eager = next((m.stats.median_ms for m in baseline.modes
-                  if m.mode == "eager" and m.stats is not None), None)
+    eager = baseline.eager_ms()
     runtime = verdict.runtime.median_ms if verdict.ok and verdict.runtime is not None else None
     lowp = lowp and found.lowp_ms < found.ms  # an fp16 task's two floors are one
     own = found.lowp_ms if lowp else found.ms
@@ -221,12 +225,12 @@ def aggregate(tasks: list[TaskAudit], baselines: dict[str, Baseline],
 
 
 def _floor_geomean(tasks: list[TaskAudit]) -> FloorGeomean | None:
-    pairs = [(t.times_floor, t.eager_times_floor) for t in tasks
-             if t.ok and t.times_floor and t.eager_times_floor]
-    if not pairs:
+    counted = [t for t in tasks if t.ok and t.times_floor and t.eager_times_floor]
+    if not counted:
         return None
-    return FloorGeomean(geomean=geomean([f for f, _ in pairs]),
-                        eager=geomean([e for _, e in pairs]), tasks=len(pairs))
+    return FloorGeomean(geomean=geomean([t.times_floor for t in counted]),
+                        eager=geomean([t.eager_times_floor for t in counted]),
+                        tasks=len(counted), lowp_tasks=sum(t.floor_is_lowp for t in counted))
 
 
 def _working_modes(baseline: Baseline | None) -> list[str]:

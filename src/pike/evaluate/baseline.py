@@ -194,6 +194,11 @@ class Baseline(BaseModel):
     floor: Floor | None = None
     no_floor: str | None = Field(None, description="why there is no floor (CPU, unknown GPU)")
 
+    def eager_ms(self) -> float | None:
+        """Eager's median time, where eager was timed."""
+        return next((m.stats.median_ms for m in self.modes if m.mode == "eager" and m.stats),
+                    None)
+
 
 def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
                       modes: list[str] | None = None,

@@ -152,7 +152,7 @@ def floor_lines(results: list[Baseline]) -> list[str]:
 
     lines = []
     for r in results:
-        eager = next((m.stats.median_ms for m in r.modes if m.mode == "eager" and m.stats), None)
+        eager = r.eager_ms()
         line = describe(r.floor, eager) if r.floor else f"no floor: {r.no_floor}"
         if r.floor is not None and r.floor.ms > 0:
             line += "".join(f"; {m.mode} is {m.stats.median_ms / r.floor.ms:.3g}x the floor"
