@@ -3,7 +3,7 @@
 # each run on GPUs of its own, resumable across calls as bench/device_calls.sh is for
 # `pike bench`: each run dir travels between calls as a tarball.
 #
-#   LIMIT=580 [SRC=path/to/src] [CARRY=.tasks] [LOG=audit-call.log] \
+#   LIMIT=580 [SRC=path/to/src] [CARRY=.tasks] [LOG=audit-call.log] [DRAIN=s] \
 #     bash bench/device_audits.sh first|resume SPEC [SPEC ...]
 #
 # SPEC is NAME=DEVICES@SET@TASKS_DIR@IDS[@device]: `pike audit SET TASKS_DIR --tasks IDS
@@ -13,7 +13,9 @@
 # GPUs only if they are run one after another: SPECs joined by `+` (A+B) run in order,
 # apart ones at once. Each audit gets SIGINT (as Ctrl-C) 25 s before LIMIT seconds from
 # the start; what a task had measured when cut is measured again after the resume, so
-# a task longer than a call never finishes (give it a GPU of its own). Every run dir
+# a task longer than a call never finishes (give it a GPU of its own). DRAIN=s: each
+# audit gets `--stop-after` s seconds before that SIGINT, so no task starts then and the
+# ones in flight finish and are kept instead of being measured again. Every run dir
 # comes back as $OUT/NAME.tgz, with the log ($OUT/LOG) holding each audit's output.
 set -u
 T0=$(date +%s)
@@ -24,20 +26,21 @@ log=$OUT/${LOG:-audit-call.log}
 deadline=$(( T0 + LIMIT - 25 ))
 
 one_audit() {  # NAME=DEVICES@SET@TASKS_DIR@IDS[@device]
-  local name=${1%%=*} rest=${1#*=} devices set tasks ids on left rc
+  local name=${1%%=*} rest=${1#*=} devices set tasks ids on left rc stop
   IFS=@ read -r devices set tasks ids on <<<"$rest"
   left=$(( deadline - $(date +%s) ))
   if [ "$left" -le 5 ]; then echo "$(date -u +%T) driver: $name not started, no time left"; return; fi
-  echo "$(date -u +%T) driver: $mode $name on $devices, ${left}s left, src $SRC"
+  stop=${DRAIN:+--stop-after $(( left > DRAIN ? left - DRAIN : 1 ))}
+  echo "$(date -u +%T) driver: $mode $name on $devices, ${left}s left ${stop}, src $SRC"
   if [ "$mode" = resume ] && [ ! -d ".runs/$name" ] && [ -f "$CARRY/$name.tgz" ]; then
     tar xzf "$CARRY/$name.tgz" -C .runs
   fi
   if [ -d ".runs/$name" ]; then
     timeout -s INT "$left" python3 -m pike audit --resume ".runs/$name" --devices "$devices" \
-      >"$OUT/$name.out" 2>&1
+      $stop >"$OUT/$name.out" 2>&1
   else
     timeout -s INT "$left" python3 -m pike audit "$set" "$tasks" --tasks "$ids" \
-      --devices "$devices" ${on:+--construct-on "$on"} --out ".runs/$name" \
+      --devices "$devices" ${on:+--construct-on "$on"} --out ".runs/$name" $stop \
       >"$OUT/$name.out" 2>&1
   fi
   rc=$?

@@ -443,7 +443,8 @@ def test_cli_audits_exports_a_set_and_reports(mixed: Any, tmp_path: Path,
                   "--out", again)
     assert result.exit_code == 0, result.output
     audited = json.loads(result.output[result.output.index("{"):])
-    assert [t["status"] for t in audited["tasks"]] == ["ok"]
+    assert [t["status"] for t in audited["tasks"]] == ["ok"], [
+        (t["phase"], t["message"]) for t in audited["tasks"]]
     assert audited["aggregates"]["claimed_geomean"] is not None  # the set carries its figure
     report = tmp_path / "report"
     assert pike("report", out, again, "--out", report).exit_code == 0

@@ -211,11 +211,14 @@ def test_a_candidate_caught_in_the_confirming_window_is_never_the_task_s_best(
     replaces its search window's `ok`, and no second window is timed for it."""
     from pike.evaluate import confirm as confirming
     windows: list[list[int]] = []
+    caught_in: list[list[str]] = []
     real = confirming.confirm
 
     def counted(task: Task, sources: dict[int, str], config: object) -> list[object]:
         windows.append(sorted(sources))
-        return real(task, sources, config)  # type: ignore[arg-type]
+        found = real(task, sources, config)  # type: ignore[arg-type]
+        caught_in.append([c.caught for c in found if c.caught])
+        return found
 
     monkeypatch.setattr(confirming, "confirm", counted)
     store = RunStore.create(tmp_path / "run", {}, "test")
@@ -228,7 +231,11 @@ def test_a_candidate_caught_in_the_confirming_window_is_never_the_task_s_best(
     cfg = RunConfig()
     cfg.eval = fast_protocol(build_cache)
     confirm_best(store, mlp_task, cfg)
-    assert windows == [[cid]]
+    # A loaded host may stretch the first window's blocks (the wall-clock check fails
+    # it, a failure no guard caught), and that window is timed once more; once a guard
+    # has caught it, never.
+    assert windows in ([[cid]], [[cid], [cid]]), windows
+    assert caught_in[-1] and not any(caught_in[:-1]), caught_in
     caught = store.candidate(cid).verdict
     assert caught.status == "incorrect" and caught.phase == "timing"
     assert caught.message.startswith("in the confirming window: timed call")
