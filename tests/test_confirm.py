@@ -75,7 +75,7 @@ def test_the_confirming_window_holds_figures_to_the_parents_clock(
     if found[2].speedup is None:  # a loaded host can push its blocks past the margin
         assert "do not account for the wall time" in found[2].error
         return
-    assert len(factors) == 2 and factors[1] > 1.1, factors
+    assert len(factors) == 2 and factors[1] > 1.1, (factors, found)
     # the raise is kept with the figure, and only where there was one
     assert found[2].wall_clock_factor == round(factors[1], 4)
     assert found[1].wall_clock_factor == (round(factors[0], 4) if factors[0] > 1.0 else None)
@@ -188,7 +188,7 @@ def test_only_pikes_own_correct_rendering_of_the_mode_joins_it() -> None:
 
 
 @pytest.mark.parametrize(("name", "words"), [
-    ("stale_when_fast", "timed call"),  # answers stale outputs once calls come back to back
+    ("stale_by_frames", "timed call"),  # answers stale outputs when a timing frame calls it
     ("memo_by_values", "reused, not computed"),  # answers inputs it has seen from a memo
 ])
 def test_the_confirming_window_checks_the_timed_calls_as_a_search_s_window_does(
@@ -203,6 +203,22 @@ def test_the_confirming_window_checks_the_timed_calls_as_a_search_s_window_does(
     assert found[2].speedup is None and words in found[2].error, found[2]
 
 
+def _judged_ok(tmp_path: Path, task: Task, speedups: dict[str, float]
+               ) -> tuple[RunStore, list[int]]:
+    """A run store in which the search judged these candidates `ok` at these figures."""
+    store = RunStore.create(tmp_path / "run", {}, "test")
+    store.add_task(task.name, str(task.path), task.sha256, task.source)
+    stats = TimingStats.from_samples([1.0])
+    ids = []
+    for branch, (name, speedup) in enumerate(speedups.items()):
+        cid = store.add_candidate(task.name, candidate(name), parent_id=None, role="optimize",
+                                  round=0, branch=branch)
+        store.set_verdict(cid, Verdict(status="ok", runtime=stats, reference=stats,
+                                       speedup=speedup))
+        ids.append(cid)
+    return store, ids
+
+
 def test_a_candidate_caught_in_the_confirming_window_is_never_the_task_s_best(
         mlp_task: Task, tmp_path: Path, build_cache: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -211,22 +227,17 @@ def test_a_candidate_caught_in_the_confirming_window_is_never_the_task_s_best(
     replaces its search window's `ok`, and no second window is timed for it."""
     from pike.evaluate import confirm as confirming
     windows: list[list[int]] = []
-    caught_in: list[list[str]] = []
+    caught_in: list[list[tuple[str, str]]] = []  # each window's (caught, error) of failures
     real = confirming.confirm
 
     def counted(task: Task, sources: dict[int, str], config: object) -> list[object]:
         windows.append(sorted(sources))
         found = real(task, sources, config)  # type: ignore[arg-type]
-        caught_in.append([c.caught for c in found if c.caught])
+        caught_in.append([(c.caught, c.error[:120]) for c in found if c.caught or c.error])
         return found
 
     monkeypatch.setattr(confirming, "confirm", counted)
-    store = RunStore.create(tmp_path / "run", {}, "test")
-    store.add_task(mlp_task.name, str(mlp_task.path), mlp_task.sha256, mlp_task.source)
-    stats = TimingStats.from_samples([1.0])
-    cid = store.add_candidate(mlp_task.name, candidate("stale_when_fast"), parent_id=None,
-                              role="optimize", round=0, branch=0)
-    store.set_verdict(cid, Verdict(status="ok", runtime=stats, reference=stats, speedup=3.0))
+    store, [cid] = _judged_ok(tmp_path, mlp_task, {"stale_by_frames": 3.0})
     assert store.best(mlp_task.name).id == cid
     cfg = RunConfig()
     cfg.eval = fast_protocol(build_cache)
@@ -235,7 +246,8 @@ def test_a_candidate_caught_in_the_confirming_window_is_never_the_task_s_best(
     # it, a failure no guard caught), and that window is timed once more; once a guard
     # has caught it, never.
     assert windows in ([[cid]], [[cid], [cid]]), windows
-    assert caught_in[-1] and not any(caught_in[:-1]), caught_in
+    assert [c for c, _ in caught_in[-1]] == ["incorrect"], caught_in
+    assert not any(c for window in caught_in[:-1] for c, _ in window), caught_in
     caught = store.candidate(cid).verdict
     assert caught.status == "incorrect" and caught.phase == "timing"
     assert caught.message.startswith("in the confirming window: timed call")
@@ -265,3 +277,47 @@ def test_the_confirming_window_loads_timed_inputs_before_it_and_drops_who_cannot
     assert len(seen) == 2
     assert found[1].speedup is None and "out of memory" in found[1].error
     assert found[2].speedup is not None, found[2].error
+
+
+def test_the_confirming_window_judges_the_trials_again_on_inputs_the_search_never_drew(
+        mlp_task: Task, tmp_path: Path, build_cache: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file the search judged correct on its draws and wrong on others (a replayed
+    answer stands in for it here) is caught by its trials in the window, gets that verdict
+    in the store and is not the task's best; the window's reference is its own, drawn
+    afresh, never the search's cached one."""
+    from pike.evaluate import confirm as confirming
+
+    asked: list[tuple[int | None, bool]] = []
+    real = confirming.run_reference
+
+    def recorded(task: Task, cfg: object, device: str, *, keep_child: bool,
+                 cache: bool = True) -> object:
+        asked.append((cfg.seed, cache))  # type: ignore[attr-defined]
+        return real(task, cfg, device, keep_child=keep_child, cache=cache)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(confirming, "run_reference", recorded)
+    store, [wrong, honest] = _judged_ok(tmp_path, mlp_task, {"cached": 3.0, "fused": 2.0})
+    cfg = RunConfig()
+    cfg.eval = fast_protocol(build_cache).model_copy(update={"seed": 7})
+    confirm_best(store, mlp_task, cfg)
+    assert asked == [(7 + confirming._FRESH_SEED_STEP, False)]
+    caught = store.candidate(wrong).verdict
+    assert caught.status == "incorrect" and caught.phase == "check", caught
+    assert caught.message.startswith("in the confirming window: on inputs the search never")
+    assert "identical for different inputs" in caught.message
+    assert store.best(mlp_task.name).id == honest
+
+
+def test_a_fresh_draw_shares_no_seed_with_the_search_s() -> None:
+    from pike.config import EvalConfig
+    from pike.evaluate.confirm import fresh_draw
+    from pike.evaluate.reference import draw_protocol
+
+    fixed = EvalConfig(seed=11, trials=50)
+    search, confirming = draw_protocol(fixed), draw_protocol(fresh_draw(fixed))
+    seeds = {search.weights, *search.trials, *search.timed}
+    assert seeds.isdisjoint({confirming.weights, *confirming.trials, *confirming.timed})
+    assert fresh_draw(fixed).model_copy(update={"seed": 11}) == fixed  # nothing else moved
+    drawn = EvalConfig()  # eval.seed None: each reference run draws from the OS anyway
+    assert fresh_draw(drawn) is drawn

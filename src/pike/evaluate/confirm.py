@@ -5,6 +5,10 @@ beside whatever else the host and the GPU were doing then. At the end of a searc
 best correct candidates are loaded again and timed with the reference's eager model in
 one exclusive window, interleaved block by block, so their order and their speedups come
 from one state of the host. The search-time figures stay in the store beside these.
+
+Their trials run again on inputs the search never drew (a reference of its own, with a
+fresh draw) and are compared: a file right on the search's draws and wrong on others is a
+verdict here, before it becomes the task's best.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pydantic import BaseModel
 from pike.config import EvalConfig
 from pike.evaluate import device_holds
 from pike.evaluate.cores import timing_cores
-from pike.evaluate.device_lock import hold, hold_for_build
+from pike.evaluate.device_lock import hold, hold_for_build, hold_for_work
 from pike.evaluate.driver import (
     ChildReport,
     Timer,
@@ -36,8 +40,14 @@ from pike.evaluate.driver import (
 )
 from pike.evaluate.judge import candidate_files, resolve_device, timed_dishonestly
 from pike.evaluate.leftovers import make_temp_dir, remove_tree
-from pike.evaluate.reference import ReferenceRun, release_reference, run_reference
+from pike.evaluate.reference import ReferenceRun, run_reference
 from pike.evaluate.sandbox import ChildProcess
+from pike.evaluate.trial_comparison import (
+    TrialComparison,
+    compare_device,
+    release_compare_memory,
+)
+from pike.evaluate.verdict import Verdict
 from pike.task import Task
 
 
@@ -52,6 +62,7 @@ class Confirmation(BaseModel):
     # the status a guard gave it here (its timed calls' outputs or probes): not a crash
     # another window could undo, but the candidate's verdict (session.confirm_best)
     caught: str = ""
+    caught_in: str = "timing"  # the phase it was caught in: "check" for its trials' outputs
     # as Verdict.wall_clock_factor: its times were multiplied by this (None: not raised).
     # On the H200 level2 bench (bench-level2-h200-ledger) this window gave
     # 17_Conv2d_InstanceNorm_Divide's max-autotune candidates 1.40 to 1.68x where they were
@@ -63,7 +74,12 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
     """Time `sources` (candidate id -> source) and eager in one exclusive window; the
     confirmations, fastest first (failures last)."""
     device = resolve_device(config.device)
-    reference = run_reference(task, config, device, keep_child=True)
+    # Not the search's cached reference: its trial inputs are those every candidate was
+    # judged on. On the H200 audit of a level-2 set (audit-level2-h200-stopper-set.md), a
+    # file that passed the search's six trials (14_Gemm_Divide_Sum_Scaling, a sum folded
+    # into the weights, claimed 19.7x) had 1 of 1,024 outputs out of tolerance in 1 of the
+    # audit's trials, and counted 1.0x there.
+    reference = run_reference(task, fresh_draw(config), device, keep_child=True, cache=False)
     tmp = make_temp_dir("cand")
     children: dict[int, ChildProcess] = {}
     failed: list[Confirmation] = []
@@ -84,6 +100,13 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
                     children[cid] = child
                 else:
                     failed.append(Confirmation(candidate_id=cid, error=problem))
+        for cid in list(children):
+            wrong = _checked_again(reference, tmp / f"c{cid}" / "outputs", config, device)
+            if not wrong.ok:
+                finish(children.pop(cid))
+                failed.append(Confirmation(
+                    candidate_id=cid, caught=wrong.status, caught_in="check",
+                    error=_short(f"on inputs the search never drew: {wrong.message}")))
         for cid, child in list(children.items()):
             with hold_for_build(device, config.device_lock):  # before the window, as a
                 unstaged = stage_timed_inputs(child)          # search's are
@@ -108,7 +131,7 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
     finally:
         for child in children.values():
             finish(child)
-        release_reference(reference)
+        reference.close()  # its own, not the cache's
         remove_tree(tmp)
     eager = statistics.median(timers[0].samples) if timers[0].samples else None
     found = []
@@ -117,19 +140,21 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
             why = timer.failure.message if timer.failure else (timer.error or "not timed")
             found.append(Confirmation(candidate_id=cid, error=_short(why)))
             continue
+        # Its timed calls' sampled outputs and probes checked as there: a candidate that
+        # tells this window's longer blocks from a screening window's must not be honest
+        # there and reuse its answers here. First: a wrong output says so whatever the
+        # host's load, where the wall-clock check below may fail an honest candidate's
+        # window on a loaded host (which session.confirm_best times once more).
+        dishonest = timed_dishonestly(reference, timer, config) if config.guards else None
+        if dishonest is not None:
+            found.append(Confirmation(candidate_id=cid, error=_short(dishonest.message),
+                                      caught=dishonest.status))
+            continue
         # held to the parent's clock as in the search's windows: a candidate can tell
         # this window from those no better than they from each other
         forged = cost and unaccounted_wall_time(cost, timer, timers[0])
         if forged:
             found.append(Confirmation(candidate_id=cid, error=_short(forged)))
-            continue
-        # and its timed calls' sampled outputs and probes checked as there: a candidate
-        # that tells this window's longer blocks from a screening window's must not be
-        # honest there and reuse its answers here
-        dishonest = timed_dishonestly(reference, timer, config) if config.guards else None
-        if dishonest is not None:
-            found.append(Confirmation(candidate_id=cid, error=_short(dishonest.message),
-                                      caught=dishonest.status))
             continue
         raised = wall_clock_factor(cost, timer, timers[0]) if cost else 1.0
         ms = statistics.median(timer.samples) * raised
@@ -138,6 +163,33 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
                                   wall_clock_factor=round(raised, 4) if raised > 1.0 else None))
     found.sort(key=lambda c: (c.speedup is None, -(c.speedup or 0.0), c.candidate_id))
     return found + failed
+
+
+# Added to a fixed `eval.seed` for the confirming window's draw: its trials are drawn from
+# seed + 1 + i and its timed sets from seed + 1001 + k (reference.draw_protocol), far below.
+_FRESH_SEED_STEP = 1_000_003
+
+
+def fresh_draw(cfg: EvalConfig) -> EvalConfig:
+    """The settings a reference drawing inputs no search under `cfg` drew is made with:
+    the same where the draw is random; another seed where `eval.seed` fixes it."""
+    if cfg.seed is None:
+        return cfg
+    return cfg.model_copy(update={"seed": cfg.seed + _FRESH_SEED_STEP})
+
+
+def _checked_again(reference: ReferenceRun, outputs_dir: Path, cfg: EvalConfig,
+                   device: str) -> Verdict:
+    """The child's trials, just run on `reference`'s inputs, compared as a search's are."""
+    on = compare_device(device)
+    comparison = TrialComparison(reference.expected_on(on)[:cfg.trials + cfg.guards],
+                                 outputs_dir, cfg, on,
+                                 reference.shifted_atols(cfg.trials, cfg.atol))
+    with hold_for_work(device, cfg.device_lock):
+        try:
+            return comparison.verdict()
+        finally:
+            release_compare_memory(on)
 
 
 def _ready_child(task: Task, cid: int, source: str, cfg: EvalConfig, device: str,

@@ -52,16 +52,20 @@ def time_block(fn: Callable[[], Any], device: torch.device, cfg: TimingConfig, *
     """One block of timed calls (after the full warm-up, or one untimed call); milliseconds.
 
     `after` sees each timed call's output once its time is taken, outside the timed region
-    (the candidate's child samples it there, for the parent to compare)."""
+    (the candidate's child samples it there, for the parent to compare); `fn.pick`, where
+    `fn` has one (timed_calls.InputRotation.caller), chooses each timed call's inputs
+    before its clock starts."""
     sync = (lambda: _synchronize(device)) if device.type == "cuda" else (lambda: None)
     if warm_up:
         _warm_up(fn, sync, cfg)
     else:
         fn()  # the other process ran in between: refill this one's host-side caches
         sync()
+    pick: Callable[[], None] = getattr(fn, "pick", None) or (lambda: None)
     if device.type == "cuda":
-        return _time_cuda(fn, device, cfg.flush_l2, min_calls, min_seconds, max_calls, after)
-    return _time_host(fn, min_calls, min_seconds, max_calls, after)
+        return _time_cuda(fn, device, cfg.flush_l2, min_calls, min_seconds, max_calls, after,
+                          pick)
+    return _time_host(fn, min_calls, min_seconds, max_calls, after, pick)
 
 
 def warm_up(fn: Callable[[], Any], device: torch.device, cfg: TimingConfig) -> None:
@@ -86,10 +90,12 @@ def _warm_up(fn: Callable[[], Any], sync: Callable[[], None], cfg: TimingConfig)
 
 
 def _time_host(fn: Callable[[], Any], min_calls: int, min_seconds: float,
-               max_calls: int, after: Callable[[Any], None] | None) -> list[float]:
+               max_calls: int, after: Callable[[Any], None] | None,
+               pick: Callable[[], None] = lambda: None) -> list[float]:
     samples: list[float] = []
     spent = 0.0
     while not _enough(len(samples), spent, min_calls, min_seconds, max_calls):
+        pick()
         t0 = _perf_counter()
         out = fn()
         elapsed = _perf_counter() - t0
@@ -106,7 +112,8 @@ _flush_buffers: dict[torch.device, torch.Tensor] = {}
 
 def _time_cuda(fn: Callable[[], Any], device: torch.device, flush_l2: bool, min_calls: int,
                min_seconds: float, max_calls: int,
-               after: Callable[[Any], None] | None) -> list[float]:
+               after: Callable[[Any], None] | None,
+               pick: Callable[[], None] = lambda: None) -> list[float]:
     flush = None
     if flush_l2:
         if device not in _flush_buffers:
@@ -118,6 +125,7 @@ def _time_cuda(fn: Callable[[], Any], device: torch.device, flush_l2: bool, min_
         while not _enough(len(samples), spent, min_calls, min_seconds, max_calls):
             if flush is not None:
                 flush.zero_()
+            pick()
             start, end, end_all = (_Event(enable_timing=True) for _ in range(3))
             start.record()
             out = fn()

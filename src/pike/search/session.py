@@ -246,8 +246,9 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
 
 
 def _keep_what_the_window_caught(store: RunStore, task: Task, found: list[Any]) -> None:
-    """A candidate whose timed calls a guard caught in the confirming window (wrong sampled
-    outputs, reused answers) gets that verdict in the store, in place of its search
+    """A candidate whose trials (on inputs the search never drew) or timed calls (wrong
+    sampled outputs, reused answers) were caught in the confirming window gets that
+    verdict in the store, in place of its search
     window's `ok`: a file that told the two windows apart must not come back as the
     task's best by its search figure where no other candidate was confirmed."""
     for confirmation in found:
@@ -259,7 +260,7 @@ def _keep_what_the_window_caught(store: RunStore, task: Task, found: list[Any]) 
         log.warning("%s: candidate %d was caught in the confirming window (%s)", task.name,
                     confirmation.candidate_id, _error_line(confirmation.error))
         store.set_verdict(confirmation.candidate_id, row.verdict.model_copy(update={
-            "status": confirmation.caught, "phase": "timing", "speedup": None,
+            "status": confirmation.caught, "phase": confirmation.caught_in, "speedup": None,
             "runtime": None, "message": "in the confirming window: " + confirmation.error}))
 
 
