@@ -38,15 +38,16 @@ from pike.evaluate.driver import (
     wait_ready,
     wall_clock_factor,
 )
-from pike.evaluate.judge import candidate_files, resolve_device, timed_dishonestly
+from pike.evaluate.judge import (
+    candidate_files,
+    resolve_device,
+    timed_dishonestly,
+    trials_against,
+)
 from pike.evaluate.leftovers import make_temp_dir, remove_tree
 from pike.evaluate.reference import ReferenceRun, run_reference
 from pike.evaluate.sandbox import ChildProcess
-from pike.evaluate.trial_comparison import (
-    TrialComparison,
-    compare_device,
-    release_compare_memory,
-)
+from pike.evaluate.trial_comparison import compare_device, release_compare_memory
 from pike.evaluate.verdict import Verdict
 from pike.task import Task
 
@@ -100,14 +101,14 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
                     children[cid] = child
                 else:
                     failed.append(Confirmation(candidate_id=cid, error=problem))
-        for cid in list(children):
+        for cid, child in list(children.items()):
             wrong = _checked_again(reference, tmp / f"c{cid}" / "outputs", config, device)
             if not wrong.ok:
                 finish(children.pop(cid))
                 failed.append(Confirmation(
                     candidate_id=cid, caught=wrong.status, caught_in="check",
                     error=_short(f"on inputs the search never drew: {wrong.message}")))
-        for cid, child in list(children.items()):
+                continue
             with hold_for_build(device, config.device_lock):  # before the window, as a
                 unstaged = stage_timed_inputs(child)          # search's are
             if unstaged is not None:
@@ -182,9 +183,7 @@ def _checked_again(reference: ReferenceRun, outputs_dir: Path, cfg: EvalConfig,
                    device: str) -> Verdict:
     """The child's trials, just run on `reference`'s inputs, compared as a search's are."""
     on = compare_device(device)
-    comparison = TrialComparison(reference.expected_on(on)[:cfg.trials + cfg.guards],
-                                 outputs_dir, cfg, on,
-                                 reference.shifted_atols(cfg.trials, cfg.atol))
+    comparison = trials_against(reference, outputs_dir, cfg, on)
     with hold_for_work(device, cfg.device_lock):
         try:
             return comparison.verdict()

@@ -256,6 +256,15 @@ def candidate_files(task: Task, source: str, cfg: EvalConfig, device: str,
     return files
 
 
+def trials_against(reference: ReferenceRun, outputs_dir: Path, cfg: EvalConfig,
+                   on: torch.device) -> TrialComparison:
+    """A comparison of the trials a candidate's child writes into `outputs_dir` with the
+    outputs `reference` expects for the same inputs (the shifted trial's with its own
+    tolerance), on `on`."""
+    return TrialComparison(reference.expected_on(on)[:cfg.trials + cfg.guards], outputs_dir,
+                           cfg, on, reference.shifted_atols(cfg.trials, cfg.atol))
+
+
 def candidate_folders(cfg: EvalConfig, device: str, folder: Path) -> CandidateFiles:
     """A candidate's folders and a request with its paths: enough to launch its child,
     before the candidate (`fill_candidate`) and the reference (`attach_reference`) are
@@ -354,9 +363,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                 trials_ran = wait_ready(child, report, files.first_call_limit_s
                                         if cfg.limits.fitted else None)
             on = compare_device(device)
-            comparison = TrialComparison(reference.expected_on(on)[:cfg.trials + cfg.guards],
-                                         outputs_dir, cfg, on,
-                                         reference.shifted_atols(cfg.trials, cfg.atol))
+            comparison = trials_against(reference, outputs_dir, cfg, on)
             early = compare_early(comparison, child, device, cfg)
             if early is not None and trials_ran:  # taken trial by trial, so lent only then
                 comparison.buffer = OutputsBuffer.offer(comparison.expected, on)

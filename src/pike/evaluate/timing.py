@@ -91,7 +91,7 @@ def _warm_up(fn: Callable[[], Any], sync: Callable[[], None], cfg: TimingConfig)
 
 def _time_host(fn: Callable[[], Any], min_calls: int, min_seconds: float,
                max_calls: int, after: Callable[[Any], None] | None,
-               pick: Callable[[], None] = lambda: None) -> list[float]:
+               pick: Callable[[], None]) -> list[float]:
     samples: list[float] = []
     spent = 0.0
     while not _enough(len(samples), spent, min_calls, min_seconds, max_calls):
@@ -113,7 +113,7 @@ _flush_buffers: dict[torch.device, torch.Tensor] = {}
 def _time_cuda(fn: Callable[[], Any], device: torch.device, flush_l2: bool, min_calls: int,
                min_seconds: float, max_calls: int,
                after: Callable[[Any], None] | None,
-               pick: Callable[[], None] = lambda: None) -> list[float]:
+               pick: Callable[[], None]) -> list[float]:
     flush = None
     if flush_l2:
         if device not in _flush_buffers:
