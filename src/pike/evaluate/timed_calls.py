@@ -90,10 +90,12 @@ class InputRotation:
 
     def _next_set(self) -> list[Any]:
         # Taking a probe out of its seal checks who takes it (a walk of the frames above,
-        # with an audit event): outside the timed region, else every probe call paid it and
-        # on the 2-core host the fastest of a tiny task's probes took 0.05 to 0.09 ms against
-        # its other calls' 0.008 to 0.017 ms, at the reuse check's margin. Picked just
-        # before its call, a probe is held only while no candidate code runs on this thread.
+        # with an audit event): outside the timed region, else every probe call paid it. On
+        # the 2-core host the fastest of a tiny task's probes took 0.040 to 0.048 ms against
+        # a p90 of 0.008 ms for its other calls, and load pushed it past the reuse check's
+        # margin; picked ahead, 0.018 to 0.021 ms (bench/results/probe-cost-cpu-*.md).
+        # Picked just before its call, a probe is held only while no candidate code runs on
+        # this thread.
         refill, self.refill_next = self.refill_next, False
         args = None
         if self.probe_next and not refill and self.used_probes < self.probe_count:
