@@ -17,17 +17,13 @@ import psutil
 import pytest
 
 from pike.config import EvalConfig
-from pike.evaluate import sandbox
+from pike.evaluate import oom_killer, sandbox
+from pike.evaluate.child_start import child_setup
 from pike.evaluate.driver import abnormal_end, finish
+from pike.evaluate.oom_killer import OOM_SCORE_ADJ, child_oom_score, host_oom_kills
 from pike.evaluate.pool import out_of_device_memory
 from pike.evaluate.reference import run_reference
-from pike.evaluate.sandbox import (
-    OOM_SCORE_ADJ,
-    ChildExit,
-    ChildProcess,
-    child_oom_score,
-    host_oom_kills,
-)
+from pike.evaluate.sandbox import ChildExit, ChildProcess
 from pike.task import Task
 from tests.conftest import candidate, listening_child
 
@@ -41,7 +37,7 @@ def _adj(pid: int) -> int:
 @linux
 def test_the_child_setup_raises_the_childs_score_and_leaves_the_parents() -> None:
     mine = _adj(os.getpid())
-    proc = subprocess.Popen(["sleep", "30"], preexec_fn=sandbox.child_setup(os.getpid(), 700))
+    proc = subprocess.Popen(["sleep", "30"], preexec_fn=child_setup(os.getpid(), 700))
     try:
         assert _adj(proc.pid) == 700 and _adj(os.getpid()) == mine
     finally:
@@ -92,7 +88,7 @@ def test_the_hosts_oom_kills_are_read_from_vmstat(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("own", "candidate", "reference"), [(0, 1000, 500), (800, 1000, 800)])
 def test_no_child_starts_below_pikes_own_score(monkeypatch: pytest.MonkeyPatch, own: int,
                                                candidate: int, reference: int) -> None:
-    monkeypatch.setattr(sandbox, "_own_oom_score", lambda: own)
+    monkeypatch.setattr(oom_killer, "_own_oom_score", lambda: own)
     assert (child_oom_score("candidate"), child_oom_score("reference")) == (candidate, reference)
 
 
@@ -102,7 +98,7 @@ def test_a_child_found_killed_says_whether_the_oom_killer_was_at_work_since_it_w
     import time
 
     count = [5]
-    monkeypatch.setattr(sandbox, "host_oom_kills", lambda: count[0])
+    monkeypatch.setattr(oom_killer, "host_oom_kills", lambda: count[0])
     proc = subprocess.Popen(["sleep", "30"])
     child, _ = listening_child(proc, limit_s=30.0, pausable_on=None)
     child._see_oom_count(time.monotonic())  # seen alive, at 5
@@ -130,7 +126,7 @@ def test_a_child_is_taken_for_the_oom_killers_only_where_both_signs_agree(
         killed: bool) -> None:
     child = ChildProcess.__new__(ChildProcess)
     child._oom_kills_seen = at_start
-    monkeypatch.setattr(sandbox, "host_oom_kills", lambda: now)
+    monkeypatch.setattr(oom_killer, "host_oom_kills", lambda: now)
     assert child._killed_by_the_oom_killer(code) is killed
 
 

@@ -13,9 +13,9 @@ import pytest
 from pike.config import EvalConfig
 from pike.errors import EvaluatorError
 from pike.evaluate import evaluate, os_sandbox
+from pike.evaluate.child_environment import child_environment, passed_to_child
 from pike.evaluate.driver import build_cache_root
 from pike.evaluate.redact import MASK, mask_text
-from pike.evaluate.sandbox import child_environment, passed_to_child
 from pike.task import Task
 from tests.conftest import candidate
 

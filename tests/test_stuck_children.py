@@ -13,8 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pike.evaluate.child_environment import MARKER_VARIABLE
 from pike.evaluate.driver import ChildReport, finish, run_trials
-from pike.evaluate.sandbox import MARKER_VARIABLE, ChildProcess
+from pike.evaluate.sandbox import ChildProcess
 
 
 def _bare_child(script: str, tmp_path: Path, phase: str = "check") -> ChildProcess:
@@ -87,7 +88,7 @@ def test_a_long_wait_for_the_device_does_not_time_out_the_trials(tmp_path: Path)
 def test_a_child_that_cannot_start_leaves_no_descriptor_open(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its pipes and its output file are closed when the start itself fails."""
-    from pike.evaluate import sandbox
+    from pike.evaluate import child_start, sandbox
 
     child = sandbox.ChildProcess.__new__(sandbox.ChildProcess)
     child.work_dir, child.request, child.sandboxed = tmp_path, None, False
@@ -96,7 +97,7 @@ def test_a_child_that_cannot_start_leaves_no_descriptor_open(
     def cannot(*args: object, **kwargs: object) -> None:
         raise OSError("no such interpreter")
 
-    monkeypatch.setattr(sandbox.SPAWNER, "run", cannot)
+    monkeypatch.setattr(child_start.SPAWNER, "run", cannot)
     before = sorted(os.listdir("/proc/self/fd"))
     with pytest.raises(OSError, match="no such interpreter"):
         child.__enter__()

@@ -23,18 +23,12 @@ from typing import Any
 
 from pike.config import EvalConfig, TimingConfig
 from pike.evaluate import check, device_lock, host_memory
+from pike.evaluate.child_environment import child_environment, make_child_dirs
 from pike.evaluate.cores import start_on_build_cores
+from pike.evaluate.network_namespace import network_prefix
 from pike.evaluate.os_sandbox import INSIDE_ROOT, Mount, SandboxPlan, sandbox_active
 from pike.evaluate.protocol import DESCENDANTS_GRACE_S, ChildRequest, Role
-from pike.evaluate.sandbox import (
-    ChildExit,
-    ChildProcess,
-    MemoryExceeded,
-    PhaseTimeout,
-    child_environment,
-    make_child_dirs,
-    network_prefix,
-)
+from pike.evaluate.sandbox import ChildExit, ChildProcess, MemoryExceeded, PhaseTimeout
 from pike.evaluate.staging import InputStage
 from pike.evaluate.steps import current as step_clock
 from pike.evaluate.verdict import Verdict

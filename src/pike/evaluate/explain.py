@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pike.config import EvalConfig
 from pike.evaluate.driver import FIGURE_TOLERANCE, WALL_MARGIN, ChildReport, Timer
+from pike.evaluate.network_namespace import network_isolation
 from pike.evaluate.os_sandbox import sandbox_status
-from pike.evaluate.sandbox import ChildProcess, network_isolation
+from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.verdict import Verdict
 
 

@@ -6,7 +6,7 @@ the CUDA context and pinned staging take more), so `pike bench --jobs 4 --worker
 one H200 host of 125 GiB had the kernel's out-of-memory killer take references and
 baseline builds again and again: a task failed when its reference was killed twice, and
 baselines were stored as failed (bench-level1-h200-partial). What the killer takes is
-chosen well (children before pike, `sandbox.child_oom_score`), but a killed evaluation is
+chosen well (children before pike, `oom_killer.child_oom_score`), but a killed evaluation is
 time lost and may end a task.
 
 So a child waits, before it begins loading (after its imports, which every child needs),

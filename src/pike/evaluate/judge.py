@@ -26,6 +26,7 @@ import torch
 from pike.config import EvalConfig, RunConfig
 from pike.errors import EvaluatorError
 from pike.evaluate import check, device_holds, search_bar, spares
+from pike.evaluate.child_environment import passed_to_child
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import (
     hold,
@@ -69,7 +70,7 @@ from pike.evaluate.reference import (
     release_reference,
     run_reference,
 )
-from pike.evaluate.sandbox import ChildProcess, passed_to_child
+from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.shared_window import timed_together
 from pike.evaluate.staging import InputStage
 from pike.evaluate.steps import current as current_steps

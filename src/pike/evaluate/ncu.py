@@ -32,20 +32,16 @@ from pathlib import Path
 import psutil
 
 from pike.config import EvalConfig
+from pike.evaluate.child_environment import child_environment, make_child_dirs
+from pike.evaluate.child_start import SPAWNER, child_setup
 from pike.evaluate.driver import build_cache_root
 from pike.evaluate.leftovers import make_temp_dir
 from pike.evaluate.ncu_target import NVTX_RANGE
+from pike.evaluate.network_namespace import network_prefix
+from pike.evaluate.oom_killer import child_oom_score
 from pike.evaluate.os_sandbox import INSIDE_ROOT, Mount, SandboxPlan, sandbox_active
 from pike.evaluate.profile import KernelMetrics, ProfileSummary
-from pike.evaluate.sandbox import (
-    SPAWNER,
-    _marked_processes,
-    child_environment,
-    child_oom_score,
-    child_setup,
-    make_child_dirs,
-    network_prefix,
-)
+from pike.evaluate.sandbox import _marked_processes
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 
-from pike.evaluate.sandbox import passed_to_child
+from pike.evaluate.child_environment import passed_to_child
 from pike.evaluate.verdict import Verdict
 
 MASK = "[masked]"

@@ -7,23 +7,16 @@ so that processes which escape the group (setsid, double fork) are found and kil
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
-import logging
 import os
-import queue
-import resource
 import select
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,83 +24,18 @@ from typing import Any
 import psutil
 
 from pike.config import LimitsConfig
-from pike.errors import EvaluatorError
-from pike.evaluate import device_lock, host_memory
-from pike.evaluate.leftovers import new_work, refuse_new_work_if_ending
+from pike.evaluate import device_lock, host_memory, oom_killer
+from pike.evaluate.child_environment import MARKER_VARIABLE
+from pike.evaluate.child_start import SPAWNER, child_setup
 from pike.evaluate.protocol import Channel, ChildRequest
 from pike.evaluate.staging import InputStage
 
-log = logging.getLogger(__name__)
-
-MARKER_VARIABLE = "PIKE_EVAL_MARKER"
 _POLL_SECONDS = 0.05
 _TIMING_MEMORY_EVERY_S = 1.0
 _TREE_EVERY_S = 1.0
-
-# The child's environment is built from an allow-list: what Python, torch, CUDA, the
-# compilers and pike itself read. Anything else (DATABASE_URL, GITHUB_PAT, MYSQL_PWD,
-# cloud credentials ...) never reaches candidate code, whatever its name.
-_ALLOWED_NAMES = frozenset({
-    "PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH",
-    "PYTHONPATH", "PYTHONHASHSEED", "CC", "CXX", "CFLAGS", "CXXFLAGS", "LDFLAGS", "MAX_JOBS",
-    "OMP_NUM_THREADS", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
-    "CUDA_MODULE_LOADING", "CUDA_DEVICE_ORDER", "CUBLAS_WORKSPACE_CONFIG",
-    "TORCH_CUDA_ARCH_LIST", "TORCH_USE_CUDA_DSA", "TORCH_SHOW_CPP_STACKTRACES",
-})
-_ALLOWED_PREFIXES = ("LC_", "NVIDIA_", "PYTORCH_", "TORCHINDUCTOR_", "TORCH_LOGS", "TRITON_",
-                     "MKL_", "KMP_", "OPENBLAS_", "NCCL_", "NVCC_", "PIKE_")
-# Never passed, even where a prefix allows: pike's own settings that name secrets or
-# places outside the sandbox.
-_NEVER = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PWD", "AUTH")
-
-
-def passed_to_child(name: str) -> bool:
-    """Whether the variable `name` of pike's environment reaches an evaluation child."""
-    upper = name.upper()
-    if any(part in upper for part in _NEVER) or upper.endswith("_PAT") or "_PAT_" in upper:
-        return False
-    return upper in _ALLOWED_NAMES or upper.startswith(_ALLOWED_PREFIXES)
-
-
-def _without_home(value: str, keep: tuple[str, ...]) -> str:
-    """A path list without the entries under the real home (other than `keep`)."""
-    home = os.path.realpath(Path.home())
-    parts = [p for p in value.split(os.pathsep)
-             if not (os.path.realpath(p) == home or os.path.realpath(p).startswith(home + os.sep))
-             or os.path.realpath(p) in keep]
-    return os.pathsep.join(parts)
-
-
-def child_environment(work_dir: str, marker: str, build_dir: str, cache_root: str,
-                      compile_threads: int = 1) -> dict[str, str]:
-    """The allow-listed part of pike's environment, with HOME, TMPDIR and every cache
-    inside the child's own folders (paths as the child sees them)."""
-    python_bin = (os.path.dirname(os.path.realpath(sys.executable)),
-                  os.path.dirname(os.path.abspath(sys.executable)))
-    env = {k: v for k, v in os.environ.items() if passed_to_child(k)}
-    for name in ("PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "PYTHONPATH"):
-        if name in env:
-            env[name] = _without_home(env[name], python_bin)
-    if python_bin[1] not in env.get("PATH", "").split(os.pathsep):
-        env["PATH"] = os.pathsep.join([python_bin[1], env.get("PATH", "/usr/bin:/bin")])
-    home, tmp = f"{work_dir}/home", f"{work_dir}/tmp"
-    env.update(
-        HOME=home, TMPDIR=tmp, TMP=tmp, TEMP=tmp,
-        XDG_CACHE_HOME=f"{home}/.cache", XDG_CONFIG_HOME=f"{home}/.config",
-        TORCH_EXTENSIONS_DIR=build_dir,
-        TRITON_CACHE_DIR=f"{cache_root}/triton",
-        TORCHINDUCTOR_CACHE_DIR=f"{cache_root}/inductor",
-        # 1: compile in-process; more: a pool of workers the child shuts down as it ends
-        TORCHINDUCTOR_COMPILE_THREADS=str(compile_threads),
-        PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
-        **{MARKER_VARIABLE: marker},
-    )
-    return env
-
-
-def make_child_dirs(work_dir: Path) -> None:
-    (work_dir / "home").mkdir(exist_ok=True)
-    (work_dir / "tmp").mkdir(exist_ok=True)
+# How often a waiting parent reads the host's out-of-memory kill count while a child
+# lives: a child found killed is blamed on the killer only where the count rose since.
+_OOM_COUNT_EVERY_S = 1.0
 
 
 @dataclass
@@ -135,157 +63,6 @@ class MemoryExceeded:
 
 
 Event = dict[str, Any] | ChildExit | PhaseTimeout | MemoryExceeded
-
-
-@functools.cache
-def _namespace_works() -> bool:
-    """Can this user create a network namespace (unprivileged user namespaces)?"""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return False
-    try:
-        done = subprocess.run([unshare, "--net", "--map-root-user", "true"],
-                              capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
-
-
-def network_prefix(mode: str) -> list[str]:
-    """The command prefix that cuts a child off the network, per EvalConfig.network_isolation."""
-    if mode == "off":
-        return []
-    if _namespace_works():
-        return [str(shutil.which("unshare")), "--net", "--map-root-user"]
-    if mode == "namespace":
-        raise EvaluatorError("network_isolation is 'namespace' but this kernel does not allow "
-                             "unprivileged network namespaces (`unshare --net --map-root-user`)")
-    _warn_once()
-    return []
-
-
-@functools.cache
-def _warn_once() -> None:
-    log.warning("cannot create a network namespace here; candidates' network access is refused "
-                "only by the in-process audit hook")
-
-
-def network_isolation(mode: str) -> str:
-    if mode == "off":
-        return "not isolated (network_isolation: off); the audit hook still refuses sockets"
-    if _namespace_works():
-        return "own network namespace with no interfaces"
-    return "no namespace available here; the audit hook refuses sockets"
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-class _Spawner:
-    """Every child is started from this one daemon thread, which lives as long as pike:
-    the death signal (and bwrap's --die-with-parent) fires when the *thread* that started
-    the child ends, so a child started from a pool's worker died with that worker, and a
-    reference kept for later evaluations was found dead once its pool had closed. A
-    daemon thread, not an executor's: those are stopped at interpreter shutdown before
-    the atexit handlers that stop children in order."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = (
-            queue.SimpleQueue())
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def run(self, fn: Callable[[], Any]) -> Any:
-        refuse_new_work_if_ending()
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, name="pike-spawn",
-                                                daemon=True)
-                self._thread.start()
-        done: Future[Any] = Future()
-        self._jobs.put((fn, done))
-        return done.result()
-
-    def _serve(self) -> None:
-        while True:
-            fn, done = self._jobs.get()
-            try:
-                with new_work():  # a child started here is one the cleanup will see
-                    result = fn()
-                done.set_result(result)
-            except BaseException as err:  # the caller's to handle, in its own thread
-                done.set_exception(err)
-
-
-SPAWNER = _Spawner()
-
-
-# How much likelier than pike each child is to be chosen by the kernel's out-of-memory
-# killer (/proc/PID/oom_score_adj, -1000 to 1000; raising it needs no privilege). On a
-# lent two-GPU H200 host a level1 `pike bench` was killed twice by a SIGKILL nothing in
-# pike sends, minutes in, beside another bench: with pike gone, every evaluation in
-# flight is lost at once. A child taken instead loses one evaluation, and says why
-# (ChildExit.host_out_of_memory); the untrusted candidate goes before a reference.
-# Never below pike's own score (a service manager may have raised it): see child_oom_score.
-OOM_SCORE_ADJ = {"candidate": 1000, "reference": 500}
-# How often a waiting parent reads the host's out-of-memory kill count while a child
-# lives: a child found killed is blamed on the killer only where the count rose since.
-_OOM_COUNT_EVERY_S = 1.0
-
-
-def _own_oom_score() -> int:
-    try:
-        with open("/proc/self/oom_score_adj", "rb") as f:
-            return int(f.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0
-
-
-def child_oom_score(role: str) -> int:
-    """The out-of-memory score a child of `role` starts with: its OOM_SCORE_ADJ, or pike's
-    own where that is higher (a child below pike would be taken after it)."""
-    return max(_own_oom_score(), OOM_SCORE_ADJ.get(role, 0))
-
-
-def host_oom_kills(vmstat: str = "/proc/vmstat") -> int | None:
-    """How many processes the kernel's out-of-memory killer has ended on this host since
-    it started (/proc/vmstat's oom_kill, Linux 4.13 on); None where it is not kept."""
-    try:
-        with open(vmstat, "rb") as f:
-            for line in f:
-                if line.startswith(b"oom_kill "):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def child_setup(parent: int, oom_score_adj: int = 0) -> Callable[[], None]:
-    """Run in the new child before it starts Python: no core dumps, `oom_score_adj` for
-    the kernel's out-of-memory killer (child_oom_score), and killed when pike dies however
-    it ends (bwrap's --die-with-parent does this in the OS sandbox; this is the same where
-    there is none). If pike died before the signal was armed, stop now."""
-    score = str(oom_score_adj).encode()  # made here: setup runs between fork and exec
-
-    def setup() -> None:
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if oom_score_adj:
-            try:  # plain system calls only
-                fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-                try:
-                    os.write(fd, score)
-                finally:
-                    os.close(fd)
-            except OSError:  # not Linux, or /proc not mounted: the kernel's own choice
-                pass
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):  # not Linux: the parent's cleanup still runs
-            return
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return setup
 
 
 class ChildProcess:
@@ -359,7 +136,7 @@ class ChildProcess:
                 cwd=self.work_dir, env=self.env, stdin=subprocess.DEVNULL, stdout=self._log,
                 stderr=subprocess.STDOUT, pass_fds=(child_writes, child_reads),
                 start_new_session=True,
-                preexec_fn=child_setup(os.getpid(), child_oom_score(
+                preexec_fn=child_setup(os.getpid(), oom_killer.child_oom_score(
                     self.request.role if self.request is not None else "candidate")),
             ))
             self._see_oom_count(time.monotonic())
@@ -558,7 +335,7 @@ class ChildProcess:
 
     def _see_oom_count(self, now: float) -> None:
         """The host's out-of-memory kill count, read while this child is known alive."""
-        self._oom_kills_seen, self._oom_count_seen_at = host_oom_kills(), now
+        self._oom_kills_seen, self._oom_count_seen_at = oom_killer.host_oom_kills(), now
 
     def _killed_by_the_oom_killer(self, code: int | None) -> bool:
         """Whether this child's SIGKILL came with the kernel's out-of-memory killer at
@@ -566,7 +343,7 @@ class ChildProcess:
         apart before a ChildExit is read, and the host's kill count rose since the child
         was last seen alive (at most about a second before). The count is the host's, so
         another process taken in that second looks the same: the cost is a retry."""
-        before, now = self._oom_kills_seen, host_oom_kills()
+        before, now = self._oom_kills_seen, oom_killer.host_oom_kills()
         return (code == -signal.SIGKILL and before is not None and now is not None
                 and now > before)
 
