@@ -149,8 +149,10 @@ def _magnitude(value: Any) -> float | None:
 COMPARE_CHUNK = 1 << 24
 
 
-def _chunks(expected: torch.Tensor, actual: torch.Tensor, on: torch.device,
+def chunks(expected: torch.Tensor, actual: torch.Tensor, on: torch.device,
             dtype: torch.dtype | None = None) -> Any:
+    """Two tensors' values side by side, COMPARE_CHUNK at a time, flat, on `on` (as
+    `dtype`, where given)."""
     exp, act = expected.detach().reshape(-1), actual.detach().reshape(-1)
     for start in range(0, exp.numel(), COMPARE_CHUNK):
         stop = start + COMPARE_CHUNK
@@ -164,7 +166,7 @@ def _compare_values(
 ) -> OutputMismatch:
     total = expected.numel()
     if not (expected.is_floating_point() or expected.is_complex()):
-        n_bad = sum(int((e != a).sum()) for e, a in _chunks(expected, actual, on))
+        n_bad = sum(int((e != a).sum()) for e, a in chunks(expected, actual, on))
         if n_bad == 0:
             return mismatch
         mismatch.problem = f"{n_bad} of {total} values differ"
@@ -173,7 +175,7 @@ def _compare_values(
     wide = torch.complex128 if expected.is_complex() else torch.float64
     n_bad = nan_problem = inf_problem = 0
     max_abs, max_rel = 0.0, 0.0
-    for exp, act in _chunks(expected, actual, on, wide):
+    for exp, act in chunks(expected, actual, on, wide):
         exp_nan, act_nan = torch.isnan(exp), torch.isnan(act)
         finite = torch.isfinite(exp) & torch.isfinite(act)
         inf_same = ~finite & ~exp_nan & ~act_nan & (exp == act)
@@ -232,9 +234,12 @@ SAMPLED_LEAVES, SAMPLED_POSITIONS = 8, 16
 
 
 def timed_outputs_problem(expected_sets: list[list[Any]], taken: list[dict[str, Any]],
-                          timed_calls: int, atol: float, rtol: float) -> str | None:
+                          timed_calls: int, atol: float, rtol: float,
+                          own_error: dict[int, float] | None = None) -> str | None:
     """Why the sampled outputs of timed calls are not the reference's for the same inputs
-    (None when they are). The child sampled them at positions it drew after each call."""
+    (None when they are). The child sampled them at positions it drew after each call.
+    `own_error`: per output, how far the reference's own rounding was seen to take it
+    from a float64 run (own_rounding), allowed beside `atol`."""
     if timed_calls >= 20 and not taken:
         return (f"none of its {timed_calls} timed calls' outputs came back to be checked "
                 "(half are sampled, at random)")
@@ -248,7 +253,8 @@ def timed_outputs_problem(expected_sets: list[list[Any]], taken: list[dict[str, 
             return (f"timed call {call} returned {len(leaves)} outputs, "
                     f"expected {len(expected)}")
         for index, (exp, got) in enumerate(zip(expected, leaves, strict=True)):
-            problem = _sampled_leaf_problem(exp, got, atol, rtol)
+            problem = _sampled_leaf_problem(exp, got, atol + (own_error or {}).get(index, 0.0),
+                                            rtol)
             if problem:
                 return (f"timed call {call}, output {index}: {problem}; timed outputs must "
                         "be the model's answers for the inputs of each call")

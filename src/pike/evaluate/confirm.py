@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from pike.config import EvalConfig
 from pike.evaluate import device_holds
 from pike.evaluate.cores import timing_cores
-from pike.evaluate.device_lock import hold, hold_for_build, hold_for_work
+from pike.evaluate.device_lock import hold, hold_for_build
 from pike.evaluate.driver import (
     ChildReport,
     Timer,
@@ -40,6 +40,7 @@ from pike.evaluate.driver import (
 )
 from pike.evaluate.judge import (
     candidate_files,
+    judged_trials,
     resolve_device,
     timed_dishonestly,
     trials_against,
@@ -47,7 +48,7 @@ from pike.evaluate.judge import (
 from pike.evaluate.leftovers import make_temp_dir, remove_tree
 from pike.evaluate.reference import ReferenceRun, run_reference
 from pike.evaluate.sandbox import ChildProcess
-from pike.evaluate.trial_comparison import compare_device, release_compare_memory
+from pike.evaluate.trial_comparison import compare_device
 from pike.evaluate.verdict import Verdict
 from pike.task import Task
 
@@ -182,13 +183,8 @@ def fresh_draw(cfg: EvalConfig) -> EvalConfig:
 def _checked_again(reference: ReferenceRun, outputs_dir: Path, cfg: EvalConfig,
                    device: str) -> Verdict:
     """The child's trials, just run on `reference`'s inputs, compared as a search's are."""
-    on = compare_device(device)
-    comparison = trials_against(reference, outputs_dir, cfg, on)
-    with hold_for_work(device, cfg.device_lock):
-        try:
-            return comparison.verdict()
-        finally:
-            release_compare_memory(on)
+    comparison = trials_against(reference, outputs_dir, cfg, compare_device(device))
+    return judged_trials(comparison, reference, device, cfg)
 
 
 def _ready_child(task: Task, cid: int, source: str, cfg: EvalConfig, device: str,

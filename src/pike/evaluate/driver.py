@@ -148,7 +148,9 @@ def _phase_limits(cfg: EvalConfig, run_limit_s: float | None) -> dict[str, float
             "init": lim.load_seconds, "check": check_s,
             "timing": timing_s, "build": lim.build_seconds, "cleanup": 10.0,
             # advisory passes: a hang here must not hold the device for long
-            "profile": lim.check_seconds, "work": lim.check_seconds}
+            "profile": lim.check_seconds, "work": lim.check_seconds,
+            # one trial in float64 (own_rounding): slower than the check's trials in float32
+            "exact": 2 * lim.check_seconds}
 
 
 def _sandbox_plan(request: ChildRequest, work_dir: Path, cache_root: Path,

@@ -25,7 +25,7 @@ import torch
 
 from pike.config import EvalConfig, RunConfig
 from pike.errors import EvaluatorError
-from pike.evaluate import check, device_holds, search_bar, spares
+from pike.evaluate import check, device_holds, own_rounding, search_bar, spares
 from pike.evaluate.child_environment import passed_to_child
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import (
@@ -266,6 +266,26 @@ def trials_against(reference: ReferenceRun, outputs_dir: Path, cfg: EvalConfig,
                            cfg, on, reference.shifted_atols(cfg.trials, cfg.atol))
 
 
+def judged_trials(comparison: TrialComparison, reference: ReferenceRun, device: str,
+                  cfg: EvalConfig) -> Verdict:
+    """The comparison's verdict on a candidate's trials, all run; where a trial failed
+    only by values the reference's own rounding may explain, judged again against the
+    reference's float64 run of that trial (own_rounding)."""
+    with hold_for_work(device, cfg.device_lock):
+        try:
+            verdict = comparison.verdict()
+        finally:
+            release_compare_memory(comparison.on)
+    if verdict.ok or not comparison.may_be_rounding():
+        return verdict
+    with span("own_rounding"), reference.talking_in_turn(cfg.device_lock):
+        try:
+            comparison.explain_by_rounding(reference.exact_outputs)
+            return comparison.verdict()
+        finally:
+            release_compare_memory(comparison.on)
+
+
 def candidate_folders(cfg: EvalConfig, device: str, folder: Path) -> CandidateFiles:
     """A candidate's folders and a request with its paths: enough to launch its child,
     before the candidate (`fill_candidate`) and the reference (`attach_reference`) are
@@ -373,9 +393,8 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                     child, report, on_saved=early,
                     outputs=comparison.buffer.describe() if comparison.buffer else None)
         if trials_ran:
-            with span("compare"), hold_for_work(device, cfg.device_lock):
-                correctness = comparison.verdict()
-                release_compare_memory(on)
+            with span("compare"):
+                correctness = judged_trials(comparison, reference, device, cfg)
             timed = correctness.ok and cfg.time_candidate and reference.child is not None
             unstaged = None
             if timed:
@@ -545,10 +564,24 @@ def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path
             return reply
         if listed:
             held.enter_context(hold_for_work(device, cfg.device_lock))
-        return _final_compared(reference, outputs_dir, cfg)
+        verdict, doubtful = _final_compared(reference, outputs_dir, cfg)
+    if doubtful:  # the hold let go first: talking_in_turn takes its own
+        final = len(reference.expected) - 1
+        with span("own_rounding"), reference.talking_in_turn(cfg.device_lock):
+            exact = reference.exact_outputs(final)
+            why = exact if isinstance(exact, str) else own_rounding.unexplained(
+                doubtful, reference.expected[final], exact, cfg.rtol,
+                compare_device(reference.device))
+        if not why:
+            return Verdict(status="ok")
+        verdict.message += f"; not the reference's own rounding: {why}"
+    return verdict
 
 
-def _final_compared(reference: ReferenceRun, outputs_dir: Path, cfg: EvalConfig) -> Verdict:
+def _final_compared(reference: ReferenceRun, outputs_dir: Path, cfg: EvalConfig
+                    ) -> tuple[Verdict, list[own_rounding.Doubtful]]:
+    """The verdict on the outputs after timing, and where it failed only by values the
+    reference's own rounding may explain, those values (else none)."""
     on = compare_device(reference.device)
     final_expected = reference.expected_on(on)[-1]
     try:
@@ -556,17 +589,22 @@ def _final_compared(reference: ReferenceRun, outputs_dir: Path, cfg: EvalConfig)
             file_loader(outputs_dir / "outputs_final.pt", final_expected), final_expected, on)
     except Exception as err:  # written by the child: anything may be in it
         return Verdict(status="incorrect", phase="check",
-                       message=f"outputs after timing could not be read back ({err})")
+                       message=f"outputs after timing could not be read back ({err})"), []
     bad = [c for c in compare_with_room(expected, actual, cfg.trials + 1, cfg, here)
            if c.problem]
+    found = [own_rounding.doubtful_values(expected[c.output], actual[c.output],
+                                          cfg.trials + 1, c.output, cfg.atol, cfg.rtol, here)
+             for c in bad]
     del actual
     release_compare_memory(on)
     if not bad:
-        return Verdict(status="ok")
+        return Verdict(status="ok"), []
+    doubtful = [d for d in found if d is not None]
     return Verdict(status="incorrect", phase="check", mismatches=bad[:20],
                    message="after timing, new values written into the same input tensors "
                            f"gave wrong outputs (output {bad[0].output}: {bad[0].problem}); "
-                           "answers cached by pointer, shape or call count are not allowed")
+                           "answers cached by pointer, shape or call count are not allowed"
+                   ), doubtful if len(doubtful) == len(bad) else []
 
 
 def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
@@ -622,7 +660,8 @@ def timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig) ->
     """The verdict on timed calls whose sampled outputs are wrong (incorrect), or whose
     times show answers reused for inputs seen before (rejected); None when neither."""
     wrong = check.timed_outputs_problem(reference.timed_expected, timer.outputs,
-                                        len(timer.samples), cfg.atol, cfg.rtol)
+                                        len(timer.samples), cfg.atol, cfg.rtol,
+                                        reference.own_error)
     if wrong:
         return Verdict(status="incorrect", phase="timing", message=wrong)
     reused = (check.reused_answers_problem(timer.samples, timer.probe_samples)

@@ -25,10 +25,11 @@ import torch
 
 from pike.config import CONSTRUCT_ON, EvalConfig
 from pike.errors import EvaluatorError, TaskError
-from pike.evaluate import check, device_holds, host_memory
+from pike.evaluate import check, device_holds, host_memory, own_rounding
 from pike.evaluate.device_lock import (
     hold,
     hold_for_build,
+    hold_for_work,
     set_stopped,
     tree_of,
     unlist_child,
@@ -57,7 +58,7 @@ from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.shared_window import WindowQueue
 from pike.evaluate.steps import current as current_steps
 from pike.evaluate.steps import measuring, span
-from pike.evaluate.trial_comparison import load_leaves
+from pike.evaluate.trial_comparison import compare_device, load_leaves
 from pike.evaluate.verdict import Verdict, says_out_of_memory
 from pike.floor import Work
 from pike.task import Task
@@ -66,6 +67,7 @@ from pike.threads import unwinding_stop
 log = logging.getLogger(__name__)
 
 _REFERENCE_CACHE_SIZE = 2
+_TURN_WAIT_S = 0.05  # between looks at a busy reference's `talking` (talking_in_turn)
 
 @dataclass
 class ReferenceRun:
@@ -101,6 +103,9 @@ class ReferenceRun:
     _work_asked: bool = False
     _work_counted: bool = False  # the count's answer is in (or it failed): read freely
     _shifted_atols: dict[float, list[float]] = field(default_factory=dict)  # by atol
+    _exact: dict[int, list[Any] | str] = field(default_factory=dict)  # or why there is none
+    # per output, the most its expected values were seen off their float64 run
+    own_error: dict[int, float] = field(default_factory=dict)
     users: int = 0  # evaluations using it now; the cache evicts only unused ones
     # Evaluations of one task in a pool share this child: one request at a time.
     talking: threading.RLock = field(default_factory=threading.RLock)
@@ -183,6 +188,50 @@ class ReferenceRun:
                 finally:
                     self._work_counted = True
             return self._work
+
+    @contextmanager
+    def talking_in_turn(self, scope: str) -> Iterator[None]:
+        """The device held shared and `talking`, for untimed work with the live child,
+        taken in the lock order but never waiting for `talking` with the device held: a
+        baseline's builds hold `talking` for minutes with no hold of the device, and a
+        shared hold kept meanwhile would stop every other evaluation's windows."""
+        while True:
+            with hold_for_work(self.device, scope):
+                if self.talking.acquire(blocking=False):
+                    try:
+                        yield
+                        return
+                    finally:
+                        self.talking.release()
+            time.sleep(_TURN_WAIT_S)
+
+    def exact_outputs(self, trial: int) -> list[Any] | str:
+        """Trial `trial`'s expected outputs computed again in float64 by the live child
+        (own_rounding), once per trial; or why there are none. The caller is in
+        `talking_in_turn`: the child's float64 run is GPU work."""
+        if trial not in self._exact:
+            exact = self._exact[trial] = self._run_exact(trial)
+            if not isinstance(exact, str) and self.cfg is not None:
+                found = own_rounding.own_errors(self.expected[trial], exact, self.cfg.atol,
+                                                compare_device(self.device))
+                for index, error in found.items():
+                    self.own_error[index] = max(self.own_error.get(index, 0.0), error)
+        return self._exact[trial]
+
+    def _run_exact(self, trial: int) -> list[Any] | str:
+        child = self.child
+        if child is None or not self.usable():
+            return "the reference has no live child to run it"
+        reply = request(child, "exact", "exact", "exact", trial=trial)
+        child.enter_phase("idle")
+        if isinstance(reply, Verdict):
+            return reply.message
+        if not reply.get("file"):
+            return str(reply.get("error") or "the float64 run failed")
+        try:  # the reference's child wrote it: the task's own code, as `expected`
+            return load_leaves(child.work_dir / Path(str(reply["file"])).name, mapped=True)
+        except Exception as err:
+            return f"its outputs could not be read ({err})"
 
     def usable(self) -> bool:
         # A child that overran a request's limit (work count, profile) may still be stuck.

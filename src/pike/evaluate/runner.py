@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from pike.config import BUILD_ON_DEVICE_BYTES
-from pike.evaluate import check
+from pike.evaluate import check, own_rounding
 from pike.evaluate.compiled_modes import own_copy, prebuild_mode
 from pike.evaluate.device_identity import identity
 from pike.evaluate.diagnostics import describe_exception
@@ -317,7 +317,11 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
                 if _outputs_differ(expected, again, atol, rtol, device):
                     return "unchecked", f"eager answers {label} otherwise when called again"
                 got = check.flatten_output(fn(*_copies(inputs)))
-            problem = _outputs_differ(expected, got, atol, rtol, device)
+            # a mode that sums in another order may differ where the reference's own
+            # rounding does (own_rounding): the float64 run settles those values
+            problem = own_rounding.rescued(
+                expected, got, lambda i=inputs: own_rounding.exact_forward(model, i),
+                atol, rtol, device)
             if problem:
                 return "incorrect", f"{label}, {problem}"
         return "checked", ""
@@ -331,7 +335,18 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
             raise RuntimeError("a pre-build comes before every mode's own build")
         prebuild_mode(model, mode, lambda fn: rotation.caller(fn)(), device)
 
-    _serve_timing(req, chan, device, make_call, failed_mode,
+    def exact(trial: int) -> str:
+        """Trial `trial` run again in float64 (own_rounding), its outputs written to a
+        file in this child's own folder: its name. The inputs are drawn again from their
+        seed, as a fresh child draws them: a renewed child's folders are gone."""
+        inputs = _draw_inputs(module, req, req.trial_seeds[trial], device)
+        if trial == req.trials:
+            inputs = [_shift_distribution(x, req.shift) for x in inputs]
+        name = f"exact_{trial}.pt"
+        write_leaves(own_rounding.exact_forward(model, inputs), Path(name))
+        return name
+
+    _serve_timing(req, chan, device, make_call, failed_mode, exact=exact,
                   after_block=lambda mode: rehearse_check_after(),
                   samples_for=lambda mode: calibration if mode == "empty" else own_work,
                   mode_outcome=outcome_and_sharing,
@@ -396,6 +411,7 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
                   mode_outcome: Callable[[str, float, float], tuple[str, str]] | None = None,
                   forget: Callable[[str], object] = lambda mode: None,
                   prebuild: Callable[[str], None] | None = None,
+                  exact: Callable[[int], str] | None = None,
                   ) -> None:
     """Time blocks of calls as the parent asks, one block per request, until it says stop.
 
@@ -415,6 +431,9 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
             continue
         if msg and msg.get("event") == "work" and req.role == "reference":
             _serve_work(req, msg, chan)
+            continue
+        if msg and msg.get("event") == "exact" and exact is not None:
+            _serve_exact(exact, msg, chan, device)
             continue
         if msg and msg.get("event") == "prebuild" and prebuild is not None:
             try:
@@ -498,6 +517,20 @@ def _serve_profile(msg: dict, chan: Channel, device: torch.device,
                   seq=msg.get("seq"))
         return
     chan.send("profiled", summary=summary.model_dump(mode="json"), seq=msg.get("seq"))
+
+
+def _serve_exact(exact: Callable[[int], str], msg: dict, chan: Channel,
+                 device: torch.device) -> None:
+    try:
+        name = exact(int(msg["trial"]))
+    except BaseException as exc:  # no float64 run (out of memory, an op without it): said
+        chan.send("exact", file=None, error=describe_exception(exc).splitlines()[0][:300],
+                  seq=msg.get("seq"))
+        return
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the float64 copy's memory, back to the card
+    chan.send("exact", file=name, seq=msg.get("seq"))
 
 
 def _serve_work(req: ChildRequest, msg: dict, chan: Channel) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from pike.config import EvalConfig
-from pike.evaluate import check
+from pike.evaluate import check, own_rounding
 from pike.evaluate.device_lock import hold_for_work
 from pike.evaluate.leaf_files import read_leaves
 from pike.evaluate.outputs_handoff import OutputsBuffer
@@ -114,6 +114,10 @@ class TrialComparison:
                  on: torch.device, shifted_atols: list[float] | None = None) -> None:
         self.expected, self.outputs_dir, self.cfg, self.on = expected, outputs_dir, cfg, on
         self.shifted_atols = shifted_atols  # worked out here when not given
+        # failing values the reference's own rounding may explain (own_rounding)
+        self.doubtful: dict[tuple[int, int], own_rounding.Doubtful] = {}
+        self.rounding: list[tuple[int, int]] = []  # (trial, values) its rounding explained
+        self.unexplained = ""
         self.compared: set[int] = set()
         self.mismatches: list[OutputMismatch] = []
         self.first: tuple[list[Any], list[Any]] | None = None  # trial 0's outputs, in short
@@ -176,12 +180,44 @@ class TrialComparison:
                     _on_host(self.expected[0]), _on_host(exp_here), self.cfg.atol)
             atol = self.shifted_atols
         compared = compare_with_room(exp_here, act_leaves, trial, self.cfg, here, atol)
-        del act_leaves
         self.max_abs = max([self.max_abs, *(c.max_abs_error or 0.0 for c in compared)])
         self.max_rel = max([self.max_rel, *(c.max_rel_error or 0.0 for c in compared)])
         trial_bad = [c for c in compared if c.problem]
+        for c in trial_bad:
+            found = own_rounding.doubtful_values(
+                exp_here[c.output], act_leaves[c.output], trial, c.output,
+                atol[c.output] if isinstance(atol, list) else atol, self.cfg.rtol, here)
+            if found is not None:
+                self.doubtful[(trial, c.output)] = found
+        del act_leaves
         self.mismatches.extend(trial_bad)
         self.passed += not trial_bad and trial < self.cfg.trials
+
+    def may_be_rounding(self) -> bool:
+        """Whether some failing trial's every failing value is a doubtful one."""
+        return any(all((m.trial, n.output) in self.doubtful
+                       for n in self.mismatches if n.trial == m.trial)
+                   for m in self.mismatches)
+
+    def explain_by_rounding(self, exact: Callable[[int], list[Any] | str]) -> None:
+        """Drop the mismatches of each trial whose every failing value the reference's
+        own rounding explains (own_rounding; `exact`: a trial's expected outputs in
+        float64, or why there are none): such a trial passes. On the comparison's
+        device: the caller holds it."""
+        for trial in sorted({m.trial for m in self.mismatches}):
+            bad = [m for m in self.mismatches if m.trial == trial]
+            doubtful = [self.doubtful.get((trial, m.output)) for m in bad]
+            if any(d is None for d in doubtful):
+                continue  # a real error somewhere in this trial: nothing to explain
+            outputs = exact(trial)
+            why = (outputs if isinstance(outputs, str) else own_rounding.unexplained(
+                doubtful, self.expected[trial], outputs, self.cfg.rtol, self.on))  # type: ignore[arg-type]
+            if why:
+                self.unexplained = self.unexplained or f"trial {trial}: {why}"
+                continue
+            self.mismatches = [m for m in self.mismatches if m.trial != trial]
+            self.rounding.append((trial, sum(d.index.numel() for d in doubtful)))  # type: ignore[union-attr]
+            self.passed += trial < self.cfg.trials
 
     def _pass_on(self, trial: int) -> None:
         """Give a read trial's file to one the child writes later, which it writes over in
@@ -225,7 +261,7 @@ class TrialComparison:
         errors = {"trials_passed": self.passed, "max_abs_error": self.max_abs,
                   "max_rel_error": self.max_rel}
         if not self.mismatches:
-            return Verdict(status="ok", **errors)
+            return Verdict(status="ok", message=self._rounding_note(), **errors)
         mismatches = sorted(self.mismatches, key=lambda m: m.trial)
         first_bad = mismatches[0]
         which = (f"trial {first_bad.trial}" if first_bad.trial < self.cfg.trials else
@@ -237,8 +273,18 @@ class TrialComparison:
         if any(not _same_leaves(self.expected[0], self.expected[t]) for t in self.repeated):
             message += ("; the output is identical for different inputs (a cached or "
                         "constant result?)")
+        if self.unexplained:
+            message += f"; not the reference's own rounding: {self.unexplained}"
         return Verdict(status="incorrect", phase="check", message=message,
                        mismatches=mismatches[:20], **errors)
+
+    def _rounding_note(self) -> str:
+        if not self.rounding:
+            return ""
+        values = sum(n for _, n in self.rounding)
+        trials = ", ".join(str(t) for t, _ in self.rounding)
+        return (f"{values} values (trials {trials}) outside tolerance of the reference are "
+                "no further from its float64 result than the reference itself is")
 
 
 _HOST = torch.device("cpu")

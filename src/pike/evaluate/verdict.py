@@ -13,7 +13,11 @@ from pike.evaluate.profile import ProfileSummary
 Status = Literal[
     "ok", "compile_error", "runtime_error", "incorrect", "timeout", "crashed", "rejected"
 ]
-Phase = Literal["setup", "load", "init", "check", "timing", "build", "cleanup"]
+# The last three are a live child's advisory requests (a profile, the reference's work
+# count and float64 run): a child that ends in one is reported there, not as a
+# validation error of this model.
+Phase = Literal["setup", "load", "init", "check", "timing", "build", "cleanup", "profile",
+                "work", "exact"]
 
 
 class TimingStats(BaseModel):
