@@ -524,21 +524,23 @@ def test_output_closed_under_a_run_ends_it_as_a_ctrl_c_does(
     its console marked quiet. The run then ends at once, its children ended and its temp
     folders removed (no wait on the builds in flight), with rich's exit status; any
     other SystemExit passes through untouched."""
-    from pike import cli
+    from pike.commands import interrupt
 
     ended: list[str] = []
-    monkeypatch.setattr(cli, "end_children_and_remove_own_dirs", lambda: ended.append("ended"))
-    monkeypatch.setattr(cli.os, "_exit", _exit_instead)
-    monkeypatch.setattr(cli.signal, "signal", lambda *a: None)  # this process's handlers stay
-    monkeypatch.setattr(cli.logging, "disable", lambda level: None)
-    monkeypatch.setattr(cli.err_console, "quiet", True)
-    with pytest.raises(_Exited) as exited, cli._resumable("pike bench --resume r", None):
+    monkeypatch.setattr(interrupt, "end_children_and_remove_own_dirs",
+                        lambda: ended.append("ended"))
+    monkeypatch.setattr(interrupt.os, "_exit", _exit_instead)
+    # this process's handlers stay
+    monkeypatch.setattr(interrupt.signal, "signal", lambda *a: None)
+    monkeypatch.setattr(interrupt.logging, "disable", lambda level: None)
+    monkeypatch.setattr(interrupt.err_console, "quiet", True)
+    with pytest.raises(_Exited) as exited, interrupt.resumable("pike bench --resume r", None):
         raise SystemExit(1)
     assert (exited.value.code, ended) == (1, ["ended"])
-    with pytest.raises(_Exited) as exited, cli._resumable("pike bench --resume r", None):
+    with pytest.raises(_Exited) as exited, interrupt.resumable("pike bench --resume r", None):
         raise KeyboardInterrupt
     assert (exited.value.code, ended) == (130, ["ended", "ended"])
-    monkeypatch.setattr(cli.err_console, "quiet", False)
-    with pytest.raises(SystemExit), cli._resumable("pike bench --resume r", None):
+    monkeypatch.setattr(interrupt.err_console, "quiet", False)
+    with pytest.raises(SystemExit), interrupt.resumable("pike bench --resume r", None):
         raise SystemExit(2)
     assert ended == ["ended", "ended"]
