@@ -24,7 +24,7 @@ from common import device_name, now, run_script, this_command
 
 from pike.config import EvalConfig
 from pike.evaluate import evaluate
-from pike.evaluate.driver import build_cache_root
+from pike.evaluate.child_launch import build_cache_root
 from pike.evaluate.os_sandbox import sandbox_status
 from pike.task import Task
 

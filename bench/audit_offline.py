@@ -31,7 +31,7 @@ from offline_set import rendered_best
 
 from pike.audit import audit, to_markdown
 from pike.config import EvalConfig, RunConfig
-from pike.evaluate.runner import import_file, trial_seed
+from pike.evaluate.child_setup import import_file, trial_seed
 from pike.task import Task
 
 # Appended to a rendered ModelNew: each subclasses it and spoils the result one way.

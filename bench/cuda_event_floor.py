@@ -1,5 +1,5 @@
 """The least time two CUDA events can read around a call: 20,000 pairs around nothing and
-around a view (no kernel). Backs the sample floor in pike.evaluate.driver (MIN_SAMPLE_MS):
+around a view (no kernel). Backs the sample floor in pike.evaluate.timing_window (MIN_SAMPLE_MS):
 an honest call never times at 0. Prints one line per case; run on the GPU host.
 
     python bench/cuda_event_floor.py

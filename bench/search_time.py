@@ -47,8 +47,8 @@ from common import RESULTS, alone_seconds, now, this_command, with_ext
 
 from pike.config import autotunes
 from pike.evaluate import device_holds, search_bar
-from pike.evaluate.driver import behind_bar
 from pike.evaluate.pool import POOL_STEPS
+from pike.evaluate.timing_window import behind_bar
 from pike.evaluate.verdict import Verdict
 from pike.store import BASELINE_STATE, DONE_STATE, RunStore
 
@@ -209,7 +209,7 @@ def behind_best(run_dir: Path, factor: float = 1.25, rank: int = 1) -> dict[str,
     before it (search.bar_rank; the rule decides after three rounds, on those rounds'
     fastest call, so this is close to what it cuts), their seconds in the window
     (`timing`), and the windows the rule did cut. The bar is kept as a search keeps it
-    (search_bar.py) and compared as the window compares it (driver.behind_bar)."""
+    (search_bar.py) and compared as the window compares it (timing_window.behind_bar)."""
     out = {"timed": 0, "timing_s": 0.0, "behind": 0, "behind_s": 0.0, "cut": 0,
            "factor": factor, "rank": rank}
     held: set[str] = set()

@@ -93,7 +93,8 @@ def summarize(mode: dict, serial: dict | None) -> dict:
                                     for s in {r["status"] for r in done}}.items())),
            "fixed_medians_ms": fixed, "fixed_cv": cv(fixed),
            "fixed_speedup_cv": cv(fixed_speedups),
-           # honest candidates whose times the parent's clock raised (driver.FIGURE_TOLERANCE)
+           # honest candidates whose times the parent's clock raised
+           # (wall_clock_check.FIGURE_TOLERANCE)
            "raised": [r["wall_clock_factor"] for r in done if r.get("wall_clock_factor")]}
     if serial is not None and not serial["complete"] and serial["evaluations_per_hour"] \
             and mode["workers"] > 1 and out["evaluations_per_hour"]:

@@ -8,11 +8,11 @@ wall-clock check's margin.
 The parent times each block of a candidate's calls from outside its process and subtracts
 the loop's own cost, which the trusted reference measures (`calibrate`), and a slack for
 scheduling. What is left, over what the candidate reported, is a block's *stretch*
-(`driver._stretch`): about 1 for honest timings, `1/f` for a candidate that reports `f` of
-its true time. A block counts as suspicious above the check's margin (`WALL_MARGIN`), and a
-window with more than half its blocks suspicious is judged forged unless the candidate's
-median stretch is within `CONTROL_FACTOR` of the reference's. The margin can only be tightened to where
-honest blocks, and the reference's, do not reach.
+(`wall_clock_check._stretch`): about 1 for honest timings, `1/f` for a candidate that
+reports `f` of its true time. A block counts as suspicious above the check's margin
+(`WALL_MARGIN`), and a window with more than half its blocks suspicious is judged forged
+unless the candidate's median stretch is within `CONTROL_FACTOR` of the reference's. The
+margin can only be tightened to where honest blocks, and the reference's, do not reach.
 
 For each task, `--repeats` evaluations of
 
@@ -49,7 +49,7 @@ import torch
 from common import RESULTS, device_name, notes_section, now, run_script, this_command
 
 from pike.config import EvalConfig
-from pike.evaluate import driver, evaluate, judge
+from pike.evaluate import evaluate, judge, wall_clock_check
 from pike.evaluate.reference import close_references
 from pike.task import Task
 
@@ -85,8 +85,8 @@ def judged_once(task: Task, source: str, cfg: EvalConfig) -> dict:
     real = judge.unaccounted_wall_time
 
     def spy(cost, judged, reference, strict=False):  # type: ignore[no-untyped-def]
-        seen.append({"candidate": driver.block_stretches(cost, judged),
-                     "reference": driver.block_stretches(cost, reference),
+        seen.append({"candidate": wall_clock_check.block_stretches(cost, judged),
+                     "reference": wall_clock_check.block_stretches(cost, reference),
                      "loop_per_block_ms": cost.per_block_s * 1e3,
                      "loop_per_call_us": cost.per_call_s * 1e6, "strict": strict})
         return real(cost, judged, reference, strict)
@@ -166,10 +166,10 @@ def markdown(result: dict) -> str:
         f"- threads of the judging process kept busy in pure Python meanwhile: "
         f"{result.get('busy_threads', 0)}",
         f"- repeats per candidate: {result['repeats']}; the check's margin now: a block is "
-        f"suspicious when its stretch exceeds {driver.WALL_MARGIN:g}, and a mostly "
-        f"suspicious window is forged past {driver.CONTROL_FACTOR:g}x the reference's; "
+        f"suspicious when its stretch exceeds {wall_clock_check.WALL_MARGIN:g}, and a mostly "
+        f"suspicious window is forged past {wall_clock_check.CONTROL_FACTOR:g}x the reference's; "
         f"below that, a figure is raised where the median stretch exceeds "
-        f"{driver.FIGURE_TOLERANCE:g}x the reference's",
+        f"{wall_clock_check.FIGURE_TOLERANCE:g}x the reference's",
         "",
         "| task | candidate | verdicts | candidate stretch p50 / p90 / p99 / max (n) "
         "| reference stretch p50 / p90 / p99 / max | speedups | times raised by |",

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pike.evaluate import driver
+from pike.evaluate import timing_window
 from pike.evaluate.sandbox import ChildProcess
 
 
@@ -22,9 +22,10 @@ def _block_wall(monkeypatch: pytest.MonkeyPatch, arrived_after_start: bool) -> f
         time.sleep(0.2)  # the parent's thread busy elsewhere before it reads the answer
         return {"samples": [1.0, 1.0]}
 
-    monkeypatch.setattr(driver, "request", request)
-    timer = driver.Timer(child=child, mode="candidate", warmed=True)  # type: ignore[arg-type]
-    driver._time_one_block(timer, min_calls=2, min_seconds=0.0, max_calls=2)
+    monkeypatch.setattr(timing_window, "request", request)
+    timer = timing_window.Timer(child=child, mode="candidate",  # type: ignore[arg-type]
+                                warmed=True)
+    timing_window._time_one_block(timer, min_calls=2, min_seconds=0.0, max_calls=2)
     return timer.blocks[-1][0]
 
 

@@ -13,8 +13,8 @@ import torch
 
 from pike.config import EvalConfig, TimingConfig
 from pike.evaluate import judge, reference
+from pike.evaluate.child_setup import Failure, _build_model
 from pike.evaluate.protocol import ChildRequest
-from pike.evaluate.runner import Failure, _build_model
 from pike.task import Task
 
 
@@ -93,18 +93,18 @@ class ReadsItsValues(torch.nn.Module):
 
 def test_auto_builds_on_the_gpu_only_where_weights_and_buffers_reach_the_bound(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from pike.evaluate import runner
-    monkeypatch.setattr(runner, "BUILD_ON_DEVICE_BYTES", 1000)
+    from pike.evaluate import child_setup
+    monkeypatch.setattr(child_setup, "BUILD_ON_DEVICE_BYTES", 1000)
     gpu = torch.device("meta")  # any device that is not the CPU
     # 200 fp32 weights and 100 fp16 buffer values: 1,000 bytes, counted without memory
-    assert runner.resolve_construct_on("auto", Wide, [200], gpu) == "device"
-    assert runner.resolve_construct_on("auto", Wide, [199], gpu) == "cpu"
-    assert runner.resolve_construct_on("auto", Wide, [200], torch.device("cpu")) == "cpu"
+    assert child_setup.resolve_construct_on("auto", Wide, [200], gpu) == "device"
+    assert child_setup.resolve_construct_on("auto", Wide, [199], gpu) == "cpu"
+    assert child_setup.resolve_construct_on("auto", Wide, [200], torch.device("cpu")) == "cpu"
     # what the meta device cannot build is built as KernelBench builds it
-    assert runner.resolve_construct_on("auto", ReadsItsValues, [10_000], gpu) == "cpu"
-    assert runner.resolve_construct_on("auto", int, [5], gpu) == "cpu"  # not a module
+    assert child_setup.resolve_construct_on("auto", ReadsItsValues, [10_000], gpu) == "cpu"
+    assert child_setup.resolve_construct_on("auto", int, [5], gpu) == "cpu"  # not a module
     for chosen in ("cpu", "device"):  # said outright, it stands
-        assert runner.resolve_construct_on(chosen, Wide, [10], gpu) == chosen
+        assert child_setup.resolve_construct_on(chosen, Wide, [10], gpu) == chosen
     assert torch.empty(1).device.type == "cpu"  # the default device is given back
 
 
@@ -142,13 +142,13 @@ class Meddles(torch.nn.Module):
 
 def test_the_count_leaves_no_trace_and_tells_lazy_modules_apart(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from pike.evaluate import runner
-    monkeypatch.setattr(runner, "BUILD_ON_DEVICE_BYTES", 1000)
+    from pike.evaluate import child_setup
+    monkeypatch.setattr(child_setup, "BUILD_ON_DEVICE_BYTES", 1000)
     gpu = torch.device("meta")
-    assert runner.resolve_construct_on("auto", Lazy, [], gpu) == "cpu"
+    assert child_setup.resolve_construct_on("auto", Lazy, [], gpu) == "cpu"
     sizes = [500]
     try:
-        assert runner.resolve_construct_on("auto", Meddles, [sizes], gpu) == "device"
+        assert child_setup.resolve_construct_on("auto", Meddles, [sizes], gpu) == "device"
         assert sizes == [500]  # its own copy of the arguments
         assert torch.get_default_dtype() == torch.float32  # the default put back
     finally:

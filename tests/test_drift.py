@@ -10,7 +10,7 @@ import pytest
 
 from pike.config import EvalConfig
 from pike.evaluate import judge
-from pike.evaluate.driver import Timer, time_interleaved
+from pike.evaluate.timing_window import Timer, time_interleaved
 from pike.evaluate.verdict import TimingStats, Verdict
 from pike.store import RunStore
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from pike.evaluate import check, leftovers, runner
+from pike.evaluate import check, child_setup, leftovers
 from pike.evaluate.protocol import ChildRequest
 
 
@@ -60,15 +60,15 @@ def test_inputs_drawn_on_the_device_fall_back_to_the_host_where_they_cannot_be()
 
     module = types.SimpleNamespace(get_inputs=get_inputs)
     request: ChildRequest = types.SimpleNamespace(module_path="task.py")  # type: ignore[assignment]
-    drawn = runner._draw_inputs(module, request, 7, torch.device("meta"))
-    again = runner._draw_inputs(module, request, 7)
+    drawn = child_setup._draw_inputs(module, request, 7, torch.device("meta"))
+    again = child_setup._draw_inputs(module, request, 7)
     assert drawn[0].device.type == "cpu" and torch.equal(drawn[0], again[0])
 
     def on_any_device() -> list[torch.Tensor]:
         return [torch.rand(4, 3)]
 
     module.get_inputs = on_any_device
-    assert runner._draw_inputs(module, request, 7, torch.device("meta"))[0].is_meta
+    assert child_setup._draw_inputs(module, request, 7, torch.device("meta"))[0].is_meta
 
 
 @pytest.fixture

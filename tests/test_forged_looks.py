@@ -56,7 +56,7 @@ def test_timings_flagged_in_every_window_are_rejected(
 
 def test_a_flipped_window_starts_with_the_last_timer() -> None:
     from pike.config import TimingConfig
-    from pike.evaluate import driver
+    from pike.evaluate import timing_window
 
     order: list[str] = []
 
@@ -64,17 +64,17 @@ def test_a_flipped_window_starts_with_the_last_timer() -> None:
         def __init__(self, mode: str) -> None:
             self.mode, self.stopped, self.failure, self.gave_up_after = mode, False, None, None
 
-    original = driver._time_one_block
+    original = timing_window._time_one_block
     try:
-        driver._time_one_block = lambda timer, **_: order.append(timer.mode)  # type: ignore
+        timing_window._time_one_block = lambda timer, **_: order.append(timer.mode)  # type: ignore
         cfg = TimingConfig(rounds=4)
-        driver.time_interleaved([Fake("eager"), Fake("candidate")], cfg)  # type: ignore
+        timing_window.time_interleaved([Fake("eager"), Fake("candidate")], cfg)  # type: ignore
         assert order == ["eager", "candidate", "candidate", "eager"] * 2
         order.clear()
-        driver.time_interleaved([Fake("eager"), Fake("candidate")], cfg, flipped=True)  # type: ignore
+        timing_window.time_interleaved([Fake("eager"), Fake("candidate")], cfg, flipped=True)  # type: ignore
         assert order == ["candidate", "eager", "eager", "candidate"] * 2
     finally:
-        driver._time_one_block = original
+        timing_window._time_one_block = original
 
 
 def test_a_kept_loop_cost_is_returned_without_taking_the_device_and_renewed_per_child(

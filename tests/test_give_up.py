@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pike.config import EvalConfig, SearchConfig, TimingConfig
-from pike.evaluate import driver, evaluate
+from pike.evaluate import evaluate, timing_window
 from pike.evaluate.check import REUSE_MIN_SAMPLES
-from pike.evaluate.driver import GIVE_UP_AFTER_ROUNDS, Timer, time_interleaved
+from pike.evaluate.timing_window import GIVE_UP_AFTER_ROUNDS, Timer, time_interleaved
 from pike.evaluate.verdict import TimingStats, Verdict
 from pike.search.offline import OfflineSearch
 from pike.search.session import confirm_candidates
@@ -31,7 +31,7 @@ def _fake_blocks(monkeypatch: pytest.MonkeyPatch, per_call_ms: dict[str, Iterato
         ran.append(timer.mode)
         timer.samples.extend(next(per_call_ms[timer.mode]) for _ in range(calls))
 
-    monkeypatch.setattr(driver, "_time_one_block", one_block)
+    monkeypatch.setattr(timing_window, "_time_one_block", one_block)
     return ran
 
 

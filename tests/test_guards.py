@@ -117,7 +117,8 @@ def test_under_reporting_below_the_margin_is_held_to_the_parents_clock(
 
 
 def test_the_wall_clock_factor_raises_only_what_the_clock_cannot_account_for() -> None:
-    from pike.evaluate.driver import FIGURE_TOLERANCE, LoopCost, Timer, wall_clock_factor
+    from pike.evaluate.timing_window import Timer
+    from pike.evaluate.wall_clock_check import FIGURE_TOLERANCE, LoopCost, wall_clock_factor
 
     cost = LoopCost(per_block_s=0.0, per_call_s=0.0)
 
@@ -141,10 +142,10 @@ def test_forged_samples_behind_honest_block_sums_are_held_to_the_clock() -> None
     and three calls, every sample but each block's last rewritten to a microsecond, so the
     blocks' sums stay near the truth (few blocks over the margin) while most samples, and
     so the median the figure is taken from, are forged."""
-    from pike.evaluate.driver import (
+    from pike.evaluate.timing_window import Timer
+    from pike.evaluate.wall_clock_check import (
         MEDIAN_TOLERANCE,
         LoopCost,
-        Timer,
         unaccounted_wall_time,
         wall_clock_factor,
     )
@@ -194,7 +195,8 @@ def test_zero_samples_are_refused_as_forged_where_they_arrive() -> None:
     than half of all samples 0 and fewer than half of the blocks over the margin, the
     median was 0: wall_clock_factor returned inf and the raised samples became nan."""
     from pike.config import TimingConfig
-    from pike.evaluate.driver import LoopCost, Timer, time_interleaved, wall_clock_factor
+    from pike.evaluate.timing_window import Timer, time_interleaved
+    from pike.evaluate.wall_clock_check import LoopCost, wall_clock_factor
 
     true_ms = 10.0
     forged = [[0.0, 0.0, true_ms]] * 9 + [[0.0, true_ms]] * 11  # 29 of 49 samples are 0
@@ -383,7 +385,8 @@ def test_the_shared_trial_inputs_are_read_only(mlp_task: Task, fast_config: Eval
 
 
 def test_the_wall_clock_check_tells_forged_timings_from_an_overloaded_host() -> None:
-    from pike.evaluate.driver import LoopCost, Timer, unaccounted_wall_time
+    from pike.evaluate.timing_window import Timer
+    from pike.evaluate.wall_clock_check import LoopCost, unaccounted_wall_time
 
     cost = LoopCost(per_block_s=0.001, per_call_s=0.0001)
     honest = [(0.012, [1.0] * 10)] * 4  # 10 ms reported in 12 ms of wall time
@@ -438,7 +441,8 @@ def test_a_load_of_milliseconds_per_block_is_not_taken_for_forged_microsecond_ca
     -0.67 (it read -1.77 in CI), so its ratio allowed the candidate nothing beyond 2, and
     the candidate's blocks, 0.6 ms longer, read 4.3. Against the reference's load in
     seconds the candidate is within the margin; a forger beside the same reference is not."""
-    from pike.evaluate.driver import LoopCost, Timer, unaccounted_wall_time
+    from pike.evaluate.timing_window import Timer
+    from pike.evaluate.wall_clock_check import LoopCost, unaccounted_wall_time
 
     cost = LoopCost(per_block_s=0.001, per_call_s=0.0001)
     samples = [0.02] * 5  # ms; with the untimed first call, 0.12 ms reported a block

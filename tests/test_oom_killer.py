@@ -48,7 +48,7 @@ def test_the_child_setup_raises_the_childs_score_and_leaves_the_parents() -> Non
 @linux
 def test_candidates_and_references_start_first_in_line_candidates_before_references(
         mlp_task: Task, fast_config: EvalConfig) -> None:
-    from pike.evaluate.driver import launch_child
+    from pike.evaluate.child_launch import launch_child
     from pike.evaluate.judge import candidate_folders, fill_candidate
     from pike.evaluate.leftovers import make_temp_dir, remove_tree
 

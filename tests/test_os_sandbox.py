@@ -14,7 +14,7 @@ from pike.config import EvalConfig
 from pike.errors import EvaluatorError
 from pike.evaluate import evaluate, os_sandbox
 from pike.evaluate.child_environment import child_environment, passed_to_child
-from pike.evaluate.driver import build_cache_root
+from pike.evaluate.child_launch import build_cache_root
 from pike.evaluate.redact import MASK, mask_text
 from pike.task import Task
 from tests.conftest import candidate

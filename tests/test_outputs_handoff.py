@@ -187,7 +187,8 @@ def test_the_child_may_write_its_next_trial_before_this_one_is_compared(
 
 
 def test_a_child_told_anything_but_taken_stops_its_trials() -> None:
-    from pike.evaluate.runner import Failure, _wait_taken
+    from pike.evaluate.candidate_role import _wait_taken
+    from pike.evaluate.child_setup import Failure
 
     class Chan:
         def __init__(self, reply: Any) -> None:

@@ -625,8 +625,8 @@ def test_a_mode_that_takes_the_shared_child_down_mid_window_is_the_one_blamed(
     In a reversed round (ABBA) eager came after the culprit and was marked too, and the
     whole task became an error; the window now stops at the first failed block."""
     from pike.config import TimingConfig
-    from pike.evaluate import driver
-    from pike.evaluate.driver import Timer, time_interleaved
+    from pike.evaluate import timing_window
+    from pike.evaluate.timing_window import Timer, time_interleaved
     from pike.evaluate.verdict import Verdict
 
     dead: list[bool] = []
@@ -638,7 +638,7 @@ def test_a_mode_that_takes_the_shared_child_down_mid_window_is_the_one_blamed(
             return
         timer.samples.append(1.0)
 
-    monkeypatch.setattr(driver, "_time_one_block", block)
+    monkeypatch.setattr(timing_window, "_time_one_block", block)
     for stop, blamed in ((False, ["eager", "compile:default"]), (True, ["compile:default"])):
         dead.clear()
         timers = [Timer(None, "eager"), Timer(None, "compile:default")]  # type: ignore[arg-type]

@@ -149,7 +149,7 @@ def test_the_references_wait_for_memory_is_counted_once(
     (task,) = _tasks(tmp_path, "1_A")
 
     def start(task: Task, cfg: EvalConfig, device: str, keep_child: bool) -> Any:
-        current().add("wait_for_memory", 30.0)  # as driver.wait_for_room records it
+        current().add("wait_for_memory", 30.0)  # as child_launch.wait_for_room records it
         current().add("launch_child", 1.0)
         return _run()
 

@@ -1,6 +1,6 @@
 """A candidate far behind its search's best gets a few rounds of a timing window, not all
 of them: on an H200 level2 bench the searches' windows stood every other evaluation still
-for 45% of its time (search_bar.py, driver.time_interleaved)."""
+for 45% of its time (search_bar.py, timing_window.time_interleaved)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from pike.config import EvalConfig, TimingConfig
-from pike.evaluate import driver, evaluate, search_bar
-from pike.evaluate.driver import GIVE_UP_AFTER_ROUNDS, Timer, time_interleaved
+from pike.evaluate import evaluate, search_bar, timing_window
+from pike.evaluate.timing_window import GIVE_UP_AFTER_ROUNDS, Timer, time_interleaved
 from pike.evaluate.verdict import TimingStats, Verdict
 from pike.search.offline import OfflineSearch
 from pike.store import RunStore
@@ -31,7 +31,7 @@ def _blocks(monkeypatch: pytest.MonkeyPatch, eager_ms: float, candidate_ms: floa
         ran.append(timer.mode)
         timer.samples.extend([eager_ms if timer.mode == "eager" else candidate_ms] * 4)
 
-    monkeypatch.setattr(driver, "_time_one_block", one_block)
+    monkeypatch.setattr(timing_window, "_time_one_block", one_block)
     return ran
 
 

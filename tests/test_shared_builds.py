@@ -13,7 +13,7 @@ from pike.agents.offline import render
 from pike.config import EvalConfig
 from pike.evaluate import evaluate, shared_builds
 from pike.evaluate.baseline import measure_baselines
-from pike.evaluate.driver import build_cache_root
+from pike.evaluate.child_launch import build_cache_root
 from pike.evaluate.shared_builds import share_reference_builds
 from pike.task import Task
 

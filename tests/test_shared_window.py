@@ -14,11 +14,11 @@ import psutil
 import pytest
 
 from pike.config import EvalConfig, TimingConfig
-from pike.evaluate import driver, judge, shared_window
+from pike.evaluate import judge, shared_window, timing_window
 from pike.evaluate import reference as reference_module
-from pike.evaluate.driver import GIVE_UP_AFTER_ROUNDS, Timer, time_interleaved
 from pike.evaluate.pool import LocalPool
 from pike.evaluate.shared_window import WindowQueue
+from pike.evaluate.timing_window import GIVE_UP_AFTER_ROUNDS, Timer, time_interleaved
 from pike.evaluate.verdict import Verdict
 from pike.task import Task
 from tests.conftest import candidate
@@ -42,7 +42,7 @@ def _fake_blocks(monkeypatch: pytest.MonkeyPatch, per_call_ms: dict[str, Iterato
             return
         timer.samples.extend(next(per_call_ms[timer.mode]) for _ in range(4))
 
-    monkeypatch.setattr(driver, "_time_one_block", one_block)
+    monkeypatch.setattr(timing_window, "_time_one_block", one_block)
     return ran
 
 
@@ -100,7 +100,7 @@ def test_an_answer_that_makes_the_leader_raise_fails_only_its_candidate(
             raise TypeError("'int' object is not iterable")
         timer.samples.extend([1.0] * 4)
 
-    monkeypatch.setattr(driver, "_time_one_block", one_block)
+    monkeypatch.setattr(timing_window, "_time_one_block", one_block)
     timers = [Timer(child=Child(), mode=m)  # type: ignore[arg-type]
               for m in ("eager", "garbled", "honest")]
     time_interleaved(timers, TimingConfig(rounds=6), each=True)
@@ -108,21 +108,21 @@ def test_an_answer_that_makes_the_leader_raise_fails_only_its_candidate(
     assert "could not read" in timers[1].failure.message and timers[1].child.unresponsive
     assert ran.count("honest") == ran.count("eager") == 6 and ran.count("garbled") == 1
     # eager's own trouble is the window's: it is raised
-    monkeypatch.setattr(driver, "_time_one_block",
+    monkeypatch.setattr(timing_window, "_time_one_block",
                         lambda timer, **_: (_ for _ in ()).throw(RuntimeError("evaluator")))
     with pytest.raises(RuntimeError):
         time_interleaved(_timers("eager", "honest"), TimingConfig(rounds=2), each=True)
 
 
 def test_probe_calls_that_are_no_list_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(driver, "request", lambda *a, **k: {
+    monkeypatch.setattr(timing_window, "request", lambda *a, **k: {
         "samples": [1.0, 1.0, 1.0], "probe_calls": 5})
     class Child:
         line_ready_at = 0.0
         timed_calls = probes_timed = 0  # as ChildProcess counts them
 
     timer = Timer(child=Child(), mode="candidate", warmed=True)  # type: ignore[arg-type]
-    driver._time_one_block(timer, min_calls=3, min_seconds=0.0, max_calls=3)
+    timing_window._time_one_block(timer, min_calls=3, min_seconds=0.0, max_calls=3)
     assert timer.samples == [1.0, 1.0, 1.0] and timer.probe_samples == []
 
 
@@ -135,7 +135,7 @@ def test_a_candidates_probe_counts_only_with_a_probe_sets_sample(
         monkeypatch: pytest.MonkeyPatch, probes: list[int], sets: list[int], kept: bool) -> None:
     """The list of probe calls is the child's word; the sample of a probe set's outputs
     (checked against the reference's answers for that set) is the evidence."""
-    monkeypatch.setattr(driver, "request", lambda *a, **k: {
+    monkeypatch.setattr(timing_window, "request", lambda *a, **k: {
         "samples": [1.0, 2.0, 3.0], "probe_calls": probes,
         "outputs": [{"call": i, "set": k, "leaves": []} for i, k in enumerate(sets)]})
 
@@ -145,7 +145,7 @@ def test_a_candidates_probe_counts_only_with_a_probe_sets_sample(
         request = SimpleNamespace(input_sets=2)  # sets 0 and 1 rotate; 2 on are probes
 
     timer = Timer(child=Child(), mode="candidate", warmed=True)  # type: ignore[arg-type]
-    driver._time_one_block(timer, min_calls=3, min_seconds=0.0, max_calls=3)
+    timing_window._time_one_block(timer, min_calls=3, min_seconds=0.0, max_calls=3)
     if kept:
         assert timer.failure is None and timer.probe_samples == [2.0]
         assert timer.child.probes_timed == 1
@@ -154,7 +154,7 @@ def test_a_candidates_probe_counts_only_with_a_probe_sets_sample(
         assert "records were rewritten" in timer.failure.message
         assert timer.samples == [] and timer.child.probes_timed == 0
     eager = Timer(child=Child(), mode="eager", warmed=True)  # type: ignore[arg-type]
-    driver._time_one_block(eager, min_calls=3, min_seconds=0.0, max_calls=3)
+    timing_window._time_one_block(eager, min_calls=3, min_seconds=0.0, max_calls=3)
     assert eager.failure is None  # the reference's child runs no candidate code
 
 

@@ -128,7 +128,7 @@ def test_a_childs_build_folder_is_named_as_the_child_sees_it(
     """Filled before its launch (a confirming window's candidates) or after (a spare), the
     build folder in the request is the child's view of the shared cache: in the OS sandbox
     a host path there would be outside every folder it may write to."""
-    from pike.evaluate.driver import build_cache_root, launch_child
+    from pike.evaluate.child_launch import build_cache_root, launch_child
     from pike.evaluate.judge import candidate_folders, fill_candidate
     from pike.evaluate.leftovers import make_temp_dir, remove_tree
 

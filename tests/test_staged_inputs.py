@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pike.config import TimingConfig
-from pike.evaluate import runner
+from pike.evaluate import candidate_role, child_serving, child_setup, reference_role
 from pike.evaluate.leaf_files import write_leaves
 from pike.evaluate.protocol import ChildRequest
 
@@ -40,12 +40,12 @@ def test_each_trials_inputs_are_loaded_only_when_the_last_are_done_with(
         write_leaves([torch.full((4,), float(trial))], tmp_path / f"inputs_{trial}.pt")
     req = request(tmp_path)
     loaded: list[str] = []
-    read = runner.read_leaves
-    monkeypatch.setattr(runner, "read_leaves",
+    read = child_setup.read_leaves
+    monkeypatch.setattr(child_setup, "read_leaves",
                         lambda path, **kw: loaded.append(path.name) or read(path, **kw))
     parent = Parent()
     names = [f"inputs_{t}" for t in range(3)]
-    sets = runner._staged_one_by_one(parent, req, torch.device("cpu"), "check", names)  # type: ignore[arg-type]
+    sets = candidate_role._staged_one_by_one(parent, req, torch.device("cpu"), "check", names)  # type: ignore[arg-type]
     first = next(sets)
     assert parent.sent == [{"event": "stage", "phase": "check"}]
     assert loaded == ["inputs_0.pt"] and float(first[0][0]) == 0.0
@@ -59,8 +59,8 @@ def test_a_stage_the_parent_refuses_fails_before_anything_is_loaded(tmp_path: Pa
             return {"event": "refused"}
 
     req = request(tmp_path)
-    with pytest.raises(runner.Failure, match="did not stage the check inputs"):
-        runner._staged_inputs(Refusing(), req, torch.device("cpu"), "check", ["inputs_0"])  # type: ignore[arg-type]
+    with pytest.raises(child_setup.Failure, match="did not stage the check inputs"):
+        candidate_role._staged_inputs(Refusing(), req, torch.device("cpu"), "check", ["inputs_0"])  # type: ignore[arg-type]
 
 
 def test_a_set_the_check_is_done_with_is_freed_before_the_next_is_loaded(
@@ -70,16 +70,16 @@ def test_a_set_the_check_is_done_with_is_freed_before_the_next_is_loaded(
         write_leaves([torch.full((4,), float(trial))], tmp_path / f"inputs_{trial}.pt")
     kept: list[weakref.ref] = []
     alive_at_load: list[list[bool]] = []
-    read = runner.read_leaves
+    read = child_setup.read_leaves
 
     def reading(path: Path, **kw: Any) -> list[Any]:
         alive_at_load.append([r() is not None for r in kept])
         return read(path, **kw)
 
-    monkeypatch.setattr(runner, "read_leaves", reading)
+    monkeypatch.setattr(child_setup, "read_leaves", reading)
     names = [f"inputs_{t}" for t in range(3)]
-    for inputs in runner._staged_one_by_one(Parent(), request(tmp_path),  # type: ignore[arg-type]
-                                            torch.device("cpu"), "check", names):
+    for inputs in candidate_role._staged_one_by_one(Parent(), request(tmp_path),  # type: ignore[arg-type]
+                                                    torch.device("cpu"), "check", names):
         kept.append(weakref.ref(inputs[0]))
         del inputs  # as the check does after its call
     assert alive_at_load == [[], [False], [False, False]]
@@ -96,15 +96,16 @@ def test_the_references_check_reads_each_trials_inputs_back_one_set_at_a_time(
     pool = [[torch.full((4,), 10.0 + k)] for k in range(2)]
     kept: list[weakref.ref] = []
     alive_at_load: list[list[bool]] = []
-    read = runner.read_leaves
+    read = child_setup.read_leaves
 
     def reading(path: Path, **kw: Any) -> list[Any]:
         alive_at_load.append([r() is not None for r in kept])
         return read(path, **kw)
 
-    monkeypatch.setattr(runner, "read_leaves", reading)
+    monkeypatch.setattr(child_setup, "read_leaves", reading)
     seen = []
-    for name, inputs in runner._reference_check_inputs(tmp_path, 3, pool, torch.device("cpu")):
+    for name, inputs in reference_role._reference_check_inputs(tmp_path, 3, pool,
+                                                               torch.device("cpu")):
         seen.append((name, float(inputs[0][0])))
         kept.append(weakref.ref(inputs[0]))
         del inputs  # as the reference does after its forward
@@ -145,8 +146,8 @@ def test_timed_inputs_staged_before_the_window_are_not_loaded_again_in_it(
         raise AssertionError(f"{mode} failed: {exc}")
 
     chan = Script({"event": "stage_timed_inputs", "mode": "candidate", "seq": "a"}, _BLOCK)
-    runner._serve_timing(request(tmp_path), chan, torch.device("cpu"),  # type: ignore[arg-type]
-                         make_call, failed)
+    child_serving._serve_timing(request(tmp_path), chan, torch.device("cpu"),  # type: ignore[arg-type]
+                                make_call, failed)
     assert made == ["candidate"]
     assert [(m["event"], m["seq"]) for m in chan.sent] == [
         ("timed_inputs_staged", "a"), ("timed", "b")]
@@ -162,18 +163,18 @@ def test_timed_inputs_that_do_not_load_end_a_candidate_as_a_block_would(
         pass
 
     def failed(mode: str, exc: BaseException, seq: object) -> None:
-        raise Ended(str(exc))  # a candidate's: runner.Failure, which ends its child
+        raise Ended(str(exc))  # a candidate's: child_setup.Failure, which ends its child
 
     chan = Script({"event": "stage_timed_inputs", "mode": "candidate", "seq": "a"}, _BLOCK)
     with pytest.raises(Ended, match="out of memory"):
-        runner._serve_timing(request(tmp_path), chan, torch.device("cpu"),  # type: ignore[arg-type]
-                             make_call, failed)
+        child_serving._serve_timing(request(tmp_path), chan, torch.device("cpu"),  # type: ignore[arg-type]
+                                    make_call, failed)
     assert chan.sent == []
     # a child that reports a mode's failure and goes on (the reference's) answers with it
     reported: list[str] = []
     chan = Script({"event": "stage_timed_inputs", "mode": "candidate", "seq": "a"})
-    runner._serve_timing(request(tmp_path), chan, torch.device("cpu"),  # type: ignore[arg-type]
-                         make_call, lambda mode, exc, seq: reported.append(mode))
+    child_serving._serve_timing(request(tmp_path), chan, torch.device("cpu"),  # type: ignore[arg-type]
+                                make_call, lambda mode, exc, seq: reported.append(mode))
     assert reported == ["candidate"]
     assert chan.sent[-1]["event"] == "timed_inputs_staged"
     assert "out of memory" in chan.sent[-1]["error"]

@@ -14,7 +14,7 @@ from pike.errors import TaskError
 from pike.evaluate import device_holds
 from pike.evaluate.cores import build_cores, timing_cores
 from pike.evaluate.device_lock import hold
-from pike.evaluate.driver import Timer, request, time_interleaved
+from pike.evaluate.driver import request
 from pike.evaluate.judge import as_eval_config, resolve_device
 from pike.evaluate.pool import one_line
 from pike.evaluate.reference import (  # the wait: a baseline's second pass waits as a reference's
@@ -26,6 +26,7 @@ from pike.evaluate.reference import (  # the wait: a baseline's second pass wait
     run_reference,
 )
 from pike.evaluate.shared_builds import share_reference_builds
+from pike.evaluate.timing_window import Timer, time_interleaved
 from pike.evaluate.verdict import TimingStats, Verdict, says_out_of_memory
 from pike.floor import Floor, Work, floor, no_floor_reason
 from pike.task import Task

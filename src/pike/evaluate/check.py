@@ -329,5 +329,5 @@ WITHHELD_MIN_CALLS = 94
 
 _REUSE_RATIO, _REUSE_SLACK_MS = 3.0, 0.05
 # timed calls the reuse check needs; a window never gives up on a candidate before it has
-# them (driver.time_interleaved), so a memo that looks slow while it fills is still caught
+# them (timing_window.time_interleaved), so a memo that looks slow while it fills is still caught
 REUSE_MIN_SAMPLES = 8

@@ -21,23 +21,10 @@ from pydantic import BaseModel
 
 from pike.config import EvalConfig
 from pike.evaluate import device_holds
+from pike.evaluate.child_launch import begin_child, launch_child, list_for_timers, wait_for_room
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import hold, hold_for_build
-from pike.evaluate.driver import (
-    ChildReport,
-    Timer,
-    begin_child,
-    finish,
-    launch_child,
-    list_for_timers,
-    run_trials,
-    stage_timed_inputs,
-    time_interleaved,
-    unaccounted_wall_time,
-    wait_for_room,
-    wait_ready,
-    wall_clock_factor,
-)
+from pike.evaluate.driver import ChildReport, finish, run_trials, stage_timed_inputs, wait_ready
 from pike.evaluate.judge import (
     candidate_files,
     judged_trials,
@@ -48,8 +35,10 @@ from pike.evaluate.judge import (
 from pike.evaluate.leftovers import make_temp_dir, remove_tree
 from pike.evaluate.reference import ReferenceRun, run_reference
 from pike.evaluate.sandbox import ChildProcess
+from pike.evaluate.timing_window import Timer, time_interleaved
 from pike.evaluate.trial_comparison import compare_device
 from pike.evaluate.verdict import Verdict
+from pike.evaluate.wall_clock_check import unaccounted_wall_time, wall_clock_factor
 from pike.task import Task
 
 

@@ -57,7 +57,7 @@ def lock_dir() -> Path:
 
 
 def _key(device: str) -> str:
-    # The physical GPU, as the child will see it (driver.py maps the same way).
+    # The physical GPU, as the child will see it (child_launch.py maps the same way).
     index = int(device.partition(":")[2] or 0)
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     physical = visible[index] if index < len(visible) else str(index)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pike.config import EvalConfig
-from pike.evaluate.driver import FIGURE_TOLERANCE, WALL_MARGIN, ChildReport, Timer
+from pike.evaluate.driver import ChildReport
 from pike.evaluate.network_namespace import network_isolation
 from pike.evaluate.os_sandbox import sandbox_status
 from pike.evaluate.sandbox import ChildProcess
+from pike.evaluate.timing_window import Timer
 from pike.evaluate.verdict import Verdict
+from pike.evaluate.wall_clock_check import FIGURE_TOLERANCE, WALL_MARGIN
 
 
 def explain_guards(cfg: EvalConfig, report: ChildReport, correctness: Verdict | None,

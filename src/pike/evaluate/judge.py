@@ -27,6 +27,13 @@ from pike.config import EvalConfig, RunConfig
 from pike.errors import EvaluatorError
 from pike.evaluate import check, device_holds, own_rounding, search_bar, spares
 from pike.evaluate.child_environment import passed_to_child
+from pike.evaluate.child_launch import (
+    begin_child,
+    build_cache_root,
+    launch_child,
+    list_for_timers,
+    wait_for_room,
+)
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import (
     hold,
@@ -35,20 +42,11 @@ from pike.evaluate.device_lock import (
 )
 from pike.evaluate.driver import (
     ChildReport,
-    Timer,
-    begin_child,
-    build_cache_root,
     finish,
-    launch_child,
-    list_for_timers,
     request,
     run_trials,
     stage_timed_inputs,
-    time_interleaved,
-    unaccounted_wall_time,
-    wait_for_room,
     wait_ready,
-    wall_clock_factor,
 )
 from pike.evaluate.explain import explain_guards
 from pike.evaluate.leftovers import (
@@ -75,6 +73,7 @@ from pike.evaluate.shared_window import timed_together
 from pike.evaluate.staging import InputStage
 from pike.evaluate.steps import current as current_steps
 from pike.evaluate.steps import measuring, span
+from pike.evaluate.timing_window import Timer, time_interleaved
 from pike.evaluate.trial_comparison import (
     TrialComparison,
     compare_device,
@@ -85,6 +84,7 @@ from pike.evaluate.trial_comparison import (
     release_compare_memory,
 )
 from pike.evaluate.verdict import TimingStats, Verdict
+from pike.evaluate.wall_clock_check import unaccounted_wall_time, wall_clock_factor
 from pike.floor import Work, floor, times_floor
 from pike.task import Task
 
@@ -698,7 +698,7 @@ def _candidate_verdict(report: ChildReport, correctness: Verdict | None,
 
 def _attach_timings(verdict: Verdict, timers: list[Timer], raised: float = 1.0) -> None:
     """The window's figures; the candidate's times multiplied by `raised` where its blocks
-    took longer by the parent's clock than it reported (driver.wall_clock_factor)."""
+    took longer by the parent's clock than it reported (wall_clock_check.wall_clock_factor)."""
     if not timers:
         return
     reference, candidate = timers

@@ -33,8 +33,8 @@ import psutil
 
 from pike.config import EvalConfig
 from pike.evaluate.child_environment import child_environment, make_child_dirs
+from pike.evaluate.child_launch import build_cache_root
 from pike.evaluate.child_start import SPAWNER, child_setup
-from pike.evaluate.driver import build_cache_root
 from pike.evaluate.leftovers import make_temp_dir
 from pike.evaluate.ncu_target import NVTX_RANGE
 from pike.evaluate.network_namespace import network_prefix

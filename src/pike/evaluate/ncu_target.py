@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pike.evaluate.runner import built_on, import_file, resolve_construct_on, trial_seed
+    from pike.evaluate.child_setup import built_on, import_file, resolve_construct_on, trial_seed
 
     # Two modules, as in the evaluator: a candidate never sees the reference's namespace.
     task = import_file(args.task, "pike_ncu_task")

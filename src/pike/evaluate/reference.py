@@ -26,6 +26,7 @@ import torch
 from pike.config import CONSTRUCT_ON, EvalConfig
 from pike.errors import EvaluatorError, TaskError
 from pike.evaluate import check, device_holds, host_memory, own_rounding
+from pike.evaluate.child_launch import begin_child, launch_child, list_for_timers, wait_for_room
 from pike.evaluate.device_lock import (
     hold,
     hold_for_build,
@@ -34,19 +35,7 @@ from pike.evaluate.device_lock import (
     tree_of,
     unlist_child,
 )
-from pike.evaluate.driver import (
-    ChildReport,
-    LoopCost,
-    Timer,
-    begin_child,
-    calibrate,
-    finish,
-    launch_child,
-    list_for_timers,
-    request,
-    run_trials,
-    wait_for_room,
-)
+from pike.evaluate.driver import ChildReport, finish, request, run_trials
 from pike.evaluate.leftovers import (
     at_exit_uninterrupted,
     make_temp_dir,
@@ -58,8 +47,10 @@ from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.shared_window import WindowQueue
 from pike.evaluate.steps import current as current_steps
 from pike.evaluate.steps import measuring, span
+from pike.evaluate.timing_window import Timer
 from pike.evaluate.trial_comparison import compare_device, load_leaves
 from pike.evaluate.verdict import Verdict, says_out_of_memory
+from pike.evaluate.wall_clock_check import LoopCost, calibrate
 from pike.floor import Work
 from pike.task import Task
 from pike.threads import unwinding_stop
@@ -420,7 +411,7 @@ def _reference_protocol(cfg: EvalConfig) -> str:
     """What a reference run is made with, as its cache key: timing too, since the child
     times the reference with the settings it was started with, less `min_seconds`, which
     each block's request carries, and `rounds`, which the child never reads (the parent's
-    driver.time_interleaved does): a search's screening windows (search.screen_seconds,
+    timing_window.time_interleaved does): a search's screening windows (search.screen_seconds,
     screen_rounds) and its confirming window time the same reference child. Other fields
     only the parent reads stay in the key: needless there, but harmless."""
     protocol = cfg.model_dump(mode="json",

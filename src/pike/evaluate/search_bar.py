@@ -5,7 +5,7 @@ those windows stood the searches still for 45% of their evaluations' time. A can
 whose fastest call so far leaves it far behind the bar of its search
 (`eval.timing.give_up_behind_best`) cannot become that search's best, nor one of the
 candidates its confirming window times again, so the rest of its window buys nothing:
-the window ends after its first rounds (driver.time_interleaved) and the verdict says so
+the window ends after its first rounds (timing_window.time_interleaved) and the verdict says so
 (`timed_rounds`, `behind_best`). The bar is the `keep`-th best figure so far
 (`search.bar_rank`, 1: the best). The confirming window always times the top few again,
 because a search window can misjudge them; with the bar at the `search.confirm_top`-th,

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from pike.config import EvalConfig
-from pike.evaluate.driver import build_cache_root
+from pike.evaluate.child_launch import build_cache_root
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ another candidate of their own task. Candidates of one reference that wait at th
 moment are therefore timed in one window: eager once, the candidates in the same ABBA
 rounds beside it (k + 1 timers' blocks where k windows of their own take 2k). Each
 verdict is still its own timer against eager's, as in a window of its own; a failure or
-a give-up ends only that candidate's timing (driver.time_interleaved's `each`). The
+a give-up ends only that candidate's timing (timing_window.time_interleaved's `each`). The
 window's first candidate leads it: it waits for the device, and whoever joined by the
 time it has it is timed with it (at most `eval.timing.share_window`).
 
@@ -20,7 +20,7 @@ looks at eager's; another candidate's blocks stretched this way make it look slo
 and may have it cut short by the give-up rules, but never make the one that queued them
 faster; a settling pause after each stop, as a timer's, would cost a second a window).
 Whatever a candidate's answer makes the leader's thread raise is that candidate's
-failure (driver._time_own_block), so no candidate can end the others' window. Each
+failure (timing_window._time_own_block), so no candidate can end the others' window. Each
 window's eager carries the reference's usual time as the window began, so the first
 candidate to keep eager's median does not move the drift check of the others. The trees
 are taken when the window begins; a process started later is not stopped until the next
@@ -41,10 +41,10 @@ from pike.config import EvalConfig
 from pike.evaluate import device_holds
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import hold, set_stopped, tree_of
-from pike.evaluate.driver import Timer, time_interleaved
 from pike.evaluate.process_stopper import Proc
 from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.steps import current as current_steps
+from pike.evaluate.timing_window import Timer, time_interleaved
 
 if TYPE_CHECKING:
     from pike.evaluate.reference import ReferenceRun

@@ -3,7 +3,7 @@
 A child spends seconds importing torch and pike before it can load anything (2 s on a
 CPU host, more on the GPU hosts), and a search judges one candidate after another on
 each worker. A spare is a child launched with a fresh, empty candidate folder that
-waits for its request (`driver.launch_child`): the next evaluation on that device
+waits for its request (`child_launch.launch_child`): the next evaluation on that device
 writes its candidate into the folder and begins it, so the imports were done while
 the previous candidate was judged.
 

@@ -88,7 +88,7 @@ class Verdict(BaseModel):
     wall_clock_factor: float | None = Field(
         None, description="the candidate's reported times were multiplied by this: its "
         "timing blocks took longer by the parent's clock than it reported, beyond what the "
-        "reference's blocks did (driver.FIGURE_TOLERANCE)")
+        "reference's blocks did (wall_clock_check.FIGURE_TOLERANCE)")
     timed_rounds: int | None = Field(
         None, description="the timing window ended after this many of its rounds: the "
         "candidate was over `timing.give_up_slower_than` times slower than the reference, "
