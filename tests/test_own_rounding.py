@@ -191,3 +191,19 @@ def test_the_evaluator_asks_the_references_child_for_the_float64_run(
         assert "further from the float64 result than the reference" in wrong.message
     finally:
         close_references()
+
+
+@pytest.mark.gpu
+def test_the_float64_run_on_a_gpu_reference(task: Task, fast_config: EvalConfig) -> None:
+    """On CUDA the reference's child runs the float64 trial on the card: a value off by
+    0.1 is still found wrong by it (the run happened: its words are in the verdict), and
+    the more precise file passes, by the plain comparison or by the rule."""
+    cfg = fast_config.model_copy(update={"device": "cuda"})
+    try:
+        wrong = evaluate(task, ONE_OFF, cfg)
+        assert wrong.status == "incorrect", wrong.message
+        assert "further from the float64 result than the reference" in wrong.message
+        verdict = evaluate(task, PRECISE, cfg)
+        assert verdict.status == "ok", verdict.message
+    finally:
+        close_references()
