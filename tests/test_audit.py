@@ -153,6 +153,17 @@ def test_markdown_leads_with_the_all_task_geomean_and_spells_out_failures(mixed:
     assert "99_stray.py: matches no task" in page
 
 
+def test_markdown_names_the_files_correct_by_the_float64_rule(mixed: Any) -> None:
+    result, _, _ = mixed
+    assert "Correct by the float64 rule" not in to_markdown(result)
+    tasks = [t.model_copy(update={"rounding_passed": 3}) if t.task in ("1_Scale", "3_RowSum")
+             else t for t in result.tasks]
+    page = to_markdown(result.model_copy(update={"tasks": tasks}))
+    assert "## Correct by the float64 rule" in page
+    assert "- 1_Scale: 3 values" in page
+    assert "3_RowSum: 3 values" not in page  # incorrect: the rule did not pass it
+
+
 # -- matching files to tasks -----------------------------------------------------------------
 
 

@@ -157,6 +157,7 @@ def test_a_trial_comparison_passes_the_trials_the_reference_rounding_explains(
     verdict = comparison.verdict()
     assert verdict.status == "ok", verdict.message
     assert verdict.trials_passed == 2
+    assert verdict.rounding_passed and verdict.rounding_passed > 0
     assert "no further from its float64 result than the reference itself" in verdict.message
     assert asked == sorted({t for t in asked})  # each failing trial's run asked once
 

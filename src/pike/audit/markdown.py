@@ -24,6 +24,7 @@ def to_markdown(result: AuditResult) -> str:
     lines += _held_back(result)
     lines += _table(result)
     lines += _failures(result.tasks)
+    lines += _by_rounding(result.tasks)
     if result.warnings:
         lines += ["## Warnings", "", *(f"- {_inline(w)}" for w in result.warnings), ""]
     return "\n".join(lines)
@@ -151,6 +152,19 @@ def _table(result: AuditResult) -> list[str]:
         cells += [_x(t.claimed_speedup)] if claimed else []
         lines.append(_row(cells))
     return [*lines, ""]
+
+
+def _by_rounding(tasks: list[TaskAudit]) -> list[str]:
+    """The correct files that passed only by the float64 rule, named: their figures count,
+    and a reader should know what they rest on."""
+    passed = [t for t in tasks if t.ok and t.rounding_passed]
+    if not passed:
+        return []
+    return ["## Correct by the float64 rule", "",
+            "Values outside tolerance of the reference, no further from a float64 run of "
+            "it than the reference itself is (docs/evaluator.md, the reference's own "
+            "rounding):", "",
+            *(f"- {t.task}: {t.rounding_passed} values" for t in passed), ""]
 
 
 def _failures(tasks: list[TaskAudit]) -> list[str]:

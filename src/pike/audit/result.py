@@ -41,6 +41,9 @@ class TaskAudit(BaseModel):
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     trial_errors: list[TrialError] = Field(default_factory=list)
+    rounding_passed: int | None = Field(
+        None, description="values outside tolerance of the reference that passed by the "
+        "float64 rule (Verdict.rounding_passed)")
     speedup: float | None = Field(None, description="over eager; correct files only")
     compile_speedups: dict[str, float] = Field(
         default_factory=dict, description="mode -> speedup over that torch.compile mode")
@@ -148,7 +151,8 @@ def task_audit(base: TaskAudit, verdict: Verdict, baseline: Baseline | None) -> 
         "trials_passed": verdict.trials_passed, "trials": verdict.trials,
         "seed_dependent": not verdict.ok and 0 < verdict.trials_passed < verdict.trials,
         "max_abs_error": verdict.max_abs_error, "max_rel_error": verdict.max_rel_error,
-        "trial_errors": trial_errors(verdict), "speedup": speedup,
+        "trial_errors": trial_errors(verdict), "rounding_passed": verdict.rounding_passed,
+        "speedup": speedup,
         "compile_speedups": compile_speedups(speedup, baseline),
         **_floor_distances(verdict, baseline, lowp=bool(_TENSOR_CORE & set(base.precision)))})
 

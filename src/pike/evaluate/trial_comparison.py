@@ -261,7 +261,8 @@ class TrialComparison:
         errors = {"trials_passed": self.passed, "max_abs_error": self.max_abs,
                   "max_rel_error": self.max_rel}
         if not self.mismatches:
-            return Verdict(status="ok", message=self._rounding_note(), **errors)
+            return Verdict(status="ok", message=self._rounding_note(), **errors,
+                           rounding_passed=sum(n for _, n in self.rounding) or None)
         mismatches = sorted(self.mismatches, key=lambda m: m.trial)
         first_bad = mismatches[0]
         which = (f"trial {first_bad.trial}" if first_bad.trial < self.cfg.trials else

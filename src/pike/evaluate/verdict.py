@@ -72,6 +72,10 @@ class Verdict(BaseModel):
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     mismatches: list[OutputMismatch] = Field(default_factory=list)
+    rounding_passed: int | None = Field(
+        None, description="values of the trials outside tolerance of the reference that "
+        "passed by the float64 rule: no further from a float64 run than the reference "
+        "itself (own_rounding)")
     runtime: TimingStats | None = None
     reference: TimingStats | None = None
     speedup: float | None = None
