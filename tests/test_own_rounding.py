@@ -102,6 +102,13 @@ def test_a_value_further_from_the_float64_result_than_the_reference_still_fails(
     assert why is not None and "further from the float64 result" in why
 
 
+def test_a_mode_returning_other_outputs_is_still_incorrect() -> None:
+    x = _inputs()
+    why = own_rounding.rescued([_centred_sum(x)], [_centred_sum(x)] * 2,
+                               lambda: [_precise(x).double()], 0.01, 0.01, CPU)
+    assert why == "returned 2 outputs, expected 1"
+
+
 def test_a_float64_run_that_computes_something_else_rescues_nothing() -> None:
     x = _inputs()
     expected, got = [_centred_sum(x)], [_precise(x)]

@@ -169,6 +169,8 @@ def rescued(expected: list[Any], got: list[Any], exact: Callable[[], list[Any]],
     """For the reference's child, where it checks a compiled mode: None where every output
     of `got` is within tolerance of `expected` or explained by the reference's own
     rounding (the float64 outputs from `exact`, run only if needed); else why not."""
+    if len(expected) != len(got):
+        return f"returned {len(got)} outputs, expected {len(expected)}"
     doubtful = []
     for index, (exp, act) in enumerate(zip(expected, got, strict=True)):
         mismatch = check.compare_leaf(exp, act, 0, index, atol, rtol, on)

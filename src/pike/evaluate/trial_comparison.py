@@ -184,6 +184,8 @@ class TrialComparison:
         self.max_rel = max([self.max_rel, *(c.max_rel_error or 0.0 for c in compared)])
         trial_bad = [c for c in compared if c.problem]
         for c in trial_bad:
+            if (c.mismatched or 0) > own_rounding.DOUBTFUL_MAX:
+                continue  # a wrong answer: not worth another pass over its values
             found = own_rounding.doubtful_values(
                 exp_here[c.output], act_leaves[c.output], trial, c.output,
                 atol[c.output] if isinstance(atol, list) else atol, self.cfg.rtol, here)
