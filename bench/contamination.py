@@ -41,7 +41,7 @@ from common import RESULTS, device_name, notes_section, now, run_script, this_co
 
 from pike.config import RunConfig
 from pike.evaluate.confirm import confirm
-from pike.evaluate.reference import close_references
+from pike.evaluate.reference_cache import close_references
 from pike.search.session import optimize
 from pike.store import RunStore
 from pike.task import Task

@@ -39,7 +39,7 @@ from common import RESULTS, device_name, now, run_script, this_command, with_ext
 from pike.config import EvalConfig
 from pike.evaluate import evaluate, spares
 from pike.evaluate.pool import LocalPool
-from pike.evaluate.reference import close_references
+from pike.evaluate.reference_cache import close_references
 from pike.evaluate.verdict import Verdict
 from pike.task import Task
 

@@ -49,8 +49,8 @@ import torch
 from common import RESULTS, device_name, notes_section, now, run_script, this_command
 
 from pike.config import EvalConfig
-from pike.evaluate import evaluate, judge, wall_clock_check
-from pike.evaluate.reference import close_references
+from pike.evaluate import candidate_windows, evaluate, wall_clock_check
+from pike.evaluate.reference_cache import close_references
 from pike.task import Task
 
 FORGER = '''
@@ -82,7 +82,7 @@ CANDIDATES = {
 
 def judged_once(task: Task, source: str, cfg: EvalConfig) -> dict:
     seen: list[dict] = []
-    real = judge.unaccounted_wall_time
+    real = candidate_windows.unaccounted_wall_time
 
     def spy(cost, judged, reference, strict=False):  # type: ignore[no-untyped-def]
         seen.append({"candidate": wall_clock_check.block_stretches(cost, judged),
@@ -91,11 +91,11 @@ def judged_once(task: Task, source: str, cfg: EvalConfig) -> dict:
                      "loop_per_call_us": cost.per_call_s * 1e6, "strict": strict})
         return real(cost, judged, reference, strict)
 
-    judge.unaccounted_wall_time = spy
+    candidate_windows.unaccounted_wall_time = spy
     try:
         verdict = evaluate(task, source, cfg)
     finally:
-        judge.unaccounted_wall_time = real
+        candidate_windows.unaccounted_wall_time = real
     return {"status": verdict.status, "speedup": verdict.speedup,
             "wall_clock_factor": verdict.wall_clock_factor,
             "message": verdict.message[:200] if verdict.message else None, "windows": seen}

@@ -216,7 +216,7 @@ def test_recount_of_a_task_that_reads_values_counts_on_the_gpu_where_there_is_on
             raise TaskError("reads tensor values")
         raise RuntimeError(f"counted on {device}")  # stops here: only the order matters
 
-    monkeypatch.setattr("pike.floor.count_work", count_work)
+    monkeypatch.setattr("pike.work_count.count_work", count_work)
     monkeypatch.setattr(bench_floor.torch.cuda, "is_available", lambda: has_cuda)
     row = {"task": "1_A", "floor_ms": 0.1, "bound": "memory", "flops": 1}
     out = bench_floor.recounted_row(row, object(), "NVIDIA H100 80GB HBM3")

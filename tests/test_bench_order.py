@@ -254,7 +254,7 @@ def test_a_reference_out_of_gpu_memory_beside_the_searches_is_measured_again_aft
     """A baseline now shares the GPU with the searches' children: its reference running
     out of memory there does not fail the task (as it would alone); the task is measured
     again once the other searches have ended, and searched."""
-    from pike.evaluate.reference import ReferenceOutOfMemory
+    from pike.evaluate.reference_failure import ReferenceOutOfMemory
 
     steps = _fakes(monkeypatch)
     crowded = sorted(p.stem for p in TASKS.glob("*.py"))[0]
@@ -284,7 +284,7 @@ def test_a_search_whose_reference_runs_out_of_memory_beside_others_goes_on_after
     """The level1 bench on an H200: the host's out-of-memory killer took a search's
     reference twice beside the other tasks' children, and the task failed. It now waits
     for the others to end and searches then, from what it had judged."""
-    from pike.evaluate.reference import ReferenceOutOfMemory
+    from pike.evaluate.reference_failure import ReferenceOutOfMemory
 
     steps = _fakes(monkeypatch)
     crowded = sorted(p.stem for p in TASKS.glob("*.py"))[0]
@@ -311,7 +311,7 @@ def test_a_search_whose_reference_runs_out_of_memory_beside_others_goes_on_after
 
 def test_a_search_whose_reference_runs_out_of_memory_with_nothing_beside_fails(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from pike.evaluate.reference import ReferenceOutOfMemory
+    from pike.evaluate.reference_failure import ReferenceOutOfMemory
 
     _fakes(monkeypatch)
     crowded = sorted(p.stem for p in TASKS.glob("*.py"))[0]
@@ -329,7 +329,7 @@ def test_a_search_whose_reference_runs_out_of_memory_with_nothing_beside_fails(
 
 def test_a_resumed_campaign_tries_again_the_tasks_that_failed_for_memory_only(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from pike.evaluate.reference import ReferenceOutOfMemory
+    from pike.evaluate.reference_failure import ReferenceOutOfMemory
 
     steps = _fakes(monkeypatch)
     names = sorted(p.stem for p in TASKS.glob("*.py"))

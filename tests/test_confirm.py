@@ -312,7 +312,7 @@ def test_the_confirming_window_judges_the_trials_again_on_inputs_the_search_neve
 def test_a_fresh_draw_shares_no_seed_with_the_search_s() -> None:
     from pike.config import EvalConfig
     from pike.evaluate.confirm import fresh_draw
-    from pike.evaluate.reference import draw_protocol
+    from pike.evaluate.reference_start import draw_protocol
 
     fixed = EvalConfig(seed=11, trials=50)
     search, confirming = draw_protocol(fixed), draw_protocol(fresh_draw(fixed))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pike.config import EvalConfig, TimingConfig
-from pike.evaluate import judge, reference
+from pike.evaluate import candidate_files, reference_cache
 from pike.evaluate.child_setup import Failure, _build_model
 from pike.evaluate.protocol import ChildRequest
 from pike.task import Task
@@ -57,7 +57,7 @@ def test_the_reference_cache_keeps_apart_models_built_or_timed_differently(
         started.append((cfg.construct_on, cfg.timing.warmup_calls))
         return types.SimpleNamespace(usable=lambda: True, users=0, close=lambda: None)
 
-    monkeypatch.setattr(reference, "_start_reference", start)
+    monkeypatch.setattr(reference_cache, "_start_reference", start)
     try:
         # (where built, warm-up calls the child makes, timed seconds a block's request asks)
         for construct_on, warm_ups, seconds in [("cpu", 3, 0.1), ("device", 3, 0.1),
@@ -65,9 +65,9 @@ def test_the_reference_cache_keeps_apart_models_built_or_timed_differently(
                                                 ("cpu", 3, 0.5)]:
             cfg = EvalConfig(construct_on=construct_on)
             cfg.timing.warmup_calls, cfg.timing.min_seconds = warm_ups, seconds
-            reference.run_reference(task, cfg, "cpu", keep_child=True)
+            reference_cache.run_reference(task, cfg, "cpu", keep_child=True)
     finally:
-        reference._references.clear()
+        reference_cache._references.clear()
     # the last shares the first's child: each block's request carries its seconds (a
     # search's screening windows and its confirming window time the same reference)
     assert started == [("cpu", 3), ("device", 3), ("cpu", 4)]
@@ -111,14 +111,14 @@ def test_auto_builds_on_the_gpu_only_where_weights_and_buffers_reach_the_bound(
 def test_the_references_choice_reaches_its_candidates_and_its_replacements(
         mlp_task: Task, tmp_path: Path) -> None:
     cfg = EvalConfig(device="cpu", trials=1, construct_on="auto")
-    reference.close_references()
-    run = reference.run_reference(mlp_task, cfg, "cpu", keep_child=False)
+    reference_cache.close_references()
+    run = reference_cache.run_reference(mlp_task, cfg, "cpu", keep_child=False)
     try:
         assert run.request is not None and run.request.construct_on == "cpu"  # settled
         run.request.construct_on = "device"  # as a reference on a GPU settles a big task
-        files = judge.candidate_folders(cfg, "cpu", tmp_path / "cand")
+        files = candidate_files.candidate_folders(cfg, "cpu", tmp_path / "cand")
         assert files.request.construct_on == "auto"  # launched before the reference is known
-        judge.attach_reference(files, run, cfg)
+        candidate_files.attach_reference(files, run, cfg)
         assert files.request.construct_on == "device"
     finally:
         run.close()

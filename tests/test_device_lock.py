@@ -106,7 +106,17 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
     eval.device_lock timing_only (bench/contamination.py's control) only timing holds it."""
     from contextlib import contextmanager
 
-    from pike.evaluate import device_lock, evaluate, judge, reference, shared_window
+    from pike.evaluate import (
+        candidate_child,
+        candidate_windows,
+        device_lock,
+        evaluate,
+        judge,
+        reference,
+        reference_cache,
+        reference_start,
+        shared_window,
+    )
     from pike.task import Task
     from tests.conftest import EXAMPLES, candidate, fast_protocol
 
@@ -141,20 +151,21 @@ def test_every_step_of_an_evaluation_that_uses_the_device_holds_its_lock(monkeyp
         return False  # the CPU device: nothing to stop
 
 
-    monkeypatch.setattr(judge, "hold", recording_hold)
+    monkeypatch.setattr(candidate_windows, "hold", recording_hold)  # the candidate's window
     monkeypatch.setattr(reference, "hold", recording_hold)  # the reference's calibration
     monkeypatch.setattr(shared_window, "hold", recording_hold)  # a first window's
     monkeypatch.setattr(device_lock, "hold", recording_hold)
     monkeypatch.setattr(device_lock, "list_child", recording_list)
     steps = ("launch_child", "begin_child", "wait_ready", "run_trials", "stage_timed_inputs",
              "time_interleaved", "calibrate")
-    for module in (judge, reference):  # the candidate's steps, and the reference's
+    # the candidate's steps, and the reference's
+    for module in (judge, candidate_child, candidate_windows, reference, reference_start):
         for name in steps:
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, watched(name, getattr(module, name)))
     monkeypatch.setattr(shared_window, "time_interleaved",
                         watched("time_interleaved", shared_window.time_interleaved))
-    reference.close_references()
+    reference_cache.close_references()
     verdict = evaluate(Task.from_file(EXAMPLES / "tasks" / "1_GeluMLP.py"),
                        candidate("fused"), fast_protocol().model_copy(update={"device_lock": scope}))
     assert verdict.ok, verdict.message
@@ -399,7 +410,7 @@ def test_the_final_check_holds_the_device_only_for_the_parents_part_once_listed(
     from pathlib import Path
     from types import SimpleNamespace
 
-    from pike.evaluate import judge
+    from pike.evaluate import candidate_checks
     from pike.evaluate.verdict import Verdict
     from tests.conftest import fast_protocol
 
@@ -423,11 +434,11 @@ def test_the_final_check_holds_the_device_only_for_the_parents_part_once_listed(
         seen.append(("parent", held["now"]))
         return Verdict(status="ok"), []  # and no values the reference's rounding may explain
 
-    monkeypatch.setattr(judge, "hold_for_work", shared_hold)
-    monkeypatch.setattr(judge, "request", child_call)
-    monkeypatch.setattr(judge, "_final_compared", compared)
+    monkeypatch.setattr(candidate_checks, "hold_for_work", shared_hold)
+    monkeypatch.setattr(candidate_checks, "request", child_call)
+    monkeypatch.setattr(candidate_checks, "_final_compared", compared)
     child = SimpleNamespace(pausable_on="cuda:0" if listed else None, permit=lambda phase: None)
-    verdict = judge._final_check(child, None, Path("."), fast_protocol(), "cuda:0")
+    verdict = candidate_checks._final_check(child, None, Path("."), fast_protocol(), "cuda:0")
     assert verdict.ok
     assert seen == [("child", not listed), ("parent", True)]
 
@@ -476,7 +487,7 @@ def test_a_trusted_childs_untimed_work_is_listed_and_unlisted_after(tmp_path):
     the child is off the list afterwards, also when the work fails: a window that times it
     later must not stop it."""
     from pike.evaluate.device_lock import _listed_dir
-    from pike.evaluate.reference import beside_others
+    from pike.evaluate.reference_start import beside_others
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     child, write_fd = listening_child(proc, 10.0, pausable_on=None)

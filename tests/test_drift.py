@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from pike.config import EvalConfig
-from pike.evaluate import judge
+from pike.evaluate import candidate_windows, judge
 from pike.evaluate.timing_window import Timer, time_interleaved
 from pike.evaluate.verdict import TimingStats, Verdict
 from pike.store import RunStore
@@ -30,9 +30,9 @@ def _reference(*usual_ms: float) -> judge.ReferenceRun:
 def test_a_drifting_window_is_timed_again_and_the_steady_one_kept(
         monkeypatch: pytest.MonkeyPatch) -> None:
     again = [_window(5.9, 2.5)]
-    monkeypatch.setattr(judge, "_timing_window", lambda *a, **k: again.pop())
+    monkeypatch.setattr(candidate_windows, "_timing_window", lambda *a, **k: again.pop())
     reference = _reference(5.8, 5.9, 6.0)
-    timers, usual = judge._steady_window(reference, None, "cuda:0", EvalConfig(),  # type: ignore[arg-type]
+    timers, usual = candidate_windows._steady_window(reference, None, "cuda:0", EvalConfig(),  # type: ignore[arg-type]
                                          _window(13.1, 3.3))
     assert usual is None and timers[0].samples[0] == 5.9 and again == []
     assert reference.window_ms[-1] == 5.9
@@ -40,9 +40,9 @@ def test_a_drifting_window_is_timed_again_and_the_steady_one_kept(
 
 def test_a_window_still_off_after_the_retries_is_noisy(monkeypatch: pytest.MonkeyPatch) -> None:
     renewed = []
-    monkeypatch.setattr(judge, "_timing_window",
+    monkeypatch.setattr(candidate_windows, "_timing_window",
                         lambda *a, **k: renewed.append(k.get("renew")) or _window(13.1, 3.3))
-    timers, usual = judge._steady_window(_reference(5.8, 5.9, 6.0), None, "cuda:0",  # type: ignore[arg-type]
+    timers, usual = candidate_windows._steady_window(_reference(5.8, 5.9, 6.0), None, "cuda:0",  # type: ignore[arg-type]
                                          EvalConfig(), _window(13.1, 3.3))
     # twice with the same reference child, then once with a fresh one
     assert renewed == [False, False, True] and usual == 5.9
@@ -52,8 +52,8 @@ def test_a_fresh_reference_child_ends_the_drift(monkeypatch: pytest.MonkeyPatch)
     def window(*a: object, renew: bool = False, **k: object) -> list[Timer]:
         return _window(5.9 if renew else 13.1, 3.3)  # the old child was the slow one
 
-    monkeypatch.setattr(judge, "_timing_window", window)
-    timers, usual = judge._steady_window(_reference(5.8, 5.9, 6.0), None, "cuda:0",  # type: ignore[arg-type]
+    monkeypatch.setattr(candidate_windows, "_timing_window", window)
+    timers, usual = candidate_windows._steady_window(_reference(5.8, 5.9, 6.0), None, "cuda:0",  # type: ignore[arg-type]
                                          EvalConfig(), _window(13.1, 3.3))
     assert usual is None and timers[0].samples[0] == 5.9
 
@@ -81,12 +81,12 @@ def test_a_reference_run_renews_its_child_from_the_same_seeds(tmp_path: Path) ->
 
 
 def test_the_first_window_and_cpu_timings_are_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(judge, "_timing_window", lambda *a, **k: pytest.fail("timed again"))
+    monkeypatch.setattr(candidate_windows, "_timing_window", lambda *a, **k: pytest.fail("timed again"))
     reference = _reference()
-    assert judge._steady_window(reference, None, "cuda:0", EvalConfig(),  # type: ignore[arg-type]
+    assert candidate_windows._steady_window(reference, None, "cuda:0", EvalConfig(),  # type: ignore[arg-type]
                                 _window(13.1, 3.3))[1] is None
     assert reference.window_ms == [13.1]
-    assert judge._steady_window(_reference(5.9), None, "cpu", EvalConfig(),  # type: ignore[arg-type]
+    assert candidate_windows._steady_window(_reference(5.9), None, "cpu", EvalConfig(),  # type: ignore[arg-type]
                                 _window(13.1, 3.3))[1] is None
 
 
@@ -94,10 +94,10 @@ def test_a_window_off_by_less_than_its_own_spread_is_not_noisy(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # a launch-bound task: the reference's calls spread by 40% within the window (as on
     # the H100 for the example MLP), its median 20% off the usual: noise, not drift
-    monkeypatch.setattr(judge, "_timing_window", lambda *a, **k: pytest.fail("timed again"))
+    monkeypatch.setattr(candidate_windows, "_timing_window", lambda *a, **k: pytest.fail("timed again"))
     spread = _window(0.08, 0.03)
     spread[0].samples = [0.065, 0.07, 0.072, 0.08, 0.08, 0.09, 0.104, 0.11]
-    assert judge._steady_window(_reference(0.1, 0.097), None, "cuda:0", EvalConfig(),  # type: ignore[arg-type]
+    assert candidate_windows._steady_window(_reference(0.1, 0.097), None, "cuda:0", EvalConfig(),  # type: ignore[arg-type]
                                 spread)[1] is None
 
 

@@ -320,7 +320,7 @@ def test_the_candidate_child_writes_its_trials_over_the_files_passed_on(
         real_link(src, dst, **kwargs)
         passed_on.append(Path(dst).name)
 
-    monkeypatch.setattr(judge.os, "link", link)
+    monkeypatch.setattr(os, "link", link)
     verdict = judge.evaluate(mlp_task, candidate("fused"),
                              fast_config.model_copy(update={"device_lock": "pause_others"}))
     assert verdict.ok, verdict.message

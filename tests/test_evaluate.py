@@ -10,10 +10,17 @@ import psutil
 import pytest
 
 from pike.config import EvalConfig
-from pike.evaluate import evaluate, judge, os_sandbox, process_stopper
-from pike.evaluate import reference as reference_module
+from pike.evaluate import (
+    candidate_limits,
+    candidate_windows,
+    evaluate,
+    judge,
+    os_sandbox,
+    process_stopper,
+    reference_cache,
+)
 from pike.evaluate.protocol import DESCENDANTS_GRACE_S
-from pike.evaluate.reference import close_references
+from pike.evaluate.reference_cache import close_references
 from pike.task import Task
 from tests.conftest import candidate
 
@@ -124,7 +131,7 @@ def test_a_candidate_that_builds_in_its_first_call_has_a_builds_limit_there(
 def test_which_candidates_build_in_their_first_call(line: str, builds: bool) -> None:
     cfg = EvalConfig(device="cpu")
     expected = cfg.limits.build_seconds if builds else None
-    assert judge.first_call_limit(f"import torch\n{line}\n", cfg) == expected
+    assert candidate_limits.first_call_limit(f"import torch\n{line}\n", cfg) == expected
 
 
 def test_correct_faster_candidate_is_ok_and_timed(mlp_task: Task, fast_config: EvalConfig) -> None:
@@ -198,7 +205,7 @@ def test_no_process_outlives_its_evaluation(mlp_task: Task, fast_config: EvalCon
     time.sleep(0.2)
     assert {p.pid for p in _sleepers()} - before == set()
     # The reference child stays alive, cached, to time the next candidate against.
-    cached = {r.child.proc.pid for r in reference_module._references.values() if r.child and r.child.proc}
+    cached = {r.child.proc.pid for r in reference_cache._references.values() if r.child and r.child.proc}
     # and the evaluator's process stopper, which lives as long as this process
     helper = {process_stopper.helper_pid()} - {None}
     assert {c.pid for c in _live_children(recursive=False)} - helper == cached
@@ -300,6 +307,7 @@ def test_a_candidate_s_timed_inputs_are_loaded_before_its_window(
         return window(reference, child, *args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(judge, "_timing_window", watched)
+    monkeypatch.setattr(candidate_windows, "_timing_window", watched)  # a steady window's
     verdict = evaluate(mlp_task, candidate("fused"), fast_config)
     assert verdict.status == "ok", verdict.message
     assert staged_at_window and all("timing" in s for s in staged_at_window)
@@ -313,7 +321,8 @@ def test_timed_inputs_that_do_not_load_are_the_candidate_s_verdict_with_no_windo
     out_of_memory = Verdict(status="runtime_error", phase="timing",
                             message="torch.OutOfMemoryError: CUDA out of memory")
     monkeypatch.setattr(judge, "stage_timed_inputs", lambda child: out_of_memory)
-    monkeypatch.setattr(judge, "_timing_window", lambda *a, **kw: pytest.fail("timed"))
+    for module in (judge, candidate_windows):
+        monkeypatch.setattr(module, "_timing_window", lambda *a, **kw: pytest.fail("timed"))
     verdict = evaluate(mlp_task, candidate("fused"), fast_config)
     assert (verdict.status, verdict.phase) == ("runtime_error", "timing")
     assert "out of memory" in verdict.message and verdict.speedup is None

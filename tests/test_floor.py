@@ -436,7 +436,7 @@ def test_baselines_carry_the_work_counted_in_the_reference_child(
 
 
 def test_a_verdict_on_a_known_gpu_reports_its_time_as_a_multiple_of_the_floor() -> None:
-    from pike.evaluate.judge import attach_floor
+    from pike.evaluate.candidate_verdict import attach_floor
     from pike.evaluate.verdict import TimingStats, Verdict
 
     mlp = Task.from_file(EXAMPLES / "tasks" / "1_GeluMLP.py")

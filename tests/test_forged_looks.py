@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pike.config import EvalConfig
-from pike.evaluate import evaluate
+from pike.evaluate import candidate_windows, evaluate
 from pike.evaluate import judge as judge_module
 from pike.evaluate import reference as reference_module
 from pike.task import Task
@@ -28,6 +28,7 @@ def _looks(monkeypatch: pytest.MonkeyPatch, flagged: int) -> list[bool]:
 
     looks = iter(range(100))
     monkeypatch.setattr(judge_module, "_timing_window", timing_window)
+    monkeypatch.setattr(candidate_windows, "_timing_window", timing_window)  # a steady window's
     monkeypatch.setattr(judge_module, "_forged",
                         lambda reference, timers, strict=False:
                         FORGED if next(looks) < flagged else None)

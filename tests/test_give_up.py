@@ -168,13 +168,13 @@ def test_no_search_takes_a_cut_short_verdict_as_its_best(tmp_path: Path) -> None
 
 
 def test_a_verdict_says_after_how_many_rounds_its_window_ended() -> None:
-    from pike.evaluate import judge
+    from pike.evaluate import candidate_verdict
 
     timers = [Timer(child=None, mode="eager", samples=[1.0] * 8),  # type: ignore[arg-type]
               Timer(child=None, mode="candidate", samples=[40.0] * 8,  # type: ignore[arg-type]
                     gave_up_after=8)]
     verdict = Verdict(status="ok")
-    judge._attach_timings(verdict, timers)
+    candidate_verdict._attach_timings(verdict, timers)
     assert verdict.timed_rounds == 8 and verdict.speedup == pytest.approx(1 / 40)
 
 
@@ -182,11 +182,11 @@ def test_a_cpu_window_is_never_cut_short(mlp_task: Task, fast_config: EvalConfig
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     # nothing else stands still for a window on the CPU, and a loaded CI host there made
     # an honest faster candidate look three times slower in its first rounds
-    from pike.evaluate import judge, shared_window
+    from pike.evaluate import candidate_windows, shared_window
 
     asked: list[object] = []
-    real = judge.time_interleaved
-    for module in (judge, shared_window):  # a first window is shared where others wait
+    real = candidate_windows.time_interleaved
+    for module in (candidate_windows, shared_window):  # a first window is shared where others wait
         monkeypatch.setattr(module, "time_interleaved",
                             lambda *a, **k: asked.append(k.get("give_up")) or real(*a, **k))
     verdict = evaluate(mlp_task, candidate("slower"), fast_config)

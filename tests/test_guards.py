@@ -239,14 +239,14 @@ def test_a_burst_of_load_on_the_candidates_blocks_alone_is_timed_again(
         mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     # On a busy 2-core host a burst can stretch the candidate's blocks and not the
     # reference's: the first window looks forged, the second does not.
-    from pike.evaluate import judge
-    real, calls = judge.unaccounted_wall_time, []
+    from pike.evaluate import candidate_windows
+    real, calls = candidate_windows.unaccounted_wall_time, []
 
     def burst_once(*args: object) -> str | None:
         calls.append(args)
         return "stretched by a burst" if len(calls) == 1 else real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(judge, "unaccounted_wall_time", burst_once)
+    monkeypatch.setattr(candidate_windows, "unaccounted_wall_time", burst_once)
     verdict = evaluate(mlp_task, candidate("fused"), fast_config)
     assert len(calls) == 2
     assert verdict.ok and verdict.runtime is not None, verdict.message
@@ -374,7 +374,7 @@ def test_the_probes_wait_sealed_and_go_only_to_the_rotation_s_own_call() -> None
 
 
 def test_the_shared_trial_inputs_are_read_only(mlp_task: Task, fast_config: EvalConfig) -> None:
-    from pike.evaluate.reference import _references
+    from pike.evaluate.reference_cache import _references
 
     evaluate(mlp_task, candidate("fused"), fast_config)
     run = next(iter(_references.values()))
@@ -485,16 +485,16 @@ def test_the_reference_s_blocks_do_the_work_a_guarded_candidate_s_do(
     kept busy, the reference's median stretch was -0.50 beside the candidate's 0.28 (8
     output leaves, microsecond calls), and on an H200 beside a busy audit a correct Triton
     candidate was rejected as a forger."""
-    from pike.evaluate import judge
+    from pike.evaluate import candidate_windows
 
     controls = []
-    real = judge.unaccounted_wall_time
+    real = candidate_windows.unaccounted_wall_time
 
     def spy(cost, judged, reference, strict=False):  # type: ignore[no-untyped-def]
         controls.append(reference)
         return real(cost, judged, reference, strict)
 
-    monkeypatch.setattr(judge, "unaccounted_wall_time", spy)
+    monkeypatch.setattr(candidate_windows, "unaccounted_wall_time", spy)
     verdict = evaluate(mlp_task, candidate("fused"), fast_config)
     assert verdict.status == "ok", verdict.message
     assert controls and all(reference.mode == "eager" and reference.rehearsed > 0

@@ -12,7 +12,7 @@ import pytest
 from pike.config import EvalConfig
 from pike.evaluate import evaluate, host_memory
 from pike.evaluate.host_memory import HostMemory
-from pike.evaluate.reference import close_references
+from pike.evaluate.reference_cache import close_references
 from pike.task import Task
 
 GIB = 2**30
@@ -206,7 +206,7 @@ def test_a_real_evaluations_children_are_counted_waited_for_and_released(
     device hold, the cached reference waits for room as well (it is made outside the
     cache's lock, so its wait holds no other task's evaluations), the wait is a step of the
     verdict that the offline budget leaves out, and every child is released and measured."""
-    from pike.evaluate import judge, reference
+    from pike.evaluate import judge, reference_start
     from pike.search.offline import _stood
 
     order: list[str] = []
@@ -225,7 +225,7 @@ def test_a_real_evaluations_children_are_counted_waited_for_and_released(
     gate = Recorded()
     monkeypatch.setattr(host_memory, "HOST", gate)
     monkeypatch.setattr(judge, "hold_for_build", hold_for_build)
-    monkeypatch.setattr(reference, "hold_for_build", hold_for_build)
+    monkeypatch.setattr(reference_start, "hold_for_build", hold_for_build)
     verdict = evaluate(mlp_task, mlp_task.source.replace("class Model", "class ModelNew")
                        + "\nclass Model(ModelNew):\n    pass\n", fast_config)
     assert verdict.status in ("ok", "rejected", "incorrect"), verdict.message

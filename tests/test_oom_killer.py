@@ -22,7 +22,7 @@ from pike.evaluate.child_start import child_setup
 from pike.evaluate.driver import abnormal_end, finish
 from pike.evaluate.oom_killer import OOM_SCORE_ADJ, child_oom_score, host_oom_kills
 from pike.evaluate.pool import out_of_device_memory
-from pike.evaluate.reference import run_reference
+from pike.evaluate.reference_cache import run_reference
 from pike.evaluate.sandbox import ChildExit, ChildProcess
 from pike.task import Task
 from tests.conftest import candidate, listening_child
@@ -48,8 +48,8 @@ def test_the_child_setup_raises_the_childs_score_and_leaves_the_parents() -> Non
 @linux
 def test_candidates_and_references_start_first_in_line_candidates_before_references(
         mlp_task: Task, fast_config: EvalConfig) -> None:
+    from pike.evaluate.candidate_files import candidate_folders, fill_candidate
     from pike.evaluate.child_launch import launch_child
-    from pike.evaluate.judge import candidate_folders, fill_candidate
     from pike.evaluate.leftovers import make_temp_dir, remove_tree
 
     assert OOM_SCORE_ADJ["candidate"] > OOM_SCORE_ADJ["reference"] > 0
@@ -176,7 +176,7 @@ def test_a_tree_gone_before_its_death_is_seen_keeps_its_last_real_measurement(
 ])
 def test_a_reference_ended_by_memory_is_told_apart_from_the_tasks_own_failure(
         status: str, message: str, device: str, memory: bool) -> None:
-    from pike.evaluate.reference import ReferenceOutOfMemory, reference_failed
+    from pike.evaluate.reference_failure import ReferenceOutOfMemory, reference_failed
     from pike.evaluate.verdict import Verdict
     from pike.task import Task
     from tests.conftest import EXAMPLES

@@ -106,21 +106,21 @@ def test_optimize_end_to_end_keeps_to_the_query_budget(fake_llm: FakeOpenAI,
 def test_the_dollar_budget_is_never_exceeded_and_the_search_holds_its_bar(
         fake_llm: FakeOpenAI, run_config: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from pike.evaluate import judge, search_bar, shared_window
+    from pike.evaluate import candidate_windows, search_bar, shared_window
     from pike.task import Task
 
     # the bar (tests/test_search_bar.py): each timing window is told the search's best
     # so far; PIKE-B's seeds and PIKE-O's fitness take a cut-short figure as it is, the
     # best does not
     seen: list[float | None] = []
-    real = judge.time_interleaved
+    real = candidate_windows.time_interleaved
 
     def spy(*args: Any, **kwargs: Any) -> None:
         best = kwargs.get("best")
         seen.append(best() if best else None)
         real(*args, **kwargs)
 
-    monkeypatch.setattr(judge, "time_interleaved", spy)
+    monkeypatch.setattr(candidate_windows, "time_interleaved", spy)
     monkeypatch.setattr(shared_window, "time_interleaved", spy)
     fake_llm.handler = Scripted(optimize=[GOOD])
     out = tmp_path / "run"

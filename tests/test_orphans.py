@@ -305,7 +305,7 @@ def test_a_kept_reference_outlives_the_thread_that_started_it(
     # for later candidates, started by a pool's worker, died with that worker.
     import threading
 
-    from pike.evaluate.reference import release_reference, run_reference
+    from pike.evaluate.reference_cache import release_reference, run_reference
     started = {}
 
     def start() -> None:
@@ -329,7 +329,7 @@ def test_a_kept_reference_outlives_the_thread_that_started_it(
 def test_a_reference_cut_short_leaves_no_child_or_folder(
         mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch,
         step: str) -> None:
-    from pike.evaluate import reference
+    from pike.evaluate import reference_cache, reference_start
 
     folders: list[Path] = []
 
@@ -341,18 +341,18 @@ def test_a_reference_cut_short_leaves_no_child_or_folder(
         raise OSError("No space left on device")
 
     launched: list[int] = []
-    launch = reference.launch_child
+    launch = reference_start.launch_child
 
     def recorded_launch(*args: object, **kwargs: object) -> object:
         child = launch(*args, **kwargs)
         launched.append(child.proc.pid)
         return child
 
-    monkeypatch.setattr(reference, "make_temp_dir", recorded)
-    monkeypatch.setattr(reference, step, unreadable)
-    monkeypatch.setattr(reference, "launch_child", recorded_launch)
+    monkeypatch.setattr(reference_start, "make_temp_dir", recorded)
+    monkeypatch.setattr(reference_start, step, unreadable)
+    monkeypatch.setattr(reference_start, "launch_child", recorded_launch)
     with pytest.raises(OSError, match="No space left"):
-        reference.run_reference(mlp_task, fast_config, "cpu", keep_child=True, cache=False)
+        reference_cache.run_reference(mlp_task, fast_config, "cpu", keep_child=True, cache=False)
     assert folders and not any(f.exists() for f in folders)
     # its own child (other tests' kept children may share this process)
     assert len(launched) == 1

@@ -150,7 +150,7 @@ def test_required_refuses_without_the_tool_and_auto_says_so_once(
 
 
 def test_seeds_are_drawn_for_each_reference_run_unless_fixed(fast_config: EvalConfig) -> None:
-    from pike.evaluate.reference import draw_protocol
+    from pike.evaluate.reference_start import draw_protocol
 
     first, second = draw_protocol(fast_config), draw_protocol(fast_config)
     assert first.weights != second.weights and first.trials != second.trials
@@ -162,7 +162,7 @@ def test_seeds_are_drawn_for_each_reference_run_unless_fixed(fast_config: EvalCo
 def test_a_request_file_names_no_seed_of_the_inputs(mlp_task: Task, fast_config: EvalConfig,
                                                     tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from pike.evaluate import judge, reference
+    from pike.evaluate import judge, reference_cache, reference_start
 
     seen: list[dict] = []
     real = judge.begin_child
@@ -172,8 +172,8 @@ def test_a_request_file_names_no_seed_of_the_inputs(mlp_task: Task, fast_config:
         seen.append(json.loads((child.work_dir / "request.json").read_text()))
 
     monkeypatch.setattr(judge, "begin_child", spy)
-    monkeypatch.setattr(reference, "begin_child", spy)  # the reference's request
-    reference.close_references()
+    monkeypatch.setattr(reference_start, "begin_child", spy)  # the reference's request
+    reference_cache.close_references()
     assert evaluate(mlp_task, candidate("fused"), fast_config).ok
     reference, cand = seen[0], seen[-1]
     assert reference["trial_seeds"] and reference["shift"]

@@ -12,7 +12,7 @@ import pytest
 from pike.config import EvalConfig, RunConfig
 from pike.errors import TaskError
 from pike.evaluate import confirm as confirming
-from pike.evaluate import reference
+from pike.evaluate import reference, reference_cache, reference_start
 from pike.evaluate.confirm import Confirmation
 from pike.evaluate.verdict import TimingStats, Verdict, says_out_of_memory
 from pike.search.session import confirm_best
@@ -61,8 +61,8 @@ def attempts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         calls.append(device)
         return answers.pop(0)
 
-    monkeypatch.setattr(reference, "_reference_attempt", attempt)
-    monkeypatch.setattr(reference, "_OUT_OF_MEMORY_WAIT_S", 0.0)
+    monkeypatch.setattr(reference_start, "_reference_attempt", attempt)
+    monkeypatch.setattr(reference_cache, "_OUT_OF_MEMORY_WAIT_S", 0.0)
     answers_and_calls: list[Any] = [answers, calls]
     return answers_and_calls
 
@@ -76,7 +76,7 @@ def test_a_reference_out_of_gpu_memory_runs_once_more(mlp_task: Task,
     answers, calls = attempts
     run = mock.Mock(spec=reference.ReferenceRun)
     answers += [_failure(OOM), run]
-    assert reference.run_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True, cache=False) is run
+    assert reference_cache.run_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True, cache=False) is run
     assert calls == ["cuda:0", "cuda:0"]
 
 
@@ -85,7 +85,7 @@ def test_a_reference_out_of_gpu_memory_twice_fails_its_task(mlp_task: Task,
     answers, calls = attempts
     answers += [_failure(OOM), _failure(OOM), mock.Mock(spec=reference.ReferenceRun)]
     with pytest.raises(TaskError, match="out of memory"):
-        reference.run_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True, cache=False)
+        reference_cache.run_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True, cache=False)
     assert len(calls) == 2
 
 
@@ -96,7 +96,7 @@ def test_any_other_reference_failure_is_not_run_again(mlp_task: Task, attempts: 
     answers, calls = attempts
     answers += [_failure(message), mock.Mock(spec=reference.ReferenceRun)]
     with pytest.raises(TaskError, match=message.split(":")[0]):
-        reference.run_reference(mlp_task, EvalConfig(), device, keep_child=True, cache=False)
+        reference_cache.run_reference(mlp_task, EvalConfig(), device, keep_child=True, cache=False)
     assert calls == [device]
 
 
@@ -230,11 +230,11 @@ def test_the_wait_before_the_second_reference_run_holds_no_lock(
     held_while_waiting: list[bool] = []
 
     def wait(seconds: float) -> None:
-        held_while_waiting.append(reference._references_lock.locked())
+        held_while_waiting.append(reference_cache._references_lock.locked())
 
-    monkeypatch.setattr(reference, "_wait", wait)
-    monkeypatch.setattr(reference, "_references", type(reference._references)())
-    assert reference.run_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True) is run
+    monkeypatch.setattr(reference_cache, "_wait", wait)
+    monkeypatch.setattr(reference_cache, "_references", type(reference_cache._references)())
+    assert reference_cache.run_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True) is run
     assert held_while_waiting == [False] and len(calls) == 2
 
 
@@ -245,5 +245,5 @@ def test_a_reference_whose_cublas_handle_found_no_room_is_tried_again(
     run = mock.Mock(spec=reference.ReferenceRun)
     answers += [_failure("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling "
                          "`cublasCreate(handle)`"), run]
-    assert reference.run_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True, cache=False) is run
+    assert reference_cache.run_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True, cache=False) is run
     assert calls == ["cuda:0", "cuda:0"]

@@ -12,7 +12,7 @@ import torch
 from pike.config import EvalConfig
 from pike.evaluate import check, evaluate, own_rounding, trial_comparison
 from pike.evaluate.leaf_files import write_leaves
-from pike.evaluate.reference import close_references
+from pike.evaluate.reference_cache import close_references
 from pike.task import Task
 
 # A centred row sum: zero in exact arithmetic, about 0.016 at most off it in float32 at

@@ -21,7 +21,13 @@ import yaml
 from pike.config import EvalConfig
 from pike.errors import TaskError
 from pike.evaluate import baseline as baseline_module
-from pike.evaluate import device_lock, shared_window
+from pike.evaluate import (
+    candidate_windows,
+    device_lock,
+    reference_cache,
+    reference_start,
+    shared_window,
+)
 from pike.evaluate import judge as judge_module
 from pike.evaluate import pool as pool_module
 from pike.evaluate import reference as reference_module
@@ -411,7 +417,7 @@ def test_the_candidate_holds_the_device_from_its_start(mlp_task: Task, fast_conf
     device shared with its trials (one hold); with pause_others (the default) they hold
     nothing, since timers stop the listed child instead; timing holds it alone."""
     order: list[str] = []
-    real_hold, real_ready = judge_module.hold, judge_module.wait_ready
+    real_hold, real_ready = candidate_windows.hold, judge_module.wait_ready
 
     @contextmanager
     def hold(device: str, *, exclusive: bool, keep: Any = (),
@@ -425,12 +431,12 @@ def test_the_candidate_holds_the_device_from_its_start(mlp_task: Task, fast_conf
         order.append(f"ready:{child.phase}")
         return ready
 
-    monkeypatch.setattr(judge_module, "hold", hold)
+    monkeypatch.setattr(candidate_windows, "hold", hold)  # the candidate's window
     monkeypatch.setattr(reference_module, "hold", hold)  # the reference's calibration
     monkeypatch.setattr(device_lock, "hold", hold)  # the shared holds go through it
     monkeypatch.setattr(shared_window, "hold", hold)  # and a first window
     monkeypatch.setattr(judge_module, "wait_ready", wait_ready)
-    reference_module.close_references()
+    reference_cache.close_references()
     verdict = judge_module.evaluate(mlp_task, GOOD, fast_config.model_copy(
         update={"device_lock": scope}))
     assert verdict.ok, verdict.message
@@ -593,14 +599,14 @@ def test_baseline_modes_that_measure_nothing_build_beside_others(
     monkeypatch.setattr(baseline_module, "_prepare", prepare)
     monkeypatch.setattr(baseline_module, "_prebuild", prebuild)
     monkeypatch.setattr(baseline_module, "time_interleaved", timing)
-    monkeypatch.setattr(reference_module, "list_for_timers",
+    monkeypatch.setattr(reference_start, "list_for_timers",
                         lambda child, device, scope: listed.append(child.proc.pid))
     modes = ["eager", "compile:default", "compile:max-autotune-no-cudagraphs",
              "compile:reduce-overhead"]
     alone = ["exclusive", "build compile:max-autotune-no-cudagraphs", "timing", "released"]
     cfg = fast_config.model_copy(update={"device_lock": "pause_others",
                                          "prebuild_autotune": "on"})
-    reference = reference_module.run_reference(mlp_task, cfg, "cpu", keep_child=True, cache=False)
+    reference = reference_cache.run_reference(mlp_task, cfg, "cpu", keep_child=True, cache=False)
     try:
         baseline_module.time_reference_modes(mlp_task, reference, modes, cfg, "cpu")
         # max-autotune is compiled once beside the others first, before any other mode

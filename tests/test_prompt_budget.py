@@ -174,12 +174,12 @@ def test_the_configured_budget_reaches_the_prompts_and_the_store(
 
 
 def test_a_store_from_before_prompt_parts_opens_and_records_them(tmp_path: Path) -> None:
-    from pike import store as store_module
+    from pike import store_schema
 
     path = tmp_path / "old" / "run.sqlite"
     path.parent.mkdir()
     conn = sqlite3.connect(path)  # a run store as the first schema made it
-    conn.executescript(store_module._SCHEMA_V1)
+    conn.executescript(store_schema._SCHEMA_V1)
     conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
                      [("schema_version", "1"), ("created_at", "then"), ("command", "pike"),
                       ("config", "{}")])

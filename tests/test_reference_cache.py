@@ -15,7 +15,7 @@ import pytest
 
 from pike.config import EvalConfig
 from pike.errors import TaskError
-from pike.evaluate import reference
+from pike.evaluate import reference, reference_cache
 from pike.evaluate.steps import current, measuring
 from pike.evaluate.verdict import Verdict
 from pike.task import Task
@@ -39,8 +39,8 @@ def _run() -> Any:
 @pytest.fixture(autouse=True)
 def _empty_cache() -> Iterator[None]:
     yield
-    reference._references.clear()
-    reference._making.clear()
+    reference_cache._references.clear()
+    reference_cache._making.clear()
 
 
 def _in_threads(work: Callable[[], Any], count: int) -> list[Any]:
@@ -81,11 +81,11 @@ def test_references_of_different_tasks_are_made_at_once_and_each_only_once(
         time.sleep(0.1)  # the task's second evaluation asks meanwhile
         return types.SimpleNamespace(usable=lambda: True, users=0, close=lambda: None)
 
-    monkeypatch.setattr(reference, "_start_reference", start)
+    monkeypatch.setattr(reference_cache, "_start_reference", start)
     got: dict[str, list[Any]] = {t.name: [] for t in tasks}
 
     def evaluation(task: Task) -> None:
-        got[task.name].append(reference.run_reference(task, EvalConfig(), "cpu", keep_child=True))
+        got[task.name].append(reference_cache.run_reference(task, EvalConfig(), "cpu", keep_child=True))
 
     threads = [threading.Thread(target=evaluation, args=(t,)) for t in (*tasks, tasks[0])]
     try:
@@ -95,7 +95,7 @@ def test_references_of_different_tasks_are_made_at_once_and_each_only_once(
         for thread in threads:
             thread.join(10)
     finally:
-        reference._references.clear()
+        reference_cache._references.clear()
     assert met == [True, True]
     assert sorted(making) == ["1_A", "2_B"]  # the first task's second evaluation made none
     first, again = got["1_A"]
@@ -112,12 +112,12 @@ def test_a_failed_reference_is_the_failure_of_every_evaluation_waiting_for_it(
         time.sleep(0.2)  # the others ask meanwhile
         raise TaskError("reference failed: the task's own module raised")
 
-    monkeypatch.setattr(reference, "_start_reference", start)
-    got = _in_threads(lambda: reference.run_reference(task, EvalConfig(), "cpu", keep_child=True),
+    monkeypatch.setattr(reference_cache, "_start_reference", start)
+    got = _in_threads(lambda: reference_cache.run_reference(task, EvalConfig(), "cpu", keep_child=True),
                       3)
     assert attempts == ["1_A"]  # made once, failed once: not once per waiting evaluation
     assert len(got) == 3 and all(isinstance(e, TaskError) for e in got)
-    assert reference._making == {}
+    assert reference_cache._making == {}
 
 
 def test_a_reference_whose_maker_was_interrupted_is_made_by_the_next_evaluation(
@@ -132,8 +132,8 @@ def test_a_reference_whose_maker_was_interrupted_is_made_by_the_next_evaluation(
             raise KeyboardInterrupt  # its own evaluation unwinds; the task's others go on
         return _run()
 
-    monkeypatch.setattr(reference, "_start_reference", start)
-    got = _in_threads(lambda: reference.run_reference(task, EvalConfig(), "cpu", keep_child=True),
+    monkeypatch.setattr(reference_cache, "_start_reference", start)
+    got = _in_threads(lambda: reference_cache.run_reference(task, EvalConfig(), "cpu", keep_child=True),
                       2)
     assert attempts == [0, 1]
     assert sum(isinstance(g, KeyboardInterrupt) for g in got) == 1
@@ -153,10 +153,10 @@ def test_the_references_wait_for_memory_is_counted_once(
         current().add("launch_child", 1.0)
         return _run()
 
-    monkeypatch.setattr(reference, "_start_reference", start)
+    monkeypatch.setattr(reference_cache, "_start_reference", start)
     with measuring() as clock:
         with clock.span("reference"):
-            reference.run_reference(task, EvalConfig(), "cpu", keep_child=True)
+            reference_cache.run_reference(task, EvalConfig(), "cpu", keep_child=True)
         clock.add("reference", 31.0)  # the seconds the making took, as its span says
     assert "wait_for_memory" not in clock.spans
     assert clock.spans["reference.wait_for_memory"] == 30.0
@@ -171,12 +171,12 @@ def test_a_child_waiting_for_memory_closes_the_least_recently_used_idle_referenc
     def run(name: str, users: int) -> Any:
         return types.SimpleNamespace(users=users, close=lambda: closed.append(name))
 
-    reference._references.update({"busy": run("busy", 1), "old": run("old", 0),
+    reference_cache._references.update({"busy": run("busy", 1), "old": run("old", 0),
                               "new": run("new", 0)})
-    assert reference._close_an_idle_reference() and closed == ["old"]
-    assert reference._close_an_idle_reference() and closed == ["old", "new"]
-    assert not reference._close_an_idle_reference()  # the one in use stays
-    assert list(reference._references) == ["busy"]
+    assert reference_cache._close_an_idle_reference() and closed == ["old"]
+    assert reference_cache._close_an_idle_reference() and closed == ["old", "new"]
+    assert not reference_cache._close_an_idle_reference()  # the one in use stays
+    assert list(reference_cache._references) == ["busy"]
 
 
 def test_a_counted_work_is_read_without_waiting_for_the_task_s_windows(

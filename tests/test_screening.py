@@ -146,7 +146,7 @@ def test_the_confirming_window_reuses_the_searchs_reference_child(
     """Only each block's request carries min_seconds, and only the parent reads rounds:
     the screening windows' reference child serves the confirming window too, not a
     second one made for it."""
-    from pike.evaluate import reference as reference_module
+    from pike.evaluate import reference_cache
     from tests.conftest import fast_protocol
 
     full = fast_protocol(build_cache)
@@ -155,17 +155,17 @@ def test_the_confirming_window_reuses_the_searchs_reference_child(
     screened = cfg.search_eval()
     assert screened.timing.min_seconds != full.timing.min_seconds
     assert screened.timing.rounds != full.timing.rounds
-    first = reference_module.run_reference(mlp_task, screened, "cpu", keep_child=True)
+    first = reference_cache.run_reference(mlp_task, screened, "cpu", keep_child=True)
     try:
-        again = reference_module.run_reference(mlp_task, full, "cpu", keep_child=True)
-        reference_module.release_reference(again)
+        again = reference_cache.run_reference(mlp_task, full, "cpu", keep_child=True)
+        reference_cache.release_reference(again)
         assert again is first
         # anything else of the protocol the child keeps still makes a reference of its own
         other = full.model_copy(update={"timing": full.timing.model_copy(
             update={"warmup_calls": full.timing.warmup_calls + 1})})
-        assert reference_module._reference_protocol(other) != reference_module._reference_protocol(full)
-        assert reference_module._reference_protocol(full.model_copy(update={"trials": 2})) != \
-            reference_module._reference_protocol(full)
+        assert reference_cache._reference_protocol(other) != reference_cache._reference_protocol(full)
+        assert reference_cache._reference_protocol(full.model_copy(update={"trials": 2})) != \
+            reference_cache._reference_protocol(full)
     finally:
-        reference_module.release_reference(first)
-        reference_module.close_references()
+        reference_cache.release_reference(first)
+        reference_cache.close_references()

@@ -132,14 +132,14 @@ def test_the_bar_rank_is_the_best_where_no_window_times_several_again() -> None:
 def test_a_verdict_says_which_best_it_was_behind() -> None:
     from rich.console import Console
 
-    from pike.evaluate import judge
+    from pike.evaluate import candidate_verdict
     from pike.report.tables import verdict_table
 
     timers = [Timer(child=None, mode="eager", samples=[10.0] * 8),  # type: ignore[arg-type]
               Timer(child=None, mode="candidate", samples=[2.0] * 8,  # type: ignore[arg-type]
                     gave_up_after=3, behind_best=7.7)]
     verdict = Verdict(status="ok")
-    judge._attach_timings(verdict, timers)
+    candidate_verdict._attach_timings(verdict, timers)
     assert verdict.timed_rounds == 3 and verdict.behind_best == 7.7
     assert not verdict.rankable
     console = Console(record=True, width=250)
@@ -149,17 +149,17 @@ def test_a_verdict_says_which_best_it_was_behind() -> None:
 
 def test_a_plain_evaluation_reads_no_bar_and_a_cpu_window_is_never_cut(
         mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pike.evaluate import judge, shared_window
+    from pike.evaluate import candidate_windows, shared_window
 
     asked: list[tuple[object, object]] = []
-    real = judge.time_interleaved
+    real = candidate_windows.time_interleaved
 
     def spy(*args: Any, **kwargs: Any) -> None:
         best = kwargs.get("best")
         asked.append((kwargs.get("give_up"), best() if best else None))
         real(*args, **kwargs)
 
-    monkeypatch.setattr(judge, "time_interleaved", spy)
+    monkeypatch.setattr(candidate_windows, "time_interleaved", spy)
     monkeypatch.setattr(shared_window, "time_interleaved", spy)  # a first window's
     # guards off: on CPU only the wall-clock (forged) check times a window again, on host load
     cfg = fast_config.model_copy(update={"guards": False})

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from pike.config import EvalConfig, TimingConfig
-from pike.evaluate import judge, shared_window, timing_window
+from pike.evaluate import candidate_windows, judge, reference_cache, shared_window, timing_window
 from pike.evaluate import reference as reference_module
 from pike.evaluate.pool import LocalPool
 from pike.evaluate.shared_window import WindowQueue
@@ -164,9 +164,9 @@ def test_each_candidate_of_a_window_is_held_to_the_usual_time_as_the_window_bega
     eager = Timer(child=None, mode="eager", samples=[5.45] * 10,  # type: ignore[arg-type]
                   usual_ms=5.0)
     timers = [eager, Timer(child=None, mode="candidate")]  # type: ignore[arg-type]
-    assert judge._window_drift(reference, timers) == pytest.approx(0.09)
+    assert candidate_windows._window_drift(reference, timers) == pytest.approx(0.09)
     reference.window_ms.append(5.45)  # the first candidate of the window kept eager's median
-    assert judge._window_drift(reference, timers) == pytest.approx(0.09)  # still off
+    assert candidate_windows._window_drift(reference, timers) == pytest.approx(0.09)  # still off
 
 
 def test_without_each_a_failure_still_ends_the_window_and_failed_modes_leave_eager_timed(
@@ -305,14 +305,14 @@ def test_three_evaluations_waiting_at_once_are_timed_in_one_window(
 
     # one thread a child: on a loaded host its 2-thread calls of 0.4 ms took up to 300 ms
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    reference_module.close_references()
+    reference_cache.close_references()
     names = ["fused", "slower", "counts_calls"]
     pool = LocalPool(fast_config, workers=3)
     try:
         verdicts = dict(pool.judge_many(mlp_task, [candidate(n) for n in names]))
     finally:
         pool.close()
-        reference_module.close_references()  # its one-thread reference must not time later tests' eager
+        reference_cache.close_references()  # its one-thread reference must not time later tests' eager
     fused, slower, cheat = (verdicts[i] for i in range(3))
     assert windows == [4]  # one window: eager and the three
     assert fused.ok and slower.ok, (fused.message, slower.message)
@@ -352,8 +352,8 @@ def test_the_others_are_timed_alone_where_the_leader_fails_before_timing(
 
     real_lead = shared_window._lead
     monkeypatch.setattr(shared_window, "_lead", lead)
-    reference_module.close_references()
-    reference_module.keep_references(3)
+    reference_cache.close_references()
+    reference_cache.keep_references(3)
     outcomes: list[object] = []
 
     def one(name: str) -> None:
@@ -367,7 +367,7 @@ def test_the_others_are_timed_alone_where_the_leader_fails_before_timing(
         t.start()
     for t in threads:
         t.join(timeout=300)
-    reference_module.close_references()
+    reference_cache.close_references()
     assert failed and len(outcomes) == 2
     errors = [o for o in outcomes if isinstance(o, judge.EvaluatorError)]
     alone = [o for o in outcomes if isinstance(o, Verdict) and o.ok

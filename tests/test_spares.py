@@ -14,8 +14,8 @@ import pytest
 from pike.config import EvalConfig
 from pike.errors import TaskError
 from pike.evaluate import evaluate, spares
+from pike.evaluate.candidate_child import _launch_candidate, _spare_key
 from pike.evaluate.driver import finish
-from pike.evaluate.judge import _launch_candidate, _spare_key
 from pike.evaluate.pool import LocalPool
 from pike.task import Task
 from tests.conftest import candidate
@@ -78,7 +78,7 @@ def test_a_pools_spare_takes_the_next_candidate_and_goes_with_the_pool(
 
 
 def _cached_references() -> set[int]:
-    from pike.evaluate.reference import _references
+    from pike.evaluate.reference_cache import _references
 
     pids = set()
     for run in _references.values():
@@ -128,8 +128,8 @@ def test_a_childs_build_folder_is_named_as_the_child_sees_it(
     """Filled before its launch (a confirming window's candidates) or after (a spare), the
     build folder in the request is the child's view of the shared cache: in the OS sandbox
     a host path there would be outside every folder it may write to."""
+    from pike.evaluate.candidate_files import candidate_folders, fill_candidate
     from pike.evaluate.child_launch import build_cache_root, launch_child
-    from pike.evaluate.judge import candidate_folders, fill_candidate
     from pike.evaluate.leftovers import make_temp_dir, remove_tree
 
     host = str(build_cache_root(fast_config) / "x")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pike import store as store_module
+from pike import store_schema
 from pike.errors import StoreError
 from pike.evaluate.verdict import TimingStats, Verdict
 from pike.store import STORE_FILE, RunStore
@@ -314,8 +314,8 @@ def test_an_older_store_is_migrated_on_open(store: RunStore,
     def add_notes(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE candidates ADD COLUMN notes TEXT NOT NULL DEFAULT ''")
 
-    monkeypatch.setattr(store_module, "_MIGRATIONS", [*store_module._MIGRATIONS, add_notes])
-    newer = str(store_module.SCHEMA_VERSION + 1)
+    monkeypatch.setattr(store_schema, "_MIGRATIONS", [*store_schema._MIGRATIONS, add_notes])
+    newer = str(store_schema.SCHEMA_VERSION + 1)
     with RunStore.open(store.path.parent) as migrated:
         assert migrated._meta("schema_version") == newer
         assert migrated.candidate(cid).source == "src"

@@ -5,18 +5,19 @@ Events are written as they happen, each in its own transaction committed before 
 returns, so that a run killed at any moment (even `kill -9`) can be resumed, replayed,
 reported and audited from what it had recorded. The store only stores: population logic
 belongs to the strategies.
+
+The schema and its migrations are in pike.store_schema, the row models and encodings in
+pike.store_rows.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,8 @@ from pydantic import BaseModel
 
 from pike.errors import StoreError
 from pike.evaluate.verdict import Verdict
-
-log = logging.getLogger(__name__)
+from pike.store_rows import CandidateRow, _candidate_row, _now, _timestamp, _to_json
+from pike.store_schema import _SCHEMA_V1, _configure, _connect, _migrate, _schema_version, _uri
 
 STORE_FILE = "run.sqlite"
 
@@ -34,204 +35,6 @@ BASELINE_STATE = "baseline"  # Baseline.model_dump(mode="json"): eager and compi
 DONE_STATE = "done"  # the task needs no more work (a campaign's resume skips it)
 ERROR_STATE = "error"  # why the task was given up (its reference failed)
 MISSING_STATE = "missing"  # an audited set had no file for the task
-
-# How long a writer waits for another process holding the write lock (a report reading a
-# live run never blocks in WAL mode, but two writers can meet).
-_BUSY_TIMEOUT_S = 30.0
-
-_SCHEMA_V1 = """
-CREATE TABLE meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE tasks (
-    name     TEXT PRIMARY KEY,
-    path     TEXT NOT NULL,
-    sha256   TEXT NOT NULL,
-    source   TEXT NOT NULL,
-    added_at TEXT NOT NULL
-);
-CREATE TABLE llm_calls (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    task        TEXT NOT NULL,
-    role        TEXT,
-    model       TEXT,
-    messages    TEXT NOT NULL,
-    reply       TEXT,
-    tokens_in   INTEGER,
-    tokens_out  INTEGER,
-    latency_s   REAL,
-    cost_usd    REAL,
-    error       TEXT,
-    started_at  TEXT,
-    recorded_at TEXT NOT NULL
-);
-CREATE INDEX llm_calls_task ON llm_calls (task);
-CREATE TABLE candidates (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    task        TEXT NOT NULL,
-    source      TEXT NOT NULL,
-    parent_id   INTEGER REFERENCES candidates (id),
-    role        TEXT NOT NULL,
-    round       INTEGER NOT NULL,
-    branch      INTEGER NOT NULL,
-    idea        TEXT NOT NULL DEFAULT '',
-    llm_call_id INTEGER REFERENCES llm_calls (id),
-    created_at  TEXT NOT NULL,
-    -- the Verdict as JSON; the columns after it copy fields of it so queries need no JSON
-    verdict     TEXT,
-    status      TEXT,
-    runtime_ms  REAL,
-    speedup     REAL,
-    evaluated_at TEXT
-);
-CREATE INDEX candidates_task ON candidates (task, status);
-CREATE TABLE state (
-    task  TEXT NOT NULL,
-    key   TEXT NOT NULL,
-    value TEXT NOT NULL,
-    PRIMARY KEY (task, key)
-);
-"""
-
-Migration = Callable[[sqlite3.Connection], None]
-
-
-def _add_prompt_parts(conn: sqlite3.Connection) -> None:
-    """v1 -> v2: how each prompt was assembled under the token budget (PromptParts, JSON)."""
-    conn.execute("ALTER TABLE llm_calls ADD COLUMN prompt_parts TEXT")
-
-
-def _add_pending_calls(conn: sqlite3.Connection) -> None:
-    """v2 -> v3: LLM calls counted before they are sent, until their reply is recorded;
-    after a crash, those left count as spent (the provider may have billed them)."""
-    conn.execute("CREATE TABLE pending_calls (id INTEGER PRIMARY KEY AUTOINCREMENT,"
-                 " task TEXT NOT NULL, reserved_usd REAL NOT NULL, started_at TEXT NOT NULL)")
-
-
-# _MIGRATIONS[v - 1] upgrades a store from schema version v to v + 1. A new store is built
-# as version 1 and migrated like an old one, so there is a single path to the current
-# schema. Append here; never edit a released migration.
-_MIGRATIONS: list[Migration] = [_add_prompt_parts, _add_pending_calls]
-
-
-def _current_version() -> int:
-    return len(_MIGRATIONS) + 1
-
-
-SCHEMA_VERSION = _current_version()
-
-
-class CandidateRow(BaseModel):
-    """One candidate as recorded: its source, where it came from, and its verdict once judged."""
-
-    id: int
-    task: str
-    source: str
-    parent_id: int | None
-    role: str  # 'reference' | 'optimize' | 'fix' | 'offline' | ...
-    round: int
-    branch: int
-    idea: str = ""
-    llm_call_id: int | None = None
-    created_at: str  # ISO 8601, UTC
-    verdict: Verdict | None = None  # None until evaluated
-    evaluated_at: str | None = None  # ISO 8601, UTC; when its verdict was recorded
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat()
-
-
-def _timestamp(value: object) -> str | None:
-    """An LLM call's start time as ISO UTC text, whichever way the caller kept it."""
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, (int, float)):
-        return datetime.fromtimestamp(value, timezone.utc).isoformat()
-    return str(value)
-
-
-def _to_json(value: object, what: str) -> str:
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError) as e:
-        raise StoreError(f"{what} is not JSON-serialisable: {e}") from None
-
-
-def _connect(uri: str) -> sqlite3.Connection:
-    # isolation_level=None: autocommit, so a single statement is its own transaction and
-    # multi-statement writes say BEGIN/COMMIT explicitly. check_same_thread=False because
-    # LLM calls complete on worker threads; RunStore's lock serialises every use.
-    conn = sqlite3.connect(
-        uri, uri=True, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S
-    )
-    conn.row_factory = sqlite3.Row
-    return conn
-
-
-def _configure(conn: sqlite3.Connection, path: Path) -> None:
-    """Set the durability pragmas; only on a store we know is ours, since WAL mode sticks
-    to the file."""
-    try:
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if mode.lower() != "wal":
-            log.warning("run store %s: journal mode is %s, not WAL", path, mode)
-        # FULL syncs the WAL on every commit: NORMAL may lose the last commits on power loss,
-        # and we promise that a recorded event survives.
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA foreign_keys=ON")
-    except sqlite3.DatabaseError as e:
-        raise StoreError(f"cannot set up the run store {path}: {e}") from None
-
-
-def _uri(path: Path, mode: str) -> str:
-    return f"{path.resolve().as_uri()}?mode={mode}"
-
-
-def _schema_version(conn: sqlite3.Connection, path: Path) -> int:
-    try:
-        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    except sqlite3.DatabaseError as e:
-        raise StoreError(f"{path} is not a pike run store ({e})") from None
-    if row is None:
-        raise StoreError(f"{path} is not a pike run store (no schema version)")
-    try:
-        return int(row[0])
-    except ValueError:
-        raise StoreError(f"{path} is not a pike run store (bad schema version {row[0]!r})") from None
-
-
-def _migrate(conn: sqlite3.Connection, path: Path) -> None:
-    """Bring an older store up to the current schema, one version per transaction."""
-    version = _schema_version(conn, path)
-    current = _current_version()
-    if version > current:
-        raise StoreError(
-            f"{path} has schema version {version}, newer than this pike reads ({current}); "
-            "upgrade pike to open it"
-        )
-    while version < current:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            # Another connection (a thread of this run, a resumed run) may have migrated
-            # since the version was read: read it again under the write lock.
-            version = _schema_version(conn, path)
-            if version >= current:
-                conn.execute("COMMIT")
-                break
-            _MIGRATIONS[version - 1](conn)
-            version += 1
-            conn.execute(
-                "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),)
-            )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        log.info("run store %s migrated to schema version %d", path, version)
 
 
 class RunStore:
@@ -606,11 +409,3 @@ class RunStore:
                 "SELECT value FROM state WHERE task = ? AND key = ?", (task, key)
             ).fetchone()
         return default if row is None else json.loads(row[0])
-
-
-def _candidate_row(row: sqlite3.Row) -> CandidateRow:
-    fields = dict(row)
-    verdict = fields.pop("verdict")
-    return CandidateRow(
-        **fields, verdict=None if verdict is None else Verdict.model_validate_json(verdict)
-    )

@@ -13,7 +13,7 @@ import pytest
 
 from pike.config import EvalConfig
 from pike.errors import TaskError
-from pike.evaluate import evaluate, judge, process_stopper
+from pike.evaluate import evaluate, judge, process_stopper, reference_cache
 from pike.evaluate import reference as reference_module
 from pike.task import Task
 from tests.conftest import candidate
@@ -65,7 +65,7 @@ def test_hung_kernel_times_out_and_leaves_nothing(mlp_task: Task, gpu_config: Ev
     # Only the cached reference children, kept to time later candidates against, remain
     # (with what runs them: bwrap and its init, in the OS sandbox), and the evaluator's
     # process stopper, which lives as long as this process.
-    cached = {r.child.proc.pid for r in reference_module._references.values() if r.child and r.child.proc}
+    cached = {r.child.proc.pid for r in reference_cache._references.values() if r.child and r.child.proc}
     their_own = {c.pid for pid in cached for c in psutil.Process(pid).children(recursive=True)}
     assert alive - {process_stopper.helper_pid()} == cached | their_own
 
@@ -207,12 +207,12 @@ def test_auto_builds_a_task_of_large_weights_on_the_gpu(
     path.write_text(WIDE_LINEAR.format(cls="Model", features=features))
     task = Task.from_file(path)
     gpu_config.construct_on = "auto"
-    reference_module.close_references()
+    reference_cache.close_references()
     verdict = evaluate(task, WIDE_LINEAR.format(cls="ModelNew", features=features), gpu_config)
     assert verdict.status == "ok", verdict.message  # the weights match: built alike
-    runs = list(reference_module._references.values())
+    runs = list(reference_cache._references.values())
     assert [r.request.construct_on for r in runs if r.request] == [built_on]
-    reference_module.close_references()
+    reference_cache.close_references()
 
 
 def test_outputs_compared_on_the_gpu_give_the_hosts_verdict() -> None:
@@ -233,24 +233,24 @@ def test_outputs_compared_on_the_gpu_give_the_hosts_verdict() -> None:
 def test_a_references_expected_outputs_are_kept_on_the_gpu_within_their_share(
         mlp_task: Task, gpu_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
-    reference_module.close_references()
+    reference_cache.close_references()
     first = evaluate(mlp_task, candidate("fused"), gpu_config)
     wrong = evaluate(mlp_task, candidate("wrong_values"), gpu_config)
     assert first.ok and wrong.status == "incorrect", (first.message, wrong.message)
-    run = next(iter(reference_module._references.values()))
+    run = next(iter(reference_cache._references.values()))
     kept = run._on_device
     assert kept is not None and kept is not run.expected
     assert all(x.is_cuda for leaves in kept for x in leaves if isinstance(x, torch.Tensor))
     assert reference_module._kept[run._kept_on] == run._kept_bytes > 0
-    reference_module.close_references()
+    reference_cache.close_references()
     assert reference_module._kept[run._kept_on] == 0 and run._on_device is None
     # no room in the share: compared from the mapped files, the same verdicts
     monkeypatch.setattr(reference_module, "_KEPT_SHARE", 0.0)
     again = evaluate(mlp_task, candidate("fused"), gpu_config)
     assert again.ok
-    run = next(iter(reference_module._references.values()))
+    run = next(iter(reference_cache._references.values()))
     assert run._on_device is run.expected and run._kept_bytes == 0
-    reference_module.close_references()
+    reference_cache.close_references()
 
 
 def test_baseline_modes_compile_on_the_build_cores_before_their_window(
@@ -358,7 +358,7 @@ def test_holds_are_recorded_by_purpose_and_no_hold_waits_for_a_calibration(
     (no hold of its own); the ledger names every exclusive hold's purpose."""
     from pike.evaluate import device_holds
 
-    reference_module.close_references()
+    reference_cache.close_references()
     ledger = tmp_path / device_holds.LEDGER_NAME
     with device_holds.recording(ledger):
         verdict = evaluate(mlp_task, candidate("fused"), gpu_config)

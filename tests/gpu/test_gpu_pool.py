@@ -45,7 +45,7 @@ def test_a_mixed_batch_gets_each_candidates_own_verdict(mlp_task: Task,
 def test_a_pool_on_the_gpu_keeps_a_spare_child_for_its_next_candidate(
         mlp_task: Task, fast_config: EvalConfig) -> None:
     from pike.evaluate import spares
-    from pike.evaluate.judge import _spare_key
+    from pike.evaluate.candidate_child import _spare_key
 
     cfg = fast_config.model_copy(update={"device": "cuda"})
     key = _spare_key(cfg, "cuda:0")
@@ -136,7 +136,7 @@ def test_candidates_waiting_at_once_share_a_window_on_the_gpu(
     import threading
     from contextlib import contextmanager
 
-    from pike.evaluate import reference, shared_window
+    from pike.evaluate import reference_cache, shared_window
     from pike.evaluate.shared_window import WindowQueue
 
     joined = threading.Semaphore(0)
@@ -158,7 +158,7 @@ def test_candidates_waiting_at_once_share_a_window_on_the_gpu(
     monkeypatch.setattr(shared_window, "hold", hold)
     cfg = fast_config.model_copy(update={"device": "cuda"})
     cfg.limits.memory_gib = 16
-    reference.close_references()
+    reference_cache.close_references()
     with LocalPool(cfg, workers=3) as pool:
         got = dict(pool.judge_many(mlp_task, [candidate(n) for n in
                                               ("fused", "slower", "counts_calls")]))

@@ -36,7 +36,7 @@ from pike.evaluate.baseline import BaselineStopped, baseline_gaps, stopped_meanw
 from pike.evaluate.device_identity import probe
 from pike.evaluate.device_slots import DeviceSlots
 from pike.evaluate.judge import resolve_device
-from pike.evaluate.reference import keep_references
+from pike.evaluate.reference_cache import keep_references
 from pike.report.data import geomean
 from pike.search import drain
 from pike.store import (

@@ -17,14 +17,13 @@ from pike.evaluate.device_lock import hold
 from pike.evaluate.driver import request
 from pike.evaluate.judge import as_eval_config, resolve_device
 from pike.evaluate.pool import one_line
-from pike.evaluate.reference import (  # the wait: a baseline's second pass waits as a reference's
+from pike.evaluate.reference import ReferenceRun
+from pike.evaluate.reference_cache import (  # the wait: a baseline's second pass waits as a reference's
     _OUT_OF_MEMORY_WAIT_S,
-    ReferenceRun,
-    beside_others,
-    pid_of,
-    reference_failed,
     run_reference,
 )
+from pike.evaluate.reference_failure import reference_failed
+from pike.evaluate.reference_start import beside_others, pid_of
 from pike.evaluate.shared_builds import share_reference_builds
 from pike.evaluate.timing_window import Timer, time_interleaved
 from pike.evaluate.verdict import TimingStats, Verdict, says_out_of_memory

@@ -21,19 +21,17 @@ from pydantic import BaseModel
 
 from pike.config import EvalConfig
 from pike.evaluate import device_holds
+from pike.evaluate.candidate_checks import judged_trials, trials_against
+from pike.evaluate.candidate_files import candidate_files
+from pike.evaluate.candidate_windows import timed_dishonestly
 from pike.evaluate.child_launch import begin_child, launch_child, list_for_timers, wait_for_room
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import hold, hold_for_build
 from pike.evaluate.driver import ChildReport, finish, run_trials, stage_timed_inputs, wait_ready
-from pike.evaluate.judge import (
-    candidate_files,
-    judged_trials,
-    resolve_device,
-    timed_dishonestly,
-    trials_against,
-)
+from pike.evaluate.judge import resolve_device
 from pike.evaluate.leftovers import make_temp_dir, remove_tree
-from pike.evaluate.reference import ReferenceRun, run_reference
+from pike.evaluate.reference import ReferenceRun
+from pike.evaluate.reference_cache import run_reference
 from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.timing_window import Timer, time_interleaved
 from pike.evaluate.trial_comparison import compare_device
@@ -157,7 +155,7 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
 
 
 # Added to a fixed `eval.seed` for the confirming window's draw: its trials are drawn from
-# seed + 1 + i and its timed sets from seed + 1001 + k (reference.draw_protocol), far below.
+# seed + 1 + i and its timed sets from seed + 1001 + k (reference_start.draw_protocol), far below.
 _FRESH_SEED_STEP = 1_000_003
 
 

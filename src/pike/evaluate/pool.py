@@ -27,7 +27,7 @@ from pike.errors import ConfigError, PikeError
 from pike.evaluate import spares
 from pike.evaluate.judge import evaluate, resolve_device
 from pike.evaluate.leftovers import refuse_new_work_if_ending
-from pike.evaluate.reference import keep_references
+from pike.evaluate.reference_cache import keep_references
 from pike.evaluate.verdict import Verdict, says_out_of_memory
 from pike.task import Task
 from pike.threads import unwinding_stop

@@ -35,7 +35,7 @@ from pike.config import EvalConfig
 from pike.errors import EvaluatorError, PikeError
 from pike.evaluate.leftovers import make_temp_dir
 from pike.evaluate.pool import LocalPool, one_line
-from pike.evaluate.reference import close_references
+from pike.evaluate.reference_cache import close_references
 from pike.evaluate.verdict import Verdict
 from pike.task import Task
 from pike.threads import unwinding_stop

@@ -34,13 +34,8 @@ from pike.evaluate.device_slots import DeviceSlots
 from pike.evaluate.judge import resolve_device
 from pike.evaluate.leftovers import remove_tree
 from pike.evaluate.pool import Lane, Pool, make_pool, one_line
-from pike.evaluate.reference import (
-    ReferenceOutOfMemory,
-    failed_for_memory,
-    keep_references,
-    release_reference,
-    run_reference,
-)
+from pike.evaluate.reference_cache import keep_references, release_reference, run_reference
+from pike.evaluate.reference_failure import ReferenceOutOfMemory, failed_for_memory
 from pike.search import drain
 from pike.search.session import (
     OptimizeResult,

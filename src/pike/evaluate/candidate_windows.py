@@ -1,0 +1,171 @@
+"""A candidate's timing windows beside the reference's child: one window with the device to
+themselves (or shared with other candidates of the reference), the window again while the
+reference drifts off its usual time, and the checks of the timings (forged, or dishonest).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+from collections.abc import Callable
+from contextlib import ExitStack
+
+from pike.config import EvalConfig
+from pike.evaluate import check, device_holds
+from pike.evaluate.cores import timing_cores
+from pike.evaluate.device_lock import hold
+from pike.evaluate.reference import ReferenceRun
+from pike.evaluate.reference_start import pid_of
+from pike.evaluate.sandbox import ChildProcess
+from pike.evaluate.shared_window import timed_together
+from pike.evaluate.steps import current as current_steps
+from pike.evaluate.steps import span
+from pike.evaluate.timing_window import Timer, time_interleaved
+from pike.evaluate.verdict import Verdict
+from pike.evaluate.wall_clock_check import unaccounted_wall_time
+
+log = logging.getLogger(__name__)
+
+
+_noting = threading.Lock()
+
+
+def _usual(reference: ReferenceRun, timers: list[Timer]) -> float | None:
+    """The reference's usual time a window is held to: as it was when the window began
+    (a shared window's candidates each check the same eager, and the first to keep its
+    median must not move the others' bar), else as it is now."""
+    return timers[0].usual_ms if timers[0].usual_ms is not None else reference.usual_ms()
+
+
+def _window_drift(reference: ReferenceRun, timers: list[Timer]) -> float:
+    usual = _usual(reference, timers)
+    if usual is None or not timers[0].samples:
+        return 0.0
+    return abs(statistics.median(timers[0].samples) / usual - 1.0)
+
+
+def _drift_limit(cfg_limit: float, timers: list[Timer]) -> float:
+    """The drift a window may show: the configured share, or twice the spread (IQR over
+    median) of the reference's own calls in it where that is wider. Launch-bound tasks of
+    a few microseconds spread by 40% within one window on the H100; a window can only be
+    said to be off by more than its own calls vary."""
+    samples = timers[0].samples
+    if len(samples) < 4:
+        return cfg_limit
+    q1, median, q3 = statistics.quantiles(samples, n=4)
+    return max(cfg_limit, 2 * (q3 - q1) / median) if median > 0 else cfg_limit
+
+
+def _steady_window(reference: ReferenceRun, child: ChildProcess, device: str, cfg: EvalConfig,
+                   timers: list[Timer]) -> tuple[list[Timer], float | None]:
+    """The window again while the reference's median in it is off its usual time in this
+    run by more than `timing.max_reference_drift` (a neighbour's GPU work, a slower
+    reference state or the card's own drift reached it): twice with the same reference
+    child, then once with a fresh one. Returns the last window and, when it is still off,
+    the usual time it was off from."""
+    limit = cfg.timing.max_reference_drift
+    if limit is None or not device.startswith("cuda"):
+        return timers, None
+
+    def off(window: list[Timer]) -> bool:
+        return _window_drift(reference, window) > _drift_limit(limit, window)
+
+    tries = 0
+    while off(timers) and tries <= _DRIFT_RETRIES:
+        log.info("reference off its usual time by %.0f%%: timing again",
+                 100 * _window_drift(reference, timers))
+        renew = tries == _DRIFT_RETRIES  # the same child stayed off: a fresh one
+        if renew and reference.renewals >= _MAX_RENEWALS:
+            break
+        retry = _timing_window(reference, child, device, cfg, warmed=True, renew=renew,
+                               purpose=device_holds.CANDIDATE_AGAIN)
+        if any(t.failure for t in retry):
+            break
+        timers, tries = retry, tries + 1
+    usual = _usual(reference, timers) if off(timers) else None
+    with _noting:  # a shared window's eager is kept once, not once per candidate
+        if timers[0].samples and not timers[0].noted:
+            timers[0].noted = True
+            reference.window_ms.append(statistics.median(timers[0].samples))
+    return timers, usual
+
+
+# Windows a candidate's timings must fail the wall-clock check in before it is rejected:
+# on a loaded 2-core host an honest candidate's blocks stretched alone in two windows in a
+# row (CI, 10 ms blocks); a forger's fail in every one, so more looks cost it nothing.
+_FORGED_LOOKS = 3
+_DRIFT_RETRIES = 2  # with the same reference child, before a fresh one
+_MAX_RENEWALS = 3  # fresh reference children per reference run: a card that drifts stays noisy
+
+
+def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
+                   cfg: EvalConfig, warmed: bool, renew: bool = False,
+                   flipped: bool = False,
+                   best: Callable[[], float | None] | None = None,
+                   share: bool = False,
+                   purpose: str = device_holds.CANDIDATE_WINDOW) -> list[Timer]:
+    """Eager and the candidate, interleaved, with the device to themselves (and the
+    reference's child renewed first where `renew`); `best`: the search's best speedup so
+    far, which a candidate far behind ends the window for (search_bar.py). With `share`
+    (a candidate's first window), the window may be shared with the candidates of the
+    same reference waiting for the device with it (shared_window.py)."""
+    if share and cfg.timing.share_window > 1:
+        shared = timed_together(reference, child, device, cfg, best, pid_of)
+        if shared is not None:
+            return shared
+    child.permit("timing")
+    with ExitStack() as alone:
+        with span("wait_for_device"):
+            alone.enter_context(hold(device, exclusive=True, keep=[pid_of(child) or -1],
+                                     purpose=purpose))
+        with span("wait_for_reference"):  # the device held alone meanwhile
+            alone.enter_context(reference.talking)
+        # The reference's child is read under `talking`: another evaluation may renew it.
+        if renew:
+            with span("renew_reference"):
+                warmed = warmed and not reference.renew_child()
+        assert reference.child is not None
+        timers = [Timer(reference.child, "eager", warmed=warmed,
+                        usual_ms=reference.usual_ms()),
+                  Timer(child, "candidate", warmed=warmed)]
+        with (span("timing"),
+              timing_cores([pid_of(reference.child), pid_of(child)], device, cfg.timing_cores)):
+            # only where a window stops every other evaluation: a GPU's
+            time_interleaved(timers, cfg.timing, flipped, give_up=device.startswith("cuda"),
+                             best=best)
+        # Of the blocks after each timer's first (which warms up and is not kept in
+        # `blocks`): what their calls took (as reported: diagnostic only, a candidate's
+        # samples are its own) and what they took by this clock. The rest of `timing` is
+        # the first blocks, staging and moving the children's cores.
+        steps = current_steps()
+        steps.add("timing.calls", sum(t.calls_s() for t in timers))
+        steps.add("timing.blocks", sum(t.blocks_s() for t in timers))
+        reference.child.enter_phase("idle")
+        if cfg.guards:  # the wall-clock check's figure, measured while the device is held
+            with span("calibrate_timing_loop"):
+                reference.calibrate_in_window(timers[0], [pid_of(child) or -1])
+    return timers
+
+
+def timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig) -> Verdict | None:
+    """The verdict on timed calls whose sampled outputs are wrong (incorrect), or whose
+    times show answers reused for inputs seen before (rejected); None when neither."""
+    wrong = check.timed_outputs_problem(reference.timed_expected, timer.outputs,
+                                        len(timer.samples), cfg.atol, cfg.rtol,
+                                        reference.own_error)
+    if wrong:
+        return Verdict(status="incorrect", phase="timing", message=wrong)
+    reused = (check.reused_answers_problem(timer.samples, timer.probe_samples)
+              or check.withheld_probes_problem(timer.child.timed_calls,
+                                               timer.child.probes_timed))
+    return Verdict(status="rejected", phase="timing", message=reused) if reused else None
+
+
+def _forged(reference: ReferenceRun, timers: list[Timer], strict: bool = False) -> str | None:
+    """Why the candidate's reported timings cannot be true, or None."""
+    if timers[1].failure is not None:
+        return None
+    with span("calibrate_timing_loop"):  # once per reference run; then it is kept
+        cost = reference.loop_cost()
+    return unaccounted_wall_time(cost, timers[1], timers[0], strict)
