@@ -79,10 +79,9 @@ def _final_check(child: ChildProcess, reference: ReferenceRun, outputs_dir: Path
     if doubtful:  # the hold let go first: talking_in_turn takes its own
         final = len(reference.expected) - 1
         with span("own_rounding"), reference.talking_in_turn(cfg.device_lock):
-            exact = reference.exact_outputs(final)
-            why = exact if isinstance(exact, str) else own_rounding.unexplained(
-                doubtful, reference.expected[final], exact, cfg.rtol,
-                compare_device(reference.device))
+            why = own_rounding.unexplained(doubtful, reference.expected[final],
+                                           reference.exact_outputs(final), cfg.rtol,
+                                           compare_device(reference.device))
         if not why:
             return Verdict(status="ok")
         verdict.message += f"; not the reference's own rounding: {why}"
@@ -103,16 +102,14 @@ def _final_compared(reference: ReferenceRun, outputs_dir: Path, cfg: EvalConfig
                        message=f"outputs after timing could not be read back ({err})"), []
     bad = [c for c in compare_with_room(expected, actual, cfg.trials + 1, cfg, here)
            if c.problem]
-    found = [own_rounding.doubtful_values(expected[c.output], actual[c.output],
-                                          cfg.trials + 1, c.output, cfg.atol, cfg.rtol, here)
-             for c in bad]
+    doubtful = own_rounding.all_doubtful(bad, expected, actual, cfg.trials + 1, cfg.atol,
+                                         cfg.rtol, here)
     del actual
     release_compare_memory(on)
     if not bad:
         return Verdict(status="ok"), []
-    doubtful = [d for d in found if d is not None]
     return Verdict(status="incorrect", phase="check", mismatches=bad[:20],
                    message="after timing, new values written into the same input tensors "
                            f"gave wrong outputs (output {bad[0].output}: {bad[0].problem}); "
                            "answers cached by pointer, shape or call count are not allowed"
-                   ), doubtful if len(doubtful) == len(bad) else []
+                   ), doubtful or []

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from pike.evaluate import check
+from pike.evaluate.verdict import OutputMismatch
 
 # Failing values that may be judged against the exact outputs, per output of a trial: at
 # most this many (their indices and values are kept on the host meanwhile), and at most
@@ -83,10 +84,31 @@ def doubtful_values(expected: Any, actual: Any, trial: int, output: int, atol: f
                     torch.cat(act_vals))
 
 
-def unexplained(doubtful: list[Doubtful], expected: list[Any], exact: list[Any],
+def all_doubtful(bad: list[OutputMismatch], expected: list[Any], actual: list[Any],
+                 trial: int, atol: float | list[float], rtol: float, on: torch.device
+                 ) -> list[Doubtful] | None:
+    """The doubtful values of each failing output (`bad`) of one trial, where every one
+    of them is doubtful (the rounding can only explain a trial whole); else None."""
+    found = []
+    for mismatch in bad:
+        if (mismatch.mismatched or 0) > DOUBTFUL_MAX:
+            return None  # a wrong answer: not worth another pass over its values
+        one = doubtful_values(expected[mismatch.output], actual[mismatch.output], trial,
+                              mismatch.output, atol[mismatch.output]
+                              if isinstance(atol, list) else atol, rtol, on)
+        if one is None:
+            return None
+        found.append(one)
+    return found or None
+
+
+def unexplained(doubtful: list[Doubtful], expected: list[Any], exact: list[Any] | str,
                 rtol: float, on: torch.device) -> str | None:
     """None where the reference's own rounding explains every doubtful value of one
-    trial (see the module's text); else why not, in a few words."""
+    trial (see the module's text); else why not, in a few words (`exact`, a string:
+    why there is no float64 run)."""
+    if isinstance(exact, str):
+        return exact
     for d in doubtful:
         if d.output >= len(exact) or d.output >= len(expected):
             return "the float64 run returned fewer outputs"
@@ -156,12 +178,9 @@ def exact_forward(model: torch.nn.Module, inputs: list[Any]) -> list[Any]:
     buffer cast (the model itself is timed and compiled elsewhere, and keeps its own),
     on the inputs cast likewise. Runs in the reference's child only: task code."""
     double = copy.deepcopy(model).to(torch.float64)
-    try:
-        with torch.no_grad():
-            out = double(*[wide(x) for x in inputs])
-        return [wide(leaf) for leaf in check.flatten_output(out)]
-    finally:
-        del double
+    with torch.no_grad():
+        out = double(*[wide(x) for x in inputs])
+    return [wide(leaf) for leaf in check.flatten_output(out)]
 
 
 def rescued(expected: list[Any], got: list[Any], exact: Callable[[], list[Any]],

@@ -50,11 +50,15 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     inputs_dir = Path(req.inputs_dir)
     _save(list(init_inputs), inputs_dir / "init_inputs.pt")
 
-    def drawn(name: str, seed: int, shifted: bool = False) -> list[Any]:
+    def trial_inputs(trial: int) -> list[Any]:
+        inputs = _draw_inputs(module, req, req.trial_seeds[trial], device)
+        if trial == req.trials:  # the trial of another distribution
+            inputs = [_shift_distribution(x, req.shift) for x in inputs]
+        return inputs
+
+    def drawn(name: str, draw: Callable[[], list[Any]]) -> list[Any]:
         with STEPS.span("draw_inputs"):
-            inputs = _draw_inputs(module, req, seed, device)
-            if shifted:
-                inputs = [_shift_distribution(x, req.shift) for x in inputs]
+            inputs = draw()
         with STEPS.span("save_inputs"):  # whoever loads them picks a device
             write_leaves(inputs, inputs_dir / f"{name}.pt")
         return inputs
@@ -62,11 +66,11 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     # The check trials' inputs are drawn and saved here, then loaded one set at a time for
     # the forward (the bytes every candidate loads); the timed calls' inputs (never seen in
     # the checks) stay on the device for the timing windows.
-    for trial, seed in enumerate(req.trial_seeds):
-        drawn(f"inputs_{trial}", seed, shifted=trial == req.trials)
+    for trial in range(len(req.trial_seeds)):
+        drawn(f"inputs_{trial}", lambda t=trial: trial_inputs(t))
     pool = []
     for k, seed in enumerate(req.pool_seeds):
-        inputs = drawn(f"pool_{k}", seed)
+        inputs = drawn(f"pool_{k}", lambda s=seed: _draw_inputs(module, req, s, device))
         with STEPS.span("inputs_to_device"):
             pool.append(_to_device(inputs, device))
         del inputs
@@ -171,11 +175,8 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
         """Trial `trial` run again in float64 (own_rounding), its outputs written to a
         file in this child's own folder: its name. The inputs are drawn again from their
         seed, as a fresh child draws them: a renewed child's folders are gone."""
-        inputs = _draw_inputs(module, req, req.trial_seeds[trial], device)
-        if trial == req.trials:
-            inputs = [_shift_distribution(x, req.shift) for x in inputs]
         name = f"exact_{trial}.pt"
-        write_leaves(own_rounding.exact_forward(model, inputs), Path(name))
+        write_leaves(own_rounding.exact_forward(model, trial_inputs(trial)), Path(name))
         return name
 
     _serve_timing(req, chan, device, make_call, failed_mode, exact=exact,

@@ -115,7 +115,8 @@ class TrialComparison:
         self.expected, self.outputs_dir, self.cfg, self.on = expected, outputs_dir, cfg, on
         self.shifted_atols = shifted_atols  # worked out here when not given
         # failing values the reference's own rounding may explain (own_rounding)
-        self.doubtful: dict[tuple[int, int], own_rounding.Doubtful] = {}
+        # by trial, where every failing value of it is such a one
+        self.doubtful: dict[int, list[own_rounding.Doubtful]] = {}
         self.rounding: list[tuple[int, int]] = []  # (trial, values) its rounding explained
         self.unexplained = ""
         self.compared: set[int] = set()
@@ -183,43 +184,33 @@ class TrialComparison:
         self.max_abs = max([self.max_abs, *(c.max_abs_error or 0.0 for c in compared)])
         self.max_rel = max([self.max_rel, *(c.max_rel_error or 0.0 for c in compared)])
         trial_bad = [c for c in compared if c.problem]
-        for c in trial_bad:
-            if (c.mismatched or 0) > own_rounding.DOUBTFUL_MAX:
-                continue  # a wrong answer: not worth another pass over its values
-            found = own_rounding.doubtful_values(
-                exp_here[c.output], act_leaves[c.output], trial, c.output,
-                atol[c.output] if isinstance(atol, list) else atol, self.cfg.rtol, here)
-            if found is not None:
-                self.doubtful[(trial, c.output)] = found
+        doubtful = own_rounding.all_doubtful(trial_bad, exp_here, act_leaves, trial, atol,
+                                             self.cfg.rtol, here)
+        if doubtful:
+            self.doubtful[trial] = doubtful
         del act_leaves
         self.mismatches.extend(trial_bad)
         self.passed += not trial_bad and trial < self.cfg.trials
 
     def may_be_rounding(self) -> bool:
         """Whether some failing trial's every failing value is a doubtful one."""
-        return any(all((m.trial, n.output) in self.doubtful
-                       for n in self.mismatches if n.trial == m.trial)
-                   for m in self.mismatches)
+        return bool(self.doubtful)
 
     def explain_by_rounding(self, exact: Callable[[int], list[Any] | str]) -> None:
         """Drop the mismatches of each trial whose every failing value the reference's
         own rounding explains (own_rounding; `exact`: a trial's expected outputs in
         float64, or why there are none): such a trial passes. On the comparison's
         device: the caller holds it."""
-        for trial in sorted({m.trial for m in self.mismatches}):
-            bad = [m for m in self.mismatches if m.trial == trial]
-            doubtful = [self.doubtful.get((trial, m.output)) for m in bad]
-            if any(d is None for d in doubtful):
-                continue  # a real error somewhere in this trial: nothing to explain
-            outputs = exact(trial)
-            why = (outputs if isinstance(outputs, str) else own_rounding.unexplained(
-                doubtful, self.expected[trial], outputs, self.cfg.rtol, self.on))  # type: ignore[arg-type]
+        for trial, doubtful in sorted(self.doubtful.items()):
+            why = own_rounding.unexplained(doubtful, self.expected[trial], exact(trial),
+                                           self.cfg.rtol, self.on)
             if why:
                 self.unexplained = self.unexplained or f"trial {trial}: {why}"
                 continue
             self.mismatches = [m for m in self.mismatches if m.trial != trial]
-            self.rounding.append((trial, sum(d.index.numel() for d in doubtful)))  # type: ignore[union-attr]
+            self.rounding.append((trial, sum(d.index.numel() for d in doubtful)))
             self.passed += trial < self.cfg.trials
+        self.doubtful = {}  # judged: a second call finds nothing left to explain
 
     def _pass_on(self, trial: int) -> None:
         """Give a read trial's file to one the child writes later, which it writes over in
