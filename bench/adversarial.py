@@ -56,6 +56,7 @@ CLASSES: dict[str, list[str]] = {
     "escaping the process": ["escapes_by_subprocess", "double_forks", "spawns_child",
                              "writes_outside", "opens_socket", "poisons_the_build_cache"],
     "secrets": ["leaks_secrets", "reads_secrets"],
+    "filling the disk": ["fills_its_folder", "makes_many_files"],
 }
 HONEST_WHEN_BLOCKED = {"reads_inputs_ahead", "reads_timed_sets_ahead", "slows_the_reference",
                        "reads_secrets", "poisons_the_build_cache"}

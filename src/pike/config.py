@@ -72,7 +72,8 @@ class TimingConfig(_Strict):
 
 
 class LimitsConfig(_Strict):
-    """Wall-clock limits per phase (seconds) and the memory limit of the child process tree."""
+    """Wall-clock limits per phase (seconds), the memory limit of the child process tree and
+    the disk limit of a candidate's files."""
 
     load_seconds: float = Field(600, gt=0, description="import the module, build extensions, construct")
     check_seconds: float = Field(300, gt=0, description="all correctness trials")
@@ -91,6 +92,10 @@ class LimitsConfig(_Strict):
     memory_gib: float | None = Field(
         None, gt=0, description="host RSS of the whole child tree; None = 75% of physical memory"
     )
+    disk_gib: float | None = Field(
+        None, gt=0, description="what a candidate's child may write: its folders and printed "
+        "output together, and any one file (RLIMIT_FSIZE); None = 8 GiB plus four times one "
+        "trial's outputs of the reference. A candidate past it is ended ('crashed')")
 
 
 # Where both models of an evaluation are built (EvalConfig.construct_on).

@@ -13,6 +13,7 @@ from pathlib import Path
 from pike.config import EvalConfig
 from pike.evaluate.candidate_limits import first_call_limit
 from pike.evaluate.child_launch import build_cache_root
+from pike.evaluate.disk_use import disk_limit_bytes
 from pike.evaluate.protocol import ChildRequest, timed_set_count
 from pike.evaluate.reference import ReferenceRun
 from pike.evaluate.reference_start import child_protocol
@@ -87,9 +88,10 @@ def fill_candidate(files: CandidateFiles, task: Task, source: str, cfg: EvalConf
 
 
 def attach_reference(files: CandidateFiles, reference: ReferenceRun, cfg: EvalConfig) -> None:
-    """The reference's part of a candidate's request: its weights seed, and the stage its
-    inputs come through."""
+    """The reference's part of a candidate's request: its weights seed, the bound on its
+    files (which its outputs set), and the stage its inputs come through."""
     files.request.seed = reference.seed
+    files.request.file_bytes_limit = disk_limit_bytes(cfg.limits, reference.trial_output_bytes())
     if reference.request is not None:
         files.request.construct_on = reference.request.construct_on
     files.stage = _input_stage(reference, files.work_dir.parent / "inputs", cfg)

@@ -43,6 +43,7 @@ def launch_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
     make_child_dirs(work_dir)
     plan = _sandbox_plan(request, work_dir, cache_root, cfg)
     see = plan.inside if plan is not None else os.path.realpath
+    folders = [work_dir, Path(request.outputs_dir)]  # on the host: what disk_use reads
     request.module_path = see(request.module_path)
     request.inputs_dir, request.outputs_dir = see(request.inputs_dir), see(request.outputs_dir)
     if request.extensions_dir:
@@ -57,7 +58,7 @@ def launch_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
     prefix = plan.prefix() if plan is not None else network_prefix(cfg.network_isolation)
     child = ChildProcess(request, work_dir, env, cfg.limits, _phase_limits(cfg, None),
                          prefix=prefix, sandboxed=plan is not None, stage=stage)
-    child.see = see
+    child.see, child.folders = see, folders
     if plan is not None:
         child.plan_notes = plan.describe()
     child.__enter__()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pike.evaluate import device_lock
+from pike.evaluate.disk_use import DiskExceeded
 from pike.evaluate.protocol import DESCENDANTS_GRACE_S
 from pike.evaluate.sandbox import ChildExit, ChildProcess, MemoryExceeded, PhaseTimeout
 from pike.evaluate.verdict import Verdict
@@ -149,7 +150,10 @@ def finish(child: ChildProcess, report: ChildReport | None = None) -> None:
     child.proc = None
 
 
-def abnormal_end(event: ChildExit | PhaseTimeout | MemoryExceeded, phase: str) -> Verdict:
+def abnormal_end(event: ChildExit | PhaseTimeout | MemoryExceeded | DiskExceeded, phase: str
+                 ) -> Verdict:
+    if isinstance(event, DiskExceeded):
+        return Verdict(status="crashed", phase=phase, message=event.message())
     if isinstance(event, PhaseTimeout):
         return Verdict(status="timeout", phase=event.phase,
                        message=f"no progress for {event.limit_s:g} s in phase '{event.phase}'")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pike.errors import EvaluatorError
+from pike.evaluate import disk_use
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,10 @@ class SandboxPlan:
             args.append("--share-net")
         # The private /tmp first: a Python installation under /tmp (a CI venv) is then
         # mounted over it, not hidden by it.
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
-                 "--ro-bind-try", "/sys", "/sys"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        for private in ("/tmp", "/dev/shm"):  # host memory, which no RSS counts: bounded
+            args += [*_sized(), "--tmpfs", private]
+        args += ["--ro-bind-try", "/sys", "/sys"]
         for path in _TOP_LEVEL:
             if os.path.islink(path):
                 args += ["--symlink", os.readlink(path), path]
@@ -98,7 +101,8 @@ class SandboxPlan:
             "os sandbox": f"bubblewrap {_bwrap_version()}; namespaces: {', '.join(namespaces)}; "
                           "dies with pike",
             "mounts": f"read-only: {', '.join(_system_paths())}, the top-level links; "
-                      f"private: /tmp, /dev/shm, /proc (own PID namespace); {own}; "
+                      f"private: /tmp, /dev/shm ({_tmpfs_size()}), /proc (own PID "
+                      f"namespace); {own}; "
                       f"GPU nodes: {', '.join(sorted(glob.glob('/dev/nvidia*'))) or 'none'}; "
                       "nothing else of the host (no real home, no other process)",
         }
@@ -106,6 +110,26 @@ class SandboxPlan:
 
 def _bwrap() -> str:
     return os.environ.get("PIKE_BWRAP") or shutil.which("bwrap") or "bwrap"
+
+
+def _tmpfs_size() -> str:
+    return (f"{disk_use.PRIVATE_TMPFS_BYTES / 2**30:g} GiB each" if _bwrap_sizes_tmpfs()
+            else "unbounded: this bwrap has no --size")
+
+
+def _sized() -> list[str]:
+    """bwrap's size for the next tmpfs (disk_use.PRIVATE_TMPFS_BYTES), where this bwrap
+    has `--size` (0.6 and later); else the kernel's default, half the host's memory."""
+    return ["--size", str(disk_use.PRIVATE_TMPFS_BYTES)] if _bwrap_sizes_tmpfs() else []
+
+
+@functools.cache
+def _bwrap_sizes_tmpfs() -> bool:
+    try:
+        done = subprocess.run([_bwrap(), "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--size" in done.stdout + done.stderr
 
 
 @functools.cache

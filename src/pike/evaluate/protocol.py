@@ -61,6 +61,8 @@ class ChildRequest(BaseModel):
                                 "are built (the child sets TORCH_EXTENSIONS_DIR to it)")
     task_sha256: str = ""
     task_size: int = -1
+    file_bytes_limit: int | None = Field(None, description="candidate: its RLIMIT_FSIZE, "
+                                         "lowered before its code loads (disk_use.py)")
     input_sets: int = Field(2, description="timing rotates over this many input sets, "
                             "staged only when timing starts")
     # The reference's only: drawn by the parent, never written where a candidate reads.

@@ -27,6 +27,7 @@ from pike.config import LimitsConfig
 from pike.evaluate import device_lock, host_memory, oom_killer
 from pike.evaluate.child_environment import MARKER_VARIABLE
 from pike.evaluate.child_start import SPAWNER, child_setup
+from pike.evaluate.disk_use import DiskExceeded, DiskWatch
 from pike.evaluate.protocol import Channel, ChildRequest
 from pike.evaluate.staging import InputStage
 
@@ -62,7 +63,7 @@ class MemoryExceeded:
     limit_bytes: int
 
 
-Event = dict[str, Any] | ChildExit | PhaseTimeout | MemoryExceeded
+Event = dict[str, Any] | ChildExit | PhaseTimeout | MemoryExceeded | DiskExceeded
 
 
 class ChildProcess:
@@ -111,6 +112,9 @@ class ChildProcess:
         # check.withheld_probes_problem
         self.timed_calls = self.probes_timed = 0
         self.see: Callable[[str], str] = str  # a host path as the child sees it
+        # its own folders on the host; a candidate's are watched from `begin` (disk_use)
+        self.folders: list[Path] = [work_dir]
+        self.disk: DiskWatch | None = None
 
     def __enter__(self) -> ChildProcess:
         """Start the process: it imports torch and the runner, then waits for `begin`
@@ -157,6 +161,9 @@ class ChildProcess:
         """Hand the child its request: from here it loads, builds and runs. The phase's
         clock starts now; the wait before was the parent's, not the child's."""
         (self.work_dir / "request.json").write_text(self.request.model_dump_json())
+        limit = self.request.file_bytes_limit
+        if limit and self._log is not None:
+            self.disk = DiskWatch(self.folders, limit, self._log.fileno())
         self.phase_started = time.monotonic()
         self.begun = True
         self.send("begin")
@@ -244,6 +251,9 @@ class ChildProcess:
                 if used > self.memory_limit:
                     self.unresponsive = True
                     return MemoryExceeded(used, self.memory_limit)
+            if self.disk is not None and (over := self.disk.over(now, self.phase == "timing")):
+                self.unresponsive = True
+                return over
         line, self._buffer = self._buffer.split(b"\n", 1)
         self.line_ready_at = self._ready_at
         try:

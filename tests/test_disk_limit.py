@@ -1,0 +1,116 @@
+"""A candidate's files are bounded: its folders and printed output together, any one file,
+and the OS sandbox's private /tmp and /dev/shm (evaluate/disk_use.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from pike.config import EvalConfig, LimitsConfig
+from pike.evaluate import disk_use, evaluate, os_sandbox
+from pike.evaluate.os_sandbox import SandboxPlan
+from pike.task import Task
+from tests.conftest import candidate
+from tests.test_os_sandbox import needs_bwrap
+
+MIB = 2**20
+
+
+def _with_disk(cfg: EvalConfig, gib: float) -> EvalConfig:
+    return cfg.model_copy(update={"limits": cfg.limits.model_copy(update={"disk_gib": gib})})
+
+
+def test_the_limit_follows_the_references_outputs_unless_set() -> None:
+    assert disk_use.disk_limit_bytes(LimitsConfig(), 3 * 2**30) == (
+        disk_use.FIXED_BYTES + 4 * 3 * 2**30)
+    assert disk_use.disk_limit_bytes(LimitsConfig(disk_gib=0.5), 3 * 2**30) == 2**29
+    with pytest.raises(ValueError):
+        LimitsConfig(disk_gib=0)
+
+
+def test_a_folder_counts_each_file_once_by_what_it_holds(tmp_path: Path) -> None:
+    inside, outside = tmp_path / "inside", tmp_path / "outside"
+    (inside / "deep" / "er").mkdir(parents=True)
+    outside.mkdir()
+    (inside / "deep" / "er" / "a").write_bytes(os.urandom(MIB))
+    os.link(inside / "deep" / "er" / "a", inside / "a-again")  # one file, two names
+    with open(inside / "sparse", "wb") as f:  # 1 GiB apparent, nothing written
+        f.truncate(2**30)
+    (outside / "big").write_bytes(os.urandom(4 * MIB))
+    (inside / "link").symlink_to(outside)  # not followed
+    use = disk_use.folder_use([inside])
+    assert MIB <= use.bytes < MIB + 256 * 1024, use
+    assert use.entries == 6  # deep, er, a, a-again, sparse, link
+    assert disk_use.folder_use([inside, tmp_path / "gone"]).bytes == use.bytes
+
+
+def test_a_walk_stops_past_the_most_files(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(disk_use, "MAX_ENTRIES", 50)
+    for n in range(200):
+        (tmp_path / str(n)).touch()
+    use = disk_use.folder_use([tmp_path])
+    assert use.entries == 51
+    over = disk_use.DiskWatch([tmp_path], 2**30, -1).over(0.0, timing=False)
+    assert over is not None and "more than 50 files" in over.message()
+
+
+def test_the_watch_counts_the_printed_output_and_reads_only_when_due(tmp_path: Path) -> None:
+    with tempfile.TemporaryFile() as printed:
+        watch = disk_use.DiskWatch([tmp_path], 3 * MIB, printed.fileno())
+        assert watch.over(100.0, timing=False) is None
+        printed.write(os.urandom(2 * MIB))
+        printed.flush()
+        (tmp_path / "f").write_bytes(os.urandom(2 * MIB))
+        assert watch.over(100.1, timing=False) is None  # not due yet
+        over = watch.over(100.0 + disk_use.EVERY_S, timing=False)
+        assert over is not None and over.used_bytes >= 4 * MIB
+        assert "exceeded the disk limit" in over.message() and "limit 0.00 GiB" in over.message()
+        assert watch.over(100.0 + disk_use.EVERY_S + 0.5, timing=True) is None  # timing: 1 s
+
+
+def test_a_candidate_filling_its_folder_is_ended_and_its_files_go(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    verdict = evaluate(mlp_task, candidate("fills_its_folder"), _with_disk(fast_config, 0.05))
+    assert (verdict.status, verdict.phase) == ("crashed", "check"), verdict.message
+    assert "exceeded the disk limit" in verdict.message and "limit 0.05 GiB" in verdict.message
+    leftovers = [p for p in Path(tempfile.gettempdir()).glob("pike-*/**/fill-*")]
+    assert not leftovers
+
+
+def test_a_candidate_making_files_without_end_is_ended(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(disk_use, "MAX_ENTRIES", 2000)  # read by the parent, which watches
+    verdict = evaluate(mlp_task, candidate("makes_many_files"), fast_config)
+    assert (verdict.status, verdict.phase) == ("crashed", "check"), verdict.message
+    assert "more than 2,000 files" in verdict.message
+
+
+def test_no_file_grows_past_the_limit_and_the_candidate_cannot_raise_it(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    verdict = evaluate(mlp_task, candidate("raises_its_file_limit"), _with_disk(fast_config, 0.25))
+    assert verdict.status == "runtime_error", verdict.message
+    assert f"file limit {2**28} {2**28}; raising it: refused" in verdict.message
+
+
+def test_an_honest_candidate_is_untouched_by_a_tight_limit(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    verdict = evaluate(mlp_task, candidate("fused"), _with_disk(fast_config, 0.01))
+    assert verdict.ok, verdict.message
+
+
+@needs_bwrap
+@pytest.mark.parametrize("private", ["/tmp", "/dev/shm"])
+def test_the_sandboxs_private_folders_in_memory_are_bounded(
+        private: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(disk_use, "PRIVATE_TMPFS_BYTES", MIB)
+    done = subprocess.run(
+        [*SandboxPlan().prefix(), "sh", "-c", f"head -c {3 * MIB} /dev/zero > {private}/x"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "No space left on device" in done.stderr, done
+    assert os_sandbox._bwrap_sizes_tmpfs()
+    assert f"{MIB / 2**30:g} GiB each" in SandboxPlan().describe()["mounts"]
