@@ -38,8 +38,8 @@ from search_time import _same_call, _stamp, call_windows
 
 from pike.agents.offline import named_in
 from pike.evaluate.verdict import Verdict
+from pike.search import baseline_modes
 from pike.search import offline as offline_search
-from pike.search import session
 from pike.store import BASELINE_STATE, DONE_STATE, RunStore
 
 
@@ -79,10 +79,10 @@ def replay(run_dir: Path, task: str, speed: float, workers: int | None = None) -
                 again, task, source, config["eval"]["device"], judge=judge,
                 max_candidates=offline["max_candidates"], max_seconds=offline["max_seconds"],
                 batch=workers or config["eval"]["workers"],
-                compile_speedups=session.compile_speedups(baseline),
-                skip=session.hopeless_modes(baseline),
-                known_alone=session.no_gain_modes(baseline),
-                build_seconds=session.compile_build_seconds(baseline)).run()
+                compile_speedups=baseline_modes.compile_speedups(baseline),
+                skip=baseline_modes.hopeless_modes(baseline),
+                known_alone=baseline_modes.no_gain_modes(baseline),
+                build_seconds=baseline_modes.compile_build_seconds(baseline)).run()
             replayed = len(again.candidates(task))
             spent = again.get_state(task, "offline_seconds")
     finally:

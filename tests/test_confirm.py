@@ -8,7 +8,8 @@ import pytest
 
 from pike.config import RunConfig
 from pike.evaluate.verdict import TimingStats, Verdict
-from pike.search.session import confirm_best, summary_row, task_result
+from pike.search.confirm_best import confirm_best
+from pike.search.session import summary_row, task_result
 from pike.store import RunStore
 from pike.task import Task
 from tests.conftest import candidate, fast_protocol
@@ -85,7 +86,7 @@ def test_the_confirming_window_takes_every_candidate_near_the_best() -> None:
     from types import SimpleNamespace
 
     from pike.config import SearchConfig
-    from pike.search.session import confirm_candidates
+    from pike.search.confirm_best import confirm_candidates
 
     def row(cid: int, speedup: float | None, status: str = "ok") -> SimpleNamespace:
         return SimpleNamespace(id=cid, role="optimize",
@@ -108,7 +109,7 @@ def test_the_fastest_compile_mode_joins_the_confirming_window_whatever_its_searc
     # a compile mode's figure in a loaded search window can be far below its figure alone
     # (level3-pike audited alone: 17 offline files below their task's fastest mode)
     from pike.evaluate import confirm as confirm_module
-    from pike.search.session import fastest_mode
+    from pike.search.baseline_modes import fastest_mode
     from pike.store import BASELINE_STATE
 
     baseline = {"modes": [
@@ -165,7 +166,7 @@ def test_only_pikes_own_correct_rendering_of_the_mode_joins_it() -> None:
     from types import SimpleNamespace
 
     from pike.config import SearchConfig
-    from pike.search.session import confirm_candidates
+    from pike.search.confirm_best import confirm_candidates
 
     def row(cid: int, speedup: float, idea: str = "", role: str = "offline",
             **fields: object) -> SimpleNamespace:

@@ -14,8 +14,8 @@ from pike.evaluate import evaluate, timing_window
 from pike.evaluate.check import REUSE_MIN_SAMPLES
 from pike.evaluate.timing_window import GIVE_UP_AFTER_ROUNDS, Timer, time_interleaved
 from pike.evaluate.verdict import TimingStats, Verdict
+from pike.search.confirm_best import confirm_candidates
 from pike.search.offline import OfflineSearch
-from pike.search.session import confirm_candidates
 from pike.store import RunStore
 from pike.task import Task
 from tests.conftest import candidate

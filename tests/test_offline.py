@@ -540,7 +540,7 @@ def test_stopped_time_is_shared_among_the_candidates_in_evaluation_together(
 
 
 def test_the_baselines_fastest_compile_mode_is_judged_first_among_the_builds() -> None:
-    from pike.search.session import compile_speedups
+    from pike.search.baseline_modes import compile_speedups
 
     stored = {"modes": [
         {"mode": "eager", "speedup_vs_eager": 1.0},
@@ -569,8 +569,8 @@ def test_compile_modes_the_baseline_ruled_out_are_not_tried(
     # the check trials' inputs, and max-autotune made no progress for 300 s with every
     # build core; as candidates they would fail the same way, each holding a lane.
     from pike.evaluate.verdict import Verdict
+    from pike.search.baseline_modes import hopeless_modes
     from pike.search.offline import OfflineSearch
-    from pike.search.session import hopeless_modes
 
     stored = {"modes": [
         {"mode": "eager", "speedup_vs_eager": 1.0},
@@ -610,8 +610,8 @@ def test_compile_modes_the_baseline_found_no_faster_than_eager_are_partners_not_
     # held a lane for 70 to 260 s to say so again, while fp16 autocast alone was 6.45x.
     from pike.agents.offline import named_in
     from pike.evaluate.verdict import Verdict
+    from pike.search.baseline_modes import NO_GAIN, no_gain_modes
     from pike.search.offline import OfflineSearch
-    from pike.search.session import NO_GAIN, no_gain_modes
 
     stored = {"modes": [
         {"mode": "eager", "speedup_vs_eager": 1.0},

@@ -15,7 +15,7 @@ from pike.evaluate import confirm as confirming
 from pike.evaluate import reference, reference_cache, reference_start
 from pike.evaluate.confirm import Confirmation
 from pike.evaluate.verdict import TimingStats, Verdict, says_out_of_memory
-from pike.search.session import confirm_best
+from pike.search.confirm_best import confirm_best
 from pike.store import RunStore
 from pike.task import Task
 

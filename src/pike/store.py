@@ -224,7 +224,7 @@ class RunStore:
         """The fastest correct candidate of a task; the reference itself does not count.
 
         Where the search's top candidates were timed again in one window (its "confirmed"
-        state, search/session.confirm_best), the fastest there, with that window's speedup
+        state, search/confirm_best.py), the fastest there, with that window's speedup
         and runtime (`confirmed`, the search's own figure as `search_speedup`). Otherwise
         fastest by speedup: each is a ratio to the reference timed in the same window, so it
         compares evaluations made minutes apart on a drifting host (and what the searches

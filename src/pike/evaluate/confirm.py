@@ -49,7 +49,7 @@ class Confirmation(BaseModel):
     speedup: float | None = None
     error: str = ""
     # the status a guard gave it here (its timed calls' outputs or probes): not a crash
-    # another window could undo, but the candidate's verdict (session.confirm_best)
+    # another window could undo, but the candidate's verdict (confirm_best.confirm_best)
     caught: str = ""
     caught_in: str = "timing"  # the phase it was caught in: "check" for its trials' outputs
     # as Verdict.wall_clock_factor: its times were multiplied by this (None: not raised).
@@ -133,7 +133,7 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
         # tells this window's longer blocks from a screening window's must not be honest
         # there and reuse its answers here. First: a wrong output says so whatever the
         # host's load, where the wall-clock check below may fail an honest candidate's
-        # window on a loaded host (which session.confirm_best times once more).
+        # window on a loaded host (which confirm_best.confirm_best times once more).
         dishonest = timed_dishonestly(reference, timer, config) if config.guards else None
         if dishonest is not None:
             found.append(Confirmation(candidate_id=cid, error=_short(dishonest.message),
@@ -198,7 +198,7 @@ def _ready_child(task: Task, cid: int, source: str, cfg: EvalConfig, device: str
 def _short(message: str, keep: int = 300) -> str:
     """The failure's first line and its last characters: a child's message is its exit
     and its stderr, whose last line names the error (a GPU out of memory, which
-    session.confirm_best times once more) after a traceback and any warnings."""
+    confirm_best.confirm_best times once more) after a traceback and any warnings."""
     if len(message) <= keep:
         return message
     first = message.splitlines()[0][:keep // 3]

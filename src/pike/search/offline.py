@@ -2,7 +2,7 @@
 
 Round 1 judges every applicable transformation alone, less the torch.compile modes the
 task's baseline ruled out (incorrect, or no build within the limit: `hopeless_modes`) and
-those it measured correct but no faster than eager (`known_alone`, session.no_gain_modes:
+those it measured correct but no faster than eager (`known_alone`, baseline_modes.no_gain_modes:
 on a GEMM task each mode is about 0.97x, and its candidate alone held a lane for one to
 four minutes to say so again); those stay partners for the later rounds, and are judged
 alone only where nothing else was correct alone. Each later round judges the best set

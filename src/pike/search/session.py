@@ -19,10 +19,17 @@ from pike.config import RunConfig, SearchConfig
 from pike.errors import ConfigError, TaskError
 from pike.evaluate import search_bar
 from pike.evaluate.judge import resolve_device
-from pike.evaluate.pool import Pool, make_pool, one_line
-from pike.evaluate.verdict import Verdict, says_out_of_memory
+from pike.evaluate.pool import Pool, make_pool
+from pike.evaluate.verdict import Verdict
 from pike.llm import LLMClient, Pricing, resolve_spec
+from pike.search.baseline_modes import (
+    compile_build_seconds,
+    compile_speedups,
+    hopeless_modes,
+    no_gain_modes,
+)
 from pike.search.branching import BranchingSearch, Seed
+from pike.search.confirm_best import confirm_best
 from pike.search.drain import due
 from pike.search.evolve import EvolveSearch
 from pike.search.ledger import Ledger
@@ -203,129 +210,6 @@ def search_task(store: RunStore, task: Task, cfg: RunConfig,
     return task_result(store, task.name, exhausted)
 
 
-def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
-    """Time the search's top candidates and eager again in one window (evaluate/confirm.py)
-    and keep the figures in the store; a resumed run with the same top keeps them."""
-    top = confirm_candidates(store.candidates(task.name), cfg.search,
-                             fastest_mode(store.get_state(task.name, BASELINE_STATE)))
-    if not top:
-        return
-    ids = [r.id for r in top]
-    kept = store.get_state(task.name, "confirmed")
-    if isinstance(kept, dict) and kept.get("candidates") == ids:
-        return
-    from pike.evaluate.confirm import confirm
-
-    sources = {r.id: r.source for r in top}
-    searched = {r.id: r.verdict.speedup or 0.0 for r in top}
-    found = confirm(task, sources, cfg.eval)
-    failed = _failed_above_the_best(found, searched)
-    if any(says_out_of_memory(c.error) for c in found) and not due():
-        # its children were loaded beside other evaluations: one window more, as a
-        # candidate that ran out in a crowded pool is judged once more
-        log.warning("%s: a confirmed candidate ran out of GPU memory; the window is timed "
-                    "once more", task.name)
-        found = confirm(task, sources, cfg.eval)
-    elif failed and not due():
-        # Judged correct and faster in its own window, it failed in this one: on the H100
-        # pike's own compile:default (2.38x) crashed there beside three other tasks, its
-        # message cut short, and a 1.27x file became the task's best. A window more.
-        log.warning("%s: candidate %d failed in the confirming window (%s); the window is "
-                    "timed once more", task.name, failed[0], _error_line(failed[1]))
-        found = confirm(task, sources, cfg.eval)
-    _keep_what_the_window_caught(store, task, found)
-    failed = _failed_above_the_best(found, searched)
-    if failed:
-        after = ("the best is the fastest one confirmed" if any(c.speedup for c in found)
-                 else "no candidate was confirmed: the search's own figures stand")
-        log.warning("%s: candidate %d (%.2fx in its search window) failed in the confirming "
-                    "window (%s); %s", task.name, failed[0], searched[failed[0]],
-                    _error_line(failed[1]), after)
-    store.set_state(task.name, "confirmed", {"candidates": ids,
-                                             "figures": [c.model_dump() for c in found]})
-
-
-def _keep_what_the_window_caught(store: RunStore, task: Task, found: list[Any]) -> None:
-    """A candidate whose trials (on inputs the search never drew) or timed calls (wrong
-    sampled outputs, reused answers) were caught in the confirming window gets that
-    verdict in the store, in place of its search
-    window's `ok`: a file that told the two windows apart must not come back as the
-    task's best by its search figure where no other candidate was confirmed."""
-    for confirmation in found:
-        if not confirmation.caught:
-            continue
-        row = store.candidate(confirmation.candidate_id)
-        if row.verdict is None:
-            continue
-        log.warning("%s: candidate %d was caught in the confirming window (%s)", task.name,
-                    confirmation.candidate_id, _error_line(confirmation.error))
-        store.set_verdict(confirmation.candidate_id, row.verdict.model_copy(update={
-            "status": confirmation.caught, "phase": confirmation.caught_in, "speedup": None,
-            "runtime": None, "message": "in the confirming window: " + confirmation.error}))
-
-
-def _failed_above_the_best(found: list[Any], searched: dict[int, float]
-                           ) -> tuple[int, str] | None:
-    """Of the candidates that failed in the confirming window although their search-time
-    figure is above that of the confirmed best (or any, where none was confirmed), the
-    one with the highest: a failure that changes which file is the task's best. One a
-    guard caught is left out: another window would not undo it."""
-    best = next((searched.get(c.candidate_id, 0.0) for c in found if c.speedup), 0.0)
-    above = [c for c in found if not c.speedup and not c.caught
-             and searched.get(c.candidate_id, 0.0) > best]
-    first = max(above, key=lambda c: searched.get(c.candidate_id, 0.0), default=None)
-    return (first.candidate_id, first.error) if first else None
-
-
-def _error_line(message: str) -> str:
-    """A failure's first line and, where it goes on, its last (a child's message ends with
-    its error, after its stderr's traceback)."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    if len(lines) <= 1:
-        return one_line(message)
-    return f"{one_line(lines[0])} ... {one_line(lines[-1])}"
-
-
-def confirm_candidates(rows: list[Any], cfg: SearchConfig, mode: str | None = None
-                       ) -> list[Any]:
-    """Which candidates the confirming window takes: the `confirm_top` best by search-time
-    speedup, and any other within `confirm_within` of the best, `confirm_max` at most;
-    and the offline candidate of `mode` (the task's fastest torch.compile mode in its
-    baseline, `fastest_mode`) wherever the search judged it correct, whatever its
-    figure there. In its own window beside other searches a compile mode can measure
-    far below what it does alone (max-autotune's kernels picked in a busy pool ran 22%
-    slower, contamination-h200-alone.md), and the offline level3-pike set audited alone
-    had 17 files below their task's fastest mode (the CNNs' CUDA graphs around eager at
-    0.69x to 0.86x of reduce-overhead). Timed in the same window as the search's best, the mode is the best where it is
-    faster, so a search's result is not below the mode alone. It comes on top of
-    `confirm_max`; where nothing is rankable there is no window at all. Only pike's own
-    rendering of the mode (role 'offline'): a window checks less than a verdict, and such
-    a file is the reference wrapped in torch.compile."""
-    ranked = sorted((r for r in rows if r.role != "reference" and r.verdict is not None
-                     and r.verdict.rankable and r.verdict.speedup),
-                    key=lambda r: (-(r.verdict.speedup or 0.0), r.id))
-    if not ranked or cfg.confirm_top == 0:
-        return []
-    near = (1.0 - cfg.confirm_within) * ranked[0].verdict.speedup
-    chosen = [r for i, r in enumerate(ranked)
-              if i < cfg.confirm_top or r.verdict.speedup >= near]
-    chosen = chosen[:max(cfg.confirm_top, cfg.confirm_max)]
-    # one beyond confirm_max; a window cut short behind the best counts, a hopeless one not
-    floor = next((r for r in rows if mode and r.role == "offline" and r.idea == mode
-                  and r.verdict is not None and r.verdict.comparable), None)
-    if floor is not None and all(r.id != floor.id for r in chosen):
-        chosen.append(floor)
-    return chosen
-
-
-def fastest_mode(baseline: object) -> str | None:
-    """The torch.compile mode a stored baseline found fastest among those it checked
-    against eager and found correct; None where none was (or no baseline is stored)."""
-    rows = [m for m in _compile_rows(baseline) if m.get("checked") is True
-            and not m.get("error") and isinstance(m.get("speedup_vs_eager"), (int, float))]
-    return str(max(rows, key=lambda m: m["speedup_vs_eager"])["mode"]) if rows else None
-
-
 def _best_offline(store: RunStore, task: str) -> Any:
     """The fastest correct offline candidate (by in-window speedup, as the offline search
     ranks), whatever the LLM search later found: a resumed run seeds as the first did."""
@@ -354,58 +238,6 @@ def bar_rank(cfg: SearchConfig) -> int:
     """Which best figure so far is a search's bar (search_bar.py, `search.bar_rank`);
     its best where no confirming window times several again."""
     return cfg.bar_rank if cfg.confirm_top > 0 else 1
-
-
-def compile_build_seconds(baseline: object) -> dict[str, float]:
-    """Each torch.compile mode's build seconds in a stored baseline (pre-build included)."""
-    return {m["mode"]: float(m["build_s"]) for m in _compile_rows(baseline)
-            if isinstance(m.get("build_s"), (int, float))}
-
-
-def compile_speedups(baseline: object) -> dict[str, float]:
-    """Each torch.compile mode's speedup over eager in a stored baseline (a campaign
-    measures every task's before its search); empty where there is none."""
-    return {m["mode"]: float(m["speedup_vs_eager"]) for m in _compile_rows(baseline)
-            if isinstance(m.get("speedup_vs_eager"), (int, float))}
-
-
-def _compile_rows(baseline: object) -> list[dict[str, Any]]:
-    """A stored baseline's torch.compile modes, as stored; none where it is not one."""
-    if not isinstance(baseline, dict):
-        return []
-    return [m for m in baseline.get("modes", [])
-            if isinstance(m, dict) and str(m.get("mode", "")).startswith("compile:")]
-
-
-# A compile mode its baseline found under this much faster than eager is not judged alone.
-NO_GAIN = 1.05
-
-
-def no_gain_modes(baseline: object) -> dict[str, float]:
-    """torch.compile modes the task's baseline measured, checked against eager, and found
-    no faster than eager (under NO_GAIN): their speedup there. Judged alone, each would
-    hold a lane for a build of a minute or more to say what the baseline said; the offline
-    search tries them only in company of its best set (or alone where nothing else is
-    correct). A mode measured before pike checked modes (`checked` missing) is not one."""
-    return {str(m["mode"]): float(m["speedup_vs_eager"]) for m in _compile_rows(baseline)
-            if m.get("checked") is True and not m.get("error")
-            and isinstance(m.get("speedup_vs_eager"), (int, float))
-            and m["speedup_vs_eager"] < NO_GAIN}
-
-
-def hopeless_modes(baseline: object, timeouts: bool = True) -> dict[str, str]:
-    """torch.compile modes not worth a candidate, with why: the task's baseline found the
-    mode answering otherwise than eager on the check trials' inputs (a candidate of it is
-    judged on the same ones), or, with `timeouts` (the baseline's build limit is at least
-    the candidate's, whose compile runs in its check phase), its build making no progress
-    for that limit with every build core (a candidate builds with fewer and would hold its
-    lane that long to fail the same way)."""
-    found = {}
-    for m in _compile_rows(baseline):
-        error = str(m.get("error") or "")
-        if error.startswith("incorrect:") or timeouts and "no progress for" in error:
-            found[str(m["mode"])] = error.splitlines()[0][:160]
-    return found
 
 
 def _reference_profile(store: RunStore, task: Task, cfg: RunConfig) -> str:
