@@ -78,6 +78,7 @@ class ChildProcess:
     _oom_count_seen_at = 0.0
     _last_rss: int | None = None
     peak_rss = 0  # the most the child tree held when measured (host_memory learns from it)
+    disk: DiskWatch | None = None  # a candidate's files against its limit, from `begin`
     # the tree's processes as last found, and when (monotonic): _tree_rss
     _tree: tuple[psutil.Process, ...] = ()
     _tree_walked = float("-inf")
@@ -114,7 +115,6 @@ class ChildProcess:
         self.see: Callable[[str], str] = str  # a host path as the child sees it
         # its own folders on the host; a candidate's are watched from `begin` (disk_use)
         self.folders: list[Path] = [work_dir]
-        self.disk: DiskWatch | None = None
 
     def __enter__(self) -> ChildProcess:
         """Start the process: it imports torch and the runner, then waits for `begin`
