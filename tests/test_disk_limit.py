@@ -114,3 +114,14 @@ def test_the_sandboxs_private_folders_in_memory_are_bounded(
     assert done.returncode != 0 and "No space left on device" in done.stderr, done
     assert os_sandbox._bwrap_sizes_tmpfs()
     assert f"{MIB / 2**30:g} GiB each" in SandboxPlan().describe()["mounts"]
+
+
+def test_a_write_past_the_file_limit_says_which_limit() -> None:
+    from pike.evaluate.diagnostics import describe_exception
+
+    try:
+        raise OSError(27, "File too large")
+    except OSError as err:
+        said = describe_exception(err)
+    assert said.startswith("OSError: [Errno 27] File too large")
+    assert "eval.limits.disk_gib" in said

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import re
 import traceback
 
@@ -29,6 +30,9 @@ def describe_exception(exc: BaseException, source_file: str | None = None) -> st
     lines = [f'  File "{_short(f.filename)}", line {f.lineno}, in {f.name}\n    {f.line or ""}'
              for f in chosen]
     head = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+        head += ("\n  (a file reached the candidate's file-size limit, eval.limits.disk_gib: "
+                 "its folders, printed output and each file are bounded)")
     body = "\n".join(lines)
     return clip(f"{head}\n{body}" if body else head)
 
