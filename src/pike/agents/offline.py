@@ -13,14 +13,17 @@ from pike.agents.roles import _templates
 from pike.config import COMPILE_MODES
 
 ALL = ("fold_linear_sum", "sdpa", "inference_mode", "cuda_graph", "channels_last",
-       "cudnn_benchmark", "tf32", "autocast_bf16", "autocast_fp16", *(f"compile:{m}" for m in COMPILE_MODES))
-_CUDA_ONLY = {"cuda_graph", "cudnn_benchmark", "tf32", "autocast_bf16", "autocast_fp16",
-              "compile:max-autotune-no-cudagraphs", "compile:reduce-overhead"}
+       "cudnn_benchmark", "tf32", "tf32x3", "autocast_bf16", "autocast_fp16",
+       *(f"compile:{m}" for m in COMPILE_MODES))
+_CUDA_ONLY = {"cuda_graph", "cudnn_benchmark", "tf32", "tf32x3", "autocast_bf16",
+              "autocast_fp16", "compile:max-autotune-no-cudagraphs", "compile:reduce-overhead"}
 _CONV = re.compile(r"\bConv(?:Transpose)?[123]d\b|\bconv(?:_transpose)?[123]d\b")
 # attention written out: a softmax and a matrix product (the rewrite itself checks exactly)
 _SOFTMAX = re.compile(r"\bsoftmax\b")
 _MATMUL = re.compile(r"@|\bmatmul\b")
 _MULTIHEAD = re.compile(r"\bMultiheadAttention\b")
+# a matrix product tf32x3 may split (it checks each call's operands and size itself)
+_PRODUCT = re.compile(r"@|\b(?:matmul|mm|bmm|linear|Linear)\b")
 # On a GPU a search cut short by its budget should already have judged what pays most
 # (measured on level3-pike: graphs on host-bound models, compile on kernel-bound ones; on
 # KernelBench level 2: TF32 and autocast on GEMMs and convolutions, 5x to 7x), and the
@@ -29,7 +32,7 @@ _MULTIHEAD = re.compile(r"\bMultiheadAttention\b")
 # bench/results/bench-level2-h100-offline120-baselinesfirst.md): a compile mode comes
 # after every two cheap candidates, so a batch of lanes judges cheap ones beside one build
 # instead of waiting on three builds while a short budget runs out.
-_CUDA_CHEAP = ("fold_linear_sum", "cuda_graph", "tf32", "sdpa", "autocast_fp16",
+_CUDA_CHEAP = ("fold_linear_sum", "cuda_graph", "tf32", "tf32x3", "sdpa", "autocast_fp16",
                "channels_last", "autocast_bf16", "cudnn_benchmark", "inference_mode")
 _CHEAP_PER_BUILD = 2
 
@@ -54,6 +57,8 @@ def applicable(task_source: str, device: str,
                                    or _MULTIHEAD.search(task_source)):
             continue
         if name == "fold_linear_sum" and not sums_a_linear(task_source):
+            continue
+        if name == "tf32x3" and not _PRODUCT.search(task_source):
             continue
         names.append(name)
     if compile_speedups:
@@ -145,11 +150,14 @@ def _spread_builds(names: list[str]) -> list[str]:
 
 
 def compatible(names: tuple[str, ...]) -> bool:
-    """At most one compile mode and one autocast; reduce-overhead already uses graphs."""
+    """At most one compile mode and one autocast; reduce-overhead already uses graphs;
+    tf32x3 splits fp32 products in eager (its runtime switch of TF32 is not a compiled
+    graph's), which plain TF32 or an autocast would have taken over first."""
     compiles = [n for n in names if n.startswith("compile:")]
     autocasts = [n for n in names if n.startswith("autocast_")]
     return (len(set(names)) == len(names) and len(compiles) <= 1 and len(autocasts) <= 1
-            and not ("cuda_graph" in names and "compile:reduce-overhead" in names))
+            and not ("cuda_graph" in names and "compile:reduce-overhead" in names)
+            and not ("tf32x3" in names and (compiles or autocasts or "tf32" in names)))
 
 
 # the line templates/offline.j2 writes above ModelNew
@@ -170,5 +178,5 @@ def render(task_source: str, names: tuple[str, ...]) -> str:
     autocast = next((n.split("_", 1)[1].replace("bf16", "bfloat16").replace("fp16", "float16")
                      for n in ordered if n.startswith("autocast_")), "")
     return _templates().get_template("offline.j2").render(
-        task_source=task_source.rstrip(), names=" + ".join(ordered), compile_mode=compile_mode,
-        autocast=autocast).rstrip() + "\n"
+        task_source=task_source.rstrip(), names=" + ".join(ordered), chosen=ordered,
+        compile_mode=compile_mode, autocast=autocast).rstrip() + "\n"
