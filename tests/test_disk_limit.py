@@ -6,12 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pike.config import EvalConfig, LimitsConfig
 from pike.evaluate import disk_use, evaluate, os_sandbox
+from pike.evaluate.leftovers import scratch_root
 from pike.evaluate.os_sandbox import SandboxPlan
 from pike.task import Task
 from tests.conftest import candidate
@@ -25,9 +28,10 @@ def _with_disk(cfg: EvalConfig, gib: float) -> EvalConfig:
 
 
 def test_the_limit_follows_the_references_outputs_unless_set() -> None:
-    assert disk_use.disk_limit_bytes(LimitsConfig(), 3 * 2**30) == (
-        disk_use.FIXED_BYTES + 4 * 3 * 2**30)
-    assert disk_use.disk_limit_bytes(LimitsConfig(disk_gib=0.5), 3 * 2**30) == 2**29
+    # five trials, the shifted one, the check after timing's and one more
+    assert disk_use.disk_limit_bytes(LimitsConfig(), 3 * 2**30, 5) == (
+        disk_use.FIXED_BYTES + 8 * 3 * 2**30)
+    assert disk_use.disk_limit_bytes(LimitsConfig(disk_gib=0.5), 3 * 2**30, 5) == 2**29
     with pytest.raises(ValueError):
         LimitsConfig(disk_gib=0)
 
@@ -78,8 +82,31 @@ def test_a_candidate_filling_its_folder_is_ended_and_its_files_go(
     verdict = evaluate(mlp_task, candidate("fills_its_folder"), _with_disk(fast_config, 0.05))
     assert (verdict.status, verdict.phase) == ("crashed", "check"), verdict.message
     assert "exceeded the disk limit" in verdict.message and "limit 0.05 GiB" in verdict.message
-    leftovers = [p for p in Path(tempfile.gettempdir()).glob("pike-*/**/fill-*")]
-    assert not leftovers
+    assert not list(scratch_root().glob("pike-*/**/fill-*"))
+
+
+def test_files_held_open_after_their_name_is_gone_count(tmp_path: Path) -> None:
+    with tempfile.TemporaryFile(dir=tmp_path) as hidden, \
+            tempfile.TemporaryFile(dir=tmp_path) as printed:
+        hidden.write(os.urandom(3 * MIB))
+        hidden.flush()
+        printed.write(os.urandom(MIB))
+        printed.flush()
+        watch = disk_use.DiskWatch([tmp_path], 3 * MIB, printed.fileno(),
+                                   lambda: [os.getpid()])
+        over = watch.over(0.0, timing=False)
+        assert over is not None and 4 * MIB <= over.used_bytes < 5 * MIB  # printed once
+
+
+def test_a_folder_made_unreadable_is_read_anyway(tmp_path: Path) -> None:
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    (inside / "f").write_bytes(os.urandom(MIB))
+    inside.chmod(0o300)  # written into, not listed
+    use = disk_use.folder_use([tmp_path])
+    assert use.bytes >= MIB and not use.hidden
+    over = disk_use.DiskExceeded(0, 1, 1, [str(inside)])
+    assert "unreadable" in over.message()
 
 
 def test_a_candidate_making_files_without_end_is_ended(
@@ -125,3 +152,20 @@ def test_a_write_past_the_file_limit_says_which_limit() -> None:
         said = describe_exception(err)
     assert said.startswith("OSError: [Errno 27] File too large")
     assert "eval.limits.disk_gib" in said
+
+
+def test_a_channel_flooded_without_line_ends_ends_the_child(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    cfg = fast_config.model_copy(update={"limits": fast_config.limits.model_copy(
+        update={"check_seconds": 10.0})})
+    verdicts: list[Any] = []
+    judging = threading.Thread(target=lambda: verdicts.append(
+        evaluate(mlp_task, candidate("floods_the_channel"), cfg)), daemon=True)
+    judging.start()
+    judging.join(90)  # before the cap, the parent read on for ever
+    assert verdicts, "the evaluation never ended"
+    verdict = verdicts[0]  # whichever comes first: the phase's limit, or the cap on a line
+    assert verdict.phase == "check" and (
+        verdict.status == "timeout" and "no progress for 10 s" in verdict.message
+        or verdict.status == "crashed" and "no line end in its first 64 MiB" in verdict.message
+    ), verdict.message

@@ -687,9 +687,8 @@ def test_no_gain_builds_start_only_once_the_cheap_partners_leave_budget(
                                  known_alone=dict.fromkeys(modes, 0.97)).run()
     ideas = [r.idea for r in store.candidates(MLP.name)]
     # the three cheap partners start together with budget left; a build does not join them
-    # (with six alone on four lanes, one is taken ahead, before autocast_fp16's verdict)
-    assert len(ideas) == 9 and all(" + " in i for i in ideas[6:])
-    assert sum(i.startswith("autocast_fp16 + ") for i in ideas[6:]) == 2
+    # (tf32x3 is no partner of an autocast)
+    assert len(ideas) == 9 and all(i.startswith("autocast_fp16 + ") for i in ideas[6:])
     assert not any("compile:" in i for i in ideas), ideas
 
 

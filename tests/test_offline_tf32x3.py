@@ -77,12 +77,13 @@ def test_the_halves_are_exact_and_the_high_one_fits_tf32() -> None:
 def test_every_product_is_split_and_stays_close(tmp_path: Path) -> None:
     reference, candidate, _ = _built(PRODUCTS)
     x, y = torch.randn(48, 64), torch.randn(3, 40, 24)
+    tf32_before = torch.backends.cuda.matmul.allow_tf32
     with torch.no_grad():
         expected, got = reference(x, y), candidate(x, y)
     assert candidate.tf32x3.split == 5  # linear, matmul, bmm and the operator twice
     for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
-    assert torch.backends.cuda.matmul.allow_tf32 is False  # put back after each product
+    assert torch.backends.cuda.matmul.allow_tf32 is tf32_before  # put back after each
 
 
 def test_a_parameter_is_split_once_and_again_when_it_changes(tmp_path: Path) -> None:
@@ -147,9 +148,25 @@ def test_anything_else_runs_as_written(call: Any) -> None:
 
 def test_tf32_is_put_back_when_a_product_fails() -> None:
     _, candidate, _ = _built(PRODUCTS)
+    before = torch.backends.cuda.matmul.allow_tf32
     with pytest.raises(RuntimeError), candidate.tf32x3:
         torch.matmul(torch.randn(8, 12), torch.randn(13, 16))  # shapes that do not match
-    assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert torch.backends.cuda.matmul.allow_tf32 is before
+
+
+def test_empty_and_infinite_operands_come_out_as_fp32_gives_them() -> None:
+    _, candidate, _ = _built(PRODUCTS)
+    a, b = torch.randn(6, 5), torch.randn(5, 4)
+    a[0, 0], a[1, 1], b[2, 3] = float("inf"), float("-inf"), float("nan")
+    with torch.no_grad(), candidate.tf32x3:
+        empty = torch.matmul(torch.empty(0, 5), b)
+        got = torch.matmul(a, b)
+    assert empty.shape == (0, 4) and candidate.tf32x3.split == 2
+    expected = torch.matmul(a, b)
+    assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.isinf(),
+                                                                      expected.isinf())
+    finite = expected.isfinite()
+    torch.testing.assert_close(got[finite], expected[finite], atol=1e-5, rtol=1e-5)
 
 
 def test_it_is_tried_on_a_gpu_where_the_source_has_a_product_and_alone_in_precision() -> None:
@@ -158,6 +175,10 @@ def test_it_is_tried_on_a_gpu_where_the_source_has_a_product_and_alone_in_precis
     conv = "import torch\n\n\nclass Model(torch.nn.Module):\n    def __init__(self):\n" \
            "        super().__init__()\n        self.c = torch.nn.Conv2d(3, 8, 3)\n"
     assert "tf32x3" not in applicable(conv, "cuda:0")
+    decorated = conv + "\n    @torch.no_grad()\n    def forward(self, x):\n        return self.c(x)\n"
+    assert "tf32x3" not in applicable(decorated, "cuda:0")  # a decorator is no product
+    assert "tf32x3" in applicable(conv + "\n    def forward(self, x, w):\n        return x@w\n",
+                                  "cuda:0")
     assert compatible(("tf32x3", "cuda_graph", "inference_mode"))
     for other in ("tf32", "autocast_fp16", "autocast_bf16", "compile:default"):
         assert not compatible(("tf32x3", other))
@@ -170,8 +191,9 @@ def test_it_is_tried_on_a_gpu_where_the_source_has_a_product_and_alone_in_precis
 def test_the_split_candidate_passes_the_evaluator_and_changes_no_flag(
         tmp_path: Path, fast_config: EvalConfig) -> None:
     task = _task(tmp_path)
-    source = render(task.source, ("tf32x3",)).replace("_WORTH_SPLITTING = 256.0",
-                                                     "_WORTH_SPLITTING = 0.0")
+    rendered = render(task.source, ("tf32x3",))
+    source = rendered.replace("_WORTH_SPLITTING = 256.0", "_WORTH_SPLITTING = 0.0")
+    assert source != rendered
     verdict = evaluate(task, source, fast_config)
     assert verdict.status == "ok", verdict.message
     assert not verdict.flags_changed

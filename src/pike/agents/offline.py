@@ -23,7 +23,7 @@ _SOFTMAX = re.compile(r"\bsoftmax\b")
 _MATMUL = re.compile(r"@|\bmatmul\b")
 _MULTIHEAD = re.compile(r"\bMultiheadAttention\b")
 # a matrix product tf32x3 may split (it checks each call's operands and size itself)
-_PRODUCT = re.compile(r"@|\b(?:matmul|mm|bmm|linear|Linear)\b")
+_PRODUCT = re.compile(r"[\w)\]][ \t]*@[ \t]*[\w(]|\b(?:matmul|mm|bmm|linear|Linear)\b")  # not a decorator
 # On a GPU a search cut short by its budget should already have judged what pays most
 # (measured on level3-pike: graphs on host-bound models, compile on kernel-bound ones; on
 # KernelBench level 2: TF32 and autocast on GEMMs and convolutions, 5x to 7x), and the
@@ -32,8 +32,8 @@ _PRODUCT = re.compile(r"@|\b(?:matmul|mm|bmm|linear|Linear)\b")
 # bench/results/bench-level2-h100-offline120-baselinesfirst.md): a compile mode comes
 # after every two cheap candidates, so a batch of lanes judges cheap ones beside one build
 # instead of waiting on three builds while a short budget runs out.
-_CUDA_CHEAP = ("fold_linear_sum", "cuda_graph", "tf32", "tf32x3", "sdpa", "autocast_fp16",
-               "channels_last", "autocast_bf16", "cudnn_benchmark", "inference_mode")
+_CUDA_CHEAP = ("fold_linear_sum", "cuda_graph", "tf32", "sdpa", "autocast_fp16",
+               "channels_last", "autocast_bf16", "tf32x3", "cudnn_benchmark", "inference_mode")
 _CHEAP_PER_BUILD = 2
 
 

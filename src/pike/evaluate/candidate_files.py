@@ -91,7 +91,8 @@ def attach_reference(files: CandidateFiles, reference: ReferenceRun, cfg: EvalCo
     """The reference's part of a candidate's request: its weights seed, the bound on its
     files (which its outputs set), and the stage its inputs come through."""
     files.request.seed = reference.seed
-    files.request.file_bytes_limit = disk_limit_bytes(cfg.limits, reference.trial_output_bytes())
+    files.request.file_bytes_limit = disk_limit_bytes(cfg.limits, reference.trial_output_bytes(),
+                                                      cfg.trials)
     if reference.request is not None:
         files.request.construct_on = reference.request.construct_on
     files.stage = _input_stage(reference, files.work_dir.parent / "inputs", cfg)

@@ -13,23 +13,26 @@ now hold, each to the same figure:
   a program the candidate starts is killed by SIGXFSZ);
 - the sandbox's private /tmp and /dev/shm are tmpfs of `PRIVATE_TMPFS_BYTES` each.
 
-A legitimate candidate writes its trials' outputs (the parent unlinks each file once read,
-so a few are there at once) and small build files: the default limit is a fixed part and
-four trials' outputs of the reference, so a level1 task of gigabytes of outputs keeps room.
-The shared build cache is not counted: other candidates write there at the same time.
+A legitimate candidate writes its trials' outputs (the parent unlinks each file once read)
+and small build files: the default limit is a fixed part and every trial's outputs of the
+reference and two more, so a level1 task of gigabytes of outputs keeps room. Counted too:
+files the tree holds open after their last name is gone (written, then unlinked), and a
+folder the parent cannot read is made readable again or ends the candidate. Not counted:
+the shared build cache, where other candidates write at the same time.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pike.config import LimitsConfig
 
 FIXED_BYTES = 8 * 2**30
-OUTPUTS_FACTOR = 4
 # A legitimate candidate's folders hold a handful of files; a walk of this many takes a
 # few tenths of a second, which bounds what the poll costs the parent.
 MAX_ENTRIES = 100_000
@@ -43,64 +46,102 @@ TIMING_EVERY_S = 1.0
 PRIVATE_TMPFS_BYTES = 2 * 2**30
 
 
-def disk_limit_bytes(limits: LimitsConfig, trial_output_bytes: int) -> int:
+def disk_limit_bytes(limits: LimitsConfig, trial_output_bytes: int, trials: int) -> int:
     """The bound on what a candidate's child writes: `limits.disk_gib` where set, else the
-    fixed part and `OUTPUTS_FACTOR` times one trial's outputs of the reference."""
+    fixed part and every trial's outputs at once (the child writes them without waiting
+    for the parent, which reads a file at about 4 s a GB), the shifted trial's, the check
+    after timing's and one more."""
     if limits.disk_gib is not None:
         return int(limits.disk_gib * 2**30)
-    return FIXED_BYTES + OUTPUTS_FACTOR * max(0, trial_output_bytes)
+    return FIXED_BYTES + (trials + 3) * max(0, trial_output_bytes)
 
 
 @dataclass
 class DiskUse:
     bytes: int  # allocated, not apparent: a sparse file counts what it holds
     entries: int  # files, folders and links seen; the walk stops past MAX_ENTRIES
+    hidden: list[str] = field(default_factory=list)  # folders left unreadable
+    seen: set[tuple[int, int]] = field(default_factory=set)  # (device, inode) counted
 
 
 def folder_use(folders: list[Path]) -> DiskUse:
     """What `folders` hold, without following links, each file once however many names
-    it has; stops counting past `MAX_ENTRIES` entries (the caller treats that as over)."""
-    total = entries = 0
-    seen: set[tuple[int, int]] = set()
+    it has; stops counting past `MAX_ENTRIES` entries (the caller treats that as over). A
+    folder the candidate made unreadable is made readable (the parent owns it) and read;
+    one that stays so is `hidden`."""
+    use = DiskUse(0, 0)
     stack = [str(f) for f in folders]
-    while stack and entries <= MAX_ENTRIES:
+    while stack and use.entries <= MAX_ENTRIES:
+        folder = stack.pop()
         try:
-            with os.scandir(stack.pop()) as listing:
-                for entry in listing:
-                    entries += 1
-                    if entries > MAX_ENTRIES:
-                        break
-                    try:
-                        info = entry.stat(follow_symlinks=False)
-                    except OSError:  # gone meanwhile
-                        continue
-                    if stat.S_ISDIR(info.st_mode):
-                        stack.append(entry.path)
-                    elif stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) not in seen:
-                        seen.add((info.st_dev, info.st_ino))
-                        total += info.st_blocks * 512
-        except OSError:  # a folder removed or made unreadable meanwhile
+            listing = _listing(folder)
+        except FileNotFoundError:  # removed meanwhile
             continue
-    return DiskUse(total, entries)
+        except OSError:
+            use.hidden.append(folder)
+            continue
+        with listing:
+            for entry in listing:
+                use.entries += 1
+                if use.entries > MAX_ENTRIES:
+                    break
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:  # gone meanwhile
+                    continue
+                if stat.S_ISDIR(info.st_mode):
+                    stack.append(entry.path)
+                elif stat.S_ISREG(info.st_mode):
+                    _count(use, info)
+    return use
 
 
-def file_use(fd: int) -> int:
-    """The allocated bytes of an open file (the child's printed output)."""
+def _listing(folder: str) -> Any:
     try:
-        return os.fstat(fd).st_blocks * 512
-    except OSError:
-        return 0
+        return os.scandir(folder)
+    except PermissionError:
+        os.chmod(folder, 0o700)
+        return os.scandir(folder)
+
+
+def _count(use: DiskUse, info: os.stat_result) -> None:
+    if (info.st_dev, info.st_ino) not in use.seen:
+        use.seen.add((info.st_dev, info.st_ino))
+        use.bytes += info.st_blocks * 512
+
+
+def count_unlinked(use: DiskUse, pids: list[int]) -> None:
+    """Add the files `pids` hold open whose last name is gone: written, then unlinked, they
+    take space no folder shows (memfd files too). Processes whose descriptors this process
+    may not read are passed over."""
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                info = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 0:
+                _count(use, info)
 
 
 @dataclass
 class DiskExceeded:
-    """The child's files went past the disk limit (or past MAX_ENTRIES files)."""
+    """The child's files went past the disk limit (or past MAX_ENTRIES files, or hid a
+    folder from the count)."""
 
     used_bytes: int
     limit_bytes: int
     entries: int
+    hidden: list[str] = field(default_factory=list)
 
     def message(self) -> str:
+        if self.hidden:
+            return (f"made a folder of its own unreadable to the evaluator, which counts what "
+                    f"it writes ({self.hidden[0].rsplit('/', 1)[-1]})")
         if self.entries > MAX_ENTRIES:
             return (f"wrote more than {MAX_ENTRIES:,} files into its folders (a candidate "
                     "needs a handful)")
@@ -112,8 +153,10 @@ class DiskExceeded:
 class DiskWatch:
     """A candidate's folders and printed output, read every so often against its limit."""
 
-    def __init__(self, folders: list[Path], limit_bytes: int, output_fd: int) -> None:
+    def __init__(self, folders: list[Path], limit_bytes: int, output_fd: int,
+                 pids: Callable[[], list[int]] = list) -> None:
         self.folders, self.limit_bytes, self.output_fd = folders, limit_bytes, output_fd
+        self.pids = pids  # the child tree's processes, for the files they hold open
         self._read_at = float("-inf")
 
     def over(self, now: float, timing: bool) -> DiskExceeded | None:
@@ -122,7 +165,13 @@ class DiskWatch:
             return None
         self._read_at = now
         use = folder_use(self.folders)
-        used = use.bytes + file_use(self.output_fd)
-        if used > self.limit_bytes or use.entries > MAX_ENTRIES:
-            return DiskExceeded(used, self.limit_bytes, use.entries)
+        try:  # the printed output: nameless, held open by the child
+            printed = os.fstat(self.output_fd)
+            use.seen.add((printed.st_dev, printed.st_ino))
+            use.bytes += printed.st_blocks * 512
+        except OSError:
+            pass
+        count_unlinked(use, self.pids())
+        if use.bytes > self.limit_bytes or use.entries > MAX_ENTRIES or use.hidden:
+            return DiskExceeded(use.bytes, self.limit_bytes, use.entries, use.hidden)
         return None

@@ -34,6 +34,7 @@ from pike.evaluate.staging import InputStage
 _POLL_SECONDS = 0.05
 _TIMING_MEMORY_EVERY_S = 1.0
 _TREE_EVERY_S = 1.0
+_MAX_LINE_BYTES = 64 * 2**20  # the evaluator's messages are JSON lines of a few KB
 # How often a waiting parent reads the host's out-of-memory kill count while a child
 # lives: a child found killed is blamed on the killer only where the count rose since.
 _OOM_COUNT_EVERY_S = 1.0
@@ -163,7 +164,7 @@ class ChildProcess:
         (self.work_dir / "request.json").write_text(self.request.model_dump_json())
         limit = self.request.file_bytes_limit
         if limit and self._log is not None:
-            self.disk = DiskWatch(self.folders, limit, self._log.fileno())
+            self.disk = DiskWatch(self.folders, limit, self._log.fileno(), self._tree_pids)
         self.phase_started = time.monotonic()
         self.begun = True
         self.send("begin")
@@ -229,8 +230,15 @@ class ChildProcess:
         while b"\n" not in self._buffer:
             deadline = self.phase_started + limit
             if self._read_some(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic()))):
-                continue
-            if self.proc.poll() is not None:
+                if b"\n" in self._buffer:
+                    continue
+                # Bytes with no line end yet. Candidate code can write into the channel, and
+                # a trickle of bytes once skipped every limit below: they still hold.
+                if len(self._buffer) > _MAX_LINE_BYTES:
+                    self.unresponsive = True
+                    return ChildExit(None, "garbled message on the evaluator channel (no "
+                                     "line end in its first 64 MiB)")
+            elif self.proc.poll() is not None:
                 if self._read_some(0):
                     continue
                 code = self._exit_status()
@@ -342,6 +350,10 @@ class ChildProcess:
             except psutil.Error:
                 pass
         return total
+
+    def _tree_pids(self) -> list[int]:
+        """The child tree's processes as last found (`_tree_rss` finds them again)."""
+        return [p.pid for p in self._tree]
 
     def _see_oom_count(self, now: float) -> None:
         """The host's out-of-memory kill count, read while this child is known alive."""
