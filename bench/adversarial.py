@@ -46,7 +46,8 @@ CLASSES: dict[str, list[str]] = {
         "disarms_the_guards", "empties_the_guards_lists", "starves_probes",
         "reads_inside_the_hook", "replaces_audit", "patches_guards_class",
         "patches_rotation_class", "patches_channel_class", "truthy_enabled",
-        "pulls_by_thread", "swaps_getframe", "shadows_taker", "claims_probes"],
+        "pulls_by_thread", "swaps_getframe", "shadows_taker", "claims_probes",
+        "floods_the_channel"],
     "passing its code off as a library's": [
         "names_code_as_library", "helper_in_torch_folder", "compiles_through_stdlib",
         "marshals_code", "loader_names_code_as_library", "unmarshals_through_importlib"],

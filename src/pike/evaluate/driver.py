@@ -169,6 +169,8 @@ def abnormal_end(event: ChildExit | PhaseTimeout | MemoryExceeded | DiskExceeded
                f"out-of-memory killer was at work meanwhile{used})")
     elif code is not None and code < 0:
         how = f"killed by signal {signal.Signals(-code).name}"
+    elif code is None:  # still running: what it sent is the problem (the tail says what)
+        how = "sent no valid message"
     elif code == 0:
         how = "exited with status 0 before reporting a result (os._exit or exit in candidate code?)"
     else:

@@ -230,10 +230,10 @@ class ChildProcess:
         while b"\n" not in self._buffer:
             deadline = self.phase_started + limit
             if self._read_some(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic()))):
-                if b"\n" in self._buffer:
+                if b"\n" in self._buffer or time.monotonic() - looked < _POLL_SECONDS:
                     continue
-                # Bytes with no line end yet. Candidate code can write into the channel, and
-                # a trickle of bytes once skipped every limit below: they still hold.
+                # Bytes with no line end yet for a poll's time. Candidate code can write into
+                # the channel, and a flood of bytes once skipped every limit below: they hold.
                 if len(self._buffer) > _MAX_LINE_BYTES:
                     self.unresponsive = True
                     return ChildExit(None, "garbled message on the evaluator channel (no "
