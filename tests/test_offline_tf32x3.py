@@ -169,16 +169,10 @@ def test_empty_and_infinite_operands_come_out_as_fp32_gives_them() -> None:
     torch.testing.assert_close(got[finite], expected[finite], atol=1e-5, rtol=1e-5)
 
 
-def test_it_is_tried_on_a_gpu_where_the_source_has_a_product_and_alone_in_precision() -> None:
-    assert "tf32x3" in applicable(PRODUCTS, "cuda:0")
-    assert "tf32x3" not in applicable(PRODUCTS, "cpu")  # no TF32 on a CPU
-    conv = "import torch\n\n\nclass Model(torch.nn.Module):\n    def __init__(self):\n" \
-           "        super().__init__()\n        self.c = torch.nn.Conv2d(3, 8, 3)\n"
-    assert "tf32x3" not in applicable(conv, "cuda:0")
-    decorated = conv + "\n    @torch.no_grad()\n    def forward(self, x):\n        return self.c(x)\n"
-    assert "tf32x3" not in applicable(decorated, "cuda:0")  # a decorator is no product
-    assert "tf32x3" in applicable(conv + "\n    def forward(self, x, w):\n        return x@w\n",
-                                  "cuda:0")
+def test_it_is_rendered_on_request_never_searched_and_alone_in_precision() -> None:
+    # an H200 showed it failing where tf32 fails and slower than tf32 where it passes
+    assert "tf32x3" not in applicable(PRODUCTS, "cuda:0")
+    assert "tf32x3" not in applicable(PRODUCTS, "cpu")
     assert compatible(("tf32x3", "cuda_graph", "inference_mode"))
     for other in ("tf32", "autocast_fp16", "autocast_bf16", "compile:default"):
         assert not compatible(("tf32x3", other))

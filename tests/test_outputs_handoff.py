@@ -310,7 +310,10 @@ def test_a_child_that_lies_about_its_layout_fails_and_harms_nothing_kept(
     """Leaves said to lie past the lent bytes are refused unread; the expected outputs the
     parent keeps on the GPU stay as they were for the next candidate."""
     _spied(monkeypatch)
-    cfg = fast_config.model_copy(update={"device": "cuda", "device_lock": "pause_others"})
+    # guards off: they now reject the patch of OutputsSlot (a child class) before it
+    # runs, and this is the parent's own defence, whatever the child's state
+    cfg = fast_config.model_copy(update={"device": "cuda", "device_lock": "pause_others",
+                                         "guards": False})
     task = _big_task(tmp_path)
     verdict = judge.evaluate(task, _LIES_ABOUT_ITS_LAYOUT, cfg)
     assert verdict.status == "incorrect" and "could not be read back" in verdict.message
@@ -326,7 +329,10 @@ def test_a_child_writing_its_buffer_after_the_trials_reaches_no_later_evaluation
     expected outputs never see those writes. (The buffer is freed once the child has
     ended, so this does not show writes after a free.)"""
     handed = _spied(monkeypatch)
-    cfg = fast_config.model_copy(update={"device": "cuda", "device_lock": "pause_others"})
+    # guards off: they now reject the patch of OutputsSlot (a child class) before it
+    # runs, and this is the parent's own defence, whatever the child's state
+    cfg = fast_config.model_copy(update={"device": "cuda", "device_lock": "pause_others",
+                                         "guards": False})
     task = _big_task(tmp_path)
     scribbler = _BIG_TASK.replace("class Model(", '''
 import sys, threading, time
