@@ -35,6 +35,11 @@ def tensor_leaves(obj: Any) -> list[torch.Tensor]:
     return [leaf for leaf in flatten_output(obj) if isinstance(leaf, _Tensor)]
 
 
+def leaves_bytes(leaves: list[Any]) -> int:
+    """The bytes the tensors among `leaves` take."""
+    return sum(x.nbytes for x in leaves if isinstance(x, _Tensor))
+
+
 def _storage_span(t: torch.Tensor) -> tuple[int, int]:
     storage = t.untyped_storage()
     start = storage.data_ptr()

@@ -166,9 +166,7 @@ class DiskWatch:
         self._read_at = now
         use = folder_use(self.folders)
         try:  # the printed output: nameless, held open by the child
-            printed = os.fstat(self.output_fd)
-            use.seen.add((printed.st_dev, printed.st_ino))
-            use.bytes += printed.st_blocks * 512
+            _count(use, os.fstat(self.output_fd))
         except OSError:
             pass
         count_unlinked(use, self.pids())

@@ -244,7 +244,7 @@ class ReferenceRun:
     def trial_output_bytes(self) -> int:
         """The most bytes one trial's expected outputs take (what a candidate writes a
         trial of: its disk limit follows it)."""
-        return max((_tensor_bytes(leaves) for leaves in self.expected), default=0)
+        return max((check.leaves_bytes(leaves) for leaves in self.expected), default=0)
 
     def expected_on(self, on: torch.device) -> list[list[Any]]:
         """The expected outputs where comparisons run. On a GPU they are copied there at the
@@ -298,7 +298,7 @@ def _copy_within_share(expected: list[list[Any]], on: torch.device
     """`expected` copied onto `on` and the bytes that took, where the share allows and the
     copy succeeds; else `expected` itself and 0. Called under _kept_lock."""
     key = str(on)
-    size = sum(_tensor_bytes(leaves) for leaves in expected)
+    size = sum(check.leaves_bytes(leaves) for leaves in expected)
     share = _KEPT_SHARE * torch.cuda.get_device_properties(on).total_memory
     if size == 0 or _kept.get(key, 0) + size > share:
         return expected, 0
@@ -310,10 +310,6 @@ def _copy_within_share(expected: list[list[Any]], on: torch.device
         return expected, 0
     _kept[key] = _kept.get(key, 0) + size
     return copied, size
-
-
-def _tensor_bytes(leaves: list[Any]) -> int:
-    return sum(x.nbytes for x in leaves if isinstance(x, torch.Tensor))
 
 
 _closing = threading.Lock()  # ReferenceRun.close: once

@@ -45,8 +45,7 @@ def load_leaves(path: Path, mapped: bool = False, on: torch.device | None = None
     # times the size of the expected outputs (`like`), whatever size its header claims.
     bound = None
     if like is not None:
-        expected = sum(x.nbytes for x in like if isinstance(x, torch.Tensor))
-        bound = _OUTPUT_SIZE_FACTOR * expected + (1 << 20)
+        bound = _OUTPUT_SIZE_FACTOR * check.leaves_bytes(like) + (1 << 20)
     return read_leaves(path, trusted=mapped, device=on, max_bytes=bound)
 
 
