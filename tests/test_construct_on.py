@@ -44,6 +44,28 @@ def test_construct_on_device_runs_the_constructor_on_the_device() -> None:
         _build_model(request("cpu"), module, [], torch.device("meta"), "task_error")
 
 
+class RunsItsInitInputs(torch.nn.Module):
+    """As level5's 12 and 14: a forward of a tensor from get_init_inputs() in __init__,
+    which fails where that tensor and the weights live apart."""
+
+    def __init__(self, warm_up: torch.Tensor, scale: float) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.cache = torch.nn.Buffer(self.fc(warm_up) * scale)
+
+
+def test_construct_on_device_moves_the_init_inputs_to_the_device_first() -> None:
+    module = types.SimpleNamespace(Model=RunsItsInitInputs)
+    drawn = torch.ones(2, 4)  # drawn on the CPU, as the evaluator draws them
+    model = _build_model(request("device"), module, [drawn, 2.0], torch.device("meta"),
+                         "task_error")
+    assert model.cache.device.type == "meta" and model.cache.shape == (2, 4)
+    assert drawn.device.type == "cpu"  # the caller's list keeps its own tensors
+    built = _build_model(request("cpu"), module, [drawn, 2.0], torch.device("meta"),
+                         "task_error")  # on the CPU, then moved: as KernelBench builds it
+    assert built.cache.device.type == "meta"
+
+
 def test_the_reference_cache_keeps_apart_models_built_or_timed_differently(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "1_T.py"
@@ -103,6 +125,10 @@ def test_auto_builds_on_the_gpu_only_where_weights_and_buffers_reach_the_bound(
     # what the meta device cannot build is built as KernelBench builds it
     assert child_setup.resolve_construct_on("auto", ReadsItsValues, [10_000], gpu) == "cpu"
     assert child_setup.resolve_construct_on("auto", int, [5], gpu) == "cpu"  # not a module
+    # a constructor running its CPU-drawn init inputs is sized, not taken for unbuildable
+    monkeypatch.setattr(child_setup, "BUILD_ON_DEVICE_BYTES", 80)
+    assert child_setup.resolve_construct_on(
+        "auto", RunsItsInitInputs, [torch.ones(2, 4), 1.0], gpu) == "device"
     for chosen in ("cpu", "device"):  # said outright, it stands
         assert child_setup.resolve_construct_on(chosen, Wide, [10], gpu) == chosen
     assert torch.empty(1).device.type == "cpu"  # the default device is given back
@@ -153,3 +179,40 @@ def test_the_count_leaves_no_trace_and_tells_lazy_modules_apart(
         assert torch.get_default_dtype() == torch.float32  # the default put back
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+_RUNS_ITS_INIT_INPUTS = '''\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, warm_up):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+        self.register_buffer("cache", self.fc(warm_up).detach())
+
+    def forward(self, x):
+        return self.fc(x) + self.cache.sum()
+
+
+def get_inputs():
+    return [torch.randn(8, 64)]
+
+
+def get_init_inputs():
+    return [torch.randn(2, 64)]
+'''
+
+
+@pytest.mark.gpu
+def test_a_task_running_its_init_inputs_in_init_builds_on_the_gpu(tmp_path: Path) -> None:
+    """Built on the GPU (construct_on 'device'), both sides get their init inputs there."""
+    from pike.evaluate import evaluate
+    path = tmp_path / "1_RunsItsInitInputs.py"
+    path.write_text(_RUNS_ITS_INIT_INPUTS)
+    candidate = _RUNS_ITS_INIT_INPUTS.replace("class Model(", "class ModelNew(")
+    verdict = evaluate(Task.from_file(path), candidate,
+                       EvalConfig(device="cuda", construct_on="device", trials=2))
+    assert verdict.ok, verdict.message
+    assert verdict.built_on == "device"

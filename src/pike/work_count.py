@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from pike.errors import TaskError
+from pike.evaluate.child_setup import construct
 from pike.forward_reads import (
     _distinct,
     _leaf_storages,
@@ -177,9 +178,8 @@ def _build(task: Task, module: types.ModuleType, target: torch.device, seed: int
         inputs = list(module.get_inputs())
         torch.manual_seed(seed)
         on_device = build_on_device or target.type == "meta"
-        with torch.device(target) if on_device else contextlib.nullcontext():
-            model = module.Model(*init_inputs)
-        model = model.to(target)
+        model = construct(module.Model, init_inputs, target,
+                          "device" if on_device else "cpu").to(target)
         moved = pytree.tree_map(lambda v: v.to(target) if isinstance(v, torch.Tensor) else v,
                                 inputs)
     except Exception as err:

@@ -5,7 +5,6 @@ whose spans the child reports to the parent.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import importlib.util
 import sys
@@ -68,10 +67,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def built_on(device: torch.device, construct_on: str) -> contextlib.AbstractContextManager:
-    """Where a model's constructor makes its tensors: the device itself, under
-    torch.device (construct_on 'device'), or the CPU's defaults, to be moved after."""
-    return torch.device(device) if construct_on == "device" else contextlib.nullcontext()
+def construct(cls: Callable[..., Any], init_inputs: list[Any], device: torch.device,
+              construct_on: str) -> Any:
+    """`cls(*init_inputs)` where `construct_on` says: on the device itself ('device'),
+    under torch.device and with the init inputs' tensors moved there first, or on the
+    CPU's defaults, to be moved after. The move: a task written to be built on a GPU sets
+    that default before its own `get_init_inputs()` (level5's 12_deepseekv3_MLA_decode and
+    14_llama2_decode run a forward of those inputs in `__init__`), where the evaluator
+    draws them on the CPU; built on the GPU without it, both failed "Expected all tensors
+    to be on the same device" (H100, 2026-12-05)."""
+    if construct_on != "device":
+        return cls(*init_inputs)
+    with torch.device(device):
+        return cls(*_to_device(init_inputs, device))
 
 
 def resolve_construct_on(construct_on: str, cls: Callable[..., Any], init_inputs: list[Any],
@@ -88,8 +96,8 @@ def resolve_construct_on(construct_on: str, cls: Callable[..., Any], init_inputs
     try:
         # its own copy of the arguments, and the defaults put back: what this extra run of
         # the constructor changes must not reach the real build (which candidates mirror)
-        with torch.device("meta"):
-            shell = cls(*copy.deepcopy(init_inputs))
+        with torch.device("meta"):  # init inputs moved there as `construct` moves them
+            shell = cls(*_to_device(copy.deepcopy(init_inputs), torch.device("meta")))
         size = sum(t.numel() * t.element_size() for t in [*shell.parameters(), *shell.buffers()])
     except Exception:  # the constructor reads values; lazy modules (no size yet); no module
         return "cpu"
@@ -104,17 +112,16 @@ def _build_model(req: ChildRequest, module: Any, init_inputs: list[Any], device:
     if cls is None:
         raise Failure(status, "load", f"defines none of {', '.join(req.class_names)}")
 
-    def construct() -> torch.nn.Module:
+    def seeded_build() -> torch.nn.Module:
         _manual_seed(req.seed)
-        with built_on(device, req.construct_on):
-            model = cls(*init_inputs)
+        model = construct(cls, init_inputs, device, req.construct_on)
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"{type(model).__name__} is not a torch.nn.Module")
         model = model.to(device)
         return model.eval() if req.model_mode == "eval" else model
 
     return _guarded("task_error" if req.role == "reference" else "runtime_error", "init",
-                    req.module_path, construct)
+                    req.module_path, seeded_build)
 
 
 def _draw_inputs(module: Any, req: ChildRequest, seed: int,

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pike.evaluate.child_setup import built_on, import_file, resolve_construct_on, trial_seed
+    from pike.evaluate.child_setup import construct, import_file, resolve_construct_on, trial_seed
 
     # Two modules, as in the evaluator: a candidate never sees the reference's namespace.
     task = import_file(args.task, "pike_ncu_task")
@@ -50,9 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     module = task if args.module == args.task else import_file(args.module, "pike_ncu_module")
     cls = getattr(module, "ModelNew", None) or module.Model
     torch.manual_seed(args.seed)
-    with built_on(device, where):
-        model = cls(*init_inputs)
-    model = model.to(device)
+    model = construct(cls, init_inputs, device, where).to(device)
     if args.eval:
         model = model.eval()
     torch.manual_seed(trial_seed(args.seed, 0))
