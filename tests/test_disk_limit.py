@@ -3,8 +3,11 @@ and the OS sandbox's private /tmp and /dev/shm (evaluate/disk_use.py)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import platform
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -13,7 +16,7 @@ from typing import Any
 import pytest
 
 from pike.config import EvalConfig, LimitsConfig
-from pike.evaluate import disk_use, evaluate, os_sandbox
+from pike.evaluate import disk_use, evaluate, os_sandbox, syscall_filter
 from pike.evaluate.leftovers import scratch_root
 from pike.evaluate.os_sandbox import SandboxPlan
 from pike.task import Task
@@ -128,6 +131,53 @@ def test_an_honest_candidate_is_untouched_by_a_tight_limit(
         mlp_task: Task, fast_config: EvalConfig) -> None:
     verdict = evaluate(mlp_task, candidate("fused"), _with_disk(fast_config, 0.01))
     assert verdict.ok, verdict.message
+    if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "aarch64"):
+        assert verdict.guards["system calls"].endswith(": on"), verdict.guards
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux")
+                    or platform.machine() not in ("x86_64", "aarch64"),
+                    reason="the system-call filter is for Linux on x86-64 and AArch64")
+def test_no_reservation_past_the_file_limit_and_no_io_uring(
+        mlp_task: Task, fast_config: EvalConfig) -> None:
+    verdict = evaluate(mlp_task, candidate("reserves_past_its_file_limit"),
+                       _with_disk(fast_config, 0.05))
+    assert verdict.status == "runtime_error", verdict.message
+    assert (f"keep-size reservation: errno {errno.EOPNOTSUPP}; "
+            f"io_uring: errno {errno.ENOSYS}") in verdict.message
+
+
+def test_the_filter_refuses_only_what_it_names(tmp_path: Path) -> None:
+    """In a process of its own (a filter cannot be removed): fallocate's KEEP_SIZE refused
+    in a thread started before it and in a process started after; plain fallocate, as
+    posix_fallocate calls it, bounded by RLIMIT_FSIZE instead."""
+    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "aarch64"):
+        assert syscall_filter.install().startswith("off: no filter for")
+        return
+    script = f"""
+import ctypes, os, subprocess, sys, threading
+from pike.evaluate import syscall_filter
+libc = ctypes.CDLL(None, use_errno=True)
+def reserve(path, mode):
+    with open(path, "wb") as f:
+        done = libc.fallocate(f.fileno(), mode, ctypes.c_long(0), ctypes.c_long(1 << 20))
+        return 0 if done == 0 else ctypes.get_errno()
+started = threading.Event(); go = threading.Event(); seen = []
+def early():
+    started.set(); go.wait(); seen.append(reserve({str(tmp_path / "t")!r}, 1))
+thread = threading.Thread(target=early); thread.start(); started.wait()
+print(syscall_filter.install())
+go.set(); thread.join()
+print(reserve({str(tmp_path / "a")!r}, 1), reserve({str(tmp_path / "b")!r}, 0), seen[0])
+child = "import ctypes; l = ctypes.CDLL(None, use_errno=True); f = open({str(tmp_path / "c")!r}, 'wb'); print(l.fallocate(f.fileno(), 1, ctypes.c_long(0), ctypes.c_long(4096)), ctypes.get_errno())"
+print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout.strip())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == [
+        "on", f"{errno.EOPNOTSUPP} 0 {errno.EOPNOTSUPP}", f"-1 {errno.EOPNOTSUPP}"], done.stdout
+    assert (tmp_path / "b").stat().st_size == 1 << 20
 
 
 @needs_bwrap

@@ -25,6 +25,9 @@ def explain_guards(cfg: EvalConfig, report: ChildReport, correctness: Verdict | 
                            + ("own namespace (the OS sandbox's)" if child.plan_notes
                               else network_isolation(cfg.network_isolation)),
         **(child.plan_notes or {"os sandbox": sandbox_status(cfg.sandbox)}),
+        "system calls": "a seccomp filter refuses fallocate's KEEP_SIZE, io_uring and other "
+                        "ABIs' calls (syscall_filter.py): "
+                        + report.env.get("syscall_filter", "not reported by the child"),
         "audit hook": "refuses network, writes outside the work and build dirs, patching "
                       "timer/tensor classes, gc object walks, evaluator frame access",
         "reference code": "the task file is not importable from the candidate's code"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from pike.evaluate import syscall_filter
 from pike.evaluate.candidate_role import run_candidate
 from pike.evaluate.child_setup import Failure
 from pike.evaluate.device_identity import identity
@@ -48,8 +49,10 @@ def main(argv: list[str]) -> int:
     if first is None or first.get("event") != "begin":
         os._exit(0)  # not needed after all: nothing was loaded, nothing to report
     req = ChildRequest.model_validate_json(Path(argv[0]).read_text())
+    syscalls = "off: not a candidate's child"
     if req.file_bytes_limit:  # before the candidate's code: it cannot raise a hard limit
         resource.setrlimit(resource.RLIMIT_FSIZE, (req.file_bytes_limit, req.file_bytes_limit))
+        syscalls = syscall_filter.install()  # nor remove a filter
     if req.extensions_dir:  # known only now to a child started ahead of its candidate
         os.environ["TORCH_EXTENSIONS_DIR"] = req.extensions_dir
     _share_precompiled_headers()
@@ -62,7 +65,7 @@ def main(argv: list[str]) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     chan.send("env", device_name=_device_name(device), torch_version=torch.__version__,
-              host=platform.node(), device_id=identity(str(device)))
+              host=platform.node(), device_id=identity(str(device)), syscall_filter=syscalls)
     chan.send("phase", phase="load")
     try:
         (run_reference if req.role == "reference" else run_candidate)(req, chan, device)
