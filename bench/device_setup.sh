@@ -4,12 +4,14 @@
 # that reaches the package registries:
 #
 #   bash bench/device_setup.sh [KERNELBENCH_DIR]   # default ../shared/kernelbench
+#   LEVEL5=1 bash bench/device_setup.sh            # also diffusers, for level5's 6 and 8
 #
 # .whl/    pike's small dependencies as CPython 3.12 wheels (the lent machine has torch,
 #          numpy and no network; bench/device_env.sh installs them into /tmp/site). The
 #          report's matplotlib stack and numpy are left out: `pike bench` and `pike audit`
 #          never import them, and with them the carried tree passed the device tool's
-#          64 MiB (2026-12-03: bench/results alone is about 42 MB of it).
+#          64 MiB (2026-12-03: bench/results alone was about 42 MB of it; 2026-12-05, its
+#          larger run stores gzipped, the tracked files are 21 MB).
 # .bwrap/  bubblewrap from the Debian package, for the OS sandbox (PIKE_BWRAP).
 # .tasks/  copies of the KernelBench task folders (never committed) and bench120.yaml,
 #          the 120 s offline budget of the level2 runs.
@@ -25,6 +27,11 @@ pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 -d .whl \
   typer rich pydantic pyyaml psutil openai tenacity jinja2 ninja
 rm -f .whl/numpy-*.whl  # openai and pydantic do not need it; the machine's torch has it
+# level5's 6 and 8 import diffusers, which the lent machines lack (its own needs,
+# huggingface-hub, pillow, regex and the rest, are there): 6.4 MB more to carry
+if [ "${LEVEL5:-}" = 1 ]; then
+  pip download -q --no-deps --only-binary=:all: -d .whl diffusers==0.42.1
+fi
 
 work=$(mktemp -d)
 (cd "$work" && apt-get download bubblewrap >/dev/null 2>&1 && dpkg -x bubblewrap_*.deb x)
