@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -131,12 +130,11 @@ def test_an_honest_candidate_is_untouched_by_a_tight_limit(
         mlp_task: Task, fast_config: EvalConfig) -> None:
     verdict = evaluate(mlp_task, candidate("fused"), _with_disk(fast_config, 0.01))
     assert verdict.ok, verdict.message
-    if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "aarch64"):
+    if not syscall_filter.unsupported():
         assert verdict.guards["system calls"].endswith(": on"), verdict.guards
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux")
-                    or platform.machine() not in ("x86_64", "aarch64"),
+@pytest.mark.skipif(bool(syscall_filter.unsupported()),
                     reason="the system-call filter is for Linux on x86-64 and AArch64")
 def test_no_reservation_past_the_file_limit_and_no_io_uring(
         mlp_task: Task, fast_config: EvalConfig) -> None:
@@ -151,7 +149,7 @@ def test_the_filter_refuses_only_what_it_names(tmp_path: Path) -> None:
     """In a process of its own (a filter cannot be removed): fallocate's KEEP_SIZE refused
     in a thread started before it and in a process started after; plain fallocate, as
     posix_fallocate calls it, bounded by RLIMIT_FSIZE instead."""
-    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "aarch64"):
+    if syscall_filter.unsupported():
         assert syscall_filter.install().startswith("off: no filter for")
         return
     script = f"""

@@ -1,6 +1,6 @@
-"""Attack: reserves disk past its file-size limit with fallocate's KEEP_SIZE (ext4 grants
-that past RLIMIT_FSIZE, and the file's size stays 0, so a poll of sizes sees nothing),
-and tries io_uring, whose operations run past seccomp; says what each call answered in
+"""Attack: reserves disk past its file-size limit with fallocate's KEEP_SIZE (a kernel
+that checks RLIMIT_FSIZE only where a file's size grows lets it pass, and the size stays
+0, so a poll of sizes sees nothing), and tries io_uring, whose operations run past seccomp; says what each call answered in
 its error, so a test can see that the child refused both before any candidate code ran."""
 
 import ctypes

@@ -7,9 +7,10 @@ no poll of folders sees them:
   growing it. Where a kernel checks RLIMIT_FSIZE only as a file's size grows, that
   passes the limit, and a candidate could reserve the host's disk through one file of the
   shared build cache, which the parent's poll does not count (other candidates write
-  there too); this project's CPU host (ext4) answered EFBIG, other kernels were not tried. Refused with EOPNOTSUPP, which callers
-  that only meant to pre-allocate take as "not supported here"; plain `fallocate` (mode
-  0, posix_fallocate's) is bounded by RLIMIT_FSIZE and stays allowed.
+  there too); this project's CPU host (ext4) answered EFBIG, other kernels were not
+  tried. Refused with EOPNOTSUPP, which callers that only meant to pre-allocate take as
+  "not supported here"; plain `fallocate` (mode 0, posix_fallocate's) is bounded by
+  RLIMIT_FSIZE and stays allowed.
 - io_uring: its operations (IORING_OP_FALLOCATE among them) run in the kernel's workers,
   past seccomp. Refused with ENOSYS, as on a kernel without it; nothing torch, Triton or
   the compilers run needs it.
@@ -83,11 +84,19 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
+def unsupported() -> str | None:
+    """Why this host gets no filter (None where it does)."""
+    if sys.platform.startswith("linux") and platform.machine() in _ABI:
+        return None
+    return f"no filter for {sys.platform} on {platform.machine()}"
+
+
 def install() -> str:
     """Installs the filter on this process and its threads: "on", or why it is not."""
+    why_not = unsupported()
+    if why_not:
+        return f"off: {why_not}"
     machine = platform.machine()
-    if not sys.platform.startswith("linux") or machine not in _ABI:
-        return f"off: no filter for {sys.platform} on {machine}"
     instructions = program(machine)
     raw = b"".join(struct.pack("HBBI", *i) for i in instructions)
     buffer = ctypes.create_string_buffer(raw, len(raw))
