@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import stat
+import subprocess
 import sys
 import textwrap
 import time
@@ -336,3 +337,30 @@ def test_ncu_measures_the_top_kernels_of_a_candidate(build_cache: Path) -> None:
         assert 0 < metrics.achieved_occupancy_pct <= 100
         assert metrics.dram_throughput_pct is not None and metrics.sm_throughput_pct is not None
     assert "Nsight Compute, % of peak" in render(summary, max_tokens=1000)
+
+
+def test_the_profiled_module_loads_under_the_childs_file_limit_and_filter(
+        tmp_path: Path) -> None:
+    """ncu's target runs candidate code as a judged child does: its file limit (hard) and,
+    where the host has it, the system-call filter are on before the module is imported."""
+    from pike.evaluate import syscall_filter
+
+    seen = tmp_path / "seen.txt"
+    module = tmp_path / "module.py"
+    module.write_text(textwrap.dedent(f"""
+        import os, resource
+        status = open("/proc/self/status").read()
+        filtered = [line for line in status.splitlines() if line.startswith("Seccomp:")]
+        open({str(seen)!r}, "w").write(f"{{resource.getrlimit(resource.RLIMIT_FSIZE)}} {{filtered}}")
+        os._exit(0)
+    """))
+    command = ncu.target_command(MLP, module, "cpu", EvalConfig(seed=1))
+    limit = int(command[command.index("--file-bytes-limit") + 1])
+    assert limit == 8 * 2**30  # no outputs to write: the fixed part of the disk limit
+    command[command.index("--file-bytes-limit") + 1] = str(2**20)
+    done = subprocess.run(command, timeout=120, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    said = seen.read_text()
+    assert said.startswith(f"({2**20}, {2**20})"), said
+    if not syscall_filter.unsupported():
+        assert "Seccomp:\\t2" in said, said  # mode 2: a filter

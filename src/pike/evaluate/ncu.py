@@ -4,8 +4,8 @@ DRAM and SM throughput, where `ncu` is installed; one logged line where it is no
 ncu replays every profiled kernel several times to read the GPU's counters, so it cannot
 run inside the judged child: it starts the module afresh in a process of its own
 (pike.evaluate.ncu_target) with the child's protections (scrubbed environment, the OS
-sandbox where the children have it, else a network namespace; a wall-clock limit, the
-whole process tree killed at the end) and writes a report, which a second, trusted ncu
+sandbox where the children have it, else a network namespace; its disk limit and
+system-call filter; a wall-clock limit, the whole process tree killed at the end) and writes a report, which a second, trusted ncu
 run prints as CSV. Like the profile, the metrics only inform prompts and users: any
 failure here is a note on the summary, never a verdict.
 
@@ -35,6 +35,7 @@ from pike.config import EvalConfig
 from pike.evaluate.child_environment import child_environment, make_child_dirs
 from pike.evaluate.child_launch import build_cache_root
 from pike.evaluate.child_start import SPAWNER, child_setup
+from pike.evaluate.disk_use import disk_limit_bytes
 from pike.evaluate.leftovers import make_temp_dir
 from pike.evaluate.ncu_target import NVTX_RANGE
 from pike.evaluate.network_namespace import network_prefix
@@ -139,6 +140,8 @@ def target_command(task_path: Path, module_path: Path, device: str,
             "--device", device, "--calls", str(_CALLS),
             *(["--seed", str(cfg.seed)] if cfg.seed is not None else []),
             "--construct-on", cfg.construct_on,
+            # it writes no outputs: the fixed part of a judged child's disk limit
+            "--file-bytes-limit", str(disk_limit_bytes(cfg.limits, 0, 0)),
             *(["--eval"] if cfg.model_mode == "eval" else [])]
 
 

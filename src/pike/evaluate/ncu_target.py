@@ -1,14 +1,16 @@
 """What Nsight Compute runs: build a module's model and call it, so `ncu` profiles its kernels.
 
     python -m pike.evaluate.ncu_target TASK MODULE [--device cuda:0] [--calls 2] [--seed 42]
-        [--eval] [--construct-on cpu|device]
+        [--eval] [--construct-on cpu|device] [--file-bytes-limit N]
 
 TASK gives get_init_inputs and get_inputs; MODULE (the task itself for the reference)
 gives ModelNew, or else Model. Weights and inputs are seeded as the evaluator seeds them.
 A first call, outside the profiled range, does the lazy work (extension builds, Triton
 autotuning, allocator growth); only the calls after it run inside the NVTX range that
 evaluate/ncu.py tells ncu to profile. The evaluator started this process in a scrubbed
-environment; it never reads anything back from it but ncu's report.
+environment; it never reads anything back from it but ncu's report. With
+--file-bytes-limit it confines itself as a judged child does (no file past N bytes, the
+system-call filter) before the module's code loads.
 """
 
 from __future__ import annotations
@@ -30,11 +32,16 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--eval", action="store_true", help="call .eval() on the model")
     parser.add_argument("--construct-on", choices=CONSTRUCT_ON, default="auto")
+    parser.add_argument("--file-bytes-limit", type=int, default=None)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = arguments().parse_args(argv)
+    if args.file_bytes_limit:  # before the task's or the module's code, as in runner.main
+        from pike.evaluate.syscall_filter import confine
+
+        confine(args.file_bytes_limit)
 
     import torch
 

@@ -14,7 +14,6 @@ import getpass
 import os
 import platform
 import re
-import resource
 import sys
 import tempfile
 from pathlib import Path
@@ -50,9 +49,8 @@ def main(argv: list[str]) -> int:
         os._exit(0)  # not needed after all: nothing was loaded, nothing to report
     req = ChildRequest.model_validate_json(Path(argv[0]).read_text())
     syscalls = "off: not a candidate's child"
-    if req.file_bytes_limit:  # before the candidate's code: it cannot raise a hard limit
-        resource.setrlimit(resource.RLIMIT_FSIZE, (req.file_bytes_limit, req.file_bytes_limit))
-        syscalls = syscall_filter.install()  # nor remove a filter
+    if req.file_bytes_limit:  # before the candidate's code, which cannot undo either
+        syscalls = syscall_filter.confine(req.file_bytes_limit)
     if req.extensions_dir:  # known only now to a child started ahead of its candidate
         os.environ["TORCH_EXTENSIONS_DIR"] = req.extensions_dir
     _share_precompiled_headers()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import platform
+import resource
 import struct
 import sys
 
@@ -114,3 +115,11 @@ def install() -> str:
         return (f"off: seccomp() failed ({errno.errorcode.get(err, err)}"
                 + (f"; thread {done} could not take it" if done > 0 else "") + ")")
     return "on"
+
+
+def confine(file_bytes_limit: int) -> str:
+    """What every process running candidate code takes on before its code loads: no file
+    past `file_bytes_limit` (RLIMIT_FSIZE, hard, so it cannot be raised) and the filter.
+    Returns what `install` says."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes_limit, file_bytes_limit))
+    return install()
