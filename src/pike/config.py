@@ -96,6 +96,10 @@ class LimitsConfig(_Strict):
         None, gt=0, description="what a candidate's child may write: its folders and printed "
         "output together, and any one file (RLIMIT_FSIZE); None = 8 GiB plus four times one "
         "trial's outputs of the reference. A candidate past it is ended ('crashed')")
+    build_cache_gib: float | None = Field(
+        32, gt=0, description="the candidates' shared build cache (extensions, Triton's and "
+        "inductor's kernels) as a whole: past it, the entries written longest ago (none of "
+        "the last hour) are removed after an evaluation, down to 3/4 of it; None = no bound")
 
 
 # Where both models of an evaluation are built (EvalConfig.construct_on).

@@ -20,6 +20,7 @@ import torch
 from pike.config import EvalConfig, RunConfig
 from pike.errors import EvaluatorError
 from pike.evaluate import device_holds, search_bar, spares
+from pike.evaluate.build_cache_bound import trim_when_due
 from pike.evaluate.candidate_checks import _final_check, judged_trials, trials_against
 from pike.evaluate.candidate_child import _candidate_child, _launch_candidate, _spare_key
 from pike.evaluate.candidate_files import CandidateFiles, attach_reference
@@ -32,7 +33,12 @@ from pike.evaluate.candidate_windows import (
     _timing_window,
     timed_dishonestly,
 )
-from pike.evaluate.child_launch import begin_child, list_for_timers, wait_for_room
+from pike.evaluate.child_launch import (
+    begin_child,
+    build_cache_root,
+    list_for_timers,
+    wait_for_room,
+)
 from pike.evaluate.device_lock import hold, hold_for_build, hold_for_work
 from pike.evaluate.driver import (
     ChildReport,
@@ -144,6 +150,7 @@ def evaluate(task: Task, candidate_source: str,
             with span("remove_files"):
                 if launched is not None:
                     remove_tree(launched.folder)
+                trim_when_due(build_cache_root(cfg), cfg.limits.build_cache_gib)
         if not device.startswith("cuda"):  # on the CPU its imports would share the cores
             spares.replenish(_spare_key(cfg, device), lambda: _launch_candidate(cfg, device))
     verdict.phase_seconds["total"] = time.monotonic() - started
