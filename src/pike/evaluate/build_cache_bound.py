@@ -8,11 +8,20 @@ that compiles a graph another already compiled, builds nothing), so over a long 
 it grew without end: some tens of MB a built candidate, tens of GB over a few thousand.
 
 After an evaluation the parent measures the cache (at most once every `EVERY_S`) and,
-past the bound, removes whole entries, least recently written first, until it holds at
+past the bound, removes whole entries, least recently changed first, until it holds at
 most `TRIM_TO` of the bound. An entry is a build folder or one of Triton's or inductor's
-top-level entries. What was written in the last `YOUNGEST_S` stays whatever the total: a
-running candidate may be reading or building it. What goes costs a rebuild if needed
-again, never a verdict.
+top-level entries (inductor's precompiled headers and locks excepted: every child reads
+or holds them, and nothing writes them once made). What was changed in the last
+`YOUNGEST_S` stays whatever the total: a running candidate may be building it (a torch
+extension's load takes its build folder's lock, which changes the folder). A cache hit
+that only reads (Triton's, inductor's) changes nothing, so such an entry may go while it
+is in use, and costs a rebuild, never a verdict: Triton and inductor build again what
+they do not find. "Changed" is the inode's change time, which a candidate cannot set
+(it can set a file's modification time, to the future too).
+
+Candidates write this folder while it is trimmed: entries are removed through folder
+handles that never follow a link (tree_removal.py), each measured again just before it
+goes. A file of several names is counted once.
 """
 
 from __future__ import annotations
@@ -23,9 +32,12 @@ import stat
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pike.evaluate.leftovers import remove_tree
+from pike.evaluate.tree_removal import MAX_DEPTH, open_folder, remove_tree
+
+if TYPE_CHECKING:
+    from pike.config import EvalConfig
 
 log = logging.getLogger(__name__)
 
@@ -34,99 +46,158 @@ TRIM_TO = 0.75
 YOUNGEST_S = 3600.0
 # shared by every candidate: their entries are counted one by one
 _SHARED_FOLDERS = ("triton", "inductor")
+# inductor's own, read or held by every child: never an entry
+_KEPT = {("inductor", "precompiled_headers"), ("inductor", "locks")}
 
 _lock = threading.Lock()
+_monotonic = time.monotonic  # the throttle's clock (tests move it)
 _last_check: dict[str, float] = {}
 
 
 @dataclass
 class Entry:
-    path: Path
-    bytes: int  # allocated: what removing it gives back
-    written: float  # the newest modification time of anything in it
+    folder: str  # "" (the cache's root), "triton" or "inductor"
+    name: str
+    bytes: int  # allocated, each inode once: what removing it gives back at most
+    changed: float  # the newest change time (ctime) of anything in it
+
+    @property
+    def label(self) -> str:
+        return f"{self.folder}/{self.name}" if self.folder else self.name
 
 
-def entries(root: Path) -> list[Entry]:
-    """The cache's removable entries and what each holds, without following links."""
+def entries(root_fd: int) -> list[Entry]:
+    """The removable entries of the cache open at `root_fd` and what each holds."""
     found: list[Entry] = []
-    for child in _listing(root):
-        if child.name in _SHARED_FOLDERS and child.is_dir() and not child.is_symlink():
-            found += [_measure(grandchild) for grandchild in _listing(child)]
-        else:
-            found.append(_measure(child))
+    seen: set[tuple[int, int]] = set()
+    for name in _listing(root_fd):
+        if name in _SHARED_FOLDERS:
+            shared = open_folder(root_fd, name)
+            if shared is not None:  # else a link or a file: an entry like any other
+                try:
+                    found += [_measure(shared, name, n, seen) for n in _listing(shared)
+                              if (name, n) not in _KEPT]
+                finally:
+                    os.close(shared)
+                continue
+        found.append(_measure(root_fd, "", name, seen))
     return found
 
 
-def trim(root: Path, bound_bytes: int, now: float | None = None) -> list[Entry]:
-    """Remove the oldest entries of `root` while it holds more than `bound_bytes`, down to
-    TRIM_TO of it, sparing those written in the last YOUNGEST_S; returns what was removed."""
+def trim(root_fd: int, bound_bytes: int, now: float | None = None) -> list[Entry]:
+    """Remove the least recently changed entries of the cache open at `root_fd` while it
+    holds more than `bound_bytes`, down to TRIM_TO of it, sparing those changed in the
+    last YOUNGEST_S; returns what was removed."""
     now = time.time() if now is None else now
-    found = entries(root)
+    found = entries(root_fd)
     total = sum(e.bytes for e in found)
     if total <= bound_bytes:
         return []
     removed: list[Entry] = []
-    for entry in sorted(found, key=lambda e: e.written):
-        if total <= TRIM_TO * bound_bytes or now - entry.written < YOUNGEST_S:
+    for entry in sorted(found, key=lambda e: e.changed):
+        if total <= TRIM_TO * bound_bytes or now - entry.changed < YOUNGEST_S:
             break
-        try:
-            if entry.path.is_dir() and not entry.path.is_symlink():
-                remove_tree(entry.path)
-            else:
-                entry.path.unlink()
-        except OSError as err:  # another pike removed it, or it is in use: next time
-            log.info("build cache: could not remove %s: %s", entry.path, err)
-            continue
-        total -= entry.bytes
-        removed.append(entry)
+        if _remove(root_fd, entry, now):
+            total -= entry.bytes
+            removed.append(entry)
     if total > bound_bytes:
-        log.warning("build cache %s holds %.1f GiB, over its bound of %.1f GiB, all of it "
-                    "written in the last %.0f min (eval.limits.build_cache_gib)", root,
+        log.warning("the build cache holds %.1f GiB, over its bound of %.1f GiB, all of it "
+                    "changed in the last %.0f min (eval.limits.build_cache_gib)",
                     total / 2**30, bound_bytes / 2**30, YOUNGEST_S / 60)
     return removed
 
 
-def trim_when_due(root: Path, bound_gib: float | None) -> None:
-    """After an evaluation: `trim` where a bound is set and the last check of this root
-    is EVERY_S old. Never raises: the bound is housekeeping, not part of a verdict."""
+def trim_when_due(cfg: EvalConfig) -> None:
+    """After an evaluation: `trim` the candidates' build cache where a bound is set and
+    its last check is EVERY_S old. Never raises: the bound is housekeeping, not part of
+    a verdict."""
+    bound_gib = cfg.limits.build_cache_gib
     if bound_gib is None:
         return
-    key = str(root)
-    with _lock:
-        if time.monotonic() - _last_check.get(key, -EVERY_S) < EVERY_S:
-            return
-        _last_check[key] = time.monotonic()
     try:
-        removed = trim(root, int(bound_gib * 2**30))
-    except OSError as err:
-        log.warning("build cache %s: could not measure it: %s", root, err)
+        from pike.evaluate.child_launch import build_cache_root
+
+        root = build_cache_root(cfg)
+        with _lock:
+            if _monotonic() - _last_check.get(str(root), -EVERY_S) < EVERY_S:
+                return
+            _last_check[str(root)] = _monotonic()
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            removed = trim(root_fd, int(bound_gib * 2**30))
+        finally:
+            os.close(root_fd)
+    except Exception as err:  # noqa: BLE001 - nothing here may end an evaluation
+        log.warning("the build cache could not be trimmed: %s", err)
         return
     if removed:
-        log.info("build cache %s: removed %d entries (%.1f GiB), least recently written "
+        log.info("build cache %s: removed %d entries (%.1f GiB), least recently changed "
                  "first", root, len(removed), sum(e.bytes for e in removed) / 2**30)
 
 
-def _listing(folder: Path) -> list[Path]:
+def _remove(root_fd: int, entry: Entry, now: float) -> bool:
+    """Remove `entry` unless it changed since it was measured into the last YOUNGEST_S."""
+    parent = root_fd if not entry.folder else open_folder(root_fd, entry.folder)
+    if parent is None:
+        return False
     try:
-        return [Path(e.path) for e in os.scandir(folder)]
+        if now - _measure(parent, entry.folder, entry.name, set()).changed < YOUNGEST_S:
+            return False
+        return remove_tree(entry.name, parent)
+    finally:
+        if parent != root_fd:
+            os.close(parent)
+
+
+def _listing(folder_fd: int) -> list[str]:
+    try:
+        return os.listdir(folder_fd)
     except OSError:
         return []
 
 
-def _measure(path: Path) -> Entry:
+def _measure(parent_fd: int, folder: str, name: str, seen: set[tuple[int, int]]) -> Entry:
+    """What `name` in `parent_fd` holds, walked through handles, never through a link;
+    below MAX_DEPTH folders it is not counted (removal goes deeper)."""
     total, newest = 0, 0.0
-    stack = [str(path)]
-    while stack:
-        current = stack.pop()
+
+    def count(dir_fd: int, child: str) -> os.stat_result | None:
+        nonlocal total, newest
         try:
-            info = os.lstat(current)
+            info = os.stat(child, dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
+            return None
+        newest = max(newest, info.st_ctime)
+        if (info.st_dev, info.st_ino) not in seen:
+            seen.add((info.st_dev, info.st_ino))
+            total += info.st_blocks * 512
+        return info
+
+    info = count(parent_fd, name)
+    if info is None or not stat.S_ISDIR(info.st_mode):
+        return Entry(folder, name, total, newest)
+    handles: list[int] = []
+    names: list[list[str]] = []
+    top = _open(parent_fd, name)
+    if top is not None:
+        handles, names = [top], [_listing(top)]
+    while handles:
+        if not names[-1]:
+            os.close(handles.pop())
+            names.pop()
             continue
-        total += info.st_blocks * 512
-        newest = max(newest, info.st_mtime)
-        if stat.S_ISDIR(info.st_mode):
-            try:
-                stack += [e.path for e in os.scandir(current)]
-            except OSError:
-                continue
-    return Entry(path, total, newest)
+        child = names[-1].pop()
+        info = count(handles[-1], child)
+        if info is not None and stat.S_ISDIR(info.st_mode) and len(handles) < MAX_DEPTH:
+            fd = _open(handles[-1], child)
+            if fd is not None:
+                handles.append(fd)
+                names.append(_listing(fd))
+    return Entry(folder, name, total, newest)
+
+
+def _open(dir_fd: int, name: str) -> int | None:
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError:
+        return None

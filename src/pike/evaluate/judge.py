@@ -35,7 +35,6 @@ from pike.evaluate.candidate_windows import (
 )
 from pike.evaluate.child_launch import (
     begin_child,
-    build_cache_root,
     list_for_timers,
     wait_for_room,
 )
@@ -150,7 +149,7 @@ def evaluate(task: Task, candidate_source: str,
             with span("remove_files"):
                 if launched is not None:
                     remove_tree(launched.folder)
-                trim_when_due(build_cache_root(cfg), cfg.limits.build_cache_gib)
+                trim_when_due(cfg)
         if not device.startswith("cuda"):  # on the CPU its imports would share the cores
             spares.replenish(_spare_key(cfg, device), lambda: _launch_candidate(cfg, device))
     verdict.phase_seconds["total"] = time.monotonic() - started

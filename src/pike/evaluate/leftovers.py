@@ -18,7 +18,6 @@ import itertools
 import logging
 import os
 import re
-import shutil
 import signal
 import tempfile
 import threading
@@ -30,6 +29,7 @@ from typing import Any
 import psutil
 
 from pike.evaluate import process_stopper
+from pike.evaluate.tree_removal import remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -135,16 +135,6 @@ def at_exit_uninterrupted(cleanup: Callable[..., Any], *args: Any, **kwargs: Any
     atexit.register(run)
 
 
-def remove_tree(path: Path) -> None:
-    """rmtree that also removes the read-only folders the evaluator makes."""
-    def writable_again(func, name, _exc):  # type: ignore[no-untyped-def]
-        os.chmod(os.path.dirname(name), 0o755)
-        os.chmod(name, 0o755)
-        func(name)
-
-    shutil.rmtree(path, onerror=writable_again)
-
-
 def end_children_and_remove_own_dirs(wait_s: float = 5.0) -> list[str]:
     """For an exit that skips every cleanup (an interrupted optimize, bench or audit: its
     worker threads may be mid-evaluation, so nothing waits for them): refuse new work, end
@@ -214,11 +204,8 @@ def _remove_dirs(folder: str, owned_by: Callable[[int, str], bool]) -> list[str]
     """Remove the pike temp folders in `folder` whose owner (pid, start time) matches."""
     removed = []
     for path in _dirs_of(owned_by, folder):
-        try:
-            remove_tree(path)
+        if remove_tree(path):  # else logged; the next pike's sweep gets another chance
             removed.append(path.name)
-        except OSError as err:  # the next pike's sweep gets another chance
-            log.info("could not remove %s: %s", path, err)
     return removed
 
 

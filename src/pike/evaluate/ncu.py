@@ -140,7 +140,8 @@ def target_command(task_path: Path, module_path: Path, device: str,
             "--device", device, "--calls", str(_CALLS),
             *(["--seed", str(cfg.seed)] if cfg.seed is not None else []),
             "--construct-on", cfg.construct_on,
-            # it writes no outputs: the fixed part of a judged child's disk limit
+            # it writes no outputs: a judged child's disk limit without them
+            # (8 GiB, or eval.limits.disk_gib where set)
             "--file-bytes-limit", str(disk_limit_bytes(cfg.limits, 0, 0)),
             *(["--eval"] if cfg.model_mode == "eval" else [])]
 

@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.file_bytes_limit:  # before the task's or the module's code, as in runner.main
         from pike.evaluate.syscall_filter import confine
 
-        confine(args.file_bytes_limit)
+        said = confine(args.file_bytes_limit)
+        if said != "on":  # into ncu's log, which a failed run's note quotes
+            print(f"pike: system-call filter {said}", file=sys.stderr)
 
     import torch
 

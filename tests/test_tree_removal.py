@@ -1,0 +1,138 @@
+"""Removing a folder candidate code wrote (tree_removal.py): never through a link, any
+depth, folders made unreadable or read-only included, and never an exception. The
+attacks that turned shutil.rmtree's handler against the parent needed a user other
+than root (root skips the permission checks that made the handler run), so they run
+here as an unprivileged user where the tests run as root."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pike.evaluate.tree_removal import remove_tree
+
+MODULE = Path(__file__).parents[1] / "src" / "pike" / "evaluate" / "tree_removal.py"
+NOBODY = 65534
+
+
+def _python_for(user: int | None) -> str | None:
+    """An interpreter `user` may run: pike's own may live in root's home (pyenv), so the
+    system's python3 too (the module needs nothing but the standard library)."""
+    for python in (sys.executable, sys._base_executable, "/usr/bin/python3"):
+        try:
+            done = subprocess.run([python, "-c", "print(1)"], user=user, capture_output=True,
+                                  timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if done.returncode == 0:
+            return python
+    return None
+
+
+_USER = NOBODY if os.getuid() == 0 else None
+_PYTHON = _python_for(_USER)
+needs_unprivileged = pytest.mark.skipif(
+    _PYTHON is None or not os.access(MODULE, os.R_OK),
+    reason="cannot run a process as an unprivileged user")
+
+
+def _as_unprivileged(script: str) -> subprocess.CompletedProcess[str]:
+    """`script` with remove_tree in scope, run by a user other than root."""
+    loader = textwrap.dedent(f"""
+        import importlib.util, os, sys
+        spec = importlib.util.spec_from_file_location("tree_removal", {str(MODULE)!r})
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        remove_tree = module.remove_tree
+    """)
+    assert _PYTHON is not None
+    return subprocess.run([_PYTHON, "-c", loader + textwrap.dedent(script)],
+                          capture_output=True, text=True, timeout=120, user=_USER)
+
+
+@pytest.fixture
+def shared_dir() -> Path:
+    """A folder the unprivileged user may write (pytest's own are the running user's)."""
+    folder = Path(tempfile.mkdtemp(prefix="pike-test-removal-"))
+    folder.chmod(0o777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@needs_unprivileged
+def test_a_link_in_a_read_only_folder_never_has_its_target_changed(shared_dir: Path) -> None:
+    """The old handler chmod-ed `folder/link` to 0755 after the unlink in a read-only
+    folder failed: the link's target, a user's key, became readable to all."""
+    done = _as_unprivileged(f"""
+        base = {str(shared_dir)!r}
+        secret = os.path.join(base, "secret"); open(secret, "w").write("key")
+        os.chmod(secret, 0o600)
+        work = os.path.join(base, "work")
+        os.makedirs(work + "/ro"); os.symlink(secret, work + "/ro/link")
+        os.symlink(base, work + "/to_base")
+        os.chmod(work + "/ro", 0o500)
+        print(remove_tree(work), os.path.lexists(work), oct(os.stat(secret).st_mode & 0o777))
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False", "0o600"]
+    assert (shared_dir / "secret").read_text() == "key"
+
+
+@needs_unprivileged
+def test_folders_made_unreadable_are_removed_without_an_exception(shared_dir: Path) -> None:
+    """The old handler called os.open without its flags for a folder it could not read:
+    TypeError, out of the evaluation removing the candidate's folder."""
+    done = _as_unprivileged(f"""
+        work = os.path.join({str(shared_dir)!r}, "work")
+        os.makedirs(work + "/x/y/z"); open(work + "/x/y/z/f", "w").write("1")
+        os.chmod(work + "/x/y", 0); os.chmod(work + "/x", 0o100)
+        print(remove_tree(work), os.path.lexists(work))
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False"]
+
+
+def test_a_tree_deeper_than_the_recursion_limit_is_removed(tmp_path: Path) -> None:
+    deep = tmp_path / "deep"
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        os.mkdir("deep", dir_fd=fd)
+        current = os.open("deep", os.O_RDONLY, dir_fd=fd)
+        for _ in range(sys.getrecursionlimit() + 200):  # paths past PATH_MAX: by handle
+            os.mkdir("d", dir_fd=current)
+            below = os.open("d", os.O_RDONLY, dir_fd=current)
+            os.close(current)
+            current = below
+        os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=current))
+        os.close(current)
+    finally:
+        os.close(fd)
+    assert remove_tree(deep) is True
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_link_given_is_removed_alone_and_a_missing_path_is_gone(tmp_path: Path) -> None:
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "f").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "kept")
+    assert remove_tree(tmp_path / "link") is True
+    assert (tmp_path / "kept" / "f").read_text() == "x"
+    assert remove_tree(tmp_path / "never") is True
+
+
+def test_a_tree_of_files_links_and_folders_goes(tmp_path: Path) -> None:
+    top = tmp_path / "top"
+    (top / "a" / "b").mkdir(parents=True)
+    (top / "a" / "b" / "f").write_bytes(b"x" * 4096)
+    (top / "a" / "l").symlink_to("/")
+    (top / "g").write_text("y")
+    (top / "a" / "b").chmod(0o500)
+    assert remove_tree(top) is True
+    assert not top.exists()
