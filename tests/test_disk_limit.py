@@ -218,3 +218,23 @@ def test_a_channel_flooded_without_line_ends_ends_the_child(
         or verdict.status == "crashed" and verdict.message.startswith("sent no valid message")
         and "no line end in its first 64 MiB" in verdict.message
     ), verdict.message
+
+
+def test_making_a_folder_readable_never_goes_through_a_link(tmp_path: Path) -> None:
+    """The candidate runs while its folders are read: a folder on the way swapped for a
+    link must not make the parent chmod what the link names."""
+    from pike.evaluate.disk_use import _make_readable
+
+    outside = tmp_path / "outside" / "b"
+    outside.mkdir(parents=True)
+    outside.chmod(0o500)
+    top = tmp_path / "work"
+    top.mkdir()
+    (top / "a").symlink_to(tmp_path / "outside")
+    with pytest.raises(OSError):
+        _make_readable(str(top), str(top / "a" / "b"))
+    assert outside.stat().st_mode & 0o777 == 0o500
+    (top / "c" / "d").mkdir(parents=True)
+    (top / "c" / "d").chmod(0)
+    _make_readable(str(top), str(top / "c" / "d"))
+    assert (top / "c" / "d").stat().st_mode & 0o777 == 0o700

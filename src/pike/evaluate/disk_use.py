@@ -70,11 +70,11 @@ def folder_use(folders: list[Path]) -> DiskUse:
     folder the candidate made unreadable is made readable (the parent owns it) and read;
     one that stays so is `hidden`."""
     use = DiskUse(0, 0)
-    stack = [str(f) for f in folders]
+    stack = [(str(f), str(f)) for f in folders]  # (the folder it is in, a folder below it)
     while stack and use.entries <= MAX_ENTRIES:
-        folder = stack.pop()
+        top, folder = stack.pop()
         try:
-            listing = _listing(folder)
+            listing = _listing(top, folder)
         except FileNotFoundError:  # removed meanwhile
             continue
         except OSError:
@@ -90,18 +90,33 @@ def folder_use(folders: list[Path]) -> DiskUse:
                 except OSError:  # gone meanwhile
                     continue
                 if stat.S_ISDIR(info.st_mode):
-                    stack.append(entry.path)
+                    stack.append((top, entry.path))
                 elif stat.S_ISREG(info.st_mode):
                     _count(use, info)
     return use
 
 
-def _listing(folder: str) -> Any:
+def _listing(top: str, folder: str) -> Any:
     try:
         return os.scandir(folder)
     except PermissionError:
-        os.chmod(folder, 0o700)
+        _make_readable(top, folder)
         return os.scandir(folder)
+
+
+def _make_readable(top: str, folder: str) -> None:
+    """chmod 0700 `folder`, below `top`, reached one folder at a time by handles that
+    never follow a link: the candidate is running and may swap any folder on the way for
+    a link (a plain chmod of the path would then change what the link names)."""
+    handle = os.open(top, os.O_PATH | os.O_DIRECTORY)
+    try:
+        for part in Path(os.path.relpath(folder, top)).parts:
+            below = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=handle)
+            os.close(handle)
+            handle = below
+        os.chmod(f"/proc/self/fd/{handle}", 0o700)
+    finally:
+        os.close(handle)
 
 
 def _count(use: DiskUse, info: os.stat_result) -> None:

@@ -36,7 +36,7 @@ from pike.evaluate.child_environment import child_environment, make_child_dirs
 from pike.evaluate.child_launch import build_cache_root
 from pike.evaluate.child_start import SPAWNER, child_setup
 from pike.evaluate.disk_use import disk_limit_bytes
-from pike.evaluate.leftovers import make_temp_dir
+from pike.evaluate.leftovers import make_temp_dir, remove_tree
 from pike.evaluate.ncu_target import NVTX_RANGE
 from pike.evaluate.network_namespace import network_prefix
 from pike.evaluate.oom_killer import child_oom_score
@@ -129,7 +129,7 @@ def measure(task_path: Path, module_path: Path, kernel_names: list[str], device:
             raise NcuUnavailable(f"ncu measured no kernel: {_error_line(work / 'ncu.log')}")
         return found
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_tree(work)  # the module's code wrote in it
 
 
 def target_command(task_path: Path, module_path: Path, device: str,
