@@ -26,6 +26,7 @@ from pike.config import EvalConfig
 from pike.evaluate import evaluate
 from pike.evaluate.child_launch import build_cache_root
 from pike.evaluate.os_sandbox import sandbox_status
+from pike.evaluate.verdict import Verdict
 from pike.task import Task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,9 +59,10 @@ CLASSES: dict[str, list[str]] = {
                              "writes_outside", "opens_socket", "poisons_the_build_cache"],
     "secrets": ["leaks_secrets", "reads_secrets"],
     "filling the disk": ["fills_its_folder", "makes_many_files"],
+    "trapping the parent's clean-up": ["nests_folders_deep"],
 }
 HONEST_WHEN_BLOCKED = {"reads_inputs_ahead", "reads_timed_sets_ahead", "slows_the_reference",
-                       "reads_secrets", "poisons_the_build_cache"}
+                       "reads_secrets", "poisons_the_build_cache", "nests_folders_deep"}
 PLANTED = "pike-poison"  # what poisons_the_build_cache leaves for the reference to find
 
 
@@ -83,7 +85,12 @@ def judge_one(task: Task, name: str, cfg: EvalConfig, scratch: Path) -> dict:
         server.listen(1)
         server.settimeout(0.2)
         os.environ["PIKE_TEST_PORT"] = str(server.getsockname()[1])
-        verdict = evaluate(task, source, cfg)
+        raised = False
+        try:
+            verdict = evaluate(task, source, cfg)
+        except Exception as err:  # the evaluator itself undone: recorded, never defended
+            raised = True
+            verdict = Verdict(status="crashed", message=f"the evaluator raised {err!r}")
         try:
             server.accept()
             reached = True
@@ -100,12 +107,13 @@ def judge_one(task: Task, name: str, cfg: EvalConfig, scratch: Path) -> dict:
     honest = name in HONEST_WHEN_BLOCKED
     escaped = target.exists() or bool(planted)
     defended = (verdict.status != "ok" or honest) and not (
-        escaped or survivors or reached or CANARY in dumped)
+        raised or escaped or survivors or reached or CANARY in dumped)
     return {"candidate": name, "status": verdict.status, "phase": verdict.phase,
             "speedup": verdict.speedup, "message": verdict.message.splitlines()[0][:240]
             if verdict.message else "", "file_escaped": escaped,
             "process_survived": bool(survivors), "network_reached": reached,
-            "canary_in_verdict": CANARY in dumped, "defended": defended,
+            "canary_in_verdict": CANARY in dumped, "evaluator_raised": raised,
+            "defended": defended,
             "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -145,9 +153,9 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
              f"- device: {args.device}, torch {torch.__version__}, date {result['date']}",
              f"- OS sandbox: {result['sandbox']}", f"- command: `{result['command']}`", "",
              f"{sum(r['defended'] for r in rows)} of {len(rows)} defended: not `ok` (or `ok` "
-             "only where the attack found nothing), no file written outside (nor in the "
-             "reference's build cache), no process left, no connection made, no canary "
-             "secret in the verdict.", "",
+             "only where the attack found nothing), the evaluator not made to raise, no file "
+             "written outside (nor in the reference's build cache), no process left, no "
+             "connection made, no canary secret in the verdict.", "",
              "| class | candidate | verdict | what caught it | defended |",
              "|---|---|---|---|---|"]
     for r in rows:

@@ -136,3 +136,13 @@ def test_a_tree_of_files_links_and_folders_goes(tmp_path: Path) -> None:
     (top / "a" / "b").chmod(0o500)
     assert remove_tree(top) is True
     assert not top.exists()
+
+
+def test_a_candidate_leaving_a_deep_tree_is_judged(mlp_task, fast_config) -> None:  # type: ignore[no-untyped-def]
+    """Before tree_removal, the evaluation itself raised RecursionError while removing the
+    candidate's folder, on any host."""
+    from pike.evaluate import evaluate
+    from tests.conftest import candidate
+
+    verdict = evaluate(mlp_task, candidate("nests_folders_deep"), fast_config)
+    assert verdict.ok, verdict.message
