@@ -178,3 +178,31 @@ def test_the_bound_is_a_setting() -> None:
     assert LimitsConfig(build_cache_gib=None).build_cache_gib is None
     with pytest.raises(ValueError):
         LimitsConfig(build_cache_gib=0)
+
+
+def test_an_entry_nested_past_what_is_read_goes_once_old(tmp_path: Path) -> None:
+    """Data below MAX_DEPTH folders is not measured, so such an entry would stay under
+    any bound: no tool makes one, and it goes once an hour old, whatever the total."""
+    from pike.evaluate.tree_removal import MAX_DEPTH
+
+    deep = tmp_path / "hidden" / Path(*["d"] * (MAX_DEPTH + 5))
+    deep.mkdir(parents=True)
+    (deep / "data").write_bytes(os.urandom(MIB))
+    last = _entry(tmp_path / "b0", 1)
+    found = _entries(tmp_path)
+    assert found["hidden"].deep and not found["b0"].deep
+    assert found["hidden"].bytes < MIB
+    assert _trim(tmp_path, 100 * MIB, now=last + YOUNGEST_S - 1) == []  # too young
+    assert _trim(tmp_path, 100 * MIB, now=last + 2 * YOUNGEST_S) == ["hidden"]
+    assert sorted(_entries(tmp_path)) == ["b0"]
+
+
+def test_a_trim_reads_a_bounded_number_of_files_and_spares_what_it_did_not_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(build_cache_bound, "MAX_WALKED", 5)
+    for i in range(4):
+        last = _entry(tmp_path / f"b{i}", 1)
+    removed = _trim(tmp_path, MIB, now=last + 2 * YOUNGEST_S)
+    assert len(removed) < 4  # the ones not read stay
+    assert "were not measured" in caplog.text

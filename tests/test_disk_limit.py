@@ -107,8 +107,8 @@ def test_a_folder_made_unreadable_is_read_anyway(tmp_path: Path) -> None:
     inside.chmod(0o300)  # written into, not listed
     use = disk_use.folder_use([tmp_path])
     assert use.bytes >= MIB and not use.hidden
-    over = disk_use.DiskExceeded(0, 1, 1, [str(inside)])
-    assert "unreadable" in over.message()
+    over = disk_use.DiskExceeded(0, 1, 1, ["inside, unreadable"])
+    assert "inside, unreadable" in over.message()
 
 
 def test_a_candidate_making_files_without_end_is_ended(
@@ -220,21 +220,23 @@ def test_a_channel_flooded_without_line_ends_ends_the_child(
     ), verdict.message
 
 
-def test_making_a_folder_readable_never_goes_through_a_link(tmp_path: Path) -> None:
-    """The candidate runs while its folders are read: a folder on the way swapped for a
-    link must not make the parent chmod what the link names."""
-    from pike.evaluate.disk_use import _make_readable
-
-    outside = tmp_path / "outside" / "b"
-    outside.mkdir(parents=True)
-    outside.chmod(0o500)
+def test_the_walk_never_goes_through_a_link_nor_too_deep(tmp_path: Path) -> None:
+    """The candidate runs while its folders are read: a folder swapped for a link must
+    not lead the parent into host folders (read, counted, or changed), and folders
+    nested past MAX_DEPTH are not read but end it, as an unreadable one does."""
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    (outside / "b" / "big").write_bytes(os.urandom(MIB))
+    (outside / "b").chmod(0o300)
     top = tmp_path / "work"
     top.mkdir()
-    (top / "a").symlink_to(tmp_path / "outside")
-    with pytest.raises(OSError):
-        _make_readable(str(top), str(top / "a" / "b"))
-    assert outside.stat().st_mode & 0o777 == 0o500
-    (top / "c" / "d").mkdir(parents=True)
-    (top / "c" / "d").chmod(0)
-    _make_readable(str(top), str(top / "c" / "d"))
-    assert (top / "c" / "d").stat().st_mode & 0o777 == 0o700
+    (top / "a").symlink_to(outside)
+    use = disk_use.folder_use([top])
+    assert (use.bytes, use.hidden) == (0, [])
+    assert (outside / "b").stat().st_mode & 0o777 == 0o300
+    deep = top.joinpath(*["d"] * (disk_use.MAX_DEPTH + 1))
+    deep.mkdir(parents=True)
+    (deep / "f").write_bytes(b"x")
+    assert disk_use.folder_use([top]).hidden == [f"d, over {disk_use.MAX_DEPTH} folders deep"]
+    over = disk_use.DiskExceeded(0, 1, 1, disk_use.folder_use([top]).hidden)
+    assert "over 32 folders deep" in over.message()

@@ -140,9 +140,86 @@ def test_a_tree_of_files_links_and_folders_goes(tmp_path: Path) -> None:
 
 def test_a_candidate_leaving_a_deep_tree_is_judged(mlp_task, fast_config) -> None:  # type: ignore[no-untyped-def]
     """Before tree_removal, the evaluation itself raised RecursionError while removing the
-    candidate's folder, on any host."""
+    candidate's folder, on any host. Its folders now go past what the disk poll reads,
+    which ends it; the point here is that a verdict comes back."""
     from pike.evaluate import evaluate
     from tests.conftest import candidate
 
     verdict = evaluate(mlp_task, candidate("nests_folders_deep"), fast_config)
-    assert verdict.ok, verdict.message
+    assert verdict.status == "crashed", verdict.message
+    assert "folders deep" in verdict.message
+
+
+def test_a_link_is_never_opened_as_a_folder(tmp_path: Path) -> None:
+    """What keeps a folder swapped for a link mid-walk from being entered: the opens
+    themselves refuse links (the walk unlinks a link first, so only a swap reaches them)."""
+    from pike.evaluate.tree_removal import open_folder
+
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside").chmod(0o500)
+    (tmp_path / "link").symlink_to(tmp_path / "outside")
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        assert open_folder(fd, "link") is None
+    finally:
+        os.close(fd)
+    assert (tmp_path / "outside").stat().st_mode & 0o777 == 0o500
+
+
+@needs_unprivileged
+def test_a_link_to_an_unreadable_folder_is_never_changed(shared_dir: Path) -> None:
+    """The other open, for a folder made unreadable, refuses links too."""
+    done = _as_unprivileged(f"""
+        base = {str(shared_dir)!r}
+        os.mkdir(base + "/outside"); os.chmod(base + "/outside", 0)
+        os.symlink(base + "/outside", base + "/link")
+        fd = os.open(base, os.O_RDONLY)
+        print(module.open_folder(fd, "link"), oct(os.lstat(base + "/outside").st_mode & 0o777))
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "0o0"]
+
+
+def test_folders_swapped_for_links_while_it_runs_leave_the_outside_alone(
+        tmp_path: Path) -> None:
+    """The shared build cache is written by running candidates while it is trimmed: a
+    process flips folders of the tree between a folder and a link to one outside, over
+    and over, while the tree is removed again and again."""
+    outside = tmp_path / "outside"
+    (outside / "inner").mkdir(parents=True)
+    (outside / "inner" / "kept").write_text("x")
+    top = tmp_path / "top"
+    swapper = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, time
+        top, outside = {str(top)!r}, {str(outside)!r}
+        end = time.monotonic() + 4
+        while time.monotonic() < end:
+            try:
+                os.makedirs(top + "/d/a/inner", exist_ok=True)
+                open(top + "/d/a/inner/f", "w").close()
+                os.rename(top + "/d/a", top + "/d/a.x")
+                os.symlink(outside, top + "/d/a")
+                os.unlink(top + "/d/a")
+                os.rename(top + "/d/a.x", top + "/d/a")
+                os.rename(top + "/d", top + "/d.x")
+                os.symlink(outside, top + "/d")
+                os.unlink(top + "/d")
+                os.rename(top + "/d.x", top + "/d")
+            except OSError:
+                pass
+    """)])
+    try:
+        while swapper.poll() is None:
+            remove_tree(top)
+    finally:
+        swapper.wait(timeout=30)
+    assert (outside / "inner" / "kept").read_text() == "x"
+
+
+def test_odd_paths_are_refused_not_taken_for_the_current_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "x").write_text("kept")
+    monkeypatch.chdir(tmp_path)
+    for odd in ("", ".", "..", "a\0b", "/"):
+        assert remove_tree(odd) is False
+    assert (tmp_path / "x").read_text() == "kept"

@@ -21,12 +21,15 @@ they do not find. "Changed" is the inode's change time, which a candidate cannot
 
 Candidates write this folder while it is trimmed: entries are removed through folder
 handles that never follow a link (tree_removal.py), each measured again just before it
-goes. A file of several names is counted once.
+goes. A file of several names is counted once. An entry holding folders nested past
+MAX_DEPTH (which no tool makes, and whose size the walk does not read) goes once it is
+an hour old, whatever the total; one trim reads at most MAX_WALKED files and folders.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import stat
 import threading
@@ -44,6 +47,9 @@ log = logging.getLogger(__name__)
 EVERY_S = 60.0
 TRIM_TO = 0.75
 YOUNGEST_S = 3600.0
+# files and folders one trim reads at most: a cache planted with millions would otherwise
+# slow the evaluation that trims it
+MAX_WALKED = 1_000_000
 # shared by every candidate: their entries are counted one by one
 _SHARED_FOLDERS = ("triton", "inductor")
 # inductor's own, read or held by every child: never an entry
@@ -59,7 +65,8 @@ class Entry:
     folder: str  # "" (the cache's root), "triton" or "inductor"
     name: str
     bytes: int  # allocated, each inode once: what removing it gives back at most
-    changed: float  # the newest change time (ctime) of anything in it
+    changed: float  # the newest change time (ctime) of anything in it; inf: not all read
+    deep: bool = False  # holds folders nested past MAX_DEPTH, which no tool makes
 
     @property
     def label(self) -> str:
@@ -69,18 +76,21 @@ class Entry:
 def entries(root_fd: int) -> list[Entry]:
     """The removable entries of the cache open at `root_fd` and what each holds."""
     found: list[Entry] = []
-    seen: set[tuple[int, int]] = set()
+    walk = _Walk(seen=set(), left=MAX_WALKED)
     for name in _listing(root_fd):
         if name in _SHARED_FOLDERS:
             shared = open_folder(root_fd, name)
             if shared is not None:  # else a link or a file: an entry like any other
                 try:
-                    found += [_measure(shared, name, n, seen) for n in _listing(shared)
+                    found += [_measure(shared, name, n, walk) for n in _listing(shared)
                               if (name, n) not in _KEPT]
                 finally:
                     os.close(shared)
                 continue
-        found.append(_measure(root_fd, "", name, seen))
+        found.append(_measure(root_fd, "", name, walk))
+    if walk.left <= 0:
+        log.warning("the build cache holds over %d files and folders: the ones past them "
+                    "were not measured, and stay", MAX_WALKED)
     return found
 
 
@@ -90,10 +100,12 @@ def trim(root_fd: int, bound_bytes: int, now: float | None = None) -> list[Entry
     last YOUNGEST_S; returns what was removed."""
     now = time.time() if now is None else now
     found = entries(root_fd)
+    removed = [e for e in found if e.deep and now - e.changed >= YOUNGEST_S
+               and _remove(root_fd, e, now)]  # not a cache's: its size unknown, it goes
+    found = [e for e in found if e not in removed]
     total = sum(e.bytes for e in found)
     if total <= bound_bytes:
-        return []
-    removed: list[Entry] = []
+        return removed
     for entry in sorted(found, key=lambda e: e.changed):
         if total <= TRIM_TO * bound_bytes or now - entry.changed < YOUNGEST_S:
             break
@@ -141,7 +153,8 @@ def _remove(root_fd: int, entry: Entry, now: float) -> bool:
     if parent is None:
         return False
     try:
-        if now - _measure(parent, entry.folder, entry.name, set()).changed < YOUNGEST_S:
+        again = _measure(parent, entry.folder, entry.name, _Walk(set(), MAX_WALKED))
+        if now - again.changed < YOUNGEST_S:
             return False
         return remove_tree(entry.name, parent)
     finally:
@@ -156,23 +169,33 @@ def _listing(folder_fd: int) -> list[str]:
         return []
 
 
-def _measure(parent_fd: int, folder: str, name: str, seen: set[tuple[int, int]]) -> Entry:
-    """What `name` in `parent_fd` holds, walked through handles, never through a link;
-    below MAX_DEPTH folders it is not counted (removal goes deeper)."""
-    total, newest = 0, 0.0
+@dataclass
+class _Walk:
+    seen: set[tuple[int, int]]  # (device, inode) counted
+    left: int  # stats left to this trim
+
+
+def _measure(parent_fd: int, folder: str, name: str, walk: _Walk) -> Entry:
+    """What `name` in `parent_fd` holds, walked through handles, never through a link.
+    Folders past MAX_DEPTH are not read (the entry is `deep`); one not read to its end
+    (the walk's budget spent) counts as changed now, so it stays."""
+    total, newest, deep = 0, 0.0, False
 
     def count(dir_fd: int, child: str) -> os.stat_result | None:
         nonlocal total, newest
+        walk.left -= 1
         try:
             info = os.stat(child, dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
             return None
         newest = max(newest, info.st_ctime)
-        if (info.st_dev, info.st_ino) not in seen:
-            seen.add((info.st_dev, info.st_ino))
+        if (info.st_dev, info.st_ino) not in walk.seen:
+            walk.seen.add((info.st_dev, info.st_ino))
             total += info.st_blocks * 512
         return info
 
+    if walk.left <= 0:
+        return Entry(folder, name, 0, math.inf)
     info = count(parent_fd, name)
     if info is None or not stat.S_ISDIR(info.st_mode):
         return Entry(folder, name, total, newest)
@@ -181,19 +204,29 @@ def _measure(parent_fd: int, folder: str, name: str, seen: set[tuple[int, int]])
     top = _open(parent_fd, name)
     if top is not None:
         handles, names = [top], [_listing(top)]
-    while handles:
-        if not names[-1]:
-            os.close(handles.pop())
-            names.pop()
-            continue
-        child = names[-1].pop()
-        info = count(handles[-1], child)
-        if info is not None and stat.S_ISDIR(info.st_mode) and len(handles) < MAX_DEPTH:
+    try:
+        while handles:
+            if walk.left <= 0:
+                return Entry(folder, name, total, math.inf)
+            if not names[-1]:
+                os.close(handles.pop())
+                names.pop()
+                continue
+            child = names[-1].pop()
+            info = count(handles[-1], child)
+            if info is None or not stat.S_ISDIR(info.st_mode):
+                continue
+            if len(handles) >= MAX_DEPTH:
+                deep = True
+                continue
             fd = _open(handles[-1], child)
             if fd is not None:
                 handles.append(fd)
                 names.append(_listing(fd))
-    return Entry(folder, name, total, newest)
+    finally:
+        for handle in handles:
+            os.close(handle)
+    return Entry(folder, name, total, newest, deep)
 
 
 def _open(dir_fd: int, name: str) -> int | None:

@@ -28,14 +28,18 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pike.config import LimitsConfig
+from pike.evaluate.tree_removal import open_folder
 
 FIXED_BYTES = 8 * 2**30
 # A legitimate candidate's folders hold a handful of files; a walk of this many takes a
 # few tenths of a second, which bounds what the poll costs the parent.
 MAX_ENTRIES = 100_000
+# Folders nested deeper are not read, and end the candidate as an unreadable one does: a
+# legitimate candidate's folders go a few levels down, and the walk holds a handle per
+# level (several candidates are polled at once, each handle a file descriptor).
+MAX_DEPTH = 32
 # How often the parent reads a child's folders: every so often, and less often while it is
 # timed (each read waits for the GIL, as the memory's does: sandbox._memory_due).
 EVERY_S = 0.25
@@ -60,7 +64,7 @@ def disk_limit_bytes(limits: LimitsConfig, trial_output_bytes: int, trials: int)
 class DiskUse:
     bytes: int  # allocated, not apparent: a sparse file counts what it holds
     entries: int  # files, folders and links seen; the walk stops past MAX_ENTRIES
-    hidden: list[str] = field(default_factory=list)  # folders left unreadable
+    hidden: list[str] = field(default_factory=list)  # folders not read, and why
     seen: set[tuple[int, int]] = field(default_factory=set)  # (device, inode) counted
 
 
@@ -68,55 +72,72 @@ def folder_use(folders: list[Path]) -> DiskUse:
     """What `folders` hold, without following links, each file once however many names
     it has; stops counting past `MAX_ENTRIES` entries (the caller treats that as over). A
     folder the candidate made unreadable is made readable (the parent owns it) and read;
-    one that stays so is `hidden`."""
+    one that stays so, or lies deeper than MAX_DEPTH, is `hidden`.
+
+    The candidate runs meanwhile and may swap any folder for a link: every folder is
+    opened relative to its parent's handle, never through a link, so the walk stays in
+    its folders (a walk by path followed a link on the way: host folders read and counted)."""
     use = DiskUse(0, 0)
-    stack = [(str(f), str(f)) for f in folders]  # (the folder it is in, a folder below it)
-    while stack and use.entries <= MAX_ENTRIES:
-        top, folder = stack.pop()
+    for folder in folders:
         try:
-            listing = _listing(top, folder)
-        except FileNotFoundError:  # removed meanwhile
+            top = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)  # ours; below it, theirs
+        except FileNotFoundError:
             continue
         except OSError:
-            use.hidden.append(folder)
+            use.hidden.append(f"{Path(folder).name}, unreadable")
             continue
-        with listing:
-            for entry in listing:
-                use.entries += 1
-                if use.entries > MAX_ENTRIES:
-                    break
-                try:
-                    info = entry.stat(follow_symlinks=False)
-                except OSError:  # gone meanwhile
-                    continue
-                if stat.S_ISDIR(info.st_mode):
-                    stack.append((top, entry.path))
-                elif stat.S_ISREG(info.st_mode):
-                    _count(use, info)
+        _walk(top, use)
     return use
 
 
-def _listing(top: str, folder: str) -> Any:
+def _walk(top: int, use: DiskUse) -> None:
+    """Count what the folder open at `top` holds into `use`; closes `top`."""
+    handles, names = [top], [_listing(top)]
     try:
-        return os.scandir(folder)
-    except PermissionError:
-        _make_readable(top, folder)
-        return os.scandir(folder)
-
-
-def _make_readable(top: str, folder: str) -> None:
-    """chmod 0700 `folder`, below `top`, reached one folder at a time by handles that
-    never follow a link: the candidate is running and may swap any folder on the way for
-    a link (a plain chmod of the path would then change what the link names)."""
-    handle = os.open(top, os.O_PATH | os.O_DIRECTORY)
-    try:
-        for part in Path(os.path.relpath(folder, top)).parts:
-            below = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=handle)
-            os.close(handle)
-            handle = below
-        os.chmod(f"/proc/self/fd/{handle}", 0o700)
+        while handles and use.entries <= MAX_ENTRIES:
+            if not names[-1]:
+                os.close(handles.pop())
+                names.pop()
+                continue
+            name = names[-1].pop()
+            use.entries += 1
+            try:
+                info = os.stat(name, dir_fd=handles[-1], follow_symlinks=False)
+            except OSError:  # gone meanwhile
+                continue
+            if stat.S_ISREG(info.st_mode):
+                _count(use, info)
+            elif stat.S_ISDIR(info.st_mode):
+                below = open_folder(handles[-1], name, writable=False)
+                if below is not None and len(handles) >= MAX_DEPTH:
+                    os.close(below)
+                    use.hidden.append(f"{name}, over {MAX_DEPTH} folders deep")
+                    continue
+                if below is None:
+                    if _still_a_folder(handles[-1], name):
+                        use.hidden.append(f"{name}, unreadable")
+                    continue
+                handles.append(below)
+                names.append(_listing(below))
     finally:
-        os.close(handle)
+        for handle in handles:
+            os.close(handle)
+
+
+def _listing(folder: int) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+def _still_a_folder(dir_fd: int, name: str) -> bool:
+    """Whether `name` is still a folder (one that could not be opened), not gone or
+    swapped for a link meanwhile."""
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def _count(use: DiskUse, info: os.stat_result) -> None:
@@ -155,8 +176,8 @@ class DiskExceeded:
 
     def message(self) -> str:
         if self.hidden:
-            return (f"made a folder of its own unreadable to the evaluator, which counts what "
-                    f"it writes ({self.hidden[0].rsplit('/', 1)[-1]})")
+            return (f"hid a folder of its own from the evaluator, which counts what it "
+                    f"writes ({self.hidden[0]})")
         if self.entries > MAX_ENTRIES:
             return (f"wrote more than {MAX_ENTRIES:,} files into its folders (a candidate "
                     "needs a handful)")

@@ -20,9 +20,9 @@ is logged and the answer says whether the folder is gone.
 from __future__ import annotations
 
 import errno
-import itertools
 import logging
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -31,24 +31,29 @@ log = logging.getLogger(__name__)
 MAX_DEPTH = 64  # open folder handles at once in one walk
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 _FOLDER_HANDLE = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
-_MAX_PASSES = 10_000
-_moved = itertools.count()
+_MAX_PASSES = 100_000  # each moves at least MAX_DEPTH - 1 levels up
 
 
 def remove_tree(path: Path | str, dir_fd: int | None = None) -> bool:
     """Remove `path` (a name in the folder open at `dir_fd`, or a path of ours) and all
     below it without following a link; True where it is gone. Never raises."""
+    name = os.fspath(path)
     if dir_fd is None:
-        parent, name = os.path.split(os.path.abspath(path))
+        if name in ("", ".", ".."):  # not a folder's name: "" would be the current folder
+            log.warning("remove_tree: refused to remove %r", name)
+            return False
+        parent, name = os.path.split(os.path.abspath(name))
         try:
             parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError:
-            return not os.path.lexists(path)
+        except (OSError, ValueError):
+            return False
         try:
             return remove_tree(name, parent_fd)
         finally:
             os.close(parent_fd)
-    name = os.fspath(path)
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        log.warning("remove_tree: refused to remove %r", name)
+        return False
     if _unlinked(dir_fd, name):
         return True
     folder = open_folder(dir_fd, name)
@@ -58,6 +63,8 @@ def remove_tree(path: Path | str, dir_fd: int | None = None) -> bool:
         for _ in range(_MAX_PASSES):
             if not _empty_once(folder):
                 break
+    except Exception as err:  # noqa: BLE001 - e.g. MemoryError listing a huge folder
+        log.warning("could not empty %s: %s", name, err)
     finally:
         os.close(folder)
     try:
@@ -70,10 +77,10 @@ def remove_tree(path: Path | str, dir_fd: int | None = None) -> bool:
     return True
 
 
-def open_folder(dir_fd: int, name: str) -> int | None:
-    """A handle to the folder `name` in `dir_fd`, never through a link, made readable and
-    writable by its owner (us) through that handle; None where it is not a folder or
-    cannot be opened."""
+def open_folder(dir_fd: int, name: str, writable: bool = True) -> int | None:
+    """A handle to the folder `name` in `dir_fd`, never through a link, made readable (and
+    with `writable`, writable) by its owner (us) through that handle; None where it is not
+    a folder or cannot be opened."""
     try:
         folder = os.open(name, _FOLDER, dir_fd=dir_fd)
     except PermissionError:  # made unreadable: change it through a handle to it alone
@@ -91,6 +98,8 @@ def open_folder(dir_fd: int, name: str) -> int | None:
             os.close(handle)
     except OSError:  # a link (ELOOP), gone, or not a folder
         return None
+    if not writable:
+        return folder
     try:
         if os.fstat(folder).st_mode & 0o700 != 0o700:
             os.fchmod(folder, 0o700)
@@ -120,10 +129,18 @@ def _unlinked(dir_fd: int, name: str) -> bool:
 def _empty_once(top: int) -> bool:
     """One walk emptying the folder open at `top`; True where it moved folders deeper
     than MAX_DEPTH up into `top`, which another walk then empties."""
-    moved = False
     handles = [top]
     names = [_names(top)]
     here: list[str] = []  # the name of each open folder below top, in its parent
+    try:
+        return _walk(top, handles, names, here)
+    finally:
+        for handle in handles[1:]:
+            os.close(handle)
+
+
+def _walk(top: int, handles: list[int], names: list[list[str]], here: list[str]) -> bool:
+    moved = False
     while handles:
         if not names[-1]:
             if len(handles) == 1:
@@ -148,21 +165,18 @@ def _empty_once(top: int) -> bool:
         handles.append(folder)
         names.append(_names(folder))
         here.append(name)
-    for handle in handles[1:]:
-        os.close(handle)
     return moved
 
 
 def _move_up(dir_fd: int, name: str, top: int) -> bool:
-    for _ in range(3):
+    """Move the folder `name` into `top`, under a name nobody could have planted."""
+    for _ in range(5):
         try:
-            os.rename(name, f".pike-deep-{os.getpid()}-{next(_moved)}", src_dir_fd=dir_fd,
+            os.rename(name, f".pike-deep-{secrets.token_hex(8)}", src_dir_fd=dir_fd,
                       dst_dir_fd=top)
             return True
-        except FileExistsError:
-            continue
         except OSError as err:
-            if err.errno != errno.ENOTEMPTY:  # a name taken by a folder: try another
+            if err.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
                 log.warning("could not move %s up to remove it: %s", name, err)
                 return False
     return False
