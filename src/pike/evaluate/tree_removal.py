@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 
 MAX_DEPTH = 64  # open folder handles at once in one walk
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-_FOLDER_HANDLE = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
+# Linux's O_PATH: a handle to a folder its mode keeps us from reading (elsewhere such a
+# folder is left, and logged)
+_FOLDER_HANDLE = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW
 _MAX_PASSES = 100_000  # each moves at least MAX_DEPTH - 1 levels up
 
 
