@@ -140,14 +140,16 @@ def test_a_tree_of_files_links_and_folders_goes(tmp_path: Path) -> None:
 
 def test_a_candidate_leaving_a_deep_tree_is_judged(mlp_task, fast_config) -> None:  # type: ignore[no-untyped-def]
     """Before tree_removal, the evaluation itself raised RecursionError while removing the
-    candidate's folder, on any host. Its folders now go past what the disk poll reads,
-    which ends it; the point here is that a verdict comes back."""
+    candidate's folder, on any host. Its folders go past what the disk poll reads, which
+    ends it where a poll comes before its evaluation ends (on a loaded host a short
+    evaluation may end first); the point here is that a verdict comes back."""
     from pike.evaluate import evaluate
     from tests.conftest import candidate
 
     verdict = evaluate(mlp_task, candidate("nests_folders_deep"), fast_config)
-    assert verdict.status == "crashed", verdict.message
-    assert "folders deep" in verdict.message
+    assert verdict.status in ("ok", "crashed"), verdict.message
+    if verdict.status == "crashed":
+        assert "folders deep" in verdict.message
 
 
 def test_a_link_is_never_opened_as_a_folder(tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 and a read-only one holding a link, for the parent to remove. shutil.rmtree recursed
 once per folder (RecursionError out of the evaluation, on any host) and its error
 handler opened an unreadable folder without flags (TypeError) and chmod-ed a link's
-target (where pike is not root). Computes honestly otherwise. The disk poll now ends it
-(folders past what it reads); before, the evaluation raised instead of a verdict."""
+target (where pike is not root). Computes honestly otherwise. A disk poll that comes while it
+runs ends it (folders past what it reads); before, the evaluation raised instead of a
+verdict."""
 
 import os
 import tempfile
