@@ -37,7 +37,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pike.evaluate.tree_removal import MAX_DEPTH, open_folder, remove_tree
+from pike.evaluate.tree_removal import (
+    MAX_DEPTH,
+    FolderWalk,
+    entry_info,
+    listing,
+    open_folder,
+    remove_tree,
+)
 
 if TYPE_CHECKING:
     from pike.config import EvalConfig
@@ -77,12 +84,12 @@ def entries(root_fd: int) -> list[Entry]:
     """The removable entries of the cache open at `root_fd` and what each holds."""
     found: list[Entry] = []
     walk = _Walk(seen=set(), left=MAX_WALKED)
-    for name in _listing(root_fd):
+    for name in listing(root_fd):
         if name in _SHARED_FOLDERS:
             shared = open_folder(root_fd, name)
             if shared is not None:  # else a link or a file: an entry like any other
                 try:
-                    found += [_measure(shared, name, n, walk) for n in _listing(shared)
+                    found += [_measure(shared, name, n, walk) for n in listing(shared)
                               if (name, n) not in _KEPT]
                 finally:
                     os.close(shared)
@@ -162,13 +169,6 @@ def _remove(root_fd: int, entry: Entry, now: float) -> bool:
             os.close(parent)
 
 
-def _listing(folder_fd: int) -> list[str]:
-    try:
-        return os.listdir(folder_fd)
-    except OSError:
-        return []
-
-
 @dataclass
 class _Walk:
     seen: set[tuple[int, int]]  # (device, inode) counted
@@ -184,14 +184,12 @@ def _measure(parent_fd: int, folder: str, name: str, walk: _Walk) -> Entry:
     def count(dir_fd: int, child: str) -> os.stat_result | None:
         nonlocal total, newest
         walk.left -= 1
-        try:
-            info = os.stat(child, dir_fd=dir_fd, follow_symlinks=False)
-        except OSError:
-            return None
-        newest = max(newest, info.st_ctime)
-        if (info.st_dev, info.st_ino) not in walk.seen:
-            walk.seen.add((info.st_dev, info.st_ino))
-            total += info.st_blocks * 512
+        info = entry_info(dir_fd, child)
+        if info is not None:
+            newest = max(newest, info.st_ctime)
+            if (info.st_dev, info.st_ino) not in walk.seen:
+                walk.seen.add((info.st_dev, info.st_ino))
+                total += info.st_blocks * 512
         return info
 
     if walk.left <= 0:
@@ -199,38 +197,23 @@ def _measure(parent_fd: int, folder: str, name: str, walk: _Walk) -> Entry:
     info = count(parent_fd, name)
     if info is None or not stat.S_ISDIR(info.st_mode):
         return Entry(folder, name, total, newest)
-    handles: list[int] = []
-    names: list[list[str]] = []
-    top = _open(parent_fd, name)
-    if top is not None:
-        handles, names = [top], [_listing(top)]
+    top = open_folder(parent_fd, name, writable=False)
+    if top is None:
+        return Entry(folder, name, total, newest)
     try:
-        while handles:
-            if walk.left <= 0:
-                return Entry(folder, name, total, math.inf)
-            if not names[-1]:
-                os.close(handles.pop())
-                names.pop()
-                continue
-            child = names[-1].pop()
-            info = count(handles[-1], child)
-            if info is None or not stat.S_ISDIR(info.st_mode):
-                continue
-            if len(handles) >= MAX_DEPTH:
-                deep = True
-                continue
-            fd = _open(handles[-1], child)
-            if fd is not None:
-                handles.append(fd)
-                names.append(_listing(fd))
+        with FolderWalk(top) as folders:
+            for dir_fd, child in folders:
+                if walk.left <= 0:
+                    return Entry(folder, name, total, math.inf)
+                info = count(dir_fd, child)
+                if info is None or not stat.S_ISDIR(info.st_mode):
+                    continue
+                if folders.depth >= MAX_DEPTH:
+                    deep = True
+                    continue
+                below = open_folder(dir_fd, child, writable=False)
+                if below is not None:
+                    folders.enter(below)
     finally:
-        for handle in handles:
-            os.close(handle)
+        os.close(top)
     return Entry(folder, name, total, newest, deep)
-
-
-def _open(dir_fd: int, name: str) -> int | None:
-    try:
-        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
-    except OSError:
-        return None

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pike.config import LimitsConfig
-from pike.evaluate.tree_removal import open_folder
+from pike.evaluate.tree_removal import FolderWalk, entry_info, open_folder
 
 FIXED_BYTES = 8 * 2**30
 # A legitimate candidate's folders hold a handful of files; a walk of this many takes a
@@ -92,52 +92,36 @@ def folder_use(folders: list[Path]) -> DiskUse:
 
 def _walk(top: int, use: DiskUse) -> None:
     """Count what the folder open at `top` holds into `use`; closes `top`."""
-    handles, names = [top], [_listing(top)]
     try:
-        while handles and use.entries <= MAX_ENTRIES:
-            if not names[-1]:
-                os.close(handles.pop())
-                names.pop()
-                continue
-            name = names[-1].pop()
-            use.entries += 1
-            try:
-                info = os.stat(name, dir_fd=handles[-1], follow_symlinks=False)
-            except OSError:  # gone meanwhile
-                continue
-            if stat.S_ISREG(info.st_mode):
-                _count(use, info)
-            elif stat.S_ISDIR(info.st_mode):
-                below = open_folder(handles[-1], name, writable=False)
-                if below is not None and len(handles) >= MAX_DEPTH:
-                    os.close(below)
-                    use.hidden.append(f"{name}, over {MAX_DEPTH} folders deep")
+        with FolderWalk(top) as walk:
+            for dir_fd, name in walk:
+                if use.entries > MAX_ENTRIES:
+                    break
+                use.entries += 1
+                info = entry_info(dir_fd, name)
+                if info is None:  # gone meanwhile
                     continue
-                if below is None:
-                    if _still_a_folder(handles[-1], name):
-                        use.hidden.append(f"{name}, unreadable")
-                    continue
-                handles.append(below)
-                names.append(_listing(below))
+                if stat.S_ISREG(info.st_mode):
+                    _count(use, info)
+                elif stat.S_ISDIR(info.st_mode):
+                    _enter(walk, dir_fd, name, use)
     finally:
-        for handle in handles:
-            os.close(handle)
+        os.close(top)
 
 
-def _listing(folder: int) -> list[str]:
-    try:
-        return os.listdir(folder)
-    except OSError:
-        return []
-
-
-def _still_a_folder(dir_fd: int, name: str) -> bool:
-    """Whether `name` is still a folder (one that could not be opened), not gone or
-    swapped for a link meanwhile."""
-    try:
-        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
+def _enter(walk: FolderWalk, dir_fd: int, name: str, use: DiskUse) -> None:
+    """Walk into the folder `name` next, or note it `hidden`. It is opened before its
+    depth is weighed, so a folder the candidate swaps for a link meanwhile is passed over
+    rather than reported."""
+    below = open_folder(dir_fd, name, writable=False)
+    if below is None:
+        if (info := entry_info(dir_fd, name)) is not None and stat.S_ISDIR(info.st_mode):
+            use.hidden.append(f"{name}, unreadable")  # still a folder, not swapped
+    elif walk.depth >= MAX_DEPTH:
+        os.close(below)
+        use.hidden.append(f"{name}, over {MAX_DEPTH} folders deep")
+    else:
+        walk.enter(below)
 
 
 def _count(use: DiskUse, info: os.stat_result) -> None:

@@ -33,11 +33,7 @@ from pike.evaluate.candidate_windows import (
     _timing_window,
     timed_dishonestly,
 )
-from pike.evaluate.child_launch import (
-    begin_child,
-    list_for_timers,
-    wait_for_room,
-)
+from pike.evaluate.child_launch import begin_child, list_for_timers, wait_for_room
 from pike.evaluate.device_lock import hold, hold_for_build, hold_for_work
 from pike.evaluate.driver import (
     ChildReport,

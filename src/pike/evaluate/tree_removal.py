@@ -24,6 +24,7 @@ import logging
 import os
 import secrets
 import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -131,43 +132,95 @@ def _unlinked(dir_fd: int, name: str) -> bool:
 def _empty_once(top: int) -> bool:
     """One walk emptying the folder open at `top`; True where it moved folders deeper
     than MAX_DEPTH up into `top`, which another walk then empties."""
-    handles = [top]
-    names = [_names(top)]
-    here: list[str] = []  # the name of each open folder below top, in its parent
-    try:
-        return _walk(top, handles, names, here)
-    finally:
-        for handle in handles[1:]:
-            os.close(handle)
-
-
-def _walk(top: int, handles: list[int], names: list[list[str]], here: list[str]) -> bool:
     moved = False
-    while handles:
-        if not names[-1]:
-            if len(handles) == 1:
-                break
-            os.close(handles.pop())
-            names.pop()
-            try:
-                os.rmdir(here.pop(), dir_fd=handles[-1])
-            except OSError:
-                pass  # something in it stayed; already logged
-            continue
-        name = names[-1].pop()
-        if _unlinked(handles[-1], name):
-            continue
-        folder = open_folder(handles[-1], name)
-        if folder is None:
-            continue
-        if len(handles) >= MAX_DEPTH:
-            os.close(folder)  # writable now, so it can change parent
-            moved |= _move_up(handles[-1], name, top)
-            continue
-        handles.append(folder)
-        names.append(_names(folder))
-        here.append(name)
+
+    def emptied(parent: int, name: str) -> None:
+        try:
+            os.rmdir(name, dir_fd=parent)
+        except OSError:
+            pass  # something in it stayed; already logged
+
+    with FolderWalk(top, on_leave=emptied, quiet=False) as walk:
+        for dir_fd, name in walk:
+            if _unlinked(dir_fd, name):
+                continue
+            folder = open_folder(dir_fd, name)
+            if folder is None:
+                continue
+            if walk.depth >= MAX_DEPTH:
+                os.close(folder)  # writable now, so it can change parent
+                moved |= _move_up(dir_fd, name, top)
+                continue
+            walk.enter(folder, name)
     return moved
+
+
+class FolderWalk:
+    """The entries below the folder open at `top`, as (folder handle, name), depth first,
+    each folder entered only through a handle its caller opened (`enter`), so a walk
+    never goes through a link whatever the candidate swaps in meanwhile. The disk poll,
+    the build cache's measure and removal share it; each decides what to open, and how
+    deep (`depth`: the folders open, `top` counted). `top` stays open; every handle
+    entered is closed once its folder is read, or when the walk ends.
+
+    `on_leave(parent handle, name)` runs once an entered folder is read to its end."""
+
+    def __init__(self, top: int, on_leave: Callable[[int, str], None] | None = None,
+                 quiet: bool = True) -> None:
+        self._handles, self._names, self._here = [top], [listing(top, quiet)], []
+        self._on_leave, self._quiet = on_leave, quiet
+
+    @property
+    def depth(self) -> int:
+        return len(self._handles)
+
+    def enter(self, folder: int, name: str = "") -> None:
+        """Read the folder open at `folder` (named `name` in the last entry's folder)
+        next; the walk closes `folder`."""
+        self._handles.append(folder)
+        self._names.append(listing(folder, self._quiet))
+        self._here.append(name)
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        while self._handles:
+            if not self._names[-1]:
+                if len(self._handles) == 1:
+                    return
+                os.close(self._handles.pop())
+                self._names.pop()
+                name = self._here.pop()
+                if self._on_leave is not None:
+                    self._on_leave(self._handles[-1], name)
+                continue
+            yield self._handles[-1], self._names[-1].pop()
+
+    def __enter__(self) -> FolderWalk:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for handle in self._handles[1:]:
+            os.close(handle)
+        del self._handles[1:]
+
+
+def listing(folder: int, quiet: bool = True) -> list[str]:
+    """The names in the folder open at `folder`; none where it cannot be read (logged
+    unless `quiet`)."""
+    try:
+        return os.listdir(folder)
+    except OSError as err:
+        if not quiet:
+            log.warning("could not list a folder to remove it: %s", err)
+        return []
+
+
+def entry_info(dir_fd: int, name: str) -> os.stat_result | None:
+    """`name` in the folder open at `dir_fd` itself (a link, not what it names); None
+    where it is gone."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
 
 
 def _move_up(dir_fd: int, name: str, top: int) -> bool:
@@ -182,11 +235,3 @@ def _move_up(dir_fd: int, name: str, top: int) -> bool:
                 log.warning("could not move %s up to remove it: %s", name, err)
                 return False
     return False
-
-
-def _names(folder: int) -> list[str]:
-    try:
-        return os.listdir(folder)
-    except OSError as err:
-        log.warning("could not list a folder to remove it: %s", err)
-        return []
