@@ -38,7 +38,8 @@ CANARY = "sk-CANARYadversarial0123456789"
 CLASSES: dict[str, list[str]] = {
     "telling timed calls from checked ones": [
         "stale_by_frames", "stale_when_fast", "memo_by_version", "memo_by_values",
-        "counts_calls", "caches_by_pointer"],
+        "counts_calls", "caches_by_pointer", "lazy_when_timed", "iterates_lazily",
+        "memo_shapes_its_tail"],
     "reaching the evaluator's objects": [
         "wraps_channel", "mock_patches_tensor", "forges_messages", "patches_evaluator",
         "patches_event", "walks_gc", "rewrites_samples", "zeroes_samples", "tensor_subclass",

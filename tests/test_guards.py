@@ -70,6 +70,12 @@ pytestmark = pytest.mark.timing
     # runner's name, which a child runs as __main__)
     ("patches_rotation_class", "rejected", "patching pike.evaluate.timed_calls.InputRotation"),
     ("patches_channel_class", "rejected", "patching pike.evaluate.protocol.Channel"),
+    # round 8 (helper-58): work deferred past the timed call by a lazy output (`ok` at 4x
+    # to 6x on the CPU before), and a memo whose times are shaped to pass the reuse check
+    # (`ok` at 8x before it weighed the probes against the median)
+    ("lazy_when_timed", "rejected", "from a timed call"),
+    ("iterates_lazily", "rejected", "from a timed call"),
+    ("memo_shapes_its_tail", "rejected", "reused, not computed"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:
@@ -414,6 +420,37 @@ def test_reused_answers_show_in_the_probes_and_noise_does_not() -> None:
     assert reused_answers_problem(honest, [0.41, 2.4, 0.45]) is None  # one probe hit by load
     assert reused_answers_problem(honest, [3.9, 3.8]) is not None  # every probe slow
     assert reused_answers_problem(honest, [9.0]) is None  # one probe says nothing yet
+    # a fast median under a slow tail made of honest calls is still reuse
+    shaped = [0.12] * 87 + [1.4] * 13
+    assert reused_answers_problem(shaped, [1.0, 1.1]) is not None
+
+
+def test_only_plain_outputs_are_walked() -> None:
+    import collections
+
+    import torch
+
+    from pike.evaluate.check import odd_output_part
+
+    t = torch.ones(2)
+    pair = collections.namedtuple("pair", "a b")
+    assert odd_output_part(t) is None
+    assert odd_output_part((t, [t, {"k": t, 3: 1.0}], pair(t, t), torch.max(t, 0), None)) is None
+    assert odd_output_part(torch.nn.Parameter(t)) == "Parameter"
+
+    class Walked(tuple):
+        def __iter__(self):
+            return iter(())
+
+    class Key(str):
+        pass
+
+    assert odd_output_part([t, Walked((t,))]) == "Walked"
+    assert odd_output_part({Key("k"): t}) == "Key"
+    deep: list = [t]
+    for _ in range(40):
+        deep = [deep]
+    assert odd_output_part(deep) == "list"
 
 
 MANY_TINY_OUTPUTS = '''\

@@ -165,7 +165,7 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
                      in_place=True)
         _reject_violations(guards, "final check")
 
-    sampler = TimedOutputSamples(rotation) if req.guards else None
+    sampler = TimedOutputSamples(rotation, guards.violations.append) if req.guards else None
     _serve_timing(req, chan, device, make_call, failed,
                   after_block=lambda mode: _reject_violations(guards, "timing"),
                   final_check=final_check, samples_for=lambda mode: sampler)
@@ -244,11 +244,11 @@ def _run_guarded_call(req: ChildRequest, model: torch.nn.Module, inputs: list[An
     if changed:
         raise Failure("rejected", "check",
                       f"input {changed[0]} was modified in place; inputs must stay unchanged")
-    odd = [type(t).__name__ for t in check.tensor_leaves(out) if type(t) is not torch.Tensor]
+    odd = check.odd_output_part(out)
     if odd:
         raise Failure("rejected", "check",
-                      f"returns a {odd[0]} (a tensor subclass, which can defer or fake its "
-                      "work); return plain torch.Tensor outputs")
+                      f"returns a {odd} ({check.ODD_OUTPUT_WHY}); return plain torch.Tensor "
+                      "outputs, in lists, tuples or dicts")
     return out
 
 
