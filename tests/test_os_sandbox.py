@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,33 @@ def test_no_candidate_reaches_the_build_cache_of_the_reference(
     assert verdict.status == "ok", verdict.message
     assert not list(reference.rglob("pike-poison"))
     assert list(theirs.rglob("pike-poison"))  # the attack ran, in its own cache
+
+
+def test_system_files_other_users_may_not_read_are_listed_to_hide(tmp_path: Path) -> None:
+    (tmp_path / "open.conf").write_text("x")
+    (tmp_path / "key").write_text("secret")
+    (tmp_path / "key").chmod(0o600)
+    (tmp_path / "private").mkdir(mode=0o700)
+    (tmp_path / "private" / "inside").write_text("x")
+    (tmp_path / "shown").mkdir()
+    (tmp_path / "shown" / "token").write_text("t")
+    (tmp_path / "shown" / "token").chmod(0o640)
+    (tmp_path / "link").symlink_to(tmp_path / "key")
+    found = os_sandbox.private_entries((str(tmp_path),), 1000)
+    assert sorted(found) == sorted([(str(tmp_path / "key"), False),
+                                    (str(tmp_path / "private"), True),
+                                    (str(tmp_path / "shown" / "token"), False)])
+
+
+@needs_bwrap
+def test_a_child_reads_no_system_file_that_other_users_may_not(tmp_path: Path) -> None:
+    """Inside, the child is its namespace's root, the real root where pike runs as root:
+    as the owner it read /etc/shadow until such files were hidden."""
+    hidden = [p for p, folder in os_sandbox._private_system_entries() if not folder]
+    if not hidden:
+        pytest.skip("no file in /etc or /opt here that other users may not read")
+    plan = os_sandbox.SandboxPlan()
+    done = subprocess.run([*plan.prefix(), "/bin/sh", "-c", f"cat '{hidden[0]}' | wc -c"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"

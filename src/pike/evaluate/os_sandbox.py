@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -86,6 +87,8 @@ class SandboxPlan:
                 args += ["--ro-bind", path, path]
         for path in _system_paths():
             args += ["--ro-bind", path, path]
+        for path, is_folder in _private_system_entries():
+            args += ["--tmpfs", path] if is_folder else ["--ro-bind", os.devnull, path]
         for node in sorted(glob.glob("/dev/nvidia*")):  # the GPU, where there is one
             args += ["--dev-bind", node, node]
         for m in self.mounts:
@@ -101,6 +104,8 @@ class SandboxPlan:
             "os sandbox": f"bubblewrap {_bwrap_version()}; namespaces: {', '.join(namespaces)}; "
                           "dies with pike",
             "mounts": f"read-only: {', '.join(_system_paths())}, the top-level links; "
+                      f"hidden: what other users may not read in {', '.join(_PRIVATE_SCAN)} "
+                      f"({len(_private_system_entries())} entries); "
                       f"private: /tmp, /dev/shm ({_tmpfs_size()}), /proc (own PID "
                       f"namespace); {own}; "
                       f"GPU nodes: {', '.join(sorted(glob.glob('/dev/nvidia*'))) or 'none'}; "
@@ -185,6 +190,52 @@ def sandbox_status(mode: str) -> str:
     if problem is None:
         return f"bubblewrap {_bwrap_version()}: own PID, network, IPC and mount namespaces"
     return f"unavailable ({problem}); in-process guards only"
+
+
+# Folders whose files other users may not read are shown without them: inside the
+# sandbox the child is its own user namespace's root, which is the real root where pike
+# runs as root, and as the files' owner it read /etc/shadow (helper-58). /usr is left
+# out: a walk of it costs seconds, and it holds no such file on a usual system.
+_PRIVATE_SCAN = ("/etc", "/opt")
+_PRIVATE_SCAN_MAX = 200_000  # entries read per folder, once per process
+
+
+@functools.cache
+def _private_system_entries() -> tuple[tuple[str, bool], ...]:
+    return tuple(private_entries(_PRIVATE_SCAN, _PRIVATE_SCAN_MAX))
+
+
+def private_entries(roots: tuple[str, ...], most: int) -> list[tuple[str, bool]]:
+    """(path, is a folder) of what in `roots` other users may not read: files without
+    read permission for others, folders without read and search permission for them
+    (not walked into). Links are not followed; a root past `most` entries is read no
+    further (logged)."""
+    found: list[tuple[str, bool]] = []
+    for root in roots:
+        seen = 0
+        for folder, folders, files in os.walk(root):
+            seen += len(folders) + len(files)
+            for name in list(folders):
+                path = os.path.join(folder, name)
+                if not _others_may(path, 0o005):
+                    found.append((path, True))
+                    folders.remove(name)
+            found += [(os.path.join(folder, name), False) for name in files
+                      if not _others_may(os.path.join(folder, name), 0o004)]
+            if seen > most:
+                log.warning("%s holds over %d entries: the ones past them were not checked "
+                            "for files other users may not read, and the sandbox shows them",
+                            root, most)
+                break
+    return found
+
+
+def _others_may(path: str, bits: int) -> bool:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return True  # gone: nothing to hide
+    return stat.S_ISLNK(info.st_mode) or info.st_mode & bits == bits
 
 
 @functools.cache
