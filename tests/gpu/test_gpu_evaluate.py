@@ -277,8 +277,10 @@ def test_baseline_modes_compile_on_the_build_cores_before_their_window(
     assert [m.mode for m in base.modes] == modes
     eager, *compiled = base.modes
     assert all(m.stats and m.stats.median_ms > 0 for m in base.modes), base.modes
-    assert all(m.build_s and eager.build_s is not None and m.build_s > eager.build_s
-               for m in compiled)
+    # every mode's build is timed; not compared with eager's: the tests share one build
+    # cache, and a mode another test built first loads in a tenth of a second (an H100
+    # run of the suite with -n 4, 2026-12-06: max-autotune-no-cudagraphs 0.11 s, eager 1.7 s)
+    assert all(m.build_s is not None and m.build_s > 0 for m in base.modes), base.modes
     # each compiled mode answered the check trials as eager did (or says why it could not)
     assert all(m.checked is True for m in compiled), [(m.mode, m.check_note) for m in compiled]
 
