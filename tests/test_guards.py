@@ -76,6 +76,10 @@ pytestmark = pytest.mark.timing
     ("lazy_when_timed", "rejected", "from a timed call"),
     ("iterates_lazily", "rejected", "from a timed call"),
     ("memo_shapes_its_tail", "rejected", "reused, not computed"),
+    # round 9 (helper-59): a torch function mode left in force, which sees the sampler's
+    # reads (`ok` at 42x), and a metaclass that lies to the container check (`ok` at 174x)
+    ("leaves_a_mode", "rejected", "in force"),
+    ("lies_by_metaclass", "rejected", "_Deferred"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:
@@ -447,6 +451,17 @@ def test_only_plain_outputs_are_walked() -> None:
 
     assert odd_output_part([t, Walked((t,))]) == "Walked"
     assert odd_output_part({Key("k"): t}) == "Key"
+
+    class Liar(type):
+        def __getattribute__(cls, name):
+            return getattr(tuple, name) if name in ("__iter__", "__getitem__") else (
+                type.__getattribute__(cls, name))
+
+    class Lying(tuple, metaclass=Liar):
+        def __iter__(self):
+            return iter(())
+
+    assert odd_output_part(Lying((t,))) == "Lying"
     deep: list = [t]
     for _ in range(40):
         deep = [deep]
@@ -597,3 +612,19 @@ def test_withheld_probes_are_told_only_where_chance_cannot_explain_them() -> Non
     assert check.withheld_probes_problem(n, 2) is None
     assert "withheld" in (check.withheld_probes_problem(n, 1) or "")
     assert "withheld" in (check.withheld_probes_problem(5000, 0) or "")
+
+
+def test_a_mode_left_in_force_is_named_and_the_default_device_is_not() -> None:
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from pike.evaluate.check import mode_in_force
+
+    class Watching(TorchFunctionMode):
+        pass
+
+    assert mode_in_force() is None
+    with Watching():
+        assert mode_in_force() == "Watching"
+    with torch.device("cpu"):  # torch.set_default_device's own context
+        assert mode_in_force() is None

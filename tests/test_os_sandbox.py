@@ -227,3 +227,15 @@ def test_a_child_reads_no_system_file_that_other_users_may_not(tmp_path: Path) -
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0"
+
+
+@needs_bwrap
+def test_a_child_sees_no_firmware_tables_nor_serial_numbers() -> None:
+    present = [p for p in os_sandbox._HIDDEN_SYS if os.path.isdir(p) and os.listdir(p)]
+    if not present:
+        pytest.skip("none of the hidden /sys folders holds anything here")
+    listing = "; ".join(f"ls -A '{p}' | wc -l" for p in present)
+    done = subprocess.run([*os_sandbox.SandboxPlan().prefix(), "/bin/sh", "-c", listing],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0"] * len(present)

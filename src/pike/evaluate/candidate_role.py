@@ -235,6 +235,11 @@ def _run_guarded_call(req: ChildRequest, model: torch.nn.Module, inputs: list[An
     pristine = [x.clone() for x in tensors_in]
     with torch.no_grad():
         out = _guarded("runtime_error", "check", req.module_path, lambda: model(*inputs))
+    mode = check.mode_in_force()
+    if mode:
+        raise Failure("rejected", "check",
+                      f"leaves a {mode} in force after its call ({check.MODE_WHY}); "
+                      "leave no torch function or dispatch mode behind")
     _guarded("runtime_error", "check", req.module_path, lambda: _sync(device))
     aliased = check.aliased_outputs(check.tensor_leaves(out), tensors_in)
     if aliased:

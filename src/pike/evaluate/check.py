@@ -35,6 +35,8 @@ def tensor_leaves(obj: Any) -> list[torch.Tensor]:
     return [leaf for leaf in flatten_output(obj) if isinstance(leaf, _Tensor)]
 
 
+MODE_WHY = ("a mode left in force sees the evaluator's own reads of the outputs, and can "
+            "do the work only there")
 ODD_OUTPUT_WHY = ("a tensor subclass, or a container walked by its own code, can defer or "
                   "fake its work past the timed call")
 # A container's own iteration and indexing: flatten_output runs these on every output, so
@@ -56,7 +58,11 @@ def odd_output_part(obj: Any, depth: int = 0) -> str | None:
         return kind.__name__
     for base, access in _PLAIN_ACCESS.items():
         if isinstance(obj, base):
-            if (kind.__iter__, kind.__getitem__) != access:
+            # a metaclass's own lookup could name the built-in methods while the type's
+            # slots run its code (helper-59: `ok` at up to 174x): subclasses of plain types
+            # only, and their methods looked up where no metaclass answers
+            if kind is not base and (type(kind) is not type
+                                     or (kind.__iter__, kind.__getitem__) != access):
                 return kind.__name__
             if base is dict:
                 keys = list(dict.keys(obj))
@@ -65,6 +71,24 @@ def odd_output_part(obj: Any, depth: int = 0) -> str | None:
                                                                      depth + 1) for k in keys)), None)
             items = list(base.__iter__(obj))
             return next(filter(None, (odd_output_part(item, depth + 1) for item in items)), None)
+    return None
+
+
+def mode_in_force() -> str | None:
+    """The type of a torch function or dispatch mode left in force (None where there is
+    none but torch's own default-device context, which `torch.set_default_device`
+    leaves): a mode pushed by candidate code and never popped sees the evaluator's own
+    torch calls on the outputs, and filled a plain tensor only where the sampler read it
+    (helper-59: `ok` at 42x on the CPU)."""
+    from torch.utils._device import DeviceContext
+
+    stacks = ((torch._C._len_torch_function_stack, torch._C._get_function_stack_at),
+              (torch._C._len_torch_dispatch_stack, torch._C._get_dispatch_stack_at))
+    for length, at in stacks:
+        for index in range(length()):
+            mode = at(index)
+            if type(mode) is not DeviceContext:
+                return type(mode).__name__
     return None
 
 

@@ -80,6 +80,9 @@ class SandboxPlan:
         for private in ("/tmp", "/dev/shm"):  # host memory, which no RSS counts: bounded
             args += [*_sized(), "--tmpfs", private]
         args += ["--ro-bind-try", "/sys", "/sys"]
+        for private in _HIDDEN_SYS:  # read by root only; no GPU stack reads them
+            if os.path.isdir(private):
+                args += ["--tmpfs", private]
         for path in _TOP_LEVEL:
             if os.path.islink(path):
                 args += ["--symlink", os.readlink(path), path]
@@ -105,7 +108,8 @@ class SandboxPlan:
                           "dies with pike",
             "mounts": f"read-only: {', '.join(_system_paths())}, the top-level links; "
                       f"hidden: what other users may not read in {', '.join(_PRIVATE_SCAN)} "
-                      f"({len(_private_system_entries())} entries); "
+                      f"({len(_private_system_entries())} entries), and "
+                      f"{', '.join(_HIDDEN_SYS)}; "
                       f"private: /tmp, /dev/shm ({_tmpfs_size()}), /proc (own PID "
                       f"namespace); {own}; "
                       f"GPU nodes: {', '.join(sorted(glob.glob('/dev/nvidia*'))) or 'none'}; "
@@ -197,6 +201,11 @@ def sandbox_status(mode: str) -> str:
 # runs as root, and as the files' owner it read /etc/shadow (helper-58). /usr is left
 # out: a walk of it costs seconds, and it holds no such file on a usual system.
 _PRIVATE_SCAN = ("/etc", "/opt")
+# /sys holds thousands of files only root may read, too many to hide one by one; these
+# folders are hidden whole: the firmware's tables, the machine's serial numbers (DMI),
+# the kernel's debug and security files (helper-59 read ACPI tables as root inside).
+_HIDDEN_SYS = ("/sys/firmware", "/sys/devices/virtual/dmi", "/sys/kernel/debug",
+               "/sys/kernel/security")
 _PRIVATE_SCAN_MAX = 200_000  # entries read per folder, once per process
 
 

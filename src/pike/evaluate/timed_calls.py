@@ -163,9 +163,12 @@ class TimedOutputSamples:
         # only when the sample reads it was `ok` at 4x to 6x on the CPU (a check of the
         # check trials' outputs alone let it through; tests/candidates/lazy_when_timed).
         odd = check.odd_output_part(out)
-        if odd is not None:
+        mode = check.mode_in_force() if odd is None else None
+        if odd is not None or mode is not None:
             if not self.odd_seen:
-                self.refused(f"to return a {odd} from a timed call ({check.ODD_OUTPUT_WHY})")
+                self.refused(f"to return a {odd} from a timed call ({check.ODD_OUTPUT_WHY})"
+                             if odd else f"to leave a {mode} in force after a timed call "
+                             f"({check.MODE_WHY})")
             self.odd_seen = True
             return
         call, self.calls = self.calls, self.calls + 1
@@ -179,8 +182,9 @@ class TimedOutputSamples:
                           or _draw_below(100) >= self.RATE_PERCENT):
             return  # probes are always sampled: a fast wrong answer must not pass either
         leaves = check.flatten_output(out)[:check.SAMPLED_LEAVES]
-        self.taken.append({"call": call, "set": self.rotation.last, "leaves": [
-            _sample_leaf(leaf, check.SAMPLED_POSITIONS) for leaf in leaves]})
+        with torch._C.DisableTorchFunction():  # read as plain tensors, whatever is in force
+            sampled = [_sample_leaf(leaf, check.SAMPLED_POSITIONS) for leaf in leaves]
+        self.taken.append({"call": call, "set": self.rotation.last, "leaves": sampled})
 
     def take(self) -> tuple[list[dict[str, Any]], list[int]]:
         """This block's samples, and which of its timed calls (by index) were probes."""
