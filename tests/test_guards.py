@@ -75,11 +75,11 @@ pytestmark = pytest.mark.timing
     # (`ok` at 8x before it weighed the probes against the median)
     ("lazy_when_timed", "rejected", "from a timed call"),
     ("iterates_lazily", "rejected", "from a timed call"),
-    ("memo_shapes_its_tail", "rejected", "reused, not computed"),
     # round 9 (helper-59): a torch function mode left in force, which sees the sampler's
     # reads (`ok` at 42x), and a metaclass that lies to the container check (`ok` at 174x)
     ("leaves_a_mode", "rejected", "in force"),
     ("lies_by_metaclass", "rejected", "_Deferred"),
+    ("replaces_a_kernel", "rejected", "aten::index.Tensor"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:
@@ -424,9 +424,16 @@ def test_reused_answers_show_in_the_probes_and_noise_does_not() -> None:
     assert reused_answers_problem(honest, [0.41, 2.4, 0.45]) is None  # one probe hit by load
     assert reused_answers_problem(honest, [3.9, 3.8]) is not None  # every probe slow
     assert reused_answers_problem(honest, [9.0]) is None  # one probe says nothing yet
-    # a fast median under a slow tail made of honest calls is still reuse
+    # a fast median under a slow tail made of honest calls is reuse in a steady window
     shaped = [0.12] * 87 + [1.4] * 13
-    assert reused_answers_problem(shaped, [1.0, 1.1]) is not None
+    steady_reference = [1.0] * 90 + [1.1] * 10
+    assert reused_answers_problem(shaped, [1.0, 1.1], steady_reference) is not None
+    # ... but on a loaded host, where the reference's calls had a tail of their own, two
+    # probes held up by the scheduler are no proof: the tail is the bar there
+    loaded = [1.0] * 60 + [13.0] * 40
+    loaded_reference = [1.2] * 60 + [14.0] * 40
+    assert reused_answers_problem(loaded, [13.0, 9.0], loaded_reference) is None
+    assert reused_answers_problem(loaded, [13.0, 9.0], steady_reference) is not None
 
 
 def test_only_plain_outputs_are_walked() -> None:
@@ -628,3 +635,35 @@ def test_a_mode_left_in_force_is_named_and_the_default_device_is_not() -> None:
         assert mode_in_force() == "Watching"
     with torch.device("cpu"):  # torch.set_default_device's own context
         assert mode_in_force() is None
+
+
+def test_a_memo_that_shapes_its_tail_is_caught_in_a_steady_window(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """memo_shapes_its_tail lifts the 90th percentile of its calls with honest ones while
+    its median stays fast (`ok` at 8x on the CPU against the 90th percentile). Where the
+    reference's calls in the window were steady, the median is the bar and it is caught;
+    on a loaded host the tail is the bar (an honest candidate's probes may all fall in
+    it), and the test says so instead of passing."""
+    from pike.evaluate import check
+
+    real, spreads = check.reused_answers_problem, []
+
+    def recorded(samples: list[float], probes: list[float],
+                 reference: list[float] | None = None) -> str | None:
+        if reference and len(reference) >= check.REUSE_MIN_SAMPLES:
+            import statistics
+            spreads.append(statistics.quantiles(reference, n=4)[-1]
+                           / statistics.median(reference))
+        return real(samples, probes, reference)
+
+    monkeypatch.setattr(check, "reused_answers_problem", recorded)
+    verdict = evaluate(mlp_task, candidate("memo_shapes_its_tail"), fast_config)
+    if verdict.status == "rejected":
+        assert "reused, not computed" in verdict.message or "wall time" in verdict.message
+        return
+    assert spreads, verdict
+    if spreads[-1] > check.STEADY_SPREAD:
+        pytest.skip(f"the reference's window was not steady here (third quartile "
+                    f"{spreads[-1]:.1f}x its median): the tail was the bar")
+    pytest.fail(f"a steady window let a shaped memo through: {verdict.status} "
+                f"{verdict.speedup}")

@@ -34,7 +34,7 @@ from pike.evaluate.guards import Guards
 from pike.evaluate.leaf_files import write_leaves
 from pike.evaluate.outputs_handoff import OutputsSlot
 from pike.evaluate.protocol import Channel, ChildRequest, timed_set_count
-from pike.evaluate.timed_calls import InputRotation, TimedOutputSamples
+from pike.evaluate.timed_calls import InputRotation, TimedOutputSamples, replaced_operator
 
 _load = torch.load
 _globals_in = torch.serialization.get_unsafe_globals_in_checkpoint
@@ -240,6 +240,10 @@ def _run_guarded_call(req: ChildRequest, model: torch.nn.Module, inputs: list[An
         raise Failure("rejected", "check",
                       f"leaves a {mode} in force after its call ({check.MODE_WHY}); "
                       "leave no torch function or dispatch mode behind")
+    replaced = replaced_operator()
+    if replaced:
+        raise Failure("rejected", "check", f"replaced the kernels of {replaced}, which the "
+                      "evaluator runs on its outputs; leave torch's own operators as they are")
     _guarded("runtime_error", "check", req.module_path, lambda: _sync(device))
     aliased = check.aliased_outputs(check.tensor_leaves(out), tensors_in)
     if aliased:

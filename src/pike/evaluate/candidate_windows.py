@@ -148,15 +148,19 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
     return timers
 
 
-def timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig) -> Verdict | None:
+def timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig,
+                      reference_timer: Timer | None = None) -> Verdict | None:
     """The verdict on timed calls whose sampled outputs are wrong (incorrect), or whose
-    times show answers reused for inputs seen before (rejected); None when neither."""
+    times show answers reused for inputs seen before (rejected); None when neither.
+    `reference_timer`: the reference's calls in the same window, which say whether it
+    was steady (check.reused_answers_problem)."""
     wrong = check.timed_outputs_problem(reference.timed_expected, timer.outputs,
                                         len(timer.samples), cfg.atol, cfg.rtol,
                                         reference.own_error)
     if wrong:
         return Verdict(status="incorrect", phase="timing", message=wrong)
-    reused = (check.reused_answers_problem(timer.samples, timer.probe_samples)
+    reused = (check.reused_answers_problem(timer.samples, timer.probe_samples,
+                                           reference_timer.samples if reference_timer else None)
               or check.withheld_probes_problem(timer.child.timed_calls,
                                                timer.child.probes_timed))
     return Verdict(status="rejected", phase="timing", message=reused) if reused else None

@@ -134,7 +134,8 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
         # there and reuse its answers here. First: a wrong output says so whatever the
         # host's load, where the wall-clock check below may fail an honest candidate's
         # window on a loaded host (which confirm_best.confirm_best times once more).
-        dishonest = timed_dishonestly(reference, timer, config) if config.guards else None
+        dishonest = (timed_dishonestly(reference, timer, config, timers[0])
+                     if config.guards else None)
         if dishonest is not None:
             found.append(Confirmation(candidate_id=cid, error=_short(dishonest.message),
                                       caught=dishonest.status))

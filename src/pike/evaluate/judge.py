@@ -226,7 +226,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                 if forged:
                     timers[1].failure = Verdict(status="rejected", phase="timing", message=forged)
                 elif cfg.guards and not any(t.failure for t in timers):
-                    timers[1].failure = timed_dishonestly(reference, timers[1], cfg)
+                    timers[1].failure = timed_dishonestly(reference, timers[1], cfg, timers[0])
                 if not any(t.failure for t in timers):
                     # a hopeless candidate's figure is no search's pick, steady or not
                     if timers[1].gave_up_after is None:

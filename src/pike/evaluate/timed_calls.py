@@ -24,6 +24,38 @@ from pike.evaluate.leaf_files import PLAIN_DTYPES
 
 _urandom = os.urandom  # bound at import: the timed outputs' sample positions come from it
 
+# The operators the sampler runs on an output (and the check trials' copies), whose
+# kernels a candidate could replace with its own through torch.library: a kernel that
+# computes only the positions the sampler reads defers the work past the clock, as a
+# mode left in force did. Their dispatch tables are taken at import, before any candidate
+# code runs, and read again before each sample (about 0.7 ms, outside the timed calls).
+_SAMPLER_OPS = ("aten::detach", "aten::lift_fresh", "aten::index.Tensor", "aten::unbind.int",
+                "aten::_to_copy", "aten::copy_", "aten::reshape", "aten::view",
+                "aten::select.int", "aten::as_strided", "aten::resolve_conj",
+                "aten::resolve_neg", "aten::empty.memory_format", "aten::empty_strided",
+                "aten::abs", "aten::clone", "aten::to.dtype_layout", "aten::to.device",
+                "aten::to.dtype")
+
+
+def _dispatch_tables() -> dict[str, str]:
+    tables = {}
+    for name in _SAMPLER_OPS:
+        try:
+            tables[name] = torch._C._dispatch_dump_table(name)
+        except RuntimeError:  # not an operator of this torch
+            pass
+    return tables
+
+
+_TABLES_AT_IMPORT = _dispatch_tables()
+
+
+def replaced_operator() -> str | None:
+    """The first of the sampler's operators whose kernels changed since import, or None."""
+    now = _dispatch_tables()
+    return next((name for name, table in _TABLES_AT_IMPORT.items() if now.get(name) != table),
+                None)
+
 
 def stand_in(leaf: Any) -> Any:
     """A small tensor like `leaf` (device, dims, and its dtype where that is a plain one:
@@ -181,6 +213,13 @@ class TimedOutputSamples:
         if not probe and (len(self.taken) >= self.PER_BLOCK
                           or _draw_below(100) >= self.RATE_PERCENT):
             return  # probes are always sampled: a fast wrong answer must not pass either
+        replaced = replaced_operator()
+        if replaced is not None:
+            if not self.odd_seen:
+                self.refused(f"to replace the kernels of {replaced}, which the evaluator "
+                             "runs on its outputs")
+            self.odd_seen = True
+            return
         leaves = check.flatten_output(out)[:check.SAMPLED_LEAVES]
         with torch._C.DisableTorchFunction():  # read as plain tensors, whatever is in force
             sampled = [_sample_leaf(leaf, check.SAMPLED_POSITIONS) for leaf in leaves]
