@@ -1,11 +1,14 @@
 """Every cheat class the evaluator defends against, one candidate of ours each: the verdict,
 what caught it, and whether anything got out (a file, a process, a secret).
 
-    python bench/adversarial.py [--device cuda] [--sandbox auto|required|off]
+    python bench/adversarial.py [--device cuda] [--sandbox auto|required|off] [--only a,b]
+    python bench/adversarial.py --combine PART.json PART.json --out DIR --name STEM
 
 Runs on examples/tasks/1_GeluMLP.py with the default protocol (as `pike eval` judges).
 Writes bench/results/adversarial-<device>[-<sandbox>].json and .md with device, torch
-version, date and command.
+version, date and command. A run cut off by a device call's limit is finished with
+--only the candidates it had not reached; --combine joins the parts' JSON into one page
+(in the classes' order, each part's command and date quoted), judging nothing.
 """
 
 from __future__ import annotations
@@ -125,7 +128,14 @@ def main() -> int:
     parser.add_argument("--sandbox", default="auto", choices=["auto", "required", "off"])
     parser.add_argument("--only", default=None, help="comma list of candidate names")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--combine", type=Path, nargs="+", default=None,
+                        help="JSON results of parts of one run, joined into one page")
+    parser.add_argument("--name", default=None, help="with --combine: the page's file stem")
+    parser.add_argument("--note", default=None, help="with --combine: a line for the page "
+                        "(which pike commit the parts ran, say)")
     args = parser.parse_args()
+    if args.combine:
+        return combine(args.combine, args.out, args.name or "adversarial-combined", args.note)
     os.environ["OPENAI_API_KEY"] = CANARY  # what an escaped child would look for
     os.environ["DATABASE_URL"] = f"postgres://pike:{CANARY}@db.invalid/pike"
     os.environ["PIKE_TEST_LEAK"] = CANARY  # planted where the candidate can read it
@@ -151,9 +161,40 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
               "device_name": device_name(args.device), "torch_version": torch.__version__,
               "sandbox": sandbox_status(args.sandbox), "date": now(),
               "command": this_command(), "rows": rows}
+    stem = f"adversarial-{'cuda' if args.device.startswith('cuda') else 'cpu'}"
+    if args.sandbox != "auto":
+        stem += f"-sandbox-{args.sandbox}"
+    _write_page(result, args.out, stem)
+
+
+def combine(parts: list[Path], out: Path, stem: str, note: str | None = None) -> int:
+    """One page of the parts of a run (same device and torch): each candidate's row from
+    the last part that judged it, in the classes' order."""
+    results = [json.loads(part.read_text()) for part in parts]
+    if len({(r["device_name"], r["torch_version"]) for r in results}) > 1:
+        raise SystemExit("the parts were judged on different devices or torch versions")
+    by_name = {row["candidate"]: row for r in results for row in r["rows"]}
+    order = [name for names in CLASSES.values() for name in names]
+    rows = [by_name[name] for name in order if name in by_name]
+    first = results[0]
+    result = {**first, "date": " and ".join(r["date"] for r in results),
+              "command": "`; `".join(r["command"] for r in results) + "`; combined by `"
+              + this_command(), "parts": [str(part) for part in parts], "rows": rows,
+              **({"note": note} if note else {})}
+    _write_page(result, out, stem)
+    missing = [name for name in order if name not in by_name]
+    if missing:
+        print(f"not judged in any part: {', '.join(missing)}")
+    return 0 if all(r["defended"] for r in rows) else 1
+
+
+def _write_page(result: dict, out: Path, stem: str) -> None:
+    rows = result["rows"]
     lines = [f"# Adversarial candidates ({result['device_name']})", "",
-             f"- device: {args.device}, torch {torch.__version__}, date {result['date']}",
-             f"- OS sandbox: {result['sandbox']}", f"- command: `{result['command']}`", "",
+             f"- device: {result['device']}, torch {result['torch_version']}, "
+             f"date {result['date']}",
+             f"- OS sandbox: {result['sandbox']}", f"- command: `{result['command']}`",
+             *([f"- note: {result['note']}"] if result.get("note") else []), "",
              f"{sum(r['defended'] for r in rows)} of {len(rows)} defended: not `ok` (or `ok` "
              "only where the attack found nothing), the evaluator not made to raise, no file "
              "written outside (nor in the reference's build cache), no process left, no "
@@ -165,12 +206,9 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
         said = said.replace("|", "/")[:140] or "(nothing to catch)"
         lines.append(f"| {r['class']} | {r['candidate']} | {r['status']} | {said} | "
                      f"{'yes' if r['defended'] else '**no**'} |")
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"adversarial-{'cuda' if args.device.startswith('cuda') else 'cpu'}"
-    if args.sandbox != "auto":
-        stem += f"-sandbox-{args.sandbox}"
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
-    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

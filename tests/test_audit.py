@@ -307,6 +307,20 @@ def test_compile_speedups_guards_and_reference_errors(
     assert summary["errors"] == 1
 
 
+def test_each_tasks_idle_reference_is_closed_once_its_audit_ends(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No file of an audited task is judged again, and its kept reference child held the
+    # GPU memory the next task's candidate needed (an H100 audit of level5 ran out so).
+    FakeJudge({}, {"1_Scale": fake_ok(2.0)}, broken=("10_Square",)).install(monkeypatch)
+    closed: list[str] = []
+    monkeypatch.setattr(audit_run, "close_idle_references",
+                        lambda of: closed.append(of.name) or 0)
+    folder = _files(tmp_path / "set", "task_1.py", "task_10.py")
+    audit(folder, TASKS, audit_config(build_cache, ["eager"]), out=tmp_path / "run",
+          ids=[1, 10])
+    assert closed == ["1_Scale", "10_Square"]  # the one whose reference failed, too
+
+
 def test_the_geomean_over_each_tasks_fastest_compile_mode_and_who_falls_below_it() -> None:
     from pike.audit.result import TaskAudit, aggregate
 

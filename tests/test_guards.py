@@ -637,6 +637,36 @@ def test_a_mode_left_in_force_is_named_and_the_default_device_is_not() -> None:
         assert mode_in_force() is None
 
 
+def test_what_a_call_left_behind_is_named_once_for_both_the_trials_and_the_sampler() -> None:
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from pike.evaluate import timed_calls
+
+    class Watching(TorchFunctionMode):
+        pass
+
+    class Odd(torch.Tensor):
+        pass
+
+    plain = [torch.ones(2), {"a": (torch.zeros(1),)}]
+    assert timed_calls.left_behind(plain, "a timed call") is None
+    odd = torch.ones(2).as_subclass(Odd)
+    assert timed_calls.left_behind([odd], "a timed call").startswith(
+        "to return a Odd from a timed call")
+    with Watching():
+        assert timed_calls.left_behind(plain, "its call").startswith(
+            "to leave a Watching in force after its call")
+    lib = torch.library.Library("aten", "IMPL")  # the attack itself, undone below
+    try:
+        lib.impl("abs", lambda x: x, "CPU")
+        assert timed_calls.left_behind(plain, "a timed call", kernels=False) is None
+        assert "aten::abs" in timed_calls.left_behind(plain, "a timed call")
+    finally:
+        lib._destroy()
+    assert timed_calls.left_behind(plain, "a timed call") is None
+
+
 def test_a_memo_that_shapes_its_tail_is_caught_in_a_steady_window(
         mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     """memo_shapes_its_tail lifts the 90th percentile of its calls with honest ones while

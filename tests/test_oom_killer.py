@@ -21,9 +21,9 @@ from pike.evaluate import oom_killer, sandbox
 from pike.evaluate.child_start import child_setup
 from pike.evaluate.driver import abnormal_end, finish
 from pike.evaluate.oom_killer import OOM_SCORE_ADJ, child_oom_score, host_oom_kills
-from pike.evaluate.pool import out_of_device_memory
 from pike.evaluate.reference_cache import run_reference
 from pike.evaluate.sandbox import ChildExit, ChildProcess
+from pike.evaluate.verdict import out_of_device_memory
 from pike.task import Task
 from tests.conftest import candidate, listening_child
 

@@ -233,3 +233,26 @@ def test_a_failed_work_count_is_not_asked_again(
     with pytest.raises(RuntimeError):
         run.work()
     assert run.work() is None and asked == ["work"]
+
+
+def test_idle_references_are_closed_by_device_and_task(tmp_path: Path) -> None:
+    mla, llama, other = _tasks(tmp_path, "mla", "llama", "other")
+    closed: list[str] = []
+
+    def run(name: str, device: str, users: int = 0) -> Any:
+        return types.SimpleNamespace(users=users, device=device,
+                                     close=lambda: closed.append(name))
+
+    reference_cache._references.update({
+        f"{mla.sha256}|cuda:0|p|True": run("mla", "cuda:0"),
+        f"{other.sha256}|cuda:0|p|True": run("other busy", "cuda:0", users=1),
+        f"{other.sha256}|cuda:1|p|True": run("other on cuda:1", "cuda:1"),
+        f"{llama.sha256}|cuda:0|p|True": run("llama", "cuda:0")})
+    # a candidate of llama out of memory on cuda:0: the idle ones of other tasks there go
+    assert reference_cache.close_idle_references("cuda:0", besides=llama) == 1
+    assert closed == ["mla"]
+    # a task whose audit ended: its own idle ones go, on any device, and no other's
+    assert reference_cache.close_idle_references(of=other) == 1
+    assert closed == ["mla", "other on cuda:1"]
+    assert reference_cache.close_idle_references(of=other) == 0  # the busy one stays
+    assert len(reference_cache._references) == 2

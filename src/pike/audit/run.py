@@ -36,7 +36,7 @@ from pike.evaluate.baseline import BaselineStopped, baseline_gaps, stopped_meanw
 from pike.evaluate.device_identity import probe
 from pike.evaluate.device_slots import DeviceSlots
 from pike.evaluate.judge import resolve_device
-from pike.evaluate.reference_cache import keep_references
+from pike.evaluate.reference_cache import close_idle_references, keep_references
 from pike.report.data import geomean
 from pike.search import drain
 from pike.store import (
@@ -178,8 +178,11 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
         event = _task_events(on_event, task.name)
         base = task_base(task, matching, solutions, changed)
         with gpus.take(_card_that_measured(store, task, cards)) as task_cfg:
-            done = _audit_task(store, task, matching.files[task.name], base, index, task_cfg,
-                               baselines, event, cards)
+            try:
+                done = _audit_task(store, task, matching.files[task.name], base, index,
+                                   task_cfg, baselines, event, cards)
+            finally:  # no file of this task is judged again: its GPU memory is the next's
+                close_idle_references(of=task)
         if done is None:  # the time limit came first: left for --resume
             return
         with finishing:

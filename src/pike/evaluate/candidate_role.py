@@ -34,7 +34,7 @@ from pike.evaluate.guards import Guards
 from pike.evaluate.leaf_files import write_leaves
 from pike.evaluate.outputs_handoff import OutputsSlot
 from pike.evaluate.protocol import Channel, ChildRequest, timed_set_count
-from pike.evaluate.timed_calls import InputRotation, TimedOutputSamples, replaced_operator
+from pike.evaluate.timed_calls import InputRotation, TimedOutputSamples, left_behind
 
 _load = torch.load
 _globals_in = torch.serialization.get_unsafe_globals_in_checkpoint
@@ -235,15 +235,11 @@ def _run_guarded_call(req: ChildRequest, model: torch.nn.Module, inputs: list[An
     pristine = [x.clone() for x in tensors_in]
     with torch.no_grad():
         out = _guarded("runtime_error", "check", req.module_path, lambda: model(*inputs))
-    mode = check.mode_in_force()
-    if mode:
-        raise Failure("rejected", "check",
-                      f"leaves a {mode} in force after its call ({check.MODE_WHY}); "
-                      "leave no torch function or dispatch mode behind")
-    replaced = replaced_operator()
-    if replaced:
-        raise Failure("rejected", "check", f"replaced the kernels of {replaced}, which the "
-                      "evaluator runs on its outputs; leave torch's own operators as they are")
+    left = left_behind(out, "its call")
+    if left is not None:
+        raise Failure("rejected", "check", f"the candidate tried {left}; return plain "
+                      "torch.Tensor outputs (in lists, tuples or dicts) and leave no torch "
+                      "mode or kernel of its own behind")
     _guarded("runtime_error", "check", req.module_path, lambda: _sync(device))
     aliased = check.aliased_outputs(check.tensor_leaves(out), tensors_in)
     if aliased:
@@ -253,11 +249,6 @@ def _run_guarded_call(req: ChildRequest, model: torch.nn.Module, inputs: list[An
     if changed:
         raise Failure("rejected", "check",
                       f"input {changed[0]} was modified in place; inputs must stay unchanged")
-    odd = check.odd_output_part(out)
-    if odd:
-        raise Failure("rejected", "check",
-                      f"returns a {odd} ({check.ODD_OUTPUT_WHY}); return plain torch.Tensor "
-                      "outputs, in lists, tuples or dicts")
     return out
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.utils._device import DeviceContext
 
 from pike.evaluate.verdict import OutputMismatch
 
@@ -80,8 +81,6 @@ def mode_in_force() -> str | None:
     leaves): a mode pushed by candidate code and never popped sees the evaluator's own
     torch calls on the outputs, and filled a plain tensor only where the sampler read it
     (helper-59: `ok` at 42x on the CPU)."""
-    from torch.utils._device import DeviceContext
-
     stacks = ((torch._C._len_torch_function_stack, torch._C._get_function_stack_at),
               (torch._C._len_torch_dispatch_stack, torch._C._get_dispatch_stack_at))
     for length, at in stacks:

@@ -28,7 +28,7 @@ from pike.evaluate import spares
 from pike.evaluate.judge import evaluate, resolve_device
 from pike.evaluate.leftovers import refuse_new_work_if_ending
 from pike.evaluate.reference_cache import keep_references
-from pike.evaluate.verdict import Verdict, says_out_of_memory
+from pike.evaluate.verdict import Verdict, out_of_device_memory, says_out_of_memory
 from pike.task import Task
 from pike.threads import unwinding_stop
 
@@ -78,13 +78,6 @@ def requeue_once(attempt: Callable[[int], Verdict],
                 raise
             return Verdict(status="crashed", message=(
                 f"the evaluation was lost twice: {one_line(first)}; then {one_line(second)}"))
-
-
-def out_of_device_memory(verdict: Verdict) -> bool:
-    """The candidate failed because the GPU had no memory left (its own or its neighbours'),
-    or the host's out-of-memory killer took its child (sandbox.ChildExit)."""
-    return (verdict.status in ("runtime_error", "crashed")
-            and says_out_of_memory(verdict.message))
 
 
 def one_line(err: BaseException | str) -> str:

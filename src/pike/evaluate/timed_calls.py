@@ -57,6 +57,25 @@ def replaced_operator() -> str | None:
                 None)
 
 
+def left_behind(out: Any, call: str, kernels: bool = True) -> str | None:
+    """What a call (`call` names it: "a timed call") left that could defer or fake its work
+    past the clock, worded to follow "the candidate tried" (None where nothing): an output
+    part that is not plain, a torch function or dispatch mode in force, and with `kernels`
+    a sampler operator's kernels replaced (the costly one: about 0.7 ms). Runs no
+    candidate code and no torch operator a mode or a kernel could answer, so it comes
+    before anything that reads the outputs."""
+    odd = check.odd_output_part(out)
+    if odd is not None:
+        return f"to return a {odd} from {call} ({check.ODD_OUTPUT_WHY})"
+    mode = check.mode_in_force()
+    if mode is not None:
+        return f"to leave a {mode} in force after {call} ({check.MODE_WHY})"
+    replaced = replaced_operator() if kernels else None
+    if replaced is not None:
+        return f"to replace the kernels of {replaced}, which the evaluator runs on its outputs"
+    return None
+
+
 def stand_in(leaf: Any) -> Any:
     """A small tensor like `leaf` (device, dims, and its dtype where that is a plain one:
     a quantized or bits dtype cannot be made or indexed like this, float32 serves)."""
@@ -186,39 +205,32 @@ class TimedOutputSamples:
                  refused: Callable[[str], None] = lambda what: None) -> None:
         self.rotation, self.taken, self.calls = rotation, [], 0
         self.refused = refused  # the guards' violations: the block ends `rejected`
-        self.odd_seen = False
+        self.refused_once = False  # one violation names the cheat; a block's worth is noise
         self.probe_calls: list[int] = []
         self.block_start = 0
 
     def __call__(self, out: Any) -> None:
+        probe = self.rotation.last_was_probe
+        # probes are always sampled: a fast wrong answer must not pass either
+        to_sample = probe or (len(self.taken) < self.PER_BLOCK
+                              and _draw_below(100) < self.RATE_PERCENT)
         # Every timed output, sampled or not: a lazy tensor returned at once and computed
         # only when the sample reads it was `ok` at 4x to 6x on the CPU (a check of the
         # check trials' outputs alone let it through; tests/candidates/lazy_when_timed).
-        odd = check.odd_output_part(out)
-        mode = check.mode_in_force() if odd is None else None
-        if odd is not None or mode is not None:
-            if not self.odd_seen:
-                self.refused(f"to return a {odd} from a timed call ({check.ODD_OUTPUT_WHY})"
-                             if odd else f"to leave a {mode} in force after a timed call "
-                             f"({check.MODE_WHY})")
-            self.odd_seen = True
+        # The kernels are compared only where a sample will read them.
+        left = left_behind(out, "a timed call", kernels=to_sample)
+        if left is not None:
+            if not self.refused_once:
+                self.refused(left)
+            self.refused_once = True
             return
         call, self.calls = self.calls, self.calls + 1
-        probe = self.rotation.last_was_probe
         if probe:
             self.probe_calls.append(call - self.block_start)
         # At most one probe a block, so they spread over the window (and a burst of host
         # load cannot fall on all of them).
         self.rotation.probe_next = not self.probe_calls and _draw_below(PROBE_ONE_IN) == 0
-        if not probe and (len(self.taken) >= self.PER_BLOCK
-                          or _draw_below(100) >= self.RATE_PERCENT):
-            return  # probes are always sampled: a fast wrong answer must not pass either
-        replaced = replaced_operator()
-        if replaced is not None:
-            if not self.odd_seen:
-                self.refused(f"to replace the kernels of {replaced}, which the evaluator "
-                             "runs on its outputs")
-            self.odd_seen = True
+        if not to_sample:
             return
         leaves = check.flatten_output(out)[:check.SAMPLED_LEAVES]
         with torch._C.DisableTorchFunction():  # read as plain tensors, whatever is in force

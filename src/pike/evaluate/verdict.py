@@ -161,3 +161,10 @@ def says_out_of_memory(message: str | None) -> bool:
     """The failure's message says the GPU had no memory left (its own use or its
     neighbours': on a GPU shared by several evaluations the two read the same)."""
     return bool(_OUT_OF_MEMORY.search(message or ""))
+
+
+def out_of_device_memory(verdict: Verdict) -> bool:
+    """The candidate failed because the GPU had no memory left (its own or its neighbours'),
+    or the host's out-of-memory killer took its child (sandbox.ChildExit)."""
+    return (verdict.status in ("runtime_error", "crashed")
+            and says_out_of_memory(verdict.message))
