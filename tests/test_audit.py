@@ -556,6 +556,47 @@ def test_an_audit_cut_off_goes_on_with_resume_and_keeps_what_it_judged(
     assert pike("audit", folder).exit_code == 2
 
 
+def test_a_mode_that_failed_before_a_call_was_cut_is_not_built_again_on_resume(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An H100 call of 600 s was cut in 6_hunyuanvideo_vae_encoder's baselines after its
+    compile:default ran 300 s to its build limit: the resume began them again. The failed
+    mode is kept as it fails (not one out of GPU memory), and `--redo` forgets it."""
+    from pike.audit import resume_audit
+    from pike.evaluate.baseline import BaselineStopped
+
+    asked: list[dict[str, Any]] = []
+    calls = {"n": 0}
+
+    def measure(task: Task, cfg: RunConfig, modes: list[str], on_event: Any = None,
+                failed_before: Any = None, **_: Any) -> Baseline:
+        asked.append(dict(failed_before or {}))
+        calls["n"] += 1
+        if calls["n"] == 1:  # the first call: two modes fail, then the driver's Ctrl-C
+            on_event("mode_built", mode="compile:default", build_s=300.0,
+                     error="no progress for 300 s in phase 'build'", again=False)
+            on_event("mode_built", mode="compile:reduce-overhead", build_s=0.5,
+                     error="torch.OutOfMemoryError: CUDA out of memory.", again=False)
+            on_event("mode_built", mode="eager", build_s=0.1, error=None, again=False)
+            raise BaselineStopped("stopped while its modes were measured")
+        return fake_baseline(task, None)
+
+    monkeypatch.setattr(audit_run, "measure_baselines", measure)
+    monkeypatch.setattr(audit_run, "evaluate", lambda *a: fake_ok(2.0))
+    folder = _files(tmp_path / "set", "task_1.py")
+    out = tmp_path / "run"
+    modes = ["eager", "compile:default", "compile:reduce-overhead"]
+    first = audit(folder, TASKS, audit_config(build_cache, modes), out=out, ids=[1])
+    assert first.tasks == [] and asked == [{}]
+    resume_audit(out)
+    kept = asked[1]
+    assert list(kept) == ["compile:default"]  # the one out of memory is tried again
+    assert kept["compile:default"].build_s == 300.0
+    assert "no progress for 300 s" in kept["compile:default"].error
+    assert "earlier call of this run" in kept["compile:default"].error
+    resume_audit(out, redo=[1])  # a redo measures the task from the start
+    assert asked[2] == {}
+
+
 def test_a_resumed_audit_redoes_the_tasks_asked_and_fills_failed_baselines(
         tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--redo IDS audits those tasks again from the start; --fill-baselines audits again

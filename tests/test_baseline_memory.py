@@ -39,8 +39,8 @@ def _mode_failed(mode: str, reason: str) -> ModeFailed:
 
 
 def _measure(monkeypatch: pytest.MonkeyPatch, passes: list[Any], device: str = "cuda:0",
-             stopped: bool = False, events: list[dict] | None = None
-             ) -> tuple[Any, list[list[str]]]:
+             stopped: bool = False, events: list[dict] | None = None,
+             failed_before: dict[str, Any] | None = None) -> tuple[Any, list[list[str]]]:
     """measure_baselines with each reference child's modes answered by the next of
     `passes`: {mode: error or None}, or an exception (ModeFailed, TaskError) to raise.
     Returns the baseline (or the BaselineStopped raised) and the modes each child was
@@ -70,7 +70,8 @@ def _measure(monkeypatch: pytest.MonkeyPatch, passes: list[Any], device: str = "
     on_event = None if events is None else (lambda kind, **d: events.append({"kind": kind, **d}))
     try:
         result = baseline_module.measure_baselines(load_task(TASK), RunConfig(), MODES,
-                                                   on_event=on_event, stopped=lambda: stopped)
+                                                   on_event=on_event, stopped=lambda: stopped,
+                                                   failed_before=failed_before)
     except baseline_module.BaselineStopped as err:
         return err, asked
     return result, asked
@@ -145,3 +146,21 @@ def test_a_stop_seen_after_an_out_of_memory_failure_ends_the_baseline_unmeasured
         monkeypatch: pytest.MonkeyPatch) -> None:
     result, asked = _measure(monkeypatch, [{"compile:default": OOM}, {}], stopped=True)
     assert isinstance(result, baseline_module.BaselineStopped) and len(asked) == 1
+
+
+def test_modes_that_failed_in_an_earlier_call_are_kept_failed_and_not_built_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate.baseline import ModeTiming
+
+    before = {"compile:default": ModeTiming(mode="compile:default", build_s=300.0,
+                                            error="timeout (in an earlier call)")}
+    result, asked = _measure(monkeypatch, [{}], failed_before=before)
+    assert asked == [["eager", "compile:reduce-overhead"]]
+    assert _errors(result) == {"eager": None, "compile:default": "timeout (in an earlier call)",
+                               "compile:reduce-overhead": None}
+    assert [m.mode for m in result.modes] == MODES  # in the modes' order
+    # a second pass (another mode out of GPU memory) keeps the earlier failure too
+    result, asked = _measure(monkeypatch, [{"compile:reduce-overhead": OOM}, {}],
+                             failed_before=before)
+    assert asked == [["eager", "compile:reduce-overhead"]] * 2
+    assert _errors(result)["compile:default"] == "timeout (in an earlier call)"

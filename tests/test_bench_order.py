@@ -538,3 +538,26 @@ def test_a_campaign_cut_off_writes_the_summary_of_what_its_store_holds(
     # (the last task's thread may take the freed slot and search before the summary)
     assert sorted(done) == names and done[names[0]] and not done[names[1]]
     assert (tmp_path / "run" / campaign.SOLUTIONS).is_dir()
+
+
+def test_a_bench_task_cut_in_its_baselines_keeps_the_modes_that_failed(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pike.evaluate.baseline import BaselineStopped
+
+    task = Task.from_file(TASKS / "1_GeluMLP.py")
+    asked: list[dict[str, Any]] = []
+
+    def measure(task: Task, cfg: Any, modes: Any, on_event: Any = None,
+                failed_before: Any = None, **_: Any) -> Any:
+        asked.append(dict(failed_before or {}))
+        on_event("mode_built", mode="compile:max-autotune-no-cudagraphs", build_s=300.0,
+                 error="no progress for 300 s in phase 'build'")
+        raise BaselineStopped("cut")
+
+    monkeypatch.setattr(campaign, "measure_baselines", measure)
+    with RunStore.create(tmp_path / "run", {}, "test") as store:
+        store.add_task(task.name, str(task.path), task.sha256, task.source)
+        assert campaign._measure_baseline(store, task, RunConfig(), lambda *a, **k: None)
+        assert campaign._measure_baseline(store, task, RunConfig(), lambda *a, **k: None)
+    assert asked[0] == {}
+    assert list(asked[1]) == ["compile:max-autotune-no-cudagraphs"]

@@ -665,6 +665,13 @@ def test_what_a_call_left_behind_is_named_once_for_both_the_trials_and_the_sampl
     finally:
         lib._destroy()
     assert timed_calls.left_behind(plain, "a timed call") is None
+    lib = torch.library.Library("aten", "IMPL")  # the input check's comparison, answered
+    try:
+        lib.impl("equal", lambda a, b: True, "CPU")
+        assert "aten::equal" in timed_calls.left_behind(plain, "its call")
+    finally:
+        lib._destroy()
+    assert timed_calls.left_behind(plain, "a timed call") is None
 
 
 def test_a_memo_that_shapes_its_tail_is_caught_in_a_steady_window(

@@ -203,14 +203,18 @@ class Baseline(BaseModel):
 def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
                       modes: list[str] | None = None,
                       on_event: Callable[..., None] | None = None,
-                      stopped: Callable[[], bool] | None = None) -> Baseline:
+                      stopped: Callable[[], bool] | None = None,
+                      failed_before: dict[str, ModeTiming] | None = None) -> Baseline:
     """Time the reference in each mode; a mode that fails to compile is reported, not raised.
     on_event("mode_built", mode=, build_s=, error=) as each mode is built, before the
     timed window; on_event("prebuild_failed", mode=, error=) where an autotuning mode's
     pre-build took the child down (it is built again alone). `stopped`: whether the caller
     has been stopped; a mode failing then raises BaselineStopped instead of being recorded
     as failed or built again. On a GPU, a baseline where a mode ran out of memory (the
-    device's, which other evaluations may hold) is measured once more, whole."""
+    device's, which other evaluations may hold) is measured once more, whole.
+    `failed_before`: modes that failed in an earlier call of the same run (a build past
+    its limit), kept failed and not built again: a resumed audit of a task whose modes
+    each take minutes to fail would otherwise start over in every call and never end."""
     cfg = as_eval_config(config)
     device = resolve_device(cfg.device)
     modes = modes or BASELINE_MODES
@@ -224,7 +228,7 @@ def measure_baselines(task: Task, config: EvalConfig | RunConfig | None = None,
     was_stopped = _StopCheck(stopped)
     no_prebuild: set[str] = set()  # autotuning modes whose pre-build took a child down
     results, reference, work = _measure_modes(task, cfg, device, modes, on_event, was_stopped,
-                                              no_prebuild)
+                                              no_prebuild, carried=failed_before)
     short = [r.mode for r in results if says_out_of_memory(r.error)]
     if device.startswith("cuda") and short:
         results, reference, work = _measured_again(task, cfg, device, modes, on_event,
@@ -276,7 +280,7 @@ def _measured_again(task: Task, cfg: EvalConfig, device: str, modes: list[str],
     own_failures = {r.mode: r for r in first[0] if r.error and r.mode not in short}
     try:
         again = _measure_modes(task, cfg, device, modes, on_event, _StopCheck(stopped),
-                               no_prebuild, carried=own_failures)
+                               no_prebuild, carried=own_failures, again=True)
     except TaskError as err:
         log.warning("%s: the baseline's second pass failed (%s); the first stands",
                     task.name, one_line(err))
@@ -287,17 +291,17 @@ def _measured_again(task: Task, cfg: EvalConfig, device: str, modes: list[str],
 
 def _measure_modes(task: Task, cfg: EvalConfig, device: str, modes: list[str],
                    on_event: Callable[..., None] | None, was_stopped: _StopCheck,
-                   no_prebuild: set[str], carried: dict[str, ModeTiming] | None = None
-                   ) -> _Pass:
+                   no_prebuild: set[str], carried: dict[str, ModeTiming] | None = None,
+                   again: bool = False) -> _Pass:
     """Every mode's timing (or failure) in `modes`' order, the reference run they were
-    measured in (closed) and the task's work. `carried`: failures of an earlier pass,
-    kept without building those modes again; `no_prebuild` is added to as pre-builds
-    take children down."""
+    measured in (closed) and the task's work. `carried`: failures of an earlier pass or
+    call, kept without building those modes again; `again`: this is a second pass (its
+    builds are shown as such); `no_prebuild` is added to as pre-builds take children
+    down."""
     # A compile mode that takes the child down (a max-autotune build past the phase's
     # limit, a crash) fails alone: the others are measured again in a new child without it.
     # Eager failing is the reference failing (TaskError).
-    failed: dict[str, ModeTiming] = dict(carried or {})
-    again = carried is not None  # a second pass: its builds are shown as such
+    failed: dict[str, ModeTiming] = {m: t for m, t in (carried or {}).items() if m in modes}
     while True:
         reference = run_reference(task, cfg, device, keep_child=True, cache=False)
         try:

@@ -24,17 +24,18 @@ from pike.evaluate.leaf_files import PLAIN_DTYPES
 
 _urandom = os.urandom  # bound at import: the timed outputs' sample positions come from it
 
-# The operators the sampler runs on an output (and the check trials' copies), whose
-# kernels a candidate could replace with its own through torch.library: a kernel that
-# computes only the positions the sampler reads defers the work past the clock, as a
-# mode left in force did. Their dispatch tables are taken at import, before any candidate
+# The operators the sampler runs on an output (and the check trials' copies and their
+# input check, aten::equal: a kernel that always answers "equal" would hide an input
+# changed in place), whose kernels a candidate could replace with its own through
+# torch.library: a kernel that computes only the positions the sampler reads defers the
+# work past the clock, as a mode left in force did. Their dispatch tables are taken at import, before any candidate
 # code runs, and read again before each sample (about 0.7 ms, outside the timed calls).
 _SAMPLER_OPS = ("aten::detach", "aten::lift_fresh", "aten::index.Tensor", "aten::unbind.int",
                 "aten::_to_copy", "aten::copy_", "aten::reshape", "aten::view",
                 "aten::select.int", "aten::as_strided", "aten::resolve_conj",
                 "aten::resolve_neg", "aten::empty.memory_format", "aten::empty_strided",
                 "aten::abs", "aten::clone", "aten::to.dtype_layout", "aten::to.device",
-                "aten::to.dtype")
+                "aten::to.dtype", "aten::equal")
 
 
 def _dispatch_tables() -> dict[str, str]:
