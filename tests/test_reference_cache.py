@@ -186,7 +186,7 @@ def test_a_counted_work_is_read_without_waiting_for_the_task_s_windows(
     window does), instead of waiting out that window with its lane held."""
     asked: list[str] = []
 
-    def request(child: Any, kind: str, answer: str, phase: str) -> dict[str, Any]:
+    def request(child: Any, kind: str, answer: str, phase: str, **_: Any) -> dict[str, Any]:
         asked.append(kind)
         return {"work": {"flops": 10, "bytes_min": 20}}
 
@@ -222,7 +222,7 @@ def test_a_failed_work_count_is_not_asked_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[str] = []
 
-    def request(child: Any, kind: str, answer: str, phase: str) -> dict[str, Any]:
+    def request(child: Any, kind: str, answer: str, phase: str, **_: Any) -> dict[str, Any]:
         asked.append(kind)
         raise RuntimeError("the child went away")
 
@@ -256,3 +256,53 @@ def test_idle_references_are_closed_by_device_and_task(tmp_path: Path) -> None:
     assert closed == ["mla", "other on cuda:1"]
     assert reference_cache.close_idle_references(of=other) == 0  # the busy one stays
     assert len(reference_cache._references) == 2
+
+
+def test_a_count_that_needs_the_gpu_waits_for_the_verdict(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count beside a starting candidate asks for no GPU memory: level5's
+    14_llama2_decode built a second copy of its model on the card there (its meta count
+    failing), and its candidate's constructor ran out of memory."""
+    asked: list[bool] = []
+
+    def request(child: Any, kind: str, answer: str, phase: str,
+                without_gpu: bool = False) -> dict[str, Any]:
+        asked.append(without_gpu)
+        if without_gpu:
+            return {"work": None, "needs_device": True, "error": "not on the meta device"}
+        return {"work": {"flops": 10, "bytes_min": 20}}
+
+    monkeypatch.setattr(reference, "request", request)
+    run = reference.ReferenceRun(inputs_dir=tmp_path, expected=[], env={},
+                                 child=types.SimpleNamespace(enter_phase=lambda phase: None),
+                                 _tmp=tmp_path)
+    reference_cache.count_work_meanwhile(run)
+    for _ in range(100):  # the background count's thread
+        if asked and run.users == 0:
+            break
+        time.sleep(0.02)
+    assert asked == [True] and run.work() is not None  # the floor's call counts it
+    assert asked == [True, False]
+    assert run.work().flops == 10 and asked == [True, False]  # once
+
+
+def test_the_child_counts_on_the_meta_device_only_when_asked_without_the_gpu(
+        tmp_path: Path) -> None:
+    from pike.evaluate import child_serving
+
+    task = tmp_path / "reads_values.py"
+    task.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n"
+                    "    def forward(self, x):\n        return x * float(x.sum())\n\n\n"
+                    "def get_inputs():\n    return [torch.ones(4)]\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    sent: list[dict[str, Any]] = []
+    chan = types.SimpleNamespace(send=lambda event, **fields: sent.append(fields))
+    req = types.SimpleNamespace(construct_on="device", module_path=str(task), device="cpu",
+                                seed=1)
+    child_serving._serve_work(req, {"seq": "a", "without_gpu": True}, chan)
+    assert sent[-1]["needs_device"] and sent[-1]["work"] is None
+    child_serving._serve_work(req, {"seq": "b"}, chan)  # where the models are built
+    assert sent[-1]["work"]["flops"] is not None and "needs_device" not in sent[-1]
+    req.construct_on = "cpu"  # a count on the CPU needs no GPU: made at once
+    child_serving._serve_work(req, {"seq": "c", "without_gpu": True}, chan)
+    assert sent[-1]["work"] is not None

@@ -152,16 +152,33 @@ def _serve_exact(exact: Callable[[int], str], msg: dict, chan: Channel,
 def _serve_work(req: ChildRequest, msg: dict, chan: Channel) -> None:
     """FLOPs and bytes of the task's forward, counted here because task code runs only in
     the reference's child; on the meta device first (no memory), and if that fails where
-    the models are built (the CPU, or the device with construct_on 'device')."""
-    from pike.floor import count_work_cheaply
+    the models are built (the CPU, or the device with construct_on 'device'). With
+    `without_gpu`, a count that would need the device is not made (`needs_device`): it
+    builds a second copy of the model there, which beside a candidate starting at the
+    same time took the card's memory the candidate needed (H100, level5's
+    14_llama2_decode: out of memory in the candidate's constructor)."""
+    from pike.errors import TaskError
     from pike.task import Task
+    from pike.work_count import count_work, count_work_cheaply
 
     on_device = req.construct_on == "device"
     try:
-        work = count_work_cheaply(Task.from_file(Path(req.module_path)),
-                                  req.device if on_device else "cpu", req.seed, on_device)
+        task = Task.from_file(Path(req.module_path))
+        if msg.get("without_gpu") and on_device:
+            try:
+                work = count_work(task, "meta", req.seed)
+            except TaskError as exc:
+                chan.send("work", work=None, needs_device=True, seq=msg.get("seq"),
+                          error=f"not on the meta device: {exc}"[:300])
+                return
+        else:
+            work = count_work_cheaply(task, req.device if on_device else "cpu", req.seed,
+                                      on_device)
     except Exception as exc:  # the count is advisory: report why, never fail the child
         chan.send("work", work=None, error=f"{type(exc).__name__}: {exc}"[:300],
                   seq=msg.get("seq"))
         return
+    finally:
+        if on_device and torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the count's copy of the model, back to the card
     chan.send("work", work=work.model_dump(mode="json"), seq=msg.get("seq"))

@@ -132,8 +132,11 @@ class ReferenceRun:
         if eager.failure is None:
             self.loop_cost(held=True, stop=timed)
 
-    def work(self) -> Work | None:
-        """The task's FLOPs and minimum bytes, counted once in the reference's child."""
+    def work(self, without_gpu: bool = False) -> Work | None:
+        """The task's FLOPs and minimum bytes, counted once in the reference's child.
+        `without_gpu`: only where the count needs no GPU memory (on the meta device, or
+        the CPU); one that would build the model again on the GPU is left to a later
+        call (the verdict's floor, once the candidate's child has ended)."""
         # The count runs on the meta device, or falls back to where the models are built:
         # only that fallback with construct_on 'device' uses the GPU. Holding it always
         # made a cold evaluation's timing wait seconds for a count that used no GPU.
@@ -142,21 +145,25 @@ class ReferenceRun:
         # 55 of 128 verdicts held their lane 1 to 53 s (454 s in all) to attach the floor.
         if self._work_counted:
             return self._work
-        on_gpu = self.request is not None and self.request.construct_on == "device"
+        on_gpu = (not without_gpu and self.request is not None
+                  and self.request.construct_on == "device")
         with hold(self.device, exclusive=False) if on_gpu else nullcontext(), self.talking:
             if not self._work_asked and self.child is not None:
                 self._work_asked = True
+                counted = True
                 try:
-                    reply = request(self.child, "work", "work", "work")
+                    reply = request(self.child, "work", "work", "work", without_gpu=without_gpu)
                     self.child.enter_phase("idle")
                     if isinstance(reply, dict) and reply.get("work"):
                         self._work = Work.model_validate(reply["work"])
+                    elif isinstance(reply, dict) and reply.get("needs_device"):
+                        counted = self._work_asked = False  # by a later call, on the GPU
                     else:
                         why = (reply.message if isinstance(reply, Verdict)
                                else reply.get("error"))
                         log.info("no work count for the floor: %s", why)
                 finally:
-                    self._work_counted = True
+                    self._work_counted = counted
             return self._work
 
     @contextmanager

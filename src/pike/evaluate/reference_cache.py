@@ -210,7 +210,9 @@ def release_reference(run: ReferenceRun) -> None:
 
 def count_work_meanwhile(reference: ReferenceRun) -> None:
     """Count the task's work (for the floor) in the reference's child while the candidate's
-    child starts: a first count takes seconds, and the reference's child is idle then.
+    child starts, where it needs no GPU memory: a first count takes seconds, and the
+    reference's child is idle then. One that would build the model again on the GPU
+    waits for the verdict (`ReferenceRun.work`), so it never competes with the candidate's.
     The run is held (`users`) until the count ends, so no cache evicts it meanwhile."""
     if reference._work_asked or reference.child is None:
         return
@@ -219,7 +221,7 @@ def count_work_meanwhile(reference: ReferenceRun) -> None:
 
     def count() -> None:
         try:
-            reference.work()
+            reference.work(without_gpu=True)  # a second model on the GPU waits for the verdict
         except Exception as err:  # a child closed at exit: the floor is advisory
             log.debug("work count in the background failed: %s", err)
         finally:
