@@ -64,7 +64,7 @@ CLASSES: dict[str, list[str]] = {
                              "writes_outside", "opens_socket", "poisons_the_build_cache"],
     "secrets": ["leaks_secrets", "reads_secrets"],
     "filling the disk": ["fills_its_folder", "makes_many_files"],
-    "trapping the parent's clean-up": ["nests_folders_deep"],
+    "trapping the parent's clean-up": ["nests_folders_deep", "shares_its_lists"],
 }
 HONEST_WHEN_BLOCKED = {"reads_inputs_ahead", "reads_timed_sets_ahead", "slows_the_reference",
                        "reads_secrets", "poisons_the_build_cache", "nests_folders_deep"}

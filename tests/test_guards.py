@@ -80,6 +80,8 @@ pytestmark = pytest.mark.timing
     ("leaves_a_mode", "rejected", "in force"),
     ("lies_by_metaclass", "rejected", "_Deferred"),
     ("replaces_a_kernel", "rejected", "aten::index.Tensor"),
+    # an output of 2^32 parts from 32 shared lists: ran to the phase's limit before
+    ("shares_its_lists", "rejected", "over 10,000 parts"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:
@@ -473,6 +475,11 @@ def test_only_plain_outputs_are_walked() -> None:
     for _ in range(40):
         deep = [deep]
     assert odd_output_part(deep) == "list"
+    shared: list = [t, t]  # 2^32 parts from 32 lists: the walk ends at the budget
+    for _ in range(31):
+        shared = [shared, shared]
+    assert odd_output_part(shared) == "nest of over 10,000 parts"
+    assert odd_output_part([t] * 9_999) is None  # a long but honest list passes
 
 
 MANY_TINY_OUTPUTS = '''\

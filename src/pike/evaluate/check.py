@@ -40,39 +40,63 @@ MODE_WHY = ("a mode left in force sees the evaluator's own reads of the outputs,
             "do the work only there")
 ODD_OUTPUT_WHY = ("a tensor subclass, or a container walked by its own code, can defer or "
                   "fake its work past the timed call")
+MANY_PARTS_WHY = "each of the evaluator's walks of the output would take as many steps"
 # A container's own iteration and indexing: flatten_output runs these on every output, so
 # a subclass that overrides them would run candidate code outside the timed call.
 _PLAIN_ACCESS = {list: (list.__iter__, list.__getitem__), tuple: (tuple.__iter__, tuple.__getitem__),
                  dict: (dict.__iter__, dict.__getitem__)}
 
 
-def odd_output_part(obj: Any, depth: int = 0) -> str | None:
+# Parts an output may have: a handful in any task, but lists that share themselves (31
+# levels of [L, L]) make 2^31 parts from a few objects, and every walk of them would run
+# to the phase's limit.
+MAX_OUTPUT_PARTS = 10_000
+TOO_MANY_PARTS = f"nest of over {MAX_OUTPUT_PARTS:,} parts"  # odd_output_part's answer
+
+
+def odd_output_part(obj: Any) -> str | None:
     """The type of the first part of an output that is not plain (None where every part
     is): a tensor subclass, which can answer what the evaluator asks of it from stored
     metadata and compute only when a value is read, past the timed call; a list, tuple
     or dict whose type changes how it is walked; a dict key other than a str or an int;
-    or nesting past 32 levels. Reads nothing through candidate code."""
-    kind = type(obj)
-    if kind is _Tensor:
+    nesting past 32 levels; or more than MAX_OUTPUT_PARTS parts in all ("nest of over
+    ... parts"). Reads nothing through candidate code."""
+    parts = [0]
+
+    def odd(obj: Any, depth: int) -> str | None:
+        parts[0] += 1
+        if parts[0] > MAX_OUTPUT_PARTS:
+            return TOO_MANY_PARTS
+        kind = type(obj)
+        if kind is _Tensor:
+            return None
+        if isinstance(obj, _Tensor) or depth > 32:
+            return kind.__name__
+        for base, access in _PLAIN_ACCESS.items():
+            if isinstance(obj, base):
+                # a metaclass's own lookup could name the built-in methods while the
+                # type's slots run its code (helper-59: `ok` at up to 174x): subclasses of
+                # plain types only, and their methods looked up where no metaclass answers
+                if kind is not base and (type(kind) is not type
+                                         or (kind.__iter__, kind.__getitem__) != access):
+                    return kind.__name__
+                if base is dict:
+                    keys = list(dict.keys(obj))
+                    odd_key = next((type(k).__name__ for k in keys
+                                    if type(k) not in (str, int)), None)
+                    items = [dict.__getitem__(obj, k) for k in keys]
+                    if odd_key:
+                        return odd_key
+                else:
+                    items = list(base.__iter__(obj))
+                for item in items:
+                    found = odd(item, depth + 1)
+                    if found is not None:
+                        return found
+                return None
         return None
-    if isinstance(obj, _Tensor) or depth > 32:
-        return kind.__name__
-    for base, access in _PLAIN_ACCESS.items():
-        if isinstance(obj, base):
-            # a metaclass's own lookup could name the built-in methods while the type's
-            # slots run its code (helper-59: `ok` at up to 174x): subclasses of plain types
-            # only, and their methods looked up where no metaclass answers
-            if kind is not base and (type(kind) is not type
-                                     or (kind.__iter__, kind.__getitem__) != access):
-                return kind.__name__
-            if base is dict:
-                keys = list(dict.keys(obj))
-                odd_key = next((type(k).__name__ for k in keys if type(k) not in (str, int)), None)
-                return odd_key or next(filter(None, (odd_output_part(dict.__getitem__(obj, k),
-                                                                     depth + 1) for k in keys)), None)
-            items = list(base.__iter__(obj))
-            return next(filter(None, (odd_output_part(item, depth + 1) for item in items)), None)
-    return None
+
+    return odd(obj, 0)
 
 
 def mode_in_force() -> str | None:

@@ -67,7 +67,8 @@ def left_behind(out: Any, call: str, kernels: bool = True) -> str | None:
     before anything that reads the outputs."""
     odd = check.odd_output_part(out)
     if odd is not None:
-        return f"to return a {odd} from {call} ({check.ODD_OUTPUT_WHY})"
+        why = check.MANY_PARTS_WHY if odd == check.TOO_MANY_PARTS else check.ODD_OUTPUT_WHY
+        return f"to return a {odd} from {call} ({why})"
     mode = check.mode_in_force()
     if mode is not None:
         return f"to leave a {mode} in force after {call} ({check.MODE_WHY})"
