@@ -82,6 +82,15 @@ pytestmark = pytest.mark.timing
     ("replaces_a_kernel", "rejected", "aten::index.Tensor"),
     # an output of 2^32 parts from 32 shared lists: ran to the phase's limit before
     ("shares_its_lists", "rejected", "over 10,000 parts"),
+    # round 10 (helper-60): code the interpreter calls back inside the probes' seal read
+    # the probe sets (`ok` at 114x to 1,891x on the CPU), and a kernel for an operator the
+    # sampler runs inside another saw the sampled coordinates (`ok` at 35x)
+    ("profiles_the_seal", "rejected", "sys.setprofile"),
+    ("profiles_by_finalizer", "rejected", "sys.setprofile"),
+    ("hooks_the_audit", "rejected", "sys.addaudithook"),
+    ("calls_back_from_gc", "rejected", "garbage collector"),
+    ("calls_back_by_signal", "rejected", "SIGALRM"),
+    ("replaces_a_nested_kernel", "rejected", "aten::detach_"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:
@@ -371,7 +380,8 @@ def test_the_probes_wait_sealed_and_go_only_to_the_rotation_s_own_call() -> None
     rotation = timed_calls.InputRotation([["a"], ["b"]], probes=[["p0"], ["p1"], ["p2"]],
                                          taker_is_foreign=lambda frame, thread: foreign[0],
                                          tampered=tampered.append)
-    held = [v for v in vars(rotation).values() if isinstance(v, (list, tuple, dict))]
+    held = [list(v.values()) if isinstance(v, dict) else v for v in vars(rotation).values()
+            if isinstance(v, (list, tuple, dict))]
     assert not any(["p0"] in v or "p0" in str(v) for v in held), held
     call = rotation.caller(lambda x: x)
     rotation.probe_next = True
@@ -711,3 +721,26 @@ def test_a_memo_that_shapes_its_tail_is_caught_in_a_steady_window(
                     f"{spreads[-1]:.1f}x its median): the tail was the bar")
     pytest.fail(f"a steady window let a shaped memo through: {verdict.status} "
                 f"{verdict.speedup}")
+
+
+def test_callbacks_installed_are_named_and_no_collection_holds_the_collector() -> None:
+    import gc
+    import signal
+
+    from pike.evaluate import callbacks
+
+    before = callbacks.snapshot()
+    assert callbacks.changed_since(before) == []  # new tuples, same ints and handlers
+    previous = signal.signal(signal.SIGUSR2, lambda *a: None)
+    hook = lambda phase, info: None  # noqa: E731 - a collector callback of a test's own
+    gc.callbacks.append(hook)
+    try:
+        assert callbacks.changed_since(before) == [
+            "a handler of its own for SIGUSR2", "a garbage collector callback of its own"]
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+        gc.callbacks.remove(hook)
+    assert callbacks.changed_since(before) == []  # put back: nothing to name
+    with callbacks.no_collection():
+        assert not gc.isenabled()
+    assert gc.isenabled()

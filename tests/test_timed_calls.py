@@ -43,3 +43,54 @@ def test_a_probe_is_taken_from_its_seal_before_its_call_is_timed() -> None:
     assert max(samples) < 1e3 * _CHECK_S / 2, samples
     # a call made outside the timing loop (warm-up, a block's refill) still picks its own
     assert float(call()) in (4.0, 8.0)
+
+
+def sampler_ops_not_watched(device: str) -> list[str]:
+    """The operators the sampler dispatches on ten kinds of leaf on `device`, nested ones
+    included, that are not among the watched ones (by name, without overloads)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from pike.evaluate import timed_calls
+
+    leaves = [torch.randn(8, 16), torch.randn(4, 5, 6).half(), torch.randn(7).bfloat16(),
+              torch.arange(10), torch.ones(3, 3, dtype=torch.bool), torch.randn(6, 6).t(),
+              torch.tensor(3.0), torch.randn(3, 4, dtype=torch.complex64),
+              torch.randn(2, 3)[:, 1:], torch.randint(0, 5, (4, 4), dtype=torch.int8)]
+    leaves = [leaf.to(device) for leaf in leaves]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for leaf in leaves:
+            with torch._C.DisableTorchFunction():
+                timed_calls._sample_leaf(leaf, 16)
+    ran = {e.name for e in prof.events() if e.name.startswith("aten::")}
+    assert ran, "the profiler saw no operator"
+    watched = {name.split(".")[0] for name in timed_calls._SAMPLER_OPS}
+    return sorted(ran - watched)
+
+
+def test_every_operator_the_sampler_runs_is_watched() -> None:
+    """A kernel for any operator the sampler dispatches, nested ones included, sees the
+    sampled coordinates (red team round 10: aten::detach_ inside torch.tensor)."""
+    from pike.evaluate import timed_calls
+
+    assert sampler_ops_not_watched("cpu") == []
+    assert set(timed_calls._TABLES_AT_IMPORT) == set(timed_calls._SAMPLER_OPS)  # all exist
+
+
+def test_a_signal_handler_in_force_at_a_probe_take_ends_the_takes() -> None:
+    import signal
+
+    told: list[str] = []
+    sets, probes = [[torch.zeros(1)]], [[torch.ones(1)], [torch.ones(1)]]
+    rotation = InputRotation(sets, probes, tampered=told.append)
+    rotation.probe_next = True
+    assert rotation._next_set() is probes[0]  # nothing installed: taken
+    previous = signal.signal(signal.SIGUSR1, lambda *a: None)
+    try:
+        rotation.probe_next = True
+        assert rotation._next_set() is sets[0]  # refused: the plain set instead
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert told and "SIGUSR1" in told[0]
+    rotation.probe_next = True
+    assert rotation._next_set() is sets[0]  # no take after it, even with it gone
+    assert rotation.used_probes == 1

@@ -371,3 +371,11 @@ def test_holds_are_recorded_by_purpose_and_no_hold_waits_for_a_calibration(
     assert device_holds.CANDIDATE_WINDOW in purposes, purposes
     assert device_holds.CALIBRATION not in purposes, purposes
     assert set(purposes) <= {device_holds.CANDIDATE_WINDOW, device_holds.CANDIDATE_AGAIN}
+
+
+def test_every_operator_the_sampler_runs_on_a_gpu_output_is_watched() -> None:
+    """As on the CPU (tests/test_timed_calls.py), with the copies to the host a CUDA
+    output's samples take."""
+    from tests.test_timed_calls import sampler_ops_not_watched
+
+    assert sampler_ops_not_watched("cuda") == []

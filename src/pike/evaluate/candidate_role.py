@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pike.evaluate import check
+from pike.evaluate import callbacks, check
 from pike.evaluate.child_serving import _serve_timing
 from pike.evaluate.child_setup import (
     REFERENCE_MODULE,
@@ -134,15 +134,19 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
 
     def make_call(mode: str) -> Callable[[], Any]:
         if not rotation.sets:  # the timed inputs reach the child only now
-            sets = _staged_inputs(chan, req, device, "timing", [
-                f"pool_{k}" for k in range(timed_set_count(req.input_sets))])
-            rotation.sets = sets[:req.input_sets]
-            # the class's method, not the instance's attribute: a candidate that reached
-            # the Guards in its __init__ could have shadowed it there (shadows_taker)
-            rotation.seal_probes(sets[req.input_sets:],
-                                 functools.partial(Guards.probe_taker_is_foreign, guards),
-                                 guards.violations.append)
-            del sets  # nothing but the seal holds the probes now
+            # the probes sit in this frame until sealed: no collector callback or
+            # finalizer may run meanwhile (callbacks.py)
+            with callbacks.no_collection():
+                sets = _staged_inputs(chan, req, device, "timing", [
+                    f"pool_{k}" for k in range(timed_set_count(req.input_sets))])
+                rotation.sets = sets[:req.input_sets]
+                # the class's method, not the instance's attribute: a candidate that
+                # reached the Guards in its __init__ could have shadowed it there
+                # (shadows_taker)
+                rotation.seal_probes(sets[req.input_sets:],
+                                     functools.partial(Guards.probe_taker_is_foreign, guards),
+                                     guards.violations.append)
+                del sets  # nothing but the seal holds the probes now
         # the rotation picks each call's set unarmed, so the seal knows a take from inside
         # a timed call (armed) from its own
         return rotation.caller(armed_call(guards, model))

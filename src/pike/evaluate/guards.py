@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from pike.evaluate import callbacks
+
 _EVALUATOR_DIR = str(Path(__file__).resolve().parent)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _NETWORK_EVENTS = ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg")
@@ -90,8 +92,18 @@ _get_ident = threading.get_ident  # taken at import, as the hook's (Guards._hook
 # The events Guards._audit decides on; the hook lets every other one pass at once (an
 # integrity snapshot alone raises builtins.id thousands of times, and a walk of the
 # stack for each stretched a candidate's timing blocks past the wall-clock margin).
+# Ways to have code called back from inside any frame, the evaluator's included: a
+# profile or trace function is handed each frame, an audit hook runs inside every event
+# (the probes' seal raises one), a monitoring callback names each code start. Red team
+# round 10 read the sealed probe sets so, through each of the first three (`ok` at 114x
+# to 1,470x on the CPU), one of them installed from a finalizer with no candidate frame
+# on the stack. Refused whoever raises them: torch and the evaluator install none.
+_CALLBACK_EVENTS = frozenset({"sys.setprofile", "sys.settrace", "sys.addaudithook",
+                              "sys._setprofileallthreads", "sys._settraceallthreads",
+                              "sys.monitoring.register_callback"})
 _WATCHED_EVENTS = frozenset({
     *_NETWORK_EVENTS, *_GC_EVENTS, *_NAMING_EVENTS, *_MARSHAL_EVENTS, *_PATH_EVENTS,
+    *_CALLBACK_EVENTS,
     "sys._getframe", "object.__setattr__", "object.__delattr__", "object.__getattr__", "open"})
 
 
@@ -362,6 +374,7 @@ class Guards:
         # after the folder lists are set: they are in it (a candidate's code that emptied
         # them would pass for a library's with every guard)
         self._snapshot = _integrity_snapshot()
+        self._callbacks = callbacks.snapshot()
         sys.addaudithook(self._hook())
 
     def _hook(self) -> Callable[[str, tuple[Any, ...]], None]:
@@ -393,8 +406,8 @@ class Guards:
                 # A sys._getframe unarmed is not worth a walk of the stack: the probes'
                 # seal asks for one at each probe, inside the timed calls, and what it
                 # refuses (an evaluator's frame) f_back gives a disarmed candidate anyway.
-                watched = self.armed is True or (event != "sys._getframe"
-                                                 and _candidate_code_on(raiser))
+                watched = (self.armed is True or event in _CALLBACK_EVENTS
+                           or (event != "sys._getframe" and _candidate_code_on(raiser)))
                 frame_read = (event == "object.__getattr__" and watched
                               and _evaluator_frame(args[0], args[1])
                               and _candidate_code_on(raiser))
@@ -444,6 +457,8 @@ class Guards:
                 self._refuse("network access")
         elif event in _GC_EVENTS:
             self._refuse(f"{event}() (walking the interpreter's objects)")
+        elif event in _CALLBACK_EVENTS:
+            self._refuse(f"{event}() (code called back from inside the evaluator's frames)")
         elif event == "sys._getframe":
             frame = args[0] if args else None
             if frame is not None and frame.f_code.co_filename.startswith(_EVALUATOR_DIR):
@@ -504,6 +519,10 @@ class Guards:
                    if self._snapshot.get(name) != ident]
         if patched:
             self.violations.append(f"patching {', '.join(patched[:5])} (seen after {phase})")
+        installed = callbacks.changed_since(self._callbacks)
+        if installed:
+            self.violations.append(f"{installed[0]} (code the interpreter calls back inside "
+                                   f"any frame, the evaluator's too; seen after {phase})")
         stacks = sys._current_frames()
         stray = [t for t in threading.enumerate()
                  if (t.ident or 0) not in self._threads and t.is_alive()
@@ -519,12 +538,16 @@ class Guards:
         return {k: (v, now.get(k)) for k, v in self._flags.items() if now.get(k) != v}
 
 
+_CALLBACKS_AT_IMPORT = callbacks.snapshot()  # what the rehearsal compares with
+
+
 def rehearse_check_after() -> None:
     """The work of `Guards.check_after` with nothing to compare: the trusted reference's
     calibration of the timing loop does it after each block, so the loop cost it measures
     includes what a guarded child spends between its blocks (2 ms or more on a busy host;
     left out, an honest candidate of microsecond calls looked like one forging its times)."""
     _integrity_snapshot()
+    callbacks.changed_since(_CALLBACKS_AT_IMPORT)
     sys._current_frames()
     threading.enumerate()
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from pike.evaluate import check
+from pike.evaluate import callbacks, check
 from pike.evaluate.leaf_files import PLAIN_DTYPES
 
 _urandom = os.urandom  # bound at import: the timed outputs' sample positions come from it
@@ -28,14 +28,21 @@ _urandom = os.urandom  # bound at import: the timed outputs' sample positions co
 # input check, aten::equal: a kernel that always answers "equal" would hide an input
 # changed in place), whose kernels a candidate could replace with its own through
 # torch.library: a kernel that computes only the positions the sampler reads defers the
-# work past the clock, as a mode left in force did. Their dispatch tables are taken at import, before any candidate
-# code runs, and read again before each sample (about 0.7 ms, outside the timed calls).
+# work past the clock, as a mode left in force did. Their dispatch tables are taken at
+# import, before any candidate code runs, and read again before each sample (about 0.7 ms,
+# outside the timed calls).
 _SAMPLER_OPS = ("aten::detach", "aten::lift_fresh", "aten::index.Tensor", "aten::unbind.int",
                 "aten::_to_copy", "aten::copy_", "aten::reshape", "aten::view",
                 "aten::select.int", "aten::as_strided", "aten::resolve_conj",
                 "aten::resolve_neg", "aten::empty.memory_format", "aten::empty_strided",
                 "aten::abs", "aten::clone", "aten::to.dtype_layout", "aten::to.device",
-                "aten::to.dtype", "aten::equal")
+                "aten::to.dtype", "aten::equal",
+                # run inside those (torch.tensor's detach_, complex outputs' abs): a kernel
+                # for aten::detach_ saw the sampled coordinates and computed only those
+                # values (red team round 10, `ok` at 35x); tests/test_timed_calls.py
+                # profiles the sampler for any it runs that is not listed here
+                "aten::detach_", "aten::empty_like", "aten::real", "aten::view_as_real",
+                "aten::to.other", "aten::lift_fresh_copy")
 
 
 def _dispatch_tables() -> dict[str, str]:
@@ -109,6 +116,8 @@ class InputRotation:
         # more in a full window) no probe was ever timed and the reuse check never ran.
         self.refill_next = False
         self._picked: list[Any] | None = None  # the set `pick` chose for the next call
+        self._tampered: Callable[[str], None] = lambda what: None
+        self._callbacks: dict[str, object] = {}
         if probes:
             self.seal_probes(probes, taker_is_foreign, tampered)
 
@@ -119,6 +128,7 @@ class InputRotation:
         references to them (a list the caller keeps would hold them in its frame)."""
         self.probe_count = len(probes)
         self._probes = _sealed_probes(list(probes), taker_is_foreign, tampered)
+        self._tampered, self._callbacks = tampered, callbacks.snapshot()
 
     @property
     def last_was_probe(self) -> bool:
@@ -152,7 +162,19 @@ class InputRotation:
         refill, self.refill_next = self.refill_next, False
         args = None
         if self.probe_next and not refill and self.used_probes < self.probe_count:
-            args = next(self._probes, None)  # None: the seal was broken, none left
+            # Nothing the interpreter calls back may run while the seal's frame is on the
+            # stack: it walked f_back to it from a collector callback, a freed cycle's
+            # finalizer and a signal handler (red team round 10). The collector waits; a
+            # handler of the candidate's in force now ends the takes (it may be put back
+            # before the phase ends, when the guards compare them again).
+            installed = callbacks.changed_since(self._callbacks)
+            if installed:
+                self._tampered(f"{installed[0]} while the timing's probes were sealed (code "
+                               "the interpreter calls back inside any frame)")
+                self.probe_count = self.used_probes  # no probe is taken after it
+            else:
+                with callbacks.no_collection():
+                    args = next(self._probes, None)  # None: the seal was broken, none left
             if args is not None:
                 self.last = len(self.sets) + self.used_probes
                 self.used_probes += 1
