@@ -43,7 +43,7 @@ CLASSES: dict[str, list[str]] = {
         "stale_by_frames", "stale_when_fast", "memo_by_version", "memo_by_values",
         "counts_calls", "caches_by_pointer", "lazy_when_timed", "iterates_lazily",
         "memo_shapes_its_tail", "leaves_a_mode", "lies_by_metaclass",
-        "replaces_a_kernel", "replaces_a_nested_kernel"],
+        "replaces_a_kernel", "replaces_a_nested_kernel", "slices_the_staging"],
     "reaching the evaluator's objects": [
         "wraps_channel", "mock_patches_tensor", "forges_messages", "patches_evaluator",
         "patches_event", "walks_gc", "rewrites_samples", "zeroes_samples", "tensor_subclass",
@@ -54,7 +54,8 @@ CLASSES: dict[str, list[str]] = {
         "patches_rotation_class", "patches_channel_class", "truthy_enabled",
         "pulls_by_thread", "swaps_getframe", "shadows_taker", "claims_probes",
         "floods_the_channel", "profiles_the_seal", "profiles_by_finalizer", "hooks_the_audit",
-        "calls_back_from_gc", "calls_back_by_signal"],
+        "calls_back_from_gc", "calls_back_by_signal", "reads_the_seal_by_ctypes",
+        "reads_the_seal_on_free"],
     "passing its code off as a library's": [
         "names_code_as_library", "helper_in_torch_folder", "compiles_through_stdlib",
         "marshals_code", "loader_names_code_as_library", "unmarshals_through_importlib"],

@@ -91,6 +91,12 @@ pytestmark = pytest.mark.timing
     ("calls_back_from_gc", "rejected", "garbage collector"),
     ("calls_back_by_signal", "rejected", "SIGALRM"),
     ("replaces_a_nested_kernel", "rejected", "aten::detach_"),
+    # round 11 (helper-61): the sealed probes read through ctypes (`ok` at 1,768x) or from
+    # a weakref callback their release ran inside the seal (2,089x), and a kernel for an
+    # operator staging runs saw every input set as it loaded (214x)
+    ("reads_the_seal_by_ctypes", "rejected", "reading the process's memory"),
+    ("reads_the_seal_on_free", "rejected", "reused, not computed"),
+    ("slices_the_staging", "rejected", "aten::slice.Tensor"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:

@@ -4,6 +4,7 @@ evaluate/timing.py)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from types import FrameType
 
 import torch
@@ -94,3 +95,32 @@ def test_a_signal_handler_in_force_at_a_probe_take_ends_the_takes() -> None:
     rotation.probe_next = True
     assert rotation._next_set() is sets[0]  # no take after it, even with it gone
     assert rotation.used_probes == 1
+
+
+def test_every_operator_staging_runs_is_watched_and_a_new_kernel_is_seen(
+        tmp_path: Path) -> None:
+    """A kernel for an operator staging runs saw every input set as it loaded, the probes'
+    among them (red team round 11: aten::slice.Tensor); one for any aten operator and key
+    it had none for is seen before the timing's staging."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from pike.evaluate import timed_calls
+    from pike.evaluate.child_setup import _loaded_one_by_one
+    from pike.evaluate.leaf_files import write_leaves
+
+    write_leaves([torch.randn(8, 16), torch.randn(3).half(), torch.arange(4), 3, 2.5,
+                  torch.randn(6, 6).t()], tmp_path / "pool_0.pt")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in _loaded_one_by_one(tmp_path, ["pool_0"], torch.device("cpu"), "load"):
+            pass
+    ran = {e.name for e in prof.events() if e.name.startswith("aten::")}
+    watched = {name.split(".")[0] for name in timed_calls._SAMPLER_OPS}
+    assert ran and ran <= watched, sorted(ran - watched)
+    assert timed_calls.added_or_replaced_kernel() is None
+    lib = torch.library.Library("aten", "IMPL")  # a key aten::sin had no kernel for
+    try:
+        lib.impl("sin", lambda x: x, "AutogradCPU")
+        assert timed_calls.added_or_replaced_kernel() == "aten::sin (for AutogradCPU)"
+    finally:
+        lib._destroy()
+    assert timed_calls.added_or_replaced_kernel() is None

@@ -34,7 +34,12 @@ from pike.evaluate.guards import Guards
 from pike.evaluate.leaf_files import write_leaves
 from pike.evaluate.outputs_handoff import OutputsSlot
 from pike.evaluate.protocol import Channel, ChildRequest, timed_set_count
-from pike.evaluate.timed_calls import InputRotation, TimedOutputSamples, left_behind
+from pike.evaluate.timed_calls import (
+    InputRotation,
+    TimedOutputSamples,
+    added_or_replaced_kernel,
+    left_behind,
+)
 
 _load = torch.load
 _globals_in = torch.serialization.get_unsafe_globals_in_checkpoint
@@ -134,6 +139,11 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
 
     def make_call(mode: str) -> Callable[[], Any]:
         if not rotation.sets:  # the timed inputs reach the child only now
+            kernel = added_or_replaced_kernel()
+            if kernel is not None:  # it would see the probe sets as they load
+                raise Failure("rejected", "timing", f"the candidate tried to replace the "
+                              f"kernels of {kernel}, which the evaluator runs on its inputs "
+                              "and outputs. Candidates may only compute their outputs.")
             # the probes sit in this frame until sealed: no collector callback or
             # finalizer may run meanwhile (callbacks.py)
             with callbacks.no_collection():

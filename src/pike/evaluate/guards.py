@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import _imp
 import ast
+import ctypes
 import functools
 import gc
 import ipaddress
@@ -101,9 +102,21 @@ _get_ident = threading.get_ident  # taken at import, as the hook's (Guards._hook
 _CALLBACK_EVENTS = frozenset({"sys.setprofile", "sys.settrace", "sys.addaudithook",
                               "sys._setprofileallthreads", "sys._settraceallthreads",
                               "sys.monitoring.register_callback"})
+# ctypes' ways to read memory by address, whose reads raise no event: an object at an
+# address (from_address, cast to py_object), bytes at one (string_at, memmove). Red team
+# round 11 read the sealed probe generator's frame so (`ok` at 1,768x on the CPU). Refused
+# where the candidate's own code asks; torch asks for some itself (a CUDA launch through
+# ctypes casts its arguments), and native code of the candidate's reads memory anyway
+# (Known gaps).
+_CTYPES_READS = frozenset({"ctypes.cdata", "ctypes.string_at", "ctypes.wstring_at",
+                           "ctypes.PyObj_FromPtr"})
+_CTYPES_MEMORY_FUNCTIONS = frozenset(
+    getattr(ctypes, name) for name in ("_memmove_addr", "_memset_addr", "_cast_addr",
+                                       "_string_at_addr", "_wstring_at_addr")
+    if hasattr(ctypes, name))
 _WATCHED_EVENTS = frozenset({
     *_NETWORK_EVENTS, *_GC_EVENTS, *_NAMING_EVENTS, *_MARSHAL_EVENTS, *_PATH_EVENTS,
-    *_CALLBACK_EVENTS,
+    *_CALLBACK_EVENTS, *_CTYPES_READS, "ctypes.call_function", "ctypes.dlsym",
     "sys._getframe", "object.__setattr__", "object.__delattr__", "object.__getattr__", "open"})
 
 
@@ -121,6 +134,16 @@ def _evaluator_frame(holder: object, attribute: str) -> bool:
         return False
     code = getattr(getattr(holder, attribute, None), "f_code", None)
     return code is not None and code.co_filename.startswith(_EVALUATOR_DIR)
+
+
+def _process_memory_file(path: str | bytes | os.PathLike[str]) -> bool:
+    """/proc/PID/mem (or a thread's, or through a link): read at an object's address, the
+    interpreter's memory, as ctypes reads it."""
+    try:
+        full = os.path.realpath(os.fsdecode(path))
+    except (OSError, ValueError):
+        return False
+    return full.startswith("/proc/") and full.rsplit("/", 1)[-1] in ("mem", "pagemap")
 
 
 def _linked_elsewhere(path: str | bytes | os.PathLike[str]) -> bool:
@@ -354,6 +377,7 @@ class Guards:
     armed: bool = False  # off while the evaluator itself loads inputs and saves outputs
     _protected: tuple[type, ...] = ()
     _snapshot: dict[str, int] = field(default_factory=dict)
+    _callbacks: dict[str, object] = field(default_factory=dict)  # callbacks.snapshot()
     _flags: dict[str, Any] = field(default_factory=dict)
     _threads: set[int] = field(default_factory=set)
 
@@ -394,7 +418,9 @@ class Guards:
         def hook(event: str, args: tuple[Any, ...]) -> None:
             if event not in _WATCHED_EVENTS or (
                     event == "object.__getattr__"
-                    and (len(args) < 2 or args[1] not in _FRAME_ATTRIBUTES)):
+                    and (len(args) < 2 or args[1] not in _FRAME_ATTRIBUTES)) or (
+                    event == "ctypes.call_function"
+                    and (not args or args[0] not in _CTYPES_MEMORY_FUNCTIONS)):
                 return  # builtins.id and __code__ reads come by the thousand
             me = get_ident()
             if me in looking:
@@ -459,6 +485,11 @@ class Guards:
             self._refuse(f"{event}() (walking the interpreter's objects)")
         elif event in _CALLBACK_EVENTS:
             self._refuse(f"{event}() (code called back from inside the evaluator's frames)")
+        elif event in _CTYPES_READS or event == "ctypes.call_function" or (
+                event == "ctypes.dlsym" and len(args) > 1 and isinstance(args[1], str)
+                and args[1].lstrip("_").startswith("Py")):
+            if _for_the_candidate(raiser):
+                self._refuse(f"{event} (reading the process's memory by address)")
         elif event == "sys._getframe":
             frame = args[0] if args else None
             if frame is not None and frame.f_code.co_filename.startswith(_EVALUATOR_DIR):
@@ -499,6 +530,8 @@ class Guards:
 
     def _check_open(self, args: tuple[Any, ...]) -> None:
         path, mode, flags = (list(args) + [None, None, None])[:3]
+        if isinstance(path, (str, bytes, os.PathLike)) and _process_memory_file(path):
+            self._refuse(f"opening {os.fsdecode(path)} (the process's memory)")
         writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
             isinstance(flags, int) and flags & _WRITE_FLAGS)
         if writing and isinstance(path, (str, bytes, os.PathLike)) and not self._may_write(path):
