@@ -90,9 +90,6 @@ _FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 # timing loop's (two), the runner's serving loop
 _TAKER_DEPTH = 4
 _get_ident = threading.get_ident  # taken at import, as the hook's (Guards._hook)
-# The events Guards._audit decides on; the hook lets every other one pass at once (an
-# integrity snapshot alone raises builtins.id thousands of times, and a walk of the
-# stack for each stretched a candidate's timing blocks past the wall-clock margin).
 # Ways to have code called back from inside any frame, the evaluator's included: a
 # profile or trace function is handed each frame, an audit hook runs inside every event
 # (the probes' seal raises one), a monitoring callback names each code start. Red team
@@ -114,6 +111,9 @@ _CTYPES_MEMORY_FUNCTIONS = frozenset(
     getattr(ctypes, name) for name in ("_memmove_addr", "_memset_addr", "_cast_addr",
                                        "_string_at_addr", "_wstring_at_addr")
     if hasattr(ctypes, name))
+# The events Guards._audit decides on; the hook lets every other one pass at once (an
+# integrity snapshot alone raises builtins.id thousands of times, and a walk of the
+# stack for each stretched a candidate's timing blocks past the wall-clock margin).
 _WATCHED_EVENTS = frozenset({
     *_NETWORK_EVENTS, *_GC_EVENTS, *_NAMING_EVENTS, *_MARSHAL_EVENTS, *_PATH_EVENTS,
     *_CALLBACK_EVENTS, *_CTYPES_READS, "ctypes.call_function", "ctypes.dlsym",
