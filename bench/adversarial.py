@@ -187,7 +187,7 @@ def combine(parts: list[Path], out: Path, stem: str, note: str | None = None) ->
     missing = [name for name in order if name not in by_name]
     if missing:
         print(f"not judged in any part: {', '.join(missing)}")
-    return 0 if all(r["defended"] for r in rows) else 1
+    return 0 if all(r["defended"] for r in rows) and not missing else 1
 
 
 def _write_page(result: dict, out: Path, stem: str) -> None:

@@ -587,6 +587,11 @@ def test_a_mode_that_failed_before_a_call_was_cut_is_not_built_again_on_resume(
     modes = ["eager", "compile:default", "compile:reduce-overhead"]
     first = audit(folder, TASKS, audit_config(build_cache, modes), out=out, ids=[1])
     assert first.tasks == [] and asked == [{}]
+    from pike.search import failed_modes
+
+    with RunStore.open(out) as store:  # in the same call it would be built again
+        assert failed_modes.failed_modes(store, load_tasks(TASKS, [1])[0]) == {}
+    monkeypatch.setattr(failed_modes, "_THIS_CALL", "a later call")  # a new device call
     resume_audit(out)
     kept = asked[1]
     assert list(kept) == ["compile:default"]  # the one out of memory is tried again

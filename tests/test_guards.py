@@ -97,6 +97,8 @@ pytestmark = pytest.mark.timing
     ("reads_the_seal_by_ctypes", "rejected", "reading the process's memory"),
     ("reads_the_seal_on_free", "rejected", "reused, not computed"),
     ("slices_the_staging", "rejected", "aten::slice.Tensor"),
+    # a kernel for an operator and key watched nowhere else: seen before the staging
+    ("adds_an_unwatched_kernel", "rejected", "aten::sin (for AutogradCPU)"),
 ])
 def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: EvalConfig,
                                                 name: str, status: str, words: str) -> None:
@@ -476,6 +478,18 @@ def test_only_plain_outputs_are_walked() -> None:
 
     assert odd_output_part([t, Walked((t,))]) == "Walked"
     assert odd_output_part({Key("k"): t}) == "Key"
+
+    class Trap:  # a key whose hash would run the candidate's code
+        armed = False
+
+        def __hash__(self) -> int:
+            if Trap.armed:
+                raise AssertionError("the check ran the key's own code")
+            return 1
+
+    trapped = {Trap(): t}
+    Trap.armed = True
+    assert odd_output_part(trapped) == "Trap"
 
     class Liar(type):
         def __getattribute__(cls, name):

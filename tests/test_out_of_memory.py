@@ -248,37 +248,3 @@ def test_a_reference_whose_cublas_handle_found_no_room_is_tried_again(
     assert reference_cache.run_reference(mlp_task, EvalConfig(), "cuda:0", keep_child=True, cache=False) is run
     assert calls == ["cuda:0", "cuda:0"]
 
-
-@pytest.mark.parametrize(("closed", "judged"), [(1, 2), (0, 1)])
-def test_a_candidate_out_of_gpu_memory_beside_idle_references_is_judged_once_more(
-        mlp_task: Task, monkeypatch: pytest.MonkeyPatch, closed: int, judged: int) -> None:
-    # An H100 audit of level5: 14_llama2_decode's candidate ran out of GPU memory at its
-    # construction while the previous task's reference child sat idle in the cache.
-    from pike.evaluate import judge
-
-    verdicts = [Verdict(status="runtime_error", phase="init", message=OOM),
-                Verdict(status="ok")]
-    asked: list[tuple[str, str]] = []
-    monkeypatch.setattr(judge, "resolve_device", lambda device: "cuda:0")
-    monkeypatch.setattr(judge, "_evaluate_once", lambda *args: verdicts.pop(0))
-
-    def close(device: str, besides: Task) -> int:
-        asked.append((device, besides.name))
-        return closed
-
-    monkeypatch.setattr(judge, "close_idle_references", close)
-    verdict = judge.evaluate(mlp_task, "source", EvalConfig())
-    assert asked == [("cuda:0", mlp_task.name)]
-    assert len(verdicts) == 2 - judged
-    assert verdict.ok == (judged == 2)
-
-
-def test_a_candidate_failing_otherwise_closes_no_reference(
-        mlp_task: Task, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pike.evaluate import judge
-
-    monkeypatch.setattr(judge, "resolve_device", lambda device: "cuda:0")
-    monkeypatch.setattr(judge, "_evaluate_once", lambda *args: _failure("ValueError: no"))
-    monkeypatch.setattr(judge, "close_idle_references",
-                        lambda *a, **k: pytest.fail("closed references for another failure"))
-    assert judge.evaluate(mlp_task, "source", EvalConfig()).status == "runtime_error"

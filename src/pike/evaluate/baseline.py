@@ -302,6 +302,7 @@ def _measure_modes(task: Task, cfg: EvalConfig, device: str, modes: list[str],
     # limit, a crash) fails alone: the others are measured again in a new child without it.
     # Eager failing is the reference failing (TaskError).
     failed: dict[str, ModeTiming] = {m: t for m, t in (carried or {}).items() if m in modes}
+    carried_modes = set(failed)  # failed before this pass: its builds are no repeats
     while True:
         reference = run_reference(task, cfg, device, keep_child=True, cache=False)
         try:
@@ -309,7 +310,9 @@ def _measure_modes(task: Task, cfg: EvalConfig, device: str, modes: list[str],
             timers = time_reference_modes(task, reference,
                                           [m for m in modes if m not in failed], cfg, device,
                                           _built_reporter(on_event,
-                                                          again=again or bool(failed or no_prebuild),
+                                                          again=again or bool(
+                                                              set(failed) - carried_modes
+                                                              or no_prebuild),
                                                           stopped=was_stopped),
                                           no_prebuild=no_prebuild)
             break

@@ -141,9 +141,9 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
         if not rotation.sets:  # the timed inputs reach the child only now
             kernel = added_or_replaced_kernel()
             if kernel is not None:  # it would see the probe sets as they load
-                raise Failure("rejected", "timing", f"the candidate tried to replace the "
-                              f"kernels of {kernel}, which the evaluator runs on its inputs "
-                              "and outputs. Candidates may only compute their outputs.")
+                raise Failure("rejected", "timing", f"the candidate tried to add or replace "
+                              f"kernels of {kernel}: a kernel of its own would see the timing's "
+                              "inputs as they load. Candidates may only compute their outputs.")
             # the probes sit in this frame until sealed: no collector callback or
             # finalizer may run meanwhile (callbacks.py)
             with callbacks.no_collection():
@@ -163,6 +163,8 @@ def _run_candidate(req: ChildRequest, chan: Channel, device: torch.device,
 
     def failed(mode: str, exc: BaseException, seq: object) -> None:
         _reject_violations(guards, "timing")
+        if isinstance(exc, Failure):  # the evaluator's own verdict (a kernel before staging)
+            raise exc
         raise Failure("runtime_error", "timing", describe_exception(exc, req.module_path))
 
     def final_check() -> None:

@@ -84,9 +84,9 @@ def odd_output_part(obj: Any) -> str | None:
                     keys = list(dict.keys(obj))
                     odd_key = next((type(k).__name__ for k in keys
                                     if type(k) not in (str, int)), None)
-                    items = [dict.__getitem__(obj, k) for k in keys]
-                    if odd_key:
+                    if odd_key:  # before any lookup, which would hash the key
                         return odd_key
+                    items = [dict.__getitem__(obj, k) for k in keys]
                 else:
                     items = list(base.__iter__(obj))
                 for item in items:

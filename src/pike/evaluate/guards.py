@@ -140,9 +140,12 @@ def _process_memory_file(path: str | bytes | os.PathLike[str]) -> bool:
     """/proc/PID/mem (or a thread's, or through a link): read at an object's address, the
     interpreter's memory, as ctypes reads it."""
     try:
-        full = os.path.realpath(os.fsdecode(path))
+        name = os.fsdecode(path)
+        full = os.path.realpath(name)
     except (OSError, ValueError):
         return False
+    if not os.path.isabs(name) and os.path.basename(name) in ("mem", "pagemap"):
+        return True  # relative to a folder the event does not name (dir_fd=/proc/self)
     return full.startswith("/proc/") and full.rsplit("/", 1)[-1] in ("mem", "pagemap")
 
 

@@ -50,18 +50,13 @@ from pike.evaluate.outputs_handoff import OutputsBuffer
 from pike.evaluate.profile import ProfileSummary
 from pike.evaluate.redact import mask_secrets
 from pike.evaluate.reference import ReferenceRun
-from pike.evaluate.reference_cache import (
-    close_idle_references,
-    count_work_meanwhile,
-    release_reference,
-    run_reference,
-)
+from pike.evaluate.reference_cache import count_work_meanwhile, release_reference, run_reference
 from pike.evaluate.reference_failure import reference_failed
 from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.steps import measuring, span
 from pike.evaluate.timing_window import Timer
 from pike.evaluate.trial_comparison import TrialComparison, compare_device, compare_early
-from pike.evaluate.verdict import Verdict, out_of_device_memory
+from pike.evaluate.verdict import Verdict
 from pike.evaluate.wall_clock_check import wall_clock_factor
 from pike.task import Task
 
@@ -113,23 +108,9 @@ def profile_reference(task: Task, config: EvalConfig | RunConfig | None = None
 
 def evaluate(task: Task, candidate_source: str,
              config: EvalConfig | RunConfig | None = None) -> Verdict:
-    """Judge a candidate: correctness on fresh inputs against the reference, then timing.
-    One that ran out of GPU memory while idle reference children of other tasks held the
-    device is judged once more without them: their memory is not the candidate's fault."""
+    """Judge a candidate: correctness on fresh inputs against the reference, then timing."""
     cfg = as_eval_config(config)
     device = resolve_device(cfg.device)
-    verdict = _evaluate_once(task, candidate_source, cfg, device)
-    if device.startswith("cuda") and out_of_device_memory(verdict):
-        closed = close_idle_references(device, besides=task)
-        if closed:
-            log.warning("%s: the candidate ran out of GPU memory beside %d idle reference "
-                        "child(ren) of other tasks; they are closed and it is judged once more",
-                        task.name, closed)
-            verdict = _evaluate_once(task, candidate_source, cfg, device)
-    return verdict
-
-
-def _evaluate_once(task: Task, candidate_source: str, cfg: EvalConfig, device: str) -> Verdict:
     started = time.monotonic()
     try:
         compile(candidate_source, "candidate.py", "exec")

@@ -72,6 +72,7 @@ class ReferenceRun:
     _work: Work | None = None
     _work_asked: bool = False
     _work_counted: bool = False  # the count's answer is in (or it failed): read freely
+    _work_needs_gpu: bool = False  # the meta device could not count it: no count beside
     _shifted_atols: dict[float, list[float]] = field(default_factory=dict)  # by atol
     _exact: dict[int, list[Any] | str] = field(default_factory=dict)  # or why there is none
     # per output, the most its expected values were seen off their float64 run
@@ -158,6 +159,7 @@ class ReferenceRun:
                         self._work = Work.model_validate(reply["work"])
                     elif isinstance(reply, dict) and reply.get("needs_device"):
                         counted = self._work_asked = False  # by a later call, on the GPU
+                        self._work_needs_gpu = True
                     else:
                         why = (reply.message if isinstance(reply, Verdict)
                                else reply.get("error"))

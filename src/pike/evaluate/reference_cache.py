@@ -177,18 +177,15 @@ def _close_an_idle_reference() -> bool:
 host_memory.HOST.reclaim_with(_close_an_idle_reference)
 
 
-def close_idle_references(device: str | None = None, *, of: Task | None = None,
-                          besides: Task | None = None) -> int:
+def close_idle_references(device: str | None = None, *, of: Task | None = None) -> int:
     """Close the cached references no evaluation uses: those on `device` (any where None),
-    of task `of` only, or of every task `besides` one; how many were closed. A kept child
-    holds its model on the GPU: on an H100 audit of level5, 12_deepseekv3_MLA_decode's
-    idle reference (its KV caches) was still there when 14_llama2_decode's candidate
-    was built, and that candidate ran out of GPU memory. Those are kept for speed only."""
+    of task `of` only (every task's where None); how many were closed. A kept child holds
+    its model on the GPU: on an H100 audit of level5, 12_deepseekv3_MLA_decode's idle
+    reference (its KV caches) was still there when 14_llama2_decode's candidate was
+    built, and that candidate ran out of GPU memory. Those are kept for speed only."""
     def matches(key: str, run: ReferenceRun) -> bool:
-        task_sha = key.split("|", 1)[0]
         return (run.users == 0 and (device is None or run.device == device)
-                and (of is None or task_sha == of.sha256)
-                and (besides is None or task_sha != besides.sha256))
+                and (of is None or key.split("|", 1)[0] == of.sha256))
 
     with _references_lock:
         closing = [_references.pop(k) for k, run in list(_references.items()) if matches(k, run)]
@@ -212,10 +209,11 @@ def count_work_meanwhile(reference: ReferenceRun) -> None:
     """Count the task's work (for the floor) in the reference's child while the candidate's
     child starts, where it needs no GPU memory: a first count takes seconds, and the
     reference's child is idle then. One that would build the model again on the GPU
-    waits for the verdict (`ReferenceRun.work`), so it never competes with the candidate's.
+    waits for the verdict (`ReferenceRun.work`), so it does not take the memory of the
+    candidate starting beside it (a pool's other candidates on the card may still meet it).
     The run is held (`users`) until the count ends, so no cache evicts it meanwhile."""
-    if reference._work_asked or reference.child is None:
-        return
+    if reference._work_asked or reference._work_needs_gpu or reference.child is None:
+        return  # asked, or known to need the GPU: the verdict's floor counts it
     with _references_lock:
         reference.users += 1
 

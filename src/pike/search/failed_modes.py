@@ -8,6 +8,8 @@ its limit), that start never ends; the failures, recorded as they come, are kept
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,8 +18,11 @@ from pike.evaluate.verdict import says_out_of_memory
 from pike.store import RunStore
 from pike.task import Task
 
-# A task's compile modes that failed to build, as they fail: {mode: {error, build_s}}
+# A task's compile modes that failed to build, as they fail: {mode: {error, build_s, call}}
 FAILED_MODES_STATE = "failed_modes"
+# This call's mark: a mode that failed in it (beside other work, say) is built again by a
+# later measurement in the same call, as before; only earlier calls' failures are kept
+_THIS_CALL = f"{os.getpid()}@{time.time():.3f}"
 
 
 def keeping_failed_modes(store: RunStore, task: Task,
@@ -31,7 +36,8 @@ def keeping_failed_modes(store: RunStore, task: Task,
                 and mode.startswith("compile:") and not says_out_of_memory(str(error))):
             failed = store.get_state(task.name, FAILED_MODES_STATE) or {}
             assert isinstance(failed, dict)
-            failed[mode] = {"error": str(error), "build_s": data.get("build_s")}
+            failed[mode] = {"error": str(error), "build_s": data.get("build_s"),
+                            "call": _THIS_CALL}
             store.set_state(task.name, FAILED_MODES_STATE, failed)
         event(kind, **data)
 
@@ -48,4 +54,4 @@ def failed_modes(store: RunStore, task: Task) -> dict[str, ModeTiming]:
     return {mode: ModeTiming(mode=mode, build_s=got.get("build_s"),
                              error=f"{got.get('error')} (in an earlier call of this run; "
                              "not built again)")
-            for mode, got in failed.items()}
+            for mode, got in failed.items() if got.get("call") != _THIS_CALL}
