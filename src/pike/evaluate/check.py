@@ -61,11 +61,12 @@ def odd_output_part(obj: Any) -> str | None:
     or dict whose type changes how it is walked; a dict key other than a str or an int;
     nesting past 32 levels; or more than MAX_OUTPUT_PARTS parts in all ("nest of over
     ... parts"). Reads nothing through candidate code."""
-    parts = [0]
+    parts = 0
 
     def odd(obj: Any, depth: int) -> str | None:
-        parts[0] += 1
-        if parts[0] > MAX_OUTPUT_PARTS:
+        nonlocal parts
+        parts += 1
+        if parts > MAX_OUTPUT_PARTS:
             return TOO_MANY_PARTS
         kind = type(obj)
         if kind is _Tensor:

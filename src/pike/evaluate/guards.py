@@ -141,11 +141,11 @@ def _process_memory_file(path: str | bytes | os.PathLike[str]) -> bool:
     interpreter's memory, as ctypes reads it."""
     try:
         name = os.fsdecode(path)
+        if not os.path.isabs(name) and os.path.basename(name) in ("mem", "pagemap"):
+            return True  # relative to a folder the event does not name (dir_fd=/proc/self)
         full = os.path.realpath(name)
     except (OSError, ValueError):
         return False
-    if not os.path.isabs(name) and os.path.basename(name) in ("mem", "pagemap"):
-        return True  # relative to a folder the event does not name (dir_fd=/proc/self)
     return full.startswith("/proc/") and full.rsplit("/", 1)[-1] in ("mem", "pagemap")
 
 
