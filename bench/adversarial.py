@@ -113,11 +113,14 @@ def judge_one(task: Task, name: str, cfg: EvalConfig, scratch: Path) -> dict:
     dumped = verdict.model_dump_json()
     honest = name in HONEST_WHEN_BLOCKED
     escaped = target.exists() or bool(planted)
-    defended = (verdict.status != "ok" or honest) and not (
+    # `ok` with its figure withheld (slow probes in an unsteady window) gains no figure
+    withheld = verdict.ok and verdict.speedup is None and verdict.noisy
+    defended = (verdict.status != "ok" or withheld or honest) and not (
         raised or escaped or survivors or reached or CANARY in dumped)
     return {"candidate": name, "status": verdict.status, "phase": verdict.phase,
-            "speedup": verdict.speedup, "message": verdict.message.splitlines()[0][:240]
-            if verdict.message else "", "file_escaped": escaped,
+            "speedup": verdict.speedup, "message": (verdict.message or verdict.noisy_why
+                                                    ).splitlines()[0][:240]
+            if verdict.message or verdict.noisy_why else "", "file_escaped": escaped,
             "process_survived": bool(survivors), "network_reached": reached,
             "canary_in_verdict": CANARY in dumped, "evaluator_raised": raised,
             "defended": defended,
@@ -198,7 +201,7 @@ def _write_page(result: dict, out: Path, stem: str) -> None:
              f"- OS sandbox: {result['sandbox']}", f"- command: `{result['command']}`",
              *([f"- note: {result['note']}"] if result.get("note") else []), "",
              f"{sum(r['defended'] for r in rows)} of {len(rows)} defended: not `ok` (or `ok` "
-             "only where the attack found nothing), the evaluator not made to raise, no file "
+             "only where the attack found nothing, or with its figure withheld), the evaluator not made to raise, no file "
              "written outside (nor in the reference's build cache), no process left, no "
              "connection made, no canary secret in the verdict.", "",
              "| class | candidate | verdict | what caught it | defended |",

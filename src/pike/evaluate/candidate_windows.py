@@ -15,6 +15,7 @@ from pike.config import EvalConfig
 from pike.evaluate import check, device_holds
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import hold
+from pike.evaluate.protocol import PROBE_SETS
 from pike.evaluate.reference import ReferenceRun
 from pike.evaluate.reference_start import pid_of
 from pike.evaluate.sandbox import ChildProcess
@@ -153,17 +154,53 @@ def timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig,
     """The verdict on timed calls whose sampled outputs are wrong (incorrect), or whose
     times show answers reused for inputs seen before (rejected); None when neither.
     `reference_timer`: the reference's calls in the same window, which say whether it
-    was steady (check.reused_answers_problem)."""
+    was steady (check.slow_probes). Slow probes in a window that was not steady set
+    `timer.withheld`: the figure is no search's to take."""
     wrong = check.timed_outputs_problem(reference.timed_expected, timer.outputs,
                                         len(timer.samples), cfg.atol, cfg.rtol,
                                         reference.own_error)
     if wrong:
         return Verdict(status="incorrect", phase="timing", message=wrong)
-    reused = (check.reused_answers_problem(timer.samples, timer.probe_samples,
-                                           reference_timer.samples if reference_timer else None)
-              or check.withheld_probes_problem(timer.child.timed_calls,
-                                               timer.child.probes_timed))
-    return Verdict(status="rejected", phase="timing", message=reused) if reused else None
+    slow = check.slow_probes(timer.samples, timer.probe_samples,
+                             reference_timer.samples if reference_timer else None)
+    reused = (slow.message if slow is not None and slow.steady else
+              check.withheld_probes_problem(timer.child.timed_calls, timer.child.probes_timed))
+    if reused:
+        return Verdict(status="rejected", phase="timing", message=reused)
+    timer.withheld = slow.message if slow is not None else None
+    return None
+
+
+def looked_again_for_reuse(reference: ReferenceRun, child: ChildProcess, device: str,
+                          cfg: EvalConfig, timers: list[Timer]) -> list[Timer]:
+    """Where a window showed answers reused (every probe slow, `rejected`) and the child
+    has two probe sets left or more: one more window, whose probes join the first's (each
+    as a multiple of its own window's median). Reuse shows in both; an honest candidate
+    whose probes the host's load held up in one window seldom has it again. On the 2-core
+    host beside a CI run, one honest evaluation in a few hundred had both its probes held
+    up in a window that looked steady. Cleared there, the figure of the first window is
+    withheld (`timer.withheld`), for it was not settled. Returns the timers the verdict
+    goes by."""
+    failure, first = timers[1].failure, timers[1]
+    slow = check.slow_probes(first.samples, first.probe_samples, timers[0].samples)
+    if (failure is None or failure.status != "rejected" or slow is None or not slow.steady
+            or PROBE_SETS - child.probes_timed < 2):
+        return timers
+    log.info("%s: timing again on the probe sets left", failure.message)
+    again = _timing_window(reference, child, device, cfg, warmed=True, flipped=True,
+                           purpose=device_holds.CANDIDATE_AGAIN)
+    if any(t.failure for t in again) or not again[1].samples:
+        return timers
+    scale = statistics.median(again[1].samples) / statistics.median(first.samples)
+    again[1].probe_samples[:0] = [probe * scale for probe in first.probe_samples]
+    again[1].failure = timed_dishonestly(reference, again[1], cfg, again[0])
+    if again[1].failure is not None:
+        again[1].failure.message += " (in each of two timing windows)"
+        return again
+    first.failure = None
+    first.withheld = (f"{slow.message.split(':')[0]} in its first timing window, and not in a "
+                      "second: the figure is withheld")
+    return timers
 
 
 def _forged(reference: ReferenceRun, timers: list[Timer], strict: bool = False) -> str | None:

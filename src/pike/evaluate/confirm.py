@@ -140,6 +140,9 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
             found.append(Confirmation(candidate_id=cid, error=_short(dishonest.message),
                                       caught=dishonest.status))
             continue
+        if timer.withheld:  # no figure to confirm with, nor proof of reuse
+            found.append(Confirmation(candidate_id=cid, error=_short(timer.withheld)))
+            continue
         # held to the parent's clock as in the search's windows: a candidate can tell
         # this window from those no better than they from each other
         forged = cost and unaccounted_wall_time(cost, timer, timers[0])

@@ -31,6 +31,7 @@ from pike.evaluate.candidate_windows import (
     _forged,
     _steady_window,
     _timing_window,
+    looked_again_for_reuse,
     timed_dishonestly,
 )
 from pike.evaluate.child_launch import begin_child, list_for_timers, wait_for_room
@@ -164,6 +165,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
     final: Verdict | None = None
     profile: ProfileSummary | None = None
     usual: float | None = None  # set when the reference's window stayed off its usual time
+    withheld: str | None = None  # set when its probes were slow in a window not steady
     raised = 1.0  # the candidate's reported times, held to the parent's clock
     comparison: TrialComparison | None = None
     try:
@@ -227,6 +229,8 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                     timers[1].failure = Verdict(status="rejected", phase="timing", message=forged)
                 elif cfg.guards and not any(t.failure for t in timers):
                     timers[1].failure = timed_dishonestly(reference, timers[1], cfg, timers[0])
+                    timers = looked_again_for_reuse(reference, child, device, cfg, timers)
+                    withheld = timers[1].withheld
                 if not any(t.failure for t in timers):
                     # a hopeless candidate's figure is no search's pick, steady or not
                     if timers[1].gave_up_after is None:
@@ -268,8 +272,9 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
     if verdict.ok:
         verdict.profile = profile
     _attach_timings(verdict, timers, raised)
-    if usual is not None and verdict.speedup is not None:
+    if (usual is not None or withheld) and verdict.speedup is not None:
         verdict.noisy, verdict.noisy_speedup, verdict.reference_usual_ms = (
             True, verdict.speedup, usual)
+        verdict.noisy_why = withheld or ""
         verdict.speedup = None
     return verdict

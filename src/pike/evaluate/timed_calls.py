@@ -43,6 +43,9 @@ _SAMPLER_OPS = ("aten::detach", "aten::lift_fresh", "aten::index.Tensor", "aten:
                 # profiles the sampler for any it runs that is not listed here
                 "aten::detach_", "aten::empty_like", "aten::real", "aten::view_as_real",
                 "aten::to.other", "aten::lift_fresh_copy",
+                # and on a CUDA output: the index's broadcast and the host copy's resize
+                # (tests/gpu/test_gpu_evaluate.py profiles the sampler on a GPU)
+                "aten::expand", "aten::expand_as", "aten::resize_",
                 # what staging runs on every input file, the probes' among them: a kernel
                 # for aten::slice.Tensor saw each set as it loaded and answered it ahead
                 # (red team round 11, `ok` at 214x); compared before the timing's staging

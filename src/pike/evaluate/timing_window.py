@@ -46,6 +46,7 @@ class Timer:
     shared_by: int = 1  # candidates timed in its window beside one eager (shared_window.py)
     noted: bool = False  # an eager timer whose median the reference run has kept
     usual_ms: float | None = None  # eager's: the reference's usual time as its window began
+    withheld: str | None = None  # why its figure is withheld (slow probes, unsteady window)
 
     @property
     def stopped(self) -> bool:

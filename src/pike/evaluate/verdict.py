@@ -89,6 +89,10 @@ class Verdict(BaseModel):
     noisy: bool = False
     noisy_speedup: float | None = None
     reference_usual_ms: float | None = None
+    noisy_why: str = Field(
+        "", description="why the figure is withheld where it is not the reference's drift: "
+        "its calls on never-seen inputs were slow in a window whose calls were not steady "
+        "(check.slow_probes)")
     wall_clock_factor: float | None = Field(
         None, description="the candidate's reported times were multiplied by this: its "
         "timing blocks took longer by the parent's clock than it reported, beyond what the "

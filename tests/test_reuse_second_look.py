@@ -1,0 +1,87 @@
+"""A window whose probes all ran slow is timed once more on the probe sets left before the
+candidate is rejected for reusing answers (candidate_windows.looked_again_for_reuse)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pike.config import EvalConfig
+from pike.evaluate import candidate_windows, check
+from pike.evaluate.timing_window import Timer
+
+STEADY = [1.0] * 40
+
+
+def _window(child: Any, probes: list[float], samples: list[float] | None = None
+            ) -> list[Timer]:
+    reference = Timer(child=SimpleNamespace(), mode="eager",  # type: ignore[arg-type]
+                      samples=list(STEADY))
+    judged = Timer(child=child, mode="candidate", samples=list(samples or [1.0] * 40),
+                   probe_samples=list(probes))
+    child.probes_timed += len(probes)
+    child.timed_calls += len(judged.samples)
+    return [reference, judged]
+
+
+@pytest.fixture
+def looked(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """looked_again_for_reuse on a first window with two slow probes; the second window's
+    probes are the test's. Returns (timers returned, windows timed again)."""
+    monkeypatch.setattr(check, "timed_outputs_problem", lambda *a, **k: None)
+
+    def run(second: list[float] | None, probes_timed_before: int = 0,
+            second_samples: list[float] | None = None) -> tuple[list[Timer], int]:
+        child = SimpleNamespace(probes_timed=probes_timed_before, timed_calls=0)
+        first = _window(child, [9.0, 8.0])
+        reference = SimpleNamespace(timed_expected=None, own_error=None)
+        cfg = EvalConfig(device="cpu")
+        first[1].failure = candidate_windows.timed_dishonestly(reference, first[1], cfg,
+                                                               first[0])
+        assert first[1].failure is not None and first[1].failure.status == "rejected"
+        again: list[int] = []
+
+        def window(*args: Any, **kwargs: Any) -> list[Timer]:
+            again.append(1)
+            assert kwargs.get("warmed") and kwargs.get("flipped")
+            return _window(child, second or [], second_samples)
+
+        monkeypatch.setattr(candidate_windows, "_timing_window", window)
+        timers = candidate_windows.looked_again_for_reuse(
+            reference, child, "cpu", cfg, first)  # type: ignore[arg-type]
+        return timers, len(again)
+
+    return run
+
+
+def test_reuse_seen_in_both_windows_is_rejected(looked: Any) -> None:
+    timers, windows = looked([7.5, 9.5])
+    assert windows == 1
+    assert timers[1].failure is not None and timers[1].failure.status == "rejected"
+    assert "reused, not computed" in timers[1].failure.message
+    assert "in each of two timing windows" in timers[1].failure.message
+
+
+def test_probes_that_were_only_held_up_once_withhold_the_figure(looked: Any) -> None:
+    timers, windows = looked([1.1, 9.5])  # one of the second window's probes in time
+    assert windows == 1
+    assert timers[1].failure is None
+    assert timers[1].probe_samples == [9.0, 8.0]  # the first window's timers go on
+    assert "not in a second" in (timers[1].withheld or "")
+
+
+def test_the_first_window_s_probes_count_in_the_second(looked: Any) -> None:
+    """One new probe says nothing alone; with the first window's two, all slow, it is
+    reuse. The first window's probes are scaled by the windows' medians (here 2x)."""
+    timers, _ = looked([7.0])
+    assert timers[1].failure is not None and "two timing windows" in timers[1].failure.message
+    timers, _ = looked([5.0], second_samples=[2.0] * 40)  # 5.0 vs median 2.0: in time
+    assert timers[1].failure is None and timers[1].withheld
+
+
+def test_no_second_look_without_two_probe_sets_left(looked: Any) -> None:
+    timers, windows = looked([1.0, 1.0], probes_timed_before=1)  # 3 of 4 used
+    assert windows == 0
+    assert timers[1].failure is not None and "reused" in timers[1].failure.message
