@@ -85,3 +85,21 @@ def test_no_second_look_without_two_probe_sets_left(looked: Any) -> None:
     timers, windows = looked([1.0, 1.0], probes_timed_before=1)  # 3 of 4 used
     assert windows == 0
     assert timers[1].failure is not None and "reused" in timers[1].failure.message
+
+
+def test_pike_eval_says_why_a_figure_was_withheld() -> None:
+    from rich.console import Console
+
+    from pike.evaluate.verdict import TimingStats, Verdict
+    from pike.report.tables import verdict_table
+
+    why = ("every timed call on inputs it had not seen before took over 9.0x as long as the "
+           "median call (9 ms vs 1 ms), in a window where its own calls were not steady")
+    verdict = Verdict(status="ok", runtime=TimingStats.from_samples([1.0, 1.0, 9.0]),
+                      reference=TimingStats.from_samples([2.0]), noisy=True,
+                      noisy_speedup=2.0, noisy_why=why)
+    assert not verdict.rankable
+    console = Console(record=True, width=300)
+    console.print(verdict_table("task", "candidate", verdict))
+    text = console.export_text()
+    assert "noisy: 2.00x, withheld" in text and "its own calls were not steady" in text
