@@ -93,15 +93,17 @@ def main() -> int:
              f"- command: `{result['command']}`",
              f"- task `{args.task.name}`, file `{args.file.name}`", "",
              f"- busy processes beside: {args.load}; timing.min_seconds {args.min_seconds}", "",
-             "| run | verdict | timed calls | median ms | p90 ms | probes ms "
+             "| run | verdict | speedup | timed calls | median ms | p90 ms | probes ms "
              "| reference's Q3/median |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for i, r in enumerate(runs, 1):
         probes = ", ".join(f"{x:.4f}" for x in r.get("probes_ms", []))
-        lines.append(f"| {i} | {r['status']} | {r.get('calls', '')} | "
+        spread = f"{r['reference_spread']:.2f}" if r.get("reference_spread") else ""
+        speedup = (f"{r['speedup']:.2f}x" if r.get("speedup") is not None
+                   else "withheld" if r.get("withheld") else "")
+        lines.append(f"| {i} | {r['status']} | {speedup} | {r.get('calls', '')} | "
                      f"{r.get('median_ms', 0):.4f} | {r.get('p90_ms', 0):.4f} | {probes} | "
-                     f"{r['reference_spread']:.2f} |" if r.get("reference_spread") else
-                     f"{r.get('median_ms', 0):.4f} | {r.get('p90_ms', 0):.4f} | {probes} | |")
+                     f"{spread} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return 0
 
@@ -112,6 +114,7 @@ def _judge(args: argparse.Namespace, task: Task, source: str, cfg: EvalConfig,
         before = len(seen)
         verdict = evaluate(task, source, cfg)
         run = {"status": verdict.status, "message": verdict.message[:300],
+               "speedup": verdict.speedup, "withheld": verdict.noisy_why[:300],
                **(seen[before] if len(seen) > before else {})}
         runs.append(run)
         print(f"run {i + 1}: {run}", flush=True)

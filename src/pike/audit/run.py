@@ -39,7 +39,7 @@ from pike.evaluate.judge import resolve_device
 from pike.evaluate.reference_cache import close_idle_references, keep_references
 from pike.report.data import geomean
 from pike.search import drain
-from pike.search.failed_modes import failed_modes, keeping_failed_modes
+from pike.search.failed_modes import resumable_baselines
 from pike.store import (
     BASELINE_STATE,
     DONE_STATE,
@@ -311,9 +311,7 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
         else:
             event("task_phase", phase="baseline")
             baseline = measure_baselines(task, cfg, cfg.search.baseline_modes,
-                                         on_event=keeping_failed_modes(store, task, event),
-                                         stopped=drain.interrupted,
-                                         failed_before=failed_modes(store, task))
+                                         **resumable_baselines(store, task, event))
             store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
         baselines[task.name] = baseline
         candidate_id = recorded.id if recorded is not None else store.add_candidate(

@@ -37,7 +37,7 @@ from pike.evaluate.pool import Lane, Pool, make_pool, one_line
 from pike.evaluate.reference_cache import keep_references, release_reference, run_reference
 from pike.evaluate.reference_failure import ReferenceOutOfMemory, failed_for_memory
 from pike.search import drain
-from pike.search.failed_modes import failed_modes, keeping_failed_modes
+from pike.search.failed_modes import resumable_baselines
 from pike.search.session import (
     OptimizeResult,
     new_run_dir,
@@ -363,9 +363,7 @@ def _measure_baseline(store: RunStore, task: Task, cfg: RunConfig,
     event("task_phase", phase="baseline")
     try:
         baseline = measure_baselines(task, cfg, cfg.search.baseline_modes,
-                                     on_event=keeping_failed_modes(store, task, event),
-                                     stopped=drain.interrupted,
-                                     failed_before=failed_modes(store, task))
+                                     **resumable_baselines(store, task, event))
     except BaselineStopped:
         return True  # left open: --resume measures it (but the modes that failed)
     except ReferenceOutOfMemory as err:

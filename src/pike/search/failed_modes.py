@@ -15,6 +15,7 @@ from typing import Any
 
 from pike.evaluate.baseline import ModeTiming
 from pike.evaluate.verdict import says_out_of_memory
+from pike.search import drain
 from pike.store import RunStore
 from pike.task import Task
 
@@ -55,3 +56,12 @@ def failed_modes(store: RunStore, task: Task) -> dict[str, ModeTiming]:
                              error=f"{got.get('error')} (in an earlier call of this run; "
                              "not built again)")
             for mode, got in failed.items() if got.get("call") != _THIS_CALL}
+
+
+def resumable_baselines(store: RunStore, task: Task,
+                        event: Callable[..., None]) -> dict[str, Any]:
+    """`measure_baselines`' keywords for a run that resumes across calls (an audit, a
+    `pike bench` campaign): its events record each mode that fails to build, earlier
+    calls' failures are kept, and a drain (Ctrl-C) stops it between modes."""
+    return {"on_event": keeping_failed_modes(store, task, event),
+            "stopped": drain.interrupted, "failed_before": failed_modes(store, task)}
