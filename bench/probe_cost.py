@@ -115,6 +115,10 @@ def _judge(args: argparse.Namespace, task: Task, source: str, cfg: EvalConfig,
         verdict = evaluate(task, source, cfg)
         run = {"status": verdict.status, "message": verdict.message[:300],
                "speedup": verdict.speedup, "withheld": verdict.noisy_why[:300],
+               "core_wait_share": (verdict.steps.get("timing.core_wait", 0.0)
+                                   / verdict.steps["timing.blocks"]
+                                   if verdict.steps.get("timing.blocks") else None),
+               "host_busy": verdict.host_busy,
                **(seen[before] if len(seen) > before else {})}
         runs.append(run)
         print(f"run {i + 1}: {run}", flush=True)

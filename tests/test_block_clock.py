@@ -48,3 +48,48 @@ def test_the_memory_walk_runs_at_most_once_a_second_while_timing() -> None:
     assert child._memory_due(101.1)
     child.phase = "check"  # every poll elsewhere
     assert child._memory_due(101.2) and child._memory_due(101.25)
+
+
+def test_a_block_counts_its_child_s_wait_for_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's count of the child's wait for a core, read around each block after the
+    first: 0.3 s waited in a block is 0.3 s; a count the kernel does not give is unknown
+    from then on; a window that waited for a quarter of its blocks' time or more on a
+    CPU says so in its verdict."""
+    from pike.evaluate import candidate_windows
+
+    counts = iter([1.0, 1.3, 2.0, 2.0, 5.0, None])
+    monkeypatch.setattr(timing_window, "waited_s", lambda pid: next(counts))
+    monkeypatch.setattr(timing_window, "request", lambda *a, **k: {"samples": [1.0, 1.0]})
+    child = ChildProcess.__new__(ChildProcess)  # a child whose runner's pid is known
+    child.line_ready_at, child.timed_calls, child.probes_timed = 0.0, 0, 0
+    child._runner = 4242
+    timer = timing_window.Timer(child=child, mode="eager", warmed=True)  # type: ignore[arg-type]
+    timing_window._time_one_block(timer, min_calls=2, min_seconds=0.0, max_calls=2)
+    assert timer.core_wait_s == pytest.approx(0.3)
+    timing_window._time_one_block(timer, min_calls=2, min_seconds=0.0, max_calls=2)
+    assert timer.core_wait_s == pytest.approx(0.3)
+    busy = candidate_windows.waited_for_cores([timer, timer], "cpu")
+    assert busy is None or "waited for a core" in busy  # depends on the blocks' wall
+    timer.blocks = [(1.0, [1.0])]  # 0.3 s of 1 s
+    assert "the reference waited for a core 30%" in candidate_windows.waited_for_cores(
+        [timer, timing_window.Timer(child=child, mode="candidate")], "cpu")  # type: ignore[arg-type]
+    assert candidate_windows.waited_for_cores([timer, timer], "cuda:0") is None
+    timer.core_wait_s = 0.1
+    assert candidate_windows.waited_for_cores([timer, timer], "cpu") is None
+    timing_window._time_one_block(timer, min_calls=2, min_seconds=0.0, max_calls=2)
+    assert timer.core_wait_s is None  # the kernel stopped saying: unknown, not 0
+    assert candidate_windows.waited_for_cores([timer, timer], "cpu") is None
+
+
+def test_the_kernel_says_how_long_this_process_waited_for_a_core() -> None:
+    import os
+    import sys
+
+    from pike.evaluate.core_wait import waited_s
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("Linux's scheduler statistics")
+    first = waited_s(os.getpid())
+    assert first is not None and first >= 0.0
+    assert waited_s(os.getpid()) >= first
+    assert waited_s(None) is None and waited_s(2**22 + 12345) is None

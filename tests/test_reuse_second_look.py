@@ -103,3 +103,18 @@ def test_pike_eval_says_why_a_figure_was_withheld() -> None:
     console.print(verdict_table("task", "candidate", verdict))
     text = console.export_text()
     assert "noisy: 2.00x, withheld" in text and "its own calls were not steady" in text
+
+
+def test_pike_eval_says_the_host_was_busy() -> None:
+    from rich.console import Console
+
+    from pike.evaluate.verdict import TimingStats, Verdict
+    from pike.report.tables import verdict_table
+
+    verdict = Verdict(status="ok", runtime=TimingStats.from_samples([1.0]),
+                      reference=TimingStats.from_samples([2.0]), speedup=2.0,
+                      host_busy="the reference waited for a core 63% of its timed blocks' "
+                                "time")
+    console = Console(record=True, width=300)
+    console.print(verdict_table("task", "candidate", verdict))
+    assert "busy: the reference waited for a core 63%" in console.export_text()

@@ -399,13 +399,16 @@ def slow_probes(samples: list[float], probe_samples: list[float],
     at most protocol.PROBE_SETS probes all of them may fall there: on the 2-core host with
     two busy processes beside it an honest candidate's probes took up to 32x its median,
     in windows whose reference's calls were steady by their quartiles
-    (bench/results/probe-cost-centred-load2.md). So slow probes are reuse only where the
-    window was steady: the reference's calls (beyond the candidate's reach) and the
-    candidate's own, up to their 90th percentile; or where the fastest probe took far
-    longer than even 90% of the other calls. Elsewhere the figure is withheld: a memo that
-    lifts its own tail to pass gains no figure by it. A window that shows reuse is timed
-    once more on the probe sets left (judge.py), for two such windows by chance are rarer
-    than one."""
+    (bench/results/probe-cost-centred-load2.md). So slow probes are reuse where the
+    window was steady (the reference's calls, beyond the candidate's reach, and the
+    candidate's own, up to their 90th percentile), or where the fastest probe took far
+    longer than even 90% of the other calls. Where only the candidate's own calls were
+    not steady, the figure is withheld: a memo that lifts its own tail to pass gains no
+    figure by it. Where the reference's were not, the host was loaded, and the tail is
+    the bar (a memo that shapes its tail may pass there, among figures the load makes
+    loose anyway: `host_busy`). A window that shows reuse is timed once more on the
+    probe sets left (candidate_windows.looked_again_for_reuse), for two such windows by
+    chance are rarer than one."""
     if len(probe_samples) < 2 or len(samples) < REUSE_MIN_SAMPLES:
         return None
     typical = statistics.median(samples)
@@ -425,10 +428,10 @@ def slow_probes(samples: list[float], probe_samples: list[float],
     if fastest_probe > _REUSE_RATIO * tail + _REUSE_SLACK_MS:  # beyond even the slow tail
         return SlowProbes(f"{slower}, and {fastest_probe / tail:.1f}x as long as 90% of the "
                           f"others{reused}", steady=True)
-    whose = "its own" if reference_steady else "the reference's"
-    return SlowProbes(f"{slower}, in a window where {whose} calls were not steady: the "
-                      "host's load cannot be told from answers reused there, and the figure "
-                      "is withheld", steady=False)
+    if not reference_steady:  # the host's load, seen in the reference: the tail is the bar
+        return None
+    return SlowProbes(f"{slower}, in a window where its own calls were not steady though "
+                      "the reference's were: the figure is withheld", steady=False)
 
 
 # the reference's calls in a window are steady where their third quartile is within this

@@ -117,7 +117,7 @@ _CTYPES_MEMORY_FUNCTIONS = frozenset(
 _WATCHED_EVENTS = frozenset({
     *_NETWORK_EVENTS, *_GC_EVENTS, *_NAMING_EVENTS, *_MARSHAL_EVENTS, *_PATH_EVENTS,
     *_CALLBACK_EVENTS, *_CTYPES_READS, "ctypes.call_function", "ctypes.dlsym",
-    "sys._getframe", "object.__setattr__", "object.__delattr__", "object.__getattr__", "open"})
+    "sys._getframe", "sys._current_frames", "object.__setattr__", "object.__delattr__", "object.__getattr__", "open"})
 
 
 # Only these hand out frames through those attributes; anything else named in the event
@@ -493,6 +493,11 @@ class Guards:
                 and args[1].lstrip("_").startswith("Py")):
             if _for_the_candidate(raiser):
                 self._refuse(f"{event} (reading the process's memory by address)")
+        elif event == "sys._current_frames":
+            # every thread's innermost frame, the timing loop's among them: a thread of the
+            # candidate's walked f_back from it to the probes' seal while the loop took one
+            if _for_the_candidate(raiser):
+                self._refuse("sys._current_frames() (reading every thread's frames)")
         elif event == "sys._getframe":
             frame = args[0] if args else None
             if frame is not None and frame.f_code.co_filename.startswith(_EVALUATOR_DIR):
@@ -593,7 +598,15 @@ def _runs_user_code(thread: threading.Thread, stack: FrameType | None) -> bool:
     or one started by a library that runs the candidate's work now: a thread pool's
     worker (its target is the standard library's) running a function of the candidate's,
     or any function that is not torch's or Triton's (a builtin that holds the host
-    without a Python frame of the candidate's on the stack). An idle worker passes."""
+    without a Python frame of the candidate's on the stack). An idle worker passes, but
+    not a waiting threading.Timer of the candidate's function: it waits in threading's
+    code and runs the function later, between the guards' looks."""
+    if isinstance(thread, threading.Timer):
+        fn = thread.function
+        while isinstance(fn, functools.partial):
+            fn = fn.func
+        if not _library_function(fn):
+            return True
     target = getattr(thread, "_target", None) or getattr(type(thread), "run", None)
     code = getattr(target, "__code__", None)
     filename = code.co_filename if code else ""

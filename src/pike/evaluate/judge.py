@@ -33,6 +33,7 @@ from pike.evaluate.candidate_windows import (
     _timing_window,
     looked_again_for_reuse,
     timed_dishonestly,
+    waited_for_cores,
 )
 from pike.evaluate.child_launch import begin_child, list_for_timers, wait_for_room
 from pike.evaluate.device_lock import hold, hold_for_build, hold_for_work
@@ -166,6 +167,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
     profile: ProfileSummary | None = None
     usual: float | None = None  # set when the reference's window stayed off its usual time
     withheld: str | None = None  # set when its probes were slow in a window not steady
+    busy: str | None = None  # set when a child waited for a core through its CPU window
     raised = 1.0  # the candidate's reported times, held to the parent's clock
     comparison: TrialComparison | None = None
     try:
@@ -231,6 +233,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                     timers[1].failure = timed_dishonestly(reference, timers[1], cfg, timers[0])
                     timers = looked_again_for_reuse(reference, child, device, cfg, timers)
                     withheld = timers[1].withheld
+                    busy = waited_for_cores(timers, device)
                 if not any(t.failure for t in timers):
                     # a hopeless candidate's figure is no search's pick, steady or not
                     if timers[1].gave_up_after is None:
@@ -272,6 +275,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
     if verdict.ok:
         verdict.profile = profile
     _attach_timings(verdict, timers, raised)
+    verdict.host_busy = busy or ""
     if (usual is not None or withheld) and verdict.speedup is not None:
         verdict.noisy, verdict.noisy_speedup, verdict.reference_usual_ms = (
             True, verdict.speedup, usual)

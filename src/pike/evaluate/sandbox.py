@@ -113,6 +113,7 @@ class ChildProcess:
         # window timed again after a burst of load finds its probes used in the first):
         # check.withheld_probes_problem
         self.timed_calls = self.probes_timed = 0
+        self._runner: int | None = None  # the pid of the python that runs it (runner_pid)
         self.see: Callable[[str], str] = str  # a host path as the child sees it
         # its own folders on the host; a candidate's are watched from `begin` (disk_use)
         self.folders: list[Path] = [work_dir]
@@ -414,6 +415,20 @@ class ChildProcess:
             if name != "bwrap" and p.pid != runner.pid:
                 found[p.pid] = (f"{name} (pid {p.pid})", p.pid in descendants)
         return found
+
+    def runner_pid(self) -> int | None:
+        """The pid of the python process that runs the child: the process itself, or inside
+        the OS sandbox the runner under bwrap's; None while it cannot be told."""
+        if self._runner is None and self.proc is not None:
+            if not self.sandboxed:
+                self._runner = self.proc.pid
+            else:
+                try:
+                    self._runner = next((p.pid for p in psutil.Process(self.proc.pid).children(
+                        recursive=True) if _is_runner(p)), None)
+                except psutil.Error:
+                    pass
+        return self._runner
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

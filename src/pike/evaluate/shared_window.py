@@ -124,6 +124,8 @@ def timed_together(reference: ReferenceRun, child: ChildProcess, device: str,
     share = len([s for s in window.seats if s.timer is not None])
     steps.add("timing.calls", seat.timer.calls_s() + window.eager.calls_s() / share)
     steps.add("timing.blocks", seat.timer.blocks_s() + window.eager.blocks_s() / share)
+    steps.add("timing.core_wait",
+              (seat.timer.core_wait_s or 0.0) + (window.eager.core_wait_s or 0.0) / share)
     return [window.eager, seat.timer]
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from pike.config import TimingConfig
 from pike.evaluate import check
+from pike.evaluate.core_wait import waited_s
 from pike.evaluate.driver import request
 from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.verdict import Verdict
@@ -47,6 +48,7 @@ class Timer:
     noted: bool = False  # an eager timer whose median the reference run has kept
     usual_ms: float | None = None  # eager's: the reference's usual time as its window began
     withheld: str | None = None  # why its figure is withheld (slow probes, unsteady window)
+    core_wait_s: float | None = 0.0  # its blocks' wait for a core (core_wait); None: unknown
 
     @property
     def stopped(self) -> bool:
@@ -64,6 +66,8 @@ class Timer:
 
 def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls: int) -> None:
     warm_up = not timer.warmed
+    runner = timer.child.runner_pid() if isinstance(timer.child, ChildProcess) else None
+    waited_before = waited_s(runner)
     started = time.perf_counter()
     reply = request(timer.child, "timing", "timed", "time", mode=timer.mode,
                     warm_up=warm_up, min_calls=min_calls, min_seconds=min_seconds,
@@ -108,6 +112,11 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
             timer.child.probes_timed += 1
         if not warm_up:
             timer.blocks.append((wall, samples))
+            waited_after = waited_s(runner)
+            if timer.core_wait_s is not None:
+                timer.core_wait_s = (timer.core_wait_s + waited_after - waited_before
+                                     if waited_before is not None and waited_after is not None
+                                     else None)
     else:
         timer.error = str(reply.get("error") or "no samples")
 

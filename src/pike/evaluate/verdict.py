@@ -89,6 +89,10 @@ class Verdict(BaseModel):
     noisy: bool = False
     noisy_speedup: float | None = None
     reference_usual_ms: float | None = None
+    host_busy: str = Field(
+        "", description="on a CPU: the reference or the candidate waited for a core for a "
+        "quarter of its timed blocks' time or more (the kernel's count), and by how much: "
+        "the speedup measured the host's load too (candidate_windows.waited_for_cores)")
     noisy_why: str = Field(
         "", description="why the figure is withheld where it is not the reference's drift: "
         "its calls on never-seen inputs were slow in a window whose calls were not steady "

@@ -50,6 +50,8 @@ def verdict_table(task: str, candidate: str, v: Verdict) -> Table:
     elif v.noisy and v.noisy_speedup is not None and v.noisy_why:
         table.add_row("speedup", f"[yellow]noisy[/yellow]: {v.noisy_speedup:.2f}x, withheld "
                       f"({escape(v.noisy_why)})")
+    if v.host_busy:
+        table.add_row("host", f"[yellow]busy[/yellow]: {escape(v.host_busy)}")
     if v.floor_ms is not None and v.times_floor is not None:
         table.add_row("floor", f"{ms(v.floor_ms)} on this GPU: the candidate is "
                       f"{v.times_floor:.3g}x the floor")
