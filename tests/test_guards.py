@@ -476,7 +476,7 @@ def test_reused_answers_show_in_the_probes_and_noise_does_not() -> None:
                reference: list[float] | None = None) -> bool | None:
         """True: rejected; False: the figure withheld; None: nothing seen."""
         slow = slow_probes(samples, probes, reference)
-        return None if slow is None else slow.steady
+        return None if slow is None else slow.reused
 
     honest = [0.4] * 100
     steady_reference = [1.0] * 90 + [1.1] * 10

@@ -155,8 +155,8 @@ def timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig,
     """The verdict on timed calls whose sampled outputs are wrong (incorrect), or whose
     times show answers reused for inputs seen before (rejected); None when neither.
     `reference_timer`: the reference's calls in the same window, which say whether it
-    was steady (check.slow_probes). Slow probes in a window that was not steady set
-    `timer.withheld`: the figure is no search's to take."""
+    was steady (check.slow_probes). Slow probes where only the candidate's own calls were
+    not steady set `timer.withheld`: the figure is no search's to take."""
     wrong = check.timed_outputs_problem(reference.timed_expected, timer.outputs,
                                         len(timer.samples), cfg.atol, cfg.rtol,
                                         reference.own_error)
@@ -164,7 +164,7 @@ def timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig,
         return Verdict(status="incorrect", phase="timing", message=wrong)
     slow = check.slow_probes(timer.samples, timer.probe_samples,
                              reference_timer.samples if reference_timer else None)
-    reused = (slow.message if slow is not None and slow.steady else
+    reused = (slow.message if slow is not None and slow.reused else
               check.withheld_probes_problem(timer.child.timed_calls, timer.child.probes_timed))
     if reused:
         return Verdict(status="rejected", phase="timing", message=reused)
@@ -205,7 +205,7 @@ def looked_again_for_reuse(reference: ReferenceRun, child: ChildProcess, device:
     goes by."""
     failure, first = timers[1].failure, timers[1]
     slow = check.slow_probes(first.samples, first.probe_samples, timers[0].samples)
-    if (failure is None or failure.status != "rejected" or slow is None or not slow.steady
+    if (failure is None or failure.status != "rejected" or slow is None or not slow.reused
             or PROBE_SETS - child.probes_timed < 2):
         return timers
     log.info("%s: timing again on the probe sets left", failure.message)

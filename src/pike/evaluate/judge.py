@@ -166,7 +166,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
     final: Verdict | None = None
     profile: ProfileSummary | None = None
     usual: float | None = None  # set when the reference's window stayed off its usual time
-    withheld: str | None = None  # set when its probes were slow in a window not steady
+    withheld: str | None = None  # set when its probes were slow and its own calls unsteady
     busy: str | None = None  # set when a child waited for a core through its CPU window
     raised = 1.0  # the candidate's reported times, held to the parent's clock
     comparison: TrialComparison | None = None

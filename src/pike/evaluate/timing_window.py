@@ -47,7 +47,7 @@ class Timer:
     shared_by: int = 1  # candidates timed in its window beside one eager (shared_window.py)
     noted: bool = False  # an eager timer whose median the reference run has kept
     usual_ms: float | None = None  # eager's: the reference's usual time as its window began
-    withheld: str | None = None  # why its figure is withheld (slow probes, unsteady window)
+    withheld: str | None = None  # why its figure is withheld (slow probes, its calls unsteady)
     core_wait_s: float | None = 0.0  # its blocks' wait for a core (core_wait); None: unknown
 
     @property

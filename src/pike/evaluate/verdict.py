@@ -95,8 +95,8 @@ class Verdict(BaseModel):
         "the speedup measured the host's load too (candidate_windows.waited_for_cores)")
     noisy_why: str = Field(
         "", description="why the figure is withheld where it is not the reference's drift: "
-        "its calls on never-seen inputs were slow in a window whose calls were not steady "
-        "(check.slow_probes)")
+        "its calls on never-seen inputs were slow in a window where its own calls were not "
+        "steady though the reference's were (check.slow_probes)")
     wall_clock_factor: float | None = Field(
         None, description="the candidate's reported times were multiplied by this: its "
         "timing blocks took longer by the parent's clock than it reported, beyond what the "
