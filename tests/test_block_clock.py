@@ -63,6 +63,7 @@ def test_a_block_counts_its_child_s_wait_for_a_core(monkeypatch: pytest.MonkeyPa
     child = ChildProcess.__new__(ChildProcess)  # a child whose runner's pid is known
     child.line_ready_at, child.timed_calls, child.probes_timed = 0.0, 0, 0
     child._runner = 4242
+    child.request = SimpleNamespace(device="cpu")  # type: ignore[assignment]
     timer = timing_window.Timer(child=child, mode="eager", warmed=True)  # type: ignore[arg-type]
     timing_window._time_one_block(timer, min_calls=2, min_seconds=0.0, max_calls=2)
     assert timer.core_wait_s == pytest.approx(0.3)
@@ -79,6 +80,27 @@ def test_a_block_counts_its_child_s_wait_for_a_core(monkeypatch: pytest.MonkeyPa
     timing_window._time_one_block(timer, min_calls=2, min_seconds=0.0, max_calls=2)
     assert timer.core_wait_s is None  # the kernel stopped saying: unknown, not 0
     assert candidate_windows.waited_for_cores([timer, timer], "cpu") is None
+
+
+def test_core_waits_are_read_for_kept_blocks_on_a_cpu_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm-up block's count is thrown away, and a GPU's calls' waits for the host are
+    launch gaps: neither reads the kernel's count."""
+    reads: list[int | None] = []
+    monkeypatch.setattr(timing_window, "waited_s", lambda pid: reads.append(pid) or 1.0)
+    monkeypatch.setattr(timing_window, "request", lambda *a, **k: {"samples": [1.0, 1.0]})
+    child = ChildProcess.__new__(ChildProcess)
+    child.line_ready_at, child.timed_calls, child.probes_timed = 0.0, 0, 0
+    child._runner = 4242
+    for device in ("cuda:0", "cpu"):
+        child.request = SimpleNamespace(device=device)  # type: ignore[assignment]
+        timer = timing_window.Timer(child=child, mode="eager")
+        timing_window._time_one_block(timer, min_calls=2, min_seconds=0.0, max_calls=2)
+        assert set(reads) == {None}  # the warm-up: no child's count read
+        reads.clear()
+        timing_window._time_one_block(timer, min_calls=2, min_seconds=0.0, max_calls=2)
+        assert reads == ([None, None] if device == "cuda:0" else [4242, 4242])
+        reads.clear()
 
 
 def test_the_kernel_says_how_long_this_process_waited_for_a_core() -> None:

@@ -22,7 +22,7 @@ from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.shared_window import timed_together
 from pike.evaluate.steps import current as current_steps
 from pike.evaluate.steps import span
-from pike.evaluate.timing_window import Timer, time_interleaved
+from pike.evaluate.timing_window import Timer, add_timing_steps, time_interleaved
 from pike.evaluate.verdict import Verdict
 from pike.evaluate.wall_clock_check import unaccounted_wall_time
 
@@ -135,14 +135,7 @@ def _timing_window(reference: ReferenceRun, child: ChildProcess, device: str,
             # only where a window stops every other evaluation: a GPU's
             time_interleaved(timers, cfg.timing, flipped, give_up=device.startswith("cuda"),
                              best=best)
-        # Of the blocks after each timer's first (which warms up and is not kept in
-        # `blocks`): what their calls took (as reported: diagnostic only, a candidate's
-        # samples are its own) and what they took by this clock. The rest of `timing` is
-        # the first blocks, staging and moving the children's cores.
-        steps = current_steps()
-        steps.add("timing.calls", sum(t.calls_s() for t in timers))
-        steps.add("timing.blocks", sum(t.blocks_s() for t in timers))
-        steps.add("timing.core_wait", sum(t.core_wait_s or 0.0 for t in timers))
+        add_timing_steps(current_steps(), [(t, 1.0) for t in timers])
         reference.child.enter_phase("idle")
         if cfg.guards:  # the wall-clock check's figure, measured while the device is held
             with span("calibrate_timing_loop"):
@@ -162,8 +155,8 @@ def timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig,
                                         reference.own_error)
     if wrong:
         return Verdict(status="incorrect", phase="timing", message=wrong)
-    slow = check.slow_probes(timer.samples, timer.probe_samples,
-                             reference_timer.samples if reference_timer else None)
+    slow = timer.slow_probes = check.slow_probes(
+        timer.samples, timer.probe_samples, reference_timer.samples if reference_timer else None)
     reused = (slow.message if slow is not None and slow.reused else
               check.withheld_probes_problem(timer.child.timed_calls, timer.child.probes_timed))
     if reused:
@@ -204,7 +197,7 @@ def looked_again_for_reuse(reference: ReferenceRun, child: ChildProcess, device:
     withheld (`timer.withheld`), for it was not settled. Returns the timers the verdict
     goes by."""
     failure, first = timers[1].failure, timers[1]
-    slow = check.slow_probes(first.samples, first.probe_samples, timers[0].samples)
+    slow = first.slow_probes  # as timed_dishonestly found them
     if (failure is None or failure.status != "rejected" or slow is None or not slow.reused
             or PROBE_SETS - child.probes_timed < 2):
         return timers
@@ -220,8 +213,8 @@ def looked_again_for_reuse(reference: ReferenceRun, child: ChildProcess, device:
         again[1].failure.message += " (in each of two timing windows)"
         return again
     first.failure = None
-    first.withheld = (f"{slow.message.split(':')[0]} in its first timing window, and not in a "
-                      "second: the figure is withheld")
+    first.withheld = (f"{slow.slower} in its first timing window, and not in a second: the "
+                      "figure is withheld")
     return timers
 
 

@@ -380,10 +380,16 @@ class SlowProbes:
     """Every timed call on an input set never seen before (a probe) took far longer than
     the median call. `reused`: that is answers reused (`rejected`): the window was steady,
     or the probes were slow beyond even its tail; else only the candidate's own calls were
-    unsteady, and the figure is withheld."""
+    unsteady, and the figure is withheld. `slower`: what was seen, without what it means
+    (a second window's message names it)."""
 
-    message: str
+    slower: str
+    conclusion: str
     reused: bool
+
+    @property
+    def message(self) -> str:
+        return self.slower + self.conclusion
 
 
 def slow_probes(samples: list[float], probe_samples: list[float],
@@ -425,14 +431,14 @@ def slow_probes(samples: list[float], probe_samples: list[float],
               f"({fastest_probe:.3g} ms vs {typical:.3g} ms)")
     reused = ": answers for inputs seen before are reused, not computed"
     if reference_steady and _steady(tail, typical):
-        return SlowProbes(slower + reused, reused=True)
+        return SlowProbes(slower, reused, reused=True)
     if fastest_probe > _REUSE_RATIO * tail + _REUSE_SLACK_MS:  # beyond even the slow tail
         return SlowProbes(f"{slower}, and {fastest_probe / tail:.1f}x as long as 90% of the "
-                          f"others{reused}", reused=True)
+                          "others", reused, reused=True)
     if not reference_steady:  # the host's load, seen in the reference: the tail is the bar
         return None
-    return SlowProbes(f"{slower}, in a window where its own calls were not steady though "
-                      "the reference's were: the figure is withheld", reused=False)
+    return SlowProbes(slower, ", in a window where its own calls were not steady though the "
+                      "reference's were: the figure is withheld", reused=False)
 
 
 # the reference's calls in a window are steady where their third quartile is within this

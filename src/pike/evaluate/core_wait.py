@@ -6,8 +6,8 @@ host with two busy processes beside it, an honest candidate's speedup came out a
 from 0.002x to 163x (bench/results/probe-cost-centred-load2-slow-probes.md): the
 reference waited through whole blocks while the candidate ran, or the other way about.
 The kernel's count is beyond either child's reach; the timing windows read it around
-each block (timing_window), and a figure whose reference waited for much of its blocks
-is withheld (candidate_windows.waited_for_cores)."""
+each kept block of a CPU window (timing_window), and a verdict whose children waited for
+much of their blocks says so (candidate_windows.waited_for_cores, Verdict.host_busy)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ from pike.evaluate.device_lock import hold, set_stopped, tree_of
 from pike.evaluate.process_stopper import Proc
 from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.steps import current as current_steps
-from pike.evaluate.timing_window import Timer, time_interleaved
+from pike.evaluate.timing_window import Timer, add_timing_steps, time_interleaved
 
 if TYPE_CHECKING:
     from pike.evaluate.reference import ReferenceRun
@@ -122,10 +122,7 @@ def timed_together(reference: ReferenceRun, child: ChildProcess, device: str,
     steps.add("wait_for_device", max(0.0, window.began - joined))
     steps.add("timing", window.ended - window.began)
     share = len([s for s in window.seats if s.timer is not None])
-    steps.add("timing.calls", seat.timer.calls_s() + window.eager.calls_s() / share)
-    steps.add("timing.blocks", seat.timer.blocks_s() + window.eager.blocks_s() / share)
-    steps.add("timing.core_wait",
-              (seat.timer.core_wait_s or 0.0) + (window.eager.core_wait_s or 0.0) / share)
+    add_timing_steps(steps, [(seat.timer, 1.0), (window.eager, 1.0 / share)])
     return [window.eager, seat.timer]
 
 

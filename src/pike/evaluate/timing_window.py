@@ -48,6 +48,7 @@ class Timer:
     noted: bool = False  # an eager timer whose median the reference run has kept
     usual_ms: float | None = None  # eager's: the reference's usual time as its window began
     withheld: str | None = None  # why its figure is withheld (slow probes, its calls unsteady)
+    slow_probes: check.SlowProbes | None = None  # what the reuse check found (candidate_windows)
     core_wait_s: float | None = 0.0  # its blocks' wait for a core (core_wait); None: unknown
 
     @property
@@ -64,9 +65,21 @@ class Timer:
         return sum(wall for wall, _ in self.blocks)
 
 
+def add_timing_steps(steps: Any, shares: list[tuple[Timer, float]]) -> None:
+    """Of a window's blocks after each timer's first (which warms up and is not kept in
+    `blocks`): what their calls took (as reported: diagnostic only, a candidate's samples
+    are its own), what they took by the parent's clock, and how long the children waited
+    for a core meanwhile, each timer counted at its share (an eager timer shared by the
+    candidates of one window counts a part to each). The rest of `timing` is the first
+    blocks, staging and moving the children's cores."""
+    steps.add("timing.calls", sum(t.calls_s() * share for t, share in shares))
+    steps.add("timing.blocks", sum(t.blocks_s() * share for t, share in shares))
+    steps.add("timing.core_wait", sum((t.core_wait_s or 0.0) * share for t, share in shares))
+
+
 def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls: int) -> None:
     warm_up = not timer.warmed
-    runner = timer.child.runner_pid() if isinstance(timer.child, ChildProcess) else None
+    runner = None if warm_up else _waits_counted_for(timer.child)
     waited_before = waited_s(runner)
     started = time.perf_counter()
     reply = request(timer.child, "timing", "timed", "time", mode=timer.mode,
@@ -119,6 +132,15 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
                                      else None)
     else:
         timer.error = str(reply.get("error") or "no samples")
+
+
+def _waits_counted_for(child: ChildProcess) -> int | None:
+    """The pid whose wait for a core a kept block counts (core_wait): a child's on a CPU.
+    None on a GPU, whose calls' waits for the host are launch gaps, not looked at there
+    (candidate_windows.waited_for_cores), and for anything but a child."""
+    if not isinstance(child, ChildProcess) or child.request.device != "cpu":
+        return None
+    return child.runner_pid()
 
 
 def _claimed_probes_problem(claimed: list[int], taken: list[dict], child: ChildProcess
