@@ -19,7 +19,7 @@ import torch
 
 from pike.config import EvalConfig, RunConfig
 from pike.errors import EvaluatorError
-from pike.evaluate import device_holds, search_bar, spares
+from pike.evaluate import device_holds, gpu_holders, search_bar, spares
 from pike.evaluate.build_cache_bound import trim_when_due
 from pike.evaluate.candidate_checks import _final_check, judged_trials, trials_against
 from pike.evaluate.candidate_child import _candidate_child, _launch_candidate, _spare_key
@@ -58,7 +58,7 @@ from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.steps import measuring, span
 from pike.evaluate.timing_window import Timer
 from pike.evaluate.trial_comparison import TrialComparison, compare_device, compare_early
-from pike.evaluate.verdict import Verdict
+from pike.evaluate.verdict import Verdict, out_of_device_memory
 from pike.evaluate.wall_clock_check import wall_clock_factor
 from pike.task import Task
 
@@ -136,6 +136,10 @@ def evaluate(task: Task, candidate_source: str,
             attach_reference(files, reference, cfg)
             child.stage = files.stage
             verdict = _judge_candidate(task, files, child, cfg, device, reference)
+            if device.startswith("cuda") and out_of_device_memory(verdict):
+                # the allocator names only the candidate's share: the rest, while the
+                # reference still holds its own
+                verdict.message = gpu_holders.said_in(verdict.message or "", device)
             if verdict.ok and verdict.runtime is not None and device.startswith("cuda"):
                 with span("floor"):
                     attach_floor(verdict, reference.work())

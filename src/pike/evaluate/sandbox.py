@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 
 from pike.config import LimitsConfig
-from pike.evaluate import device_lock, host_memory, oom_killer
+from pike.evaluate import device_lock, gpu_holders, host_memory, oom_killer
 from pike.evaluate.child_environment import MARKER_VARIABLE
 from pike.evaluate.child_start import SPAWNER, child_setup
 from pike.evaluate.disk_use import DiskExceeded, DiskWatch
@@ -157,6 +157,7 @@ class ChildProcess:
             os.close(child_reads)
         self._from_child = from_child
         self._chan = Channel(to_child)
+        gpu_holders.started(self)
         return self
 
     def begin(self) -> None:
