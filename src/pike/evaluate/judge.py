@@ -34,6 +34,7 @@ from pike.evaluate.candidate_windows import (
     looked_again_for_reuse,
     timed_dishonestly,
     waited_for_cores,
+    with_earlier_probes,
 )
 from pike.evaluate.child_launch import begin_child, list_for_timers, wait_for_room
 from pike.evaluate.device_lock import hold, hold_for_build, hold_for_work
@@ -223,9 +224,11 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                     # timings stay unaccounted in every window, honest ones do not. Each
                     # look flips the order, so a burst mid-window lands on other blocks.
                     log.info("timing blocks unaccounted for (%s); timing again", forged)
+                    earlier = timers[1]
                     timers = _timing_window(reference, child, device, cfg, warmed=True,
                                             flipped=looks % 2 == 1,
                                             purpose=device_holds.CANDIDATE_AGAIN)
+                    with_earlier_probes(earlier, timers[1])  # its probes are mostly used
                     looks += 1
                     forged = not any(t.failure for t in timers) and _forged(
                         reference, timers, strict=True)
