@@ -118,3 +118,12 @@ def test_a_started_child_is_named_until_it_is_gone() -> None:
     import gc
     gc.collect()
     assert not any(getattr(c, "proc", None) and c.proc.pid == 123 for c in gpu_holders._live)
+
+
+def test_a_failure_to_tell_leaves_the_verdict_s_message_as_it_was(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(device: str) -> str:
+        raise RuntimeError("psutil went away")
+
+    monkeypatch.setattr(gpu_holders, "holders_line", broken)
+    assert gpu_holders.said_in("CUDA out of memory.", "cuda:0") == "CUDA out of memory."

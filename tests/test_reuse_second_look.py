@@ -11,6 +11,7 @@ import pytest
 from pike.config import EvalConfig
 from pike.evaluate import candidate_windows, check
 from pike.evaluate.timing_window import Timer
+from pike.evaluate.verdict import Verdict
 
 STEADY = [1.0] * 40
 
@@ -144,7 +145,10 @@ def test_a_window_timed_again_after_unaccounted_blocks_keeps_the_earlier_probes(
     verdict = evaluate(mlp_task, candidate("memo_by_values"), fast_config)
     assert len(looks) >= 2  # timed again
     assert verdict.status == "rejected", verdict.message
-    assert "reused, not computed" in (verdict.message or "")
+    # (a memo's tiny calls may leave every window's blocks unaccounted for on a busy host:
+    # rejected for that in each window, as tests/test_guards.py allows stale_by_frames)
+    assert any(words in (verdict.message or "") for words in (
+        "reused, not computed", "do not account for the wall time"))
 
 
 def test_earlier_probes_join_a_later_window_at_its_scale() -> None:
@@ -157,3 +161,19 @@ def test_earlier_probes_join_a_later_window_at_its_scale() -> None:
     empty = Timer(child=SimpleNamespace(), mode="candidate")  # type: ignore[arg-type]
     candidate_windows.with_earlier_probes(earlier, empty)  # a window with no calls: as it was
     assert empty.probe_samples == []
+
+
+def test_a_window_s_probes_are_judged_against_that_window_s_own_calls() -> None:
+    """reuse_shown: a window timed again after an unaccounted one reads the earlier's
+    probes in the earlier window, whose load may have held them up: a reference that
+    was not steady there makes the candidate's tail the bar."""
+    child = SimpleNamespace(probes_timed=0, timed_calls=0)
+    memo = _window(child, [900.0, 1200.0], samples=[1.0] * 36 + [2.0] * 4)
+    assert "reused, not computed" in (candidate_windows.reuse_shown(memo) or "")
+    loaded = _window(child, [9.0, 8.0], samples=[1.0] * 30 + [4.0] * 10)
+    loaded[0].samples = [1.0] * 20 + [5.0] * 20  # the reference held up: not steady
+    assert candidate_windows.reuse_shown(loaded) is None  # within 3x its 90th percentile
+    steady = _window(child, [9.0, 8.0])
+    assert candidate_windows.reuse_shown(steady) is not None
+    steady[1].failure = Verdict(status="crashed", phase="timing", message="gone")
+    assert candidate_windows.reuse_shown(steady) is None  # a failed window says nothing

@@ -219,15 +219,27 @@ def looked_again_for_reuse(reference: ReferenceRun, child: ChildProcess, device:
 
 def with_earlier_probes(earlier: Timer, later: Timer) -> None:
     """`later`'s probe samples with those of `earlier`'s window before them, each as a
-    multiple of its own window's median (scaled to `later`'s). A child has
-    protocol.PROBE_SETS probes in all, and the first window usually takes every one: a
-    window timed again (its blocks unaccounted for under load, `_forged`) then had none,
-    the reuse check never ran, and tests/candidates/memo_by_values was `ok` in a CI run
-    on the 2-core host. The probes of every window the child was timed in count."""
+    multiple of its own window's median (scaled to `later`'s): reuse must show in both
+    windows of looked_again_for_reuse."""
     if not earlier.probe_samples or not earlier.samples or not later.samples:
         return
     scale = statistics.median(later.samples) / statistics.median(earlier.samples)
     later.probe_samples[:0] = [probe * scale for probe in earlier.probe_samples]
+
+
+def reuse_shown(timers: list[Timer]) -> str | None:
+    """Answers reused, as a window's probes show them against that window's own calls and
+    its reference's (check.slow_probes), or None. For a window timed again after this
+    one: a child has protocol.PROBE_SETS probes in all and its first window usually takes
+    every one, so the window timed again (its blocks unaccounted for under load,
+    `_forged`) had none, the reuse check never ran there, and
+    tests/candidates/memo_by_values was `ok` in a CI run on the 2-core host. Judged in
+    its own window, not joined to the next: the load that made that window unaccounted
+    for may have held its probes up, and only the window it was in says so."""
+    if len(timers) < 2 or any(t.failure for t in timers[:2]):
+        return None
+    slow = check.slow_probes(timers[1].samples, timers[1].probe_samples, timers[0].samples)
+    return slow.message if slow is not None and slow.reused else None
 
 
 def _forged(reference: ReferenceRun, timers: list[Timer], strict: bool = False) -> str | None:

@@ -14,6 +14,7 @@ the reference children and other processes, not the peak of the moment.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ import psutil
 if TYPE_CHECKING:
     from pike.evaluate.sandbox import ChildProcess
 
+log = logging.getLogger(__name__)
 _live: weakref.WeakSet[ChildProcess] = weakref.WeakSet()
 _QUERY_TIMEOUT_S = 10.0
 
@@ -37,8 +39,13 @@ def started(child: ChildProcess) -> None:
 
 
 def said_in(message: str, device: str) -> str:
-    """`message` with a line on who held `device`'s memory, where nvidia-smi says so."""
-    line = holders_line(device)
+    """`message` with a line on who held `device`'s memory, where nvidia-smi says so. A
+    diagnostic: whatever goes wrong in it leaves the message as it was."""
+    try:
+        line = holders_line(device)
+    except Exception as err:  # noqa: BLE001 - never the verdict's failure
+        log.debug("who held %s's memory could not be told: %s", device, err)
+        return message
     return f"{message}\n{line}" if line else message
 
 
@@ -106,7 +113,8 @@ def _smi(query: str) -> str:
 
 def _names(children: list[ChildProcess]) -> dict[int, str]:
     """Each pid of pike's own (this process, each live child's process) and what it is."""
-    children = [c for c in children if c.request is not None and c.proc is not None]
+    children = [c for c in children
+                if getattr(c, "request", None) is not None and getattr(c, "proc", None)]
     tasks = {c.request.task_sha256: Path(c.request.module_path).stem for c in children
              if c.request.role == "reference" and c.request.task_sha256}
     names = {}

@@ -32,9 +32,9 @@ from pike.evaluate.candidate_windows import (
     _steady_window,
     _timing_window,
     looked_again_for_reuse,
+    reuse_shown,
     timed_dishonestly,
     waited_for_cores,
-    with_earlier_probes,
 )
 from pike.evaluate.child_launch import begin_child, list_for_timers, wait_for_room
 from pike.evaluate.device_lock import hold, hold_for_build, hold_for_work
@@ -219,16 +219,16 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                                         share=True)
                 forged = cfg.guards and _forged(reference, timers)
                 looks = 1
+                reused_before: str | None = None  # reuse its probes showed in such a window
                 while forged and looks < _FORGED_LOOKS:
                     # A burst of host load can stretch the candidate's blocks alone; forged
                     # timings stay unaccounted in every window, honest ones do not. Each
                     # look flips the order, so a burst mid-window lands on other blocks.
                     log.info("timing blocks unaccounted for (%s); timing again", forged)
-                    earlier = timers[1]
+                    reused_before = reused_before or reuse_shown(timers)
                     timers = _timing_window(reference, child, device, cfg, warmed=True,
                                             flipped=looks % 2 == 1,
                                             purpose=device_holds.CANDIDATE_AGAIN)
-                    with_earlier_probes(earlier, timers[1])  # its probes are mostly used
                     looks += 1
                     forged = not any(t.failure for t in timers) and _forged(
                         reference, timers, strict=True)
@@ -238,6 +238,10 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
                     timers[1].failure = Verdict(status="rejected", phase="timing", message=forged)
                 elif cfg.guards and not any(t.failure for t in timers):
                     timers[1].failure = timed_dishonestly(reference, timers[1], cfg, timers[0])
+                    if timers[1].failure is None and reused_before:
+                        timers[1].failure = Verdict(status="rejected", phase="timing", message=(
+                            f"{reused_before} (in a timing window whose blocks were "
+                            "unaccounted for, timed again after it)"))
                     timers = looked_again_for_reuse(reference, child, device, cfg, timers)
                     withheld = timers[1].withheld
                     busy = waited_for_cores(timers, device)
