@@ -42,7 +42,7 @@ CLASSES: dict[str, list[str]] = {
     "telling timed calls from checked ones": [
         "stale_by_frames", "stale_when_fast", "memo_by_version", "memo_by_values",
         "counts_calls", "caches_by_pointer", "lazy_when_timed", "iterates_lazily",
-        "memo_shapes_its_tail", "leaves_a_mode", "lies_by_metaclass",
+        "memo_shapes_its_tail", "memo_stretches_its_blocks", "leaves_a_mode", "lies_by_metaclass",
         "replaces_a_kernel", "replaces_a_nested_kernel", "slices_the_staging"],
     "reaching the evaluator's objects": [
         "wraps_channel", "mock_patches_tensor", "forges_messages", "patches_evaluator",
