@@ -146,8 +146,5 @@ def _only_one_gpu(request: ChildRequest, env: dict[str, str]) -> None:
     """The child sees only its own GPU, so no work can hide on another device."""
     if not request.device.startswith("cuda"):
         return
-    index = int(request.device.partition(":")[2] or 0)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [v.strip() for v in visible.split(",")] if visible else None
-    env["CUDA_VISIBLE_DEVICES"] = ids[index] if ids and index < len(ids) else str(index)
+    env["CUDA_VISIBLE_DEVICES"] = device_lock.physical_gpu(request.device)
     request.device = "cuda:0"

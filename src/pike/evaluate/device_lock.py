@@ -56,12 +56,18 @@ def lock_dir() -> Path:
     return path
 
 
-def _key(device: str) -> str:
-    # The physical GPU, as the child will see it (child_launch.py maps the same way).
+def physical_gpu(device: str) -> str:
+    """The GPU that `device` ('cuda', 'cuda:N') of this process is: its entry in
+    CUDA_VISIBLE_DEVICES (an index or a UUID), or N where that does not say. A child is
+    given it as its only GPU (child_launch), its lock files are named by it, and the
+    card's processes are read by it (gpu_holders)."""
     index = int(device.partition(":")[2] or 0)
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    physical = visible[index] if index < len(visible) else str(index)
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"cuda-{physical}")
+    return visible[index] if index < len(visible) else str(index)
+
+
+def _key(device: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"cuda-{physical_gpu(device)}")
 
 
 def _lock_file(device: str, kind: str) -> Path:

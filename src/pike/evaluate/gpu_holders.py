@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from pike.evaluate import device_lock
+
 if TYPE_CHECKING:
     from pike.evaluate.sandbox import ChildProcess
 
@@ -81,15 +83,7 @@ def _card_uuid(device: str) -> str | None:
     CUDA_VISIBLE_DEVICES (indices or UUIDs), as nvidia-smi names cards."""
     if not device.startswith("cuda"):
         return None
-    index = int(device.split(":", 1)[1]) if ":" in device else 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        entries = [e.strip() for e in visible.split(",") if e.strip()]
-        if index >= len(entries):
-            return None
-        entry = entries[index]
-    else:
-        entry = str(index)
+    entry = device_lock.physical_gpu(device)
     cards = [[f.strip() for f in line.split(",")]
              for line in _smi("--query-gpu=index,uuid").splitlines()]
     for fields in cards:
