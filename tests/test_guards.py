@@ -112,6 +112,11 @@ def test_cheats_get_the_verdict_that_names_them(mlp_task: Task, fast_config: Eva
         # its never-computed buffer (torch.empty) often reuses the block that held the
         # right answer, so the sampled values may match; the parent's clock then names it
         status, words = "rejected", "do not account for the wall time"
+    if name == "memo_stretches_its_blocks" and "in each of 3 timing windows" in (
+            verdict.message or ""):
+        # its stretched blocks may stay unaccounted for in every window on a busy host
+        # (a CI run): rejected for that, before its probes are weighed
+        words = "do not account for the wall time"
     assert verdict.status == status, verdict.message
     assert words in verdict.message
     assert verdict.runtime is None and verdict.speedup is None
