@@ -4,6 +4,7 @@ CPU."""
 
 from __future__ import annotations
 
+import copy
 import types
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,42 @@ def test_construct_on_device_moves_the_init_inputs_to_the_device_first() -> None
     built = _build_model(request("cpu"), module, [drawn, 2.0], torch.device("meta"),
                          "task_error")  # on the CPU, then moved: as KernelBench builds it
     assert built.cache.device.type == "meta"
+
+
+class Prefills(torch.nn.Module):
+    """As level5's 14_llama2_decode: a forward in __init__ that writes a layer's output
+    into a cache buffer, which the calls then read."""
+
+    def __init__(self, prompt: torch.Tensor) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.register_buffer("cache", torch.zeros(8, 4))
+        self.cache[: len(prompt)] = torch.relu(self.fc(prompt))  # the prefill
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + self.cache.sum(0)
+
+
+@pytest.mark.parametrize("construct_on", ["cpu", "device"])
+def test_a_constructors_forward_leaves_no_autograd_graph_in_its_buffers(
+        construct_on: str) -> None:
+    # Built with autograd on, the cache would hold the prefill's graph (CopySlices, and
+    # the saved tensors behind it) for the model's life: on level5's 14 at full size,
+    # gigabytes of the card's memory no cache emptying returns.
+    torch.manual_seed(0)  # the request's seed: the same weights
+    with_graph = Prefills(torch.ones(3, 4))
+    assert with_graph.cache.grad_fn is not None  # what an unguarded build leaves
+    model = _build_model(request(construct_on), types.SimpleNamespace(Model=Prefills),
+                         [torch.ones(3, 4)], torch.device("cpu"), "task_error")
+    assert model.cache.grad_fn is None and not model.cache.requires_grad
+    assert torch.equal(model.cache, with_graph.cache.detach())  # the same values
+    assert all(p.requires_grad for p in model.parameters())  # weights stay parameters
+    assert torch.is_grad_enabled()  # the caller's mode is given back
+    # the float64 rule's copy (own_rounding) deep-copies the model: a buffer holding a
+    # graph cannot be copied so ("Only Tensors created explicitly by the user ...")
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        copy.deepcopy(with_graph)
+    assert torch.equal(copy.deepcopy(model).cache, model.cache)
 
 
 def test_the_reference_cache_keeps_apart_models_built_or_timed_differently(
@@ -216,3 +253,26 @@ def test_a_task_running_its_init_inputs_in_init_builds_on_the_gpu(tmp_path: Path
                        EvalConfig(device="cuda", construct_on="device", trials=2))
     assert verdict.ok, verdict.message
     assert verdict.built_on == "device"
+
+
+@pytest.mark.gpu
+def test_a_prefill_in_init_leaves_only_the_models_own_memory_on_the_gpu() -> None:
+    """Level5's 14_llama2_decode at a small size: what the built model holds on the card is
+    its weights and caches, not the prefill's autograd graph besides."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+
+    class PrefillsWide(torch.nn.Module):
+        def __init__(self, prompt: torch.Tensor) -> None:
+            super().__init__()
+            self.fc = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(4)))
+            self.register_buffer("cache", torch.zeros(len(prompt), 1024))
+            self.cache[:] = self.fc(prompt)  # four layers' activations saved with autograd
+
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    model = _build_model(request("device"), types.SimpleNamespace(Model=PrefillsWide),
+                         [torch.randn(4096, 1024)], torch.device("cuda"), "task_error")
+    held = torch.cuda.memory_allocated() - before
+    own = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    assert held <= own * 1.05 + 2**20, (held, own)  # with the graph: about 4 activations more

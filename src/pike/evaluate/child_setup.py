@@ -75,11 +75,22 @@ def construct(cls: Callable[..., Any], init_inputs: list[Any], device: torch.dev
     that default before its own `get_init_inputs()` (level5's 12_deepseekv3_MLA_decode and
     14_llama2_decode run a forward of those inputs in `__init__`), where the evaluator
     draws them on the CPU; built on the GPU without it, both failed "Expected all tensors
-    to be on the same device" (H100, 2026-12-05)."""
-    if construct_on != "device":
-        return cls(*init_inputs)
-    with torch.device(device):
-        return cls(*_to_device(init_inputs, device))
+    to be on the same device" (H100, 2026-12-05).
+
+    Built without autograd, as every call is then made: a constructor that runs a forward
+    and writes its results into buffers (14_llama2_decode's 4,096-token prefill into its
+    KV caches) otherwise leaves those buffers holding the forward's whole graph of saved
+    tensors for as long as the model lives, memory no cache emptying returns. On the CPU
+    host a reduced 14 (dim 512, 4 layers, a 1,024-token prefill) grew its process by
+    941 MiB built with autograd, 300 MiB without; at full size such a graph beside 18 GiB
+    of caches and weights fits the 53 GiB an H100 found held elsewhere when 14's
+    candidate ran out of memory in its constructor (audit-level5-set-h100-partial.md, call
+    6). Parameters still require grad."""
+    with torch.no_grad():
+        if construct_on != "device":
+            return cls(*init_inputs)
+        with torch.device(device):
+            return cls(*_to_device(init_inputs, device))
 
 
 def resolve_construct_on(construct_on: str, cls: Callable[..., Any], init_inputs: list[Any],
