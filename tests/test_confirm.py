@@ -76,7 +76,9 @@ def test_the_confirming_window_holds_figures_to_the_parents_clock(
     if found[2].speedup is None:  # a loaded host can push its blocks past the margin
         assert "do not account for the wall time" in found[2].error
         return
-    assert len(factors) == 2 and factors[1] > 1.1, (factors, found)
+    # raised at all: by how much rests on the reference's own stretch in the window, which
+    # load widens (test_guards' twin of this test saw 1.06 in a clean-clone CI)
+    assert len(factors) == 2 and factors[1] > 1.0, (factors, found)
     # the raise is kept with the figure, and only where there was one
     assert found[2].wall_clock_factor == round(factors[1], 4)
     assert found[1].wall_clock_factor == (round(factors[0], 4) if factors[0] > 1.0 else None)
