@@ -103,6 +103,40 @@ def test_a_constructors_forward_leaves_no_autograd_graph_in_its_buffers(
     assert torch.equal(copy.deepcopy(model).cache, model.cache)
 
 
+class ZeroesAColumn(torch.nn.Module):
+    """Writes into its weight in place in __init__: a build with autograd on refuses it
+    ("a view of a leaf Variable that requires grad is being used in an in-place
+    operation"); the real build and the meta one that sizes it must agree."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(size, size)
+        self.fc.weight[:, 0] = 0
+
+
+class TurnsGradOff(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.set_grad_enabled(False)
+        self.fc = torch.nn.Linear(2, 2)
+
+
+def test_the_sizing_build_and_the_real_one_agree_and_grad_mode_is_given_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import child_setup
+    monkeypatch.setattr(child_setup, "BUILD_ON_DEVICE_BYTES", 1000)
+    # sized on the meta device as it is built: 64 x 64 weights reach the bound
+    assert child_setup.resolve_construct_on("auto", ZeroesAColumn, [64],
+                                            torch.device("meta")) == "device"
+    model = _build_model(request("cpu"), types.SimpleNamespace(Model=ZeroesAColumn), [64],
+                         torch.device("cpu"), "task_error")
+    assert not model.fc.weight[:, 0].any() and model.fc.weight.requires_grad
+    # a constructor's own switch of grad mode ends with it (it used to outlive it)
+    _build_model(request("cpu"), types.SimpleNamespace(Model=TurnsGradOff), [],
+                 torch.device("cpu"), "task_error")
+    assert torch.is_grad_enabled()
+
+
 def test_the_reference_cache_keeps_apart_models_built_or_timed_differently(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "1_T.py"

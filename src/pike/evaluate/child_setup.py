@@ -107,7 +107,9 @@ def resolve_construct_on(construct_on: str, cls: Callable[..., Any], init_inputs
     try:
         # its own copy of the arguments, and the defaults put back: what this extra run of
         # the constructor changes must not reach the real build (which candidates mirror)
-        with torch.device("meta"):  # init inputs moved there as `construct` moves them
+        # init inputs moved there as `construct` moves them, and built without autograd
+        # as it builds: a constructor that writes into a weight in place fails with it on
+        with torch.device("meta"), torch.no_grad():
             shell = cls(*_to_device(copy.deepcopy(init_inputs), torch.device("meta")))
         size = sum(t.numel() * t.element_size() for t in [*shell.parameters(), *shell.buffers()])
     except Exception:  # the constructor reads values; lazy modules (no size yet); no module
