@@ -17,6 +17,8 @@
 # audit gets `--stop-after` s seconds before that SIGINT, so no task starts then and the
 # ones in flight finish and are kept instead of being measured again. Every run dir
 # comes back as $OUT/NAME.tgz, with the log ($OUT/LOG) holding each audit's output.
+# ARGS="..." is added to every audit's command line (e.g. ARGS="--redo 14" with resume:
+# a task whose recorded verdict is kept otherwise is judged again).
 set -u
 T0=$(date +%s)
 mode=${1:?first or resume}; shift
@@ -37,10 +39,10 @@ one_audit() {  # NAME=DEVICES@SET@TASKS_DIR@IDS[@device]
   fi
   if [ -d ".runs/$name" ]; then
     timeout -s INT "$left" python3 -m pike audit --resume ".runs/$name" --devices "$devices" \
-      $stop >"$OUT/$name.out" 2>&1
+      $stop ${ARGS:-} >"$OUT/$name.out" 2>&1
   else
     timeout -s INT "$left" python3 -m pike audit "$set" "$tasks" --tasks "$ids" \
-      --devices "$devices" ${on:+--construct-on "$on"} --out ".runs/$name" $stop \
+      --devices "$devices" ${on:+--construct-on "$on"} --out ".runs/$name" $stop ${ARGS:-} \
       >"$OUT/$name.out" 2>&1
   fi
   rc=$?

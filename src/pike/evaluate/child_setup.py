@@ -80,12 +80,10 @@ def construct(cls: Callable[..., Any], init_inputs: list[Any], device: torch.dev
     Built without autograd, as every call is then made: a constructor that runs a forward
     and writes its results into buffers (14_llama2_decode's 4,096-token prefill into its
     KV caches) otherwise leaves those buffers holding the forward's whole graph of saved
-    tensors for as long as the model lives, memory no cache emptying returns. On the CPU
-    host a reduced 14 (dim 512, 4 layers, a 1,024-token prefill) grew its process by
-    941 MiB built with autograd, 300 MiB without; at full size such a graph beside 18 GiB
-    of caches and weights fits the 53 GiB an H100 found held elsewhere when 14's
-    candidate ran out of memory in its constructor (audit-level5-set-h100-partial.md, call
-    6). Parameters still require grad."""
+    tensors for as long as the model lives, memory no cache emptying returns: about 35 GiB
+    at full size beside its 18 GiB of caches and weights, the 53 GiB an H100 found held
+    elsewhere when 14's candidate ran out of memory in its constructor
+    (bench/results/constructor-graph-cpu-level5-14.md). Parameters still require grad."""
     with torch.no_grad():
         if construct_on != "device":
             return cls(*init_inputs)
