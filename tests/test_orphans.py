@@ -393,3 +393,50 @@ def test_ctrl_c_during_the_exit_cleanup_neither_stops_it_nor_prints_a_traceback(
     assert (tmp_path / "done").exists()
     assert "KeyboardInterrupt" not in err and "Traceback" not in err
     assert proc.returncode == 0
+
+
+_FORKS = '''import os
+import time
+
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ModelNew(nn.Module):
+    """Forks children that only sleep (a fork bomb's first generations, bounded)."""
+
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+        for _ in range(COUNT):
+            if os.fork() == 0:
+                time.sleep(120)
+                os._exit(0)
+        time.sleep(20)  # long enough for the parent's walk of the tree to see them
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+'''
+
+
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+def test_a_candidate_starting_too_many_processes_is_ended_and_leaves_none(
+        mlp_task: Task, build_cache: Path, monkeypatch: pytest.MonkeyPatch,
+        sandbox: str) -> None:
+    from pike.evaluate import sandbox as child_sandbox
+    monkeypatch.setattr(child_sandbox, "MAX_PROCESSES", 24)  # 40 forks: a small bomb
+    cfg = EvalConfig(device="cpu", trials=2, build_cache=build_cache, sandbox=sandbox,
+                     timing=TimingConfig(**FAST_TIMING))
+    before = {p.pid for p in psutil.process_iter()}
+    started = time.monotonic()
+    verdict = evaluate(mlp_task, _FORKS.replace("COUNT", "40"), cfg)
+    assert verdict.status == "rejected", verdict.message
+    assert re.search(r"started \d+ processes, over the limit of 24", verdict.message or "")
+    assert time.monotonic() - started < 20  # ended on sight, not at the phase's limit
+    time.sleep(1)
+    # the forks: runners whose parent is a runner (the next evaluation's spare child is
+    # a runner too, under pike or its bwrap)
+    runners = {p.pid: p for p in psutil.process_iter() if p.pid not in before
+               and _cmdline(p)[1:3] == ["-m", "pike.evaluate.runner"]}
+    sleepers = [pid for pid, p in runners.items() if p.ppid() in runners]
+    assert not sleepers, sleepers

@@ -15,7 +15,13 @@ from typing import Any
 from pike.evaluate import device_lock
 from pike.evaluate.disk_use import DiskExceeded
 from pike.evaluate.protocol import DESCENDANTS_GRACE_S
-from pike.evaluate.sandbox import ChildExit, ChildProcess, MemoryExceeded, PhaseTimeout
+from pike.evaluate.sandbox import (
+    ChildExit,
+    ChildProcess,
+    MemoryExceeded,
+    PhaseTimeout,
+    TooManyProcesses,
+)
 from pike.evaluate.verdict import Verdict
 from pike.threads import unwinding_stop
 
@@ -150,13 +156,17 @@ def finish(child: ChildProcess, report: ChildReport | None = None) -> None:
     child.proc = None
 
 
-def abnormal_end(event: ChildExit | PhaseTimeout | MemoryExceeded | DiskExceeded, phase: str
-                 ) -> Verdict:
+def abnormal_end(event: ChildExit | PhaseTimeout | MemoryExceeded | TooManyProcesses
+                 | DiskExceeded, phase: str) -> Verdict:
     if isinstance(event, DiskExceeded):
         return Verdict(status="crashed", phase=phase, message=event.message())
     if isinstance(event, PhaseTimeout):
         return Verdict(status="timeout", phase=event.phase,
                        message=f"no progress for {event.limit_s:g} s in phase '{event.phase}'")
+    if isinstance(event, TooManyProcesses):  # no inference needs them: a fork bomb, most likely
+        return Verdict(status="rejected", phase=phase,
+                       message=f"started {event.count} processes, over the limit of "
+                               f"{event.limit} (a fork bomb?); ended")
     if isinstance(event, MemoryExceeded):
         return Verdict(status="crashed", phase=phase,
                        message=f"exceeded the memory limit: {event.used_bytes / 2**30:.1f} GiB "

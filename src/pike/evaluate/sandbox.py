@@ -64,7 +64,22 @@ class MemoryExceeded:
     limit_bytes: int
 
 
-Event = dict[str, Any] | ChildExit | PhaseTimeout | MemoryExceeded | DiskExceeded
+@dataclass
+class TooManyProcesses:
+    count: int
+    limit: int
+
+
+# The most processes a child's tree may hold (bwrap's two included) before it is ended. A
+# candidate's own work needs a few dozen at most: torch.compile's pool of compile workers,
+# ninja and nvcc's stages for load_inline, Triton's ptxas; a baseline's compile workers
+# are one per build core. A fork bomb ran on until its phase limit (30 s or more), every
+# core and the host's process table its own; found within a walk of the tree
+# (_TREE_EVERY_S), it ends there.
+MAX_PROCESSES = max(512, 4 * (os.cpu_count() or 1))
+
+Event = (dict[str, Any] | ChildExit | PhaseTimeout | MemoryExceeded | TooManyProcesses
+         | DiskExceeded)
 
 
 class ChildProcess:
@@ -261,6 +276,9 @@ class ChildProcess:
                 if used > self.memory_limit:
                     self.unresponsive = True
                     return MemoryExceeded(used, self.memory_limit)
+                if len(self._tree) > MAX_PROCESSES:
+                    self.unresponsive = True
+                    return TooManyProcesses(len(self._tree), MAX_PROCESSES)
             if self.disk is not None and (over := self.disk.over(now, self.phase == "timing")):
                 self.unresponsive = True
                 return over
