@@ -273,12 +273,14 @@ class ChildProcess:
                 return PhaseTimeout(self.phase, limit)
             if self._memory_due(now):
                 used = self.measure_memory()
-                if used > self.memory_limit:
-                    self.unresponsive = True
-                    return MemoryExceeded(used, self.memory_limit)
+                # the count first: each fork's resident pages count again in the tree's
+                # memory, so a bomb is said as one, not as memory it does not hold
                 if len(self._tree) > MAX_PROCESSES:
                     self.unresponsive = True
                     return TooManyProcesses(len(self._tree), MAX_PROCESSES)
+                if used > self.memory_limit:
+                    self.unresponsive = True
+                    return MemoryExceeded(used, self.memory_limit)
             if self.disk is not None and (over := self.disk.over(now, self.phase == "timing")):
                 self.unresponsive = True
                 return over
