@@ -127,3 +127,40 @@ def test_a_failure_to_tell_leaves_the_verdict_s_message_as_it_was(
 
     monkeypatch.setattr(gpu_holders, "holders_line", broken)
     assert gpu_holders.said_in("CUDA out of memory.", "cuda:0") == "CUDA out of memory."
+
+
+_ASKS_TOO_MUCH = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+        self.huge = torch.empty(2**40, device="cuda")  # 4 TiB: no card has it
+
+    def forward(self, x):
+        return self.fc(x)
+'''
+
+
+@pytest.mark.gpu
+def test_a_candidate_out_of_gpu_memory_is_told_who_held_the_card(build_cache: Path) -> None:
+    """On a real card and nvidia-smi: the verdict names the task's reference child, which
+    still holds its model when the line is read."""
+    import shutil
+
+    import torch
+
+    from pike.config import EvalConfig
+    from pike.evaluate import evaluate
+    from pike.task import Task
+    if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
+        pytest.skip("needs a CUDA device and nvidia-smi")
+    task = Task.from_file(Path(__file__).resolve().parent.parent / "examples" / "tasks"
+                          / "1_GeluMLP.py")
+    verdict = evaluate(task, _ASKS_TOO_MUCH,
+                       EvalConfig(device="cuda", trials=2, build_cache=build_cache))
+    assert verdict.status in ("runtime_error", "crashed"), verdict.message
+    assert "GPU memory held after it ran out:" in (verdict.message or ""), verdict.message
+    assert "by the reference of 1_GeluMLP" in verdict.message, verdict.message
