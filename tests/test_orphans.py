@@ -440,3 +440,29 @@ def test_a_candidate_starting_too_many_processes_is_ended_and_leaves_none(
                and _cmdline(p)[1:3] == ["-m", "pike.evaluate.runner"]}
     sleepers = [pid for pid, p in runners.items() if p.ppid() in runners]
     assert not sleepers, sleepers
+
+
+def test_the_process_limit_grows_with_a_child_s_compile_workers() -> None:
+    from pike.evaluate import sandbox as child_sandbox
+    base = child_sandbox.MAX_PROCESSES
+    assert base >= 512
+    assert child_sandbox.process_limit({}) == base
+    assert child_sandbox.process_limit({"TORCHINDUCTOR_COMPILE_THREADS": "1"}) == base
+    # 256 workers on a host of few cores: each with room for a compiler's processes
+    assert child_sandbox.process_limit({"TORCHINDUCTOR_COMPILE_THREADS": "256"}) == base + 1020
+    assert child_sandbox.process_limit({"TORCHINDUCTOR_COMPILE_THREADS": "x"}) == base
+
+
+def test_a_task_starting_too_many_processes_fails_as_the_task_s_own(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.errors import TaskError
+    from pike.evaluate import sandbox as child_sandbox
+    monkeypatch.setattr(child_sandbox, "MAX_PROCESSES", 24)
+    path = tmp_path / "1_ForksInInit.py"
+    path.write_text(_FORKS.replace("class ModelNew(", "class Model(").replace("COUNT", "40")
+                    + "\n\ndef get_inputs():\n    import torch\n    return [torch.randn(4, 8)]"
+                    "\n\n\ndef get_init_inputs():\n    return [8, 16]\n")
+    cfg = EvalConfig(device="cpu", trials=2, build_cache=build_cache,
+                     timing=TimingConfig(**FAST_TIMING))
+    with pytest.raises(TaskError, match=r"the task's code started \d+ processes"):
+        evaluate(Task.from_file(path), candidate("fused"), cfg)

@@ -163,10 +163,12 @@ def abnormal_end(event: ChildExit | PhaseTimeout | MemoryExceeded | TooManyProce
     if isinstance(event, PhaseTimeout):
         return Verdict(status="timeout", phase=event.phase,
                        message=f"no progress for {event.limit_s:g} s in phase '{event.phase}'")
-    if isinstance(event, TooManyProcesses):  # no inference needs them: a fork bomb, most likely
-        return Verdict(status="rejected", phase=phase,
-                       message=f"started {event.count} processes, over the limit of "
-                               f"{event.limit} (a fork bomb?); ended")
+    if isinstance(event, TooManyProcesses):
+        said = f"started {event.count} processes, over the limit of {event.limit}"
+        if event.role == "reference":  # the task's own code: a failure, not an attack
+            return Verdict(status="crashed", phase=phase, message=f"the task's code {said}")
+        # no inference needs them: a fork bomb, most likely
+        return Verdict(status="rejected", phase=phase, message=f"{said} (a fork bomb?); ended")
     if isinstance(event, MemoryExceeded):
         return Verdict(status="crashed", phase=phase,
                        message=f"exceeded the memory limit: {event.used_bytes / 2**30:.1f} GiB "

@@ -68,15 +68,28 @@ class MemoryExceeded:
 class TooManyProcesses:
     count: int
     limit: int
+    role: str  # whose code started them: a candidate's, or the task's own (the reference)
 
 
 # The most processes a child's tree may hold (bwrap's two included) before it is ended. A
 # candidate's own work needs a few dozen at most: torch.compile's pool of compile workers,
 # ninja and nvcc's stages for load_inline, Triton's ptxas; a baseline's compile workers
-# are one per build core. A fork bomb ran on until its phase limit (30 s or more), every
-# core and the host's process table its own; found within a walk of the tree
-# (_TREE_EVERY_S), it ends there.
+# are one per build core, each with a compiler of its own at times. A fork bomb ran on
+# until its phase limit (30 s or more), every core and the host's process table its own;
+# found within a walk of the tree (_TREE_EVERY_S), it ends there. In the OS sandbox the
+# tree is all it started (an orphan goes to bwrap's init, in the tree); without it, a
+# process that leaves the tree (a double fork) is not counted, and is ended at clean-up.
 MAX_PROCESSES = max(512, 4 * (os.cpu_count() or 1))
+
+
+def process_limit(env: dict[str, str]) -> int:
+    """A child's limit: MAX_PROCESSES, or more where its compile workers need it (a
+    sidecar and `TORCHINDUCTOR_COMPILE_THREADS` workers, each with a compiler's few)."""
+    try:
+        workers = int(env.get("TORCHINDUCTOR_COMPILE_THREADS", "1"))
+    except ValueError:
+        workers = 1
+    return MAX_PROCESSES + 4 * max(0, workers - 1)
 
 Event = (dict[str, Any] | ChildExit | PhaseTimeout | MemoryExceeded | TooManyProcesses
          | DiskExceeded)
@@ -98,6 +111,7 @@ class ChildProcess:
     # the tree's processes as last found, and when (monotonic): _tree_rss
     _tree: tuple[psutil.Process, ...] = ()
     _tree_walked = float("-inf")
+    tree_alive = 0  # how many of them were alive when their memory was last read
 
     def __init__(self, request: ChildRequest, work_dir: Path, env: dict[str, str],
                  limits: LimitsConfig, phase_limits: dict[str, float],
@@ -273,11 +287,13 @@ class ChildProcess:
                 return PhaseTimeout(self.phase, limit)
             if self._memory_due(now):
                 used = self.measure_memory()
-                # the count first: each fork's resident pages count again in the tree's
-                # memory, so a bomb is said as one, not as memory it does not hold
-                if len(self._tree) > MAX_PROCESSES:
+                # the count first: a bomb of light processes is said as one (one of
+                # copies of a torch process is over the memory limit first, each copy's
+                # shared pages counted again in the tree's memory)
+                limit = process_limit(self.env)
+                if self.tree_alive > limit:
                     self.unresponsive = True
-                    return TooManyProcesses(len(self._tree), MAX_PROCESSES)
+                    return TooManyProcesses(self.tree_alive, limit, self.request.role)
                 if used > self.memory_limit:
                     self.unresponsive = True
                     return MemoryExceeded(used, self.memory_limit)
@@ -362,15 +378,17 @@ class ChildProcess:
                 root = psutil.Process(self.proc.pid)
                 self._tree = (root, *root.children(recursive=True))
             except psutil.Error:
-                self._tree = ()
+                self._tree, self.tree_alive = (), 0
                 return 0
             self._tree_walked = now
-        total = 0
+        total = alive = 0
         for p in self._tree:
             try:
                 total += p.memory_info().rss
-            except psutil.Error:
+                alive += 1
+            except psutil.Error:  # ended since the walk, or a zombie
                 pass
+        self.tree_alive = alive
         return total
 
     def _tree_pids(self) -> list[int]:
