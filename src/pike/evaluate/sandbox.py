@@ -290,10 +290,10 @@ class ChildProcess:
                 # the count first: a bomb of light processes is said as one (one of
                 # copies of a torch process is over the memory limit first, each copy's
                 # shared pages counted again in the tree's memory)
-                limit = process_limit(self.env)
-                if self.tree_alive > limit:
+                most = process_limit(self.env)  # (`limit` is the phase's, above)
+                if self.tree_alive > most:
                     self.unresponsive = True
-                    return TooManyProcesses(self.tree_alive, limit, self.request.role)
+                    return TooManyProcesses(self.tree_alive, most, self.request.role)
                 if used > self.memory_limit:
                     self.unresponsive = True
                     return MemoryExceeded(used, self.memory_limit)
