@@ -132,7 +132,7 @@ def listening_child(proc: subprocess.Popen, limit_s: float, pausable_on: str | N
     child.phase, child.phase_started, child.phase_seconds = "check", time.monotonic(), {}
     child.phase_limits = {"load": limit_s, "check": limit_s}
     child.memory_limit, child.stage, child.unresponsive = 2**40, None, False
-    child._log, child.sandboxed = None, False
+    child._log, child.sandboxed, child.env = None, False, {}
     child.pausable_on = pausable_on
     return child, write_fd
 

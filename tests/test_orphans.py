@@ -423,8 +423,8 @@ class ModelNew(nn.Module):
 def test_a_candidate_starting_too_many_processes_is_ended_and_leaves_none(
         mlp_task: Task, build_cache: Path, monkeypatch: pytest.MonkeyPatch,
         sandbox: str) -> None:
-    from pike.evaluate import sandbox as child_sandbox
-    monkeypatch.setattr(child_sandbox, "MAX_PROCESSES", 24)  # 40 forks: a small bomb
+    from pike.evaluate import child_ends
+    monkeypatch.setattr(child_ends, "MAX_PROCESSES", 24)  # 40 forks: a small bomb
     cfg = EvalConfig(device="cpu", trials=2, build_cache=build_cache, sandbox=sandbox,
                      timing=TimingConfig(**FAST_TIMING))
     before = {p.pid for p in psutil.process_iter()}
@@ -443,21 +443,21 @@ def test_a_candidate_starting_too_many_processes_is_ended_and_leaves_none(
 
 
 def test_the_process_limit_grows_with_a_child_s_compile_workers() -> None:
-    from pike.evaluate import sandbox as child_sandbox
-    base = child_sandbox.MAX_PROCESSES
+    from pike.evaluate import child_ends
+    base = child_ends.MAX_PROCESSES
     assert base >= 512
-    assert child_sandbox.process_limit({}) == base
-    assert child_sandbox.process_limit({"TORCHINDUCTOR_COMPILE_THREADS": "1"}) == base
+    assert child_ends.process_limit({}) == base
+    assert child_ends.process_limit({"TORCHINDUCTOR_COMPILE_THREADS": "1"}) == base
     # 256 workers on a host of few cores: each with room for a compiler's processes
-    assert child_sandbox.process_limit({"TORCHINDUCTOR_COMPILE_THREADS": "256"}) == base + 1020
-    assert child_sandbox.process_limit({"TORCHINDUCTOR_COMPILE_THREADS": "x"}) == base
+    assert child_ends.process_limit({"TORCHINDUCTOR_COMPILE_THREADS": "256"}) == base + 1020
+    assert child_ends.process_limit({"TORCHINDUCTOR_COMPILE_THREADS": "x"}) == base
 
 
 def test_a_task_starting_too_many_processes_fails_as_the_task_s_own(
         tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pike.errors import TaskError
-    from pike.evaluate import sandbox as child_sandbox
-    monkeypatch.setattr(child_sandbox, "MAX_PROCESSES", 24)
+    from pike.evaluate import child_ends
+    monkeypatch.setattr(child_ends, "MAX_PROCESSES", 24)
     path = tmp_path / "1_ForksInInit.py"
     path.write_text(_FORKS.replace("class ModelNew(", "class Model(").replace("COUNT", "40")
                     + "\n\ndef get_inputs():\n    import torch\n    return [torch.randn(4, 8)]"

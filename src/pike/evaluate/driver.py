@@ -13,15 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pike.evaluate import device_lock
+from pike.evaluate.child_ends import ChildExit, MemoryExceeded, PhaseTimeout, TooManyProcesses
 from pike.evaluate.disk_use import DiskExceeded
 from pike.evaluate.protocol import DESCENDANTS_GRACE_S
-from pike.evaluate.sandbox import (
-    ChildExit,
-    ChildProcess,
-    MemoryExceeded,
-    PhaseTimeout,
-    TooManyProcesses,
-)
+from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.verdict import Verdict
 from pike.threads import unwinding_stop
 
