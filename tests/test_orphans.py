@@ -419,17 +419,27 @@ class ModelNew(nn.Module):
 '''
 
 
+# each fork forks again and exits: the sleepers are orphans, which leave the tree unless
+# something in it takes them (the sandbox's init; without it, the runner as subreaper)
+_DOUBLE_FORKS = _FORKS.replace(
+    "            if os.fork() == 0:\n                time.sleep(120)\n                os._exit(0)\n",
+    "            first = os.fork()\n            if first == 0:\n                if os.fork() == 0:\n"
+    "                    time.sleep(120)\n                os._exit(0)\n"
+    "            os.waitpid(first, 0)\n")
+
+
 @pytest.mark.parametrize("sandbox", ["auto", "off"])
+@pytest.mark.parametrize("source", [_FORKS, _DOUBLE_FORKS], ids=["forks", "double_forks"])
 def test_a_candidate_starting_too_many_processes_is_ended_and_leaves_none(
         mlp_task: Task, build_cache: Path, monkeypatch: pytest.MonkeyPatch,
-        sandbox: str) -> None:
+        sandbox: str, source: str) -> None:
     from pike.evaluate import child_ends
     monkeypatch.setattr(child_ends, "MAX_PROCESSES", 24)  # 40 forks: a small bomb
     cfg = EvalConfig(device="cpu", trials=2, build_cache=build_cache, sandbox=sandbox,
                      timing=TimingConfig(**FAST_TIMING))
     before = {p.pid for p in psutil.process_iter()}
     started = time.monotonic()
-    verdict = evaluate(mlp_task, _FORKS.replace("COUNT", "40"), cfg)
+    verdict = evaluate(mlp_task, source.replace("COUNT", "40"), cfg)
     assert verdict.status == "rejected", verdict.message
     assert re.search(r"started \d+ processes, over the limit of 24", verdict.message or "")
     assert time.monotonic() - started < 20  # ended on sight, not at the phase's limit

@@ -48,9 +48,9 @@ class TooManyProcesses:
 # ninja and nvcc's stages for load_inline, Triton's ptxas; a baseline's compile workers
 # are one per build core, each with a compiler of its own at times. A fork bomb ran on
 # until its phase limit (30 s or more), every core and the host's process table its own;
-# found within a walk of the tree (sandbox: about once a second), it ends there. In the OS sandbox the
-# tree is all it started (an orphan goes to bwrap's init, in the tree); without it, a
-# process that leaves the tree (a double fork) is not counted, and is ended at clean-up.
+# found within a walk of the tree (sandbox: about once a second), it ends there. The
+# tree is all it started: an orphan (a double fork) goes to bwrap's init in the OS
+# sandbox, or to the child itself without it (child_start: a subreaper).
 MAX_PROCESSES = max(512, 4 * (os.cpu_count() or 1))
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from pike.evaluate.leftovers import new_work, refuse_new_work_if_ending
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 class _Spawner:
@@ -58,11 +59,15 @@ class _Spawner:
 SPAWNER = _Spawner()
 
 
-def child_setup(parent: int, oom_score_adj: int = 0) -> Callable[[], None]:
+def child_setup(parent: int, oom_score_adj: int = 0,
+                subreaper: bool = False) -> Callable[[], None]:
     """Run in the new child before it starts Python: no core dumps, `oom_score_adj` for
     the kernel's out-of-memory killer (child_oom_score), and killed when pike dies however
     it ends (bwrap's --die-with-parent does this in the OS sandbox; this is the same where
-    there is none). If pike died before the signal was armed, stop now."""
+    there is none). If pike died before the signal was armed, stop now. `subreaper`
+    (without the OS sandbox, whose PID namespace does this): what its descendants orphan
+    (a double fork) becomes its own child instead of the host's init's, so it stays in
+    the tree pike walks, counts against the process limit and is found there."""
     score = str(oom_score_adj).encode()  # made here: setup runs between fork and exec
 
     def setup() -> None:
@@ -77,7 +82,10 @@ def child_setup(parent: int, oom_score_adj: int = 0) -> Callable[[], None]:
             except OSError:  # not Linux, or /proc not mounted: the kernel's own choice
                 pass
         try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if subreaper:
+                libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
         except (OSError, AttributeError):  # not Linux: the parent's cleanup still runs
             return
         if os.getppid() != parent:

@@ -125,7 +125,8 @@ class ChildProcess:
                 stderr=subprocess.STDOUT, pass_fds=(child_writes, child_reads),
                 start_new_session=True,
                 preexec_fn=child_setup(os.getpid(), oom_killer.child_oom_score(
-                    self.request.role if self.request is not None else "candidate")),
+                    self.request.role if self.request is not None else "candidate"),
+                    subreaper=not self.sandboxed),
             ))
             self._see_oom_count(time.monotonic())
         except BaseException:  # no child: nothing of its start may stay open
