@@ -6,6 +6,7 @@ import math
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,7 +142,17 @@ def test_rewriting_the_timers_samples_is_caught(
 
 
 def test_under_reporting_below_the_margin_is_held_to_the_parents_clock(
-        mlp_task: Task, fast_config: EvalConfig) -> None:
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import judge, wall_clock_check
+    seen: list[tuple[float, float, float]] = []  # (its stretch, the reference's, the factor)
+
+    def spy(cost: Any, judged: Any, reference: Any) -> float:
+        factor = wall_clock_check.wall_clock_factor(cost, judged, reference)
+        seen.append((wall_clock_check._stretch(cost, judged)[1],
+                     wall_clock_check._stretch(cost, reference)[1], factor))
+        return factor
+
+    monkeypatch.setattr(judge, "wall_clock_factor", spy)
     fast_config.timing.min_seconds = 0.5
     fast_config.timing.min_calls = 100
     forger = evaluate(mlp_task, candidate("under_reports"), fast_config)
@@ -151,13 +162,19 @@ def test_under_reporting_below_the_margin_is_held_to_the_parents_clock(
     assert forger.ok, forger.message
     # It claims 1/0.6 = 1.67x its true speed; alone on this host its raised figure came
     # within 1.1x of the honest twin's (tests/candidates/fused.py). How much it is raised
-    # depends on the load: the reference's own stretch in the window is its allowance (a
-    # factor of 1.06 in one clean-clone CI, beside a reference stretched 1.3x), so only
-    # that it is raised is asserted here; the arithmetic is the next test's. Its speedup is
-    # not compared with the twin's: on a loaded 2-core host single CPU figures vary 4x.
-    assert forger.wall_clock_factor is not None and forger.wall_clock_factor > 1.0
+    # rests on the load: the reference's own stretch in the window is its allowance, and
+    # in clean-clone CIs it was raised 1.06x, and once not at all. So what is asserted is
+    # what holds under any load: the parent's clock sees its blocks stretch past the
+    # reference's, and its figure is the one the rule gives (the arithmetic is the next
+    # test's). Its speedup is not compared with the twin's: on a loaded 2-core host
+    # single CPU figures vary 4x.
+    assert seen, "the clock check never ran on its window"
+    stretch, reference_stretch, factor = seen[-1]
+    assert stretch > reference_stretch, seen
+    assert forger.wall_clock_factor == (round(factor, 4) if factor > 1.0 else None), seen
     assert forger.runtime is not None and forger.speedup is not None
-    assert "raised" in forger.guards["wall clock"]
+    if factor > 1.0:
+        assert "raised" in forger.guards["wall clock"]
 
 
 def test_the_wall_clock_factor_raises_only_what_the_clock_cannot_account_for() -> None:
