@@ -107,6 +107,23 @@ def fast_protocol(build_cache: Path | None = None) -> EvalConfig:
     )
 
 
+def clock_rule_spy(monkeypatch: pytest.MonkeyPatch, caller: Any) -> list[tuple[float, float, float]]:
+    """Replace `caller`'s wall_clock_factor (judge's or confirm's) with one that records,
+    each time it is applied: the judged child's median stretch, the reference's, and the
+    factor the rule gave."""
+    from pike.evaluate import wall_clock_check
+    seen: list[tuple[float, float, float]] = []
+
+    def spy(cost: Any, judged: Any, reference: Any) -> float:
+        factor = wall_clock_check.wall_clock_factor(cost, judged, reference)
+        seen.append((wall_clock_check._stretch(cost, judged)[1],
+                     wall_clock_check._stretch(cost, reference)[1], factor))
+        return factor
+
+    monkeypatch.setattr(caller, "wall_clock_factor", spy)
+    return seen
+
+
 def judged_in(run_dir: Path) -> dict[int, Any]:
     """The verdicts a run store holds so far, by candidate id: none while the store is
     missing or its schema is still being written (a run just started in a child)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -13,7 +12,7 @@ from pike.search.confirm_best import confirm_best
 from pike.search.session import summary_row, task_result
 from pike.store import RunStore
 from pike.task import Task
-from tests.conftest import candidate, fast_protocol
+from tests.conftest import candidate, clock_rule_spy, fast_protocol
 
 
 def test_the_confirmed_best_reorders_candidates_whose_search_figures_were_swapped(
@@ -62,16 +61,7 @@ def test_the_confirming_window_holds_figures_to_the_parents_clock(
     # A candidate that under-reports its times in the search's windows does so here too;
     # this window must not hand it the figure its clock-checked verdict was denied.
     from pike.evaluate import confirm as confirming
-    from pike.evaluate import wall_clock_check
-    real, factors, stretches = confirming.wall_clock_factor, [], []
-
-    def spy(cost: Any, judged: Any, reference: Any) -> float:
-        factors.append(real(cost, judged, reference))
-        stretches.append((wall_clock_check._stretch(cost, judged)[1],
-                          wall_clock_check._stretch(cost, reference)[1]))
-        return factors[-1]
-
-    monkeypatch.setattr(confirming, "wall_clock_factor", spy)
+    seen = clock_rule_spy(monkeypatch, confirming)  # (its stretch, the reference's, factor)
     cfg = fast_protocol(build_cache)
     cfg.timing.min_seconds, cfg.timing.min_calls = 0.5, 100
     found = {c.candidate_id: c for c in confirming.confirm(
@@ -83,7 +73,8 @@ def test_the_confirming_window_holds_figures_to_the_parents_clock(
     # the clock sees it stretched past the reference; whether and how much it is raised
     # rests on the reference's own stretch in the window, which load widens (test_guards'
     # twin of this test saw 1.06 and 1.0 in clean-clone CIs): the rule's figure is kept
-    assert len(factors) == 2 and stretches[1][0] > stretches[1][1], (factors, stretches)
+    factors = [factor for _, _, factor in seen]
+    assert len(seen) == 2 and seen[1][0] > seen[1][1], seen
     # the raise is kept with the figure, and only where there was one
     assert found[2].wall_clock_factor == (round(factors[1], 4) if factors[1] > 1.0 else None)
     assert found[1].wall_clock_factor == (round(factors[0], 4) if factors[0] > 1.0 else None)

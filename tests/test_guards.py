@@ -6,7 +6,6 @@ import math
 import socket
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -14,7 +13,7 @@ from pike.config import EvalConfig
 from pike.evaluate import evaluate
 from pike.evaluate.guards import Guards
 from pike.task import Task
-from tests.conftest import candidate
+from tests.conftest import candidate, clock_rule_spy
 
 # reused answers are told by their speed: beside another test process the margin goes
 pytestmark = pytest.mark.timing
@@ -143,16 +142,8 @@ def test_rewriting_the_timers_samples_is_caught(
 
 def test_under_reporting_below_the_margin_is_held_to_the_parents_clock(
         mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pike.evaluate import judge, wall_clock_check
-    seen: list[tuple[float, float, float]] = []  # (its stretch, the reference's, the factor)
-
-    def spy(cost: Any, judged: Any, reference: Any) -> float:
-        factor = wall_clock_check.wall_clock_factor(cost, judged, reference)
-        seen.append((wall_clock_check._stretch(cost, judged)[1],
-                     wall_clock_check._stretch(cost, reference)[1], factor))
-        return factor
-
-    monkeypatch.setattr(judge, "wall_clock_factor", spy)
+    from pike.evaluate import judge
+    seen = clock_rule_spy(monkeypatch, judge)  # (its stretch, the reference's, the factor)
     fast_config.timing.min_seconds = 0.5
     fast_config.timing.min_calls = 100
     forger = evaluate(mlp_task, candidate("under_reports"), fast_config)

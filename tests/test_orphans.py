@@ -409,9 +409,7 @@ class ModelNew(nn.Module):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
         for _ in range(COUNT):
-            if os.fork() == 0:
-                time.sleep(120)
-                os._exit(0)
+FORK
         time.sleep(20)  # long enough for the parent's walk of the tree to see them
 
     def forward(self, x):
@@ -419,17 +417,25 @@ class ModelNew(nn.Module):
 '''
 
 
+_SINGLE_FORKS = _FORKS.replace("FORK\n", """\
+            if os.fork() == 0:
+                time.sleep(120)
+                os._exit(0)
+""")
 # each fork forks again and exits: the sleepers are orphans, which leave the tree unless
 # something in it takes them (the sandbox's init; without it, the runner as subreaper)
-_DOUBLE_FORKS = _FORKS.replace(
-    "            if os.fork() == 0:\n                time.sleep(120)\n                os._exit(0)\n",
-    "            first = os.fork()\n            if first == 0:\n                if os.fork() == 0:\n"
-    "                    time.sleep(120)\n                os._exit(0)\n"
-    "            os.waitpid(first, 0)\n")
+_DOUBLE_FORKS = _FORKS.replace("FORK\n", """\
+            first = os.fork()
+            if first == 0:
+                if os.fork() == 0:
+                    time.sleep(120)
+                os._exit(0)
+            os.waitpid(first, 0)
+""")
 
 
 @pytest.mark.parametrize("sandbox", ["auto", "off"])
-@pytest.mark.parametrize("source", [_FORKS, _DOUBLE_FORKS], ids=["forks", "double_forks"])
+@pytest.mark.parametrize("source", [_SINGLE_FORKS, _DOUBLE_FORKS], ids=["forks", "double_forks"])
 def test_a_candidate_starting_too_many_processes_is_ended_and_leaves_none(
         mlp_task: Task, build_cache: Path, monkeypatch: pytest.MonkeyPatch,
         sandbox: str, source: str) -> None:
@@ -469,7 +475,7 @@ def test_a_task_starting_too_many_processes_fails_as_the_task_s_own(
     from pike.evaluate import child_ends
     monkeypatch.setattr(child_ends, "MAX_PROCESSES", 24)
     path = tmp_path / "1_ForksInInit.py"
-    path.write_text(_FORKS.replace("class ModelNew(", "class Model(").replace("COUNT", "40")
+    path.write_text(_SINGLE_FORKS.replace("class ModelNew(", "class Model(").replace("COUNT", "40")
                     + "\n\ndef get_inputs():\n    import torch\n    return [torch.randn(4, 8)]"
                     "\n\n\ndef get_init_inputs():\n    return [8, 16]\n")
     cfg = EvalConfig(device="cpu", trials=2, build_cache=build_cache,

@@ -241,8 +241,8 @@ class ChildProcess:
                 return PhaseTimeout(self.phase, limit)
             if self._memory_due(now):
                 used = self.measure_memory()
-                # the count first: a bomb of light processes is said as one (one of
-                # copies of a torch process is over the memory limit first, each copy's
+                # the count first: a bomb of light processes is said as one (a bomb of
+                # copies of a torch process meets the memory limit first, each copy's
                 # shared pages counted again in the tree's memory)
                 most = process_limit(self.env)  # (`limit` is the phase's, above)
                 if self.tree_alive > most:
