@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import socket
 import sys
 from pathlib import Path
@@ -351,6 +352,26 @@ def test_only_a_loopback_bind_on_port_0_passes_the_network_guard(address: object
 def test_a_candidate_importing_urllib3_style_probes_is_judged(mlp_task: Task,
                                                               fast_config: EvalConfig) -> None:
     verdict = evaluate(mlp_task, candidate("probes_loopback"), fast_config)
+    assert verdict.status == "ok", verdict.message
+
+
+_IMPORTS_A_HOOKING_LIBRARY = candidate("fused").replace(
+    "        super().__init__()", "        super().__init__()\n        import filelock  # noqa: F401", 1)
+
+
+def test_a_library_that_adds_its_own_audit_hook_as_imported_is_no_violation(
+        mlp_task: Task, fast_config: EvalConfig, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # filelock 4 does so on CPython 3.12 (not 3.11, which this host runs: a stand-in takes
+    # its name); a torch.compile in a candidate's __init__ imported it and was `rejected`
+    # for sys.addaudithook() on an H100
+    (tmp_path / "filelock").mkdir()
+    (tmp_path / "filelock" / "__init__.py").write_text(
+        "import sys\n\nsys.addaudithook(lambda event, args: None)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    assert "import filelock" in _IMPORTS_A_HOOKING_LIBRARY
+    verdict = evaluate(mlp_task, _IMPORTS_A_HOOKING_LIBRARY, fast_config)
     assert verdict.status == "ok", verdict.message
 
 

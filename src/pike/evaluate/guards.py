@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import _imp
 import ast
+import contextlib
 import ctypes
 import functools
 import gc
+import importlib
 import ipaddress
 import json
 import os
@@ -99,6 +101,12 @@ _get_ident = threading.get_ident  # taken at import, as the hook's (Guards._hook
 _CALLBACK_EVENTS = frozenset({"sys.setprofile", "sys.settrace", "sys.addaudithook",
                               "sys._setprofileallthreads", "sys._settraceallthreads",
                               "sys.monitoring.register_callback"})
+# Libraries torch imports on a candidate's behalf that add an audit hook of their own as
+# they are imported, so before the evaluator's hook: filelock 4 on CPython 3.12 and later
+# (torch.compile's caches lock with it). Imported by the candidate's own call, the import
+# was refused: level5's 11_mamba2_pytorch, a torch.compile in its __init__, was `rejected`
+# on an H100 (2026-12-06). torch itself imports none of them.
+_IMPORTED_BEFORE_THE_HOOK = ("filelock",)
 # ctypes' ways to read memory by address, whose reads raise no event: an object at an
 # address (from_address, cast to py_object), bytes at one (string_at, memmove). Red team
 # round 11 read the sealed probe generator's frame so (`ok` at 1,768x on the CPU). Refused
@@ -400,6 +408,9 @@ class Guards:
         _imp._fix_co_filename = _renaming_for_imports_only(_imp._fix_co_filename, self)
         # after the folder lists are set: they are in it (a candidate's code that emptied
         # them would pass for a library's with every guard)
+        for name in _IMPORTED_BEFORE_THE_HOOK:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
         self._snapshot = _integrity_snapshot()
         self._callbacks = callbacks.snapshot()
         sys.addaudithook(self._hook())
