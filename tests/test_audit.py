@@ -945,7 +945,7 @@ def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
     assert sample.aggregates.geomean_all == pytest.approx(15 ** 0.5)
 
     # what would mix different things under one figure is refused
-    with pytest.raises(ConfigError, match="judged in both"):
+    with pytest.raises(ConfigError, match="judged in both .* or give --later-wins"):
         combine(folder, TASKS, [tmp_path / "whole", tmp_path / "a"], out=tmp_path / "x")
     cfg3 = audit_config(build_cache, ["eager", "compile:default"])
     cfg3.eval.trials = 3
@@ -971,6 +971,20 @@ def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
     assert by_task(fixed)["10_Square"].status == "ok"
     assert any(w.startswith("10_Square: an error in") and "kept from there" in w
                for w in fixed.warnings)
+    # a task judged again in a later run (its first verdict the evaluator's fault): taken
+    # from the run named later where asked, and said so
+    FakeJudge({"1_Scale": 2.0}, {"1_Scale": fake_ok(6.0)}).install(monkeypatch)
+    audit(folder, TASKS, cfg, out=tmp_path / "g", ids=[1])
+    first, again = by_task(part)["1_Scale"].speedup, by_task(combine(
+        folder, TASKS, [tmp_path / "g"], out=tmp_path / "only-g"))["1_Scale"].speedup
+    assert first != again
+    for order, kept in (([tmp_path / "a", tmp_path / "g"], again),
+                        ([tmp_path / "g", tmp_path / "a"], first)):
+        later = combine(folder, TASKS, order, out=tmp_path / "later", later_wins=True)
+        assert by_task(later)["1_Scale"].speedup == kept
+        assert by_task(later)["2_Softplus"].speedup == by_task(part)["2_Softplus"].speedup
+        assert any(w.startswith(f"1_Scale: judged in {order[0]} (ok) and again in "
+                                f"{order[1]} (ok): the later kept") for w in later.warnings)
     # a run made on another version of a task file
     other_tasks = tmp_path / "other-tasks"
     other_tasks.mkdir()
@@ -995,6 +1009,13 @@ def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
     assert json.loads(cli.stdout)["aggregates"] == whole.aggregates.model_dump(mode="json")
     over = pike("audit", folder, TASKS, "--combine", tmp_path / "a", "--out", tmp_path / "a")
     assert over.exit_code == 2 and "holds a run store" in over.output
+    alone = pike("audit", folder, TASKS, "--later-wins", "--out", tmp_path / "w")
+    assert alone.exit_code == 2 and "runs gathered with --combine" in alone.output
+    cli_later = pike("audit", folder, TASKS, "--combine", tmp_path / "a", "--combine",
+                     tmp_path / "g", "--later-wins", "--out", tmp_path / "cli-later", "--json")
+    assert cli_later.exit_code == 0, cli_later.output
+    assert [t["speedup"] for t in json.loads(cli_later.stdout)["tasks"]
+            if t["task"] == "1_Scale"] == [again]
     measuring = pike("audit", folder, TASKS, "--combine", tmp_path / "a", "--out",
                      tmp_path / "y", "--devices", "cuda:0")
     assert measuring.exit_code == 2 and "drop --devices" in measuring.output

@@ -7,8 +7,9 @@ one call on one GPU); combining only gathers them and works the aggregates out a
 `pike audit` would over the same tasks. It refuses what would mix different things under
 one figure: other judging terms (trials, tolerances, how the model is built, the baseline
 modes), a file that is not the set's, a task file that changed, or one task judged in two
-runs. A task whose reference failed in one run (an `error`) may be judged in another, and
-that run's figures are kept, said so.
+runs (unless asked to keep the later run's verdict: a task judged again after its first
+verdict was found to be the evaluator's fault). A task whose reference failed in one run (an
+`error`) may be judged in another, and that run's figures are kept, said so.
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ _Found = tuple[TaskAudit, Baseline | None, Path]
 
 
 def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path,
-            ids: list[int] | None = None) -> AuditResult:
+            ids: list[int] | None = None, later_wins: bool = False) -> AuditResult:
     """The audit of `solutions` against the folder `tasks` (its tasks of `ids` only, where
     given: an audit of a sample of a folder), gathered from the audit runs `run_dirs`;
-    tasks none of them judged are the result's `open_tasks`. Writes audit.json and audit.md
+    tasks none of them judged are the result's `open_tasks`. A task judged in two runs is
+    refused, or with `later_wins` taken from the one later in `run_dirs`, said so. Writes audit.json and audit.md
     into `out`, a folder that holds no run store (the runs keep theirs)."""
     runs = [Path(r) for r in run_dirs]
     _check_places(runs, Path(out))
@@ -82,7 +84,7 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path,
                 judged = _judged_in(store, rows[task.name]["sha256"], run, task, matching,
                                     solutions)
                 if judged is not None:
-                    warnings += _keep(found, task.name, (*judged, run))
+                    warnings += _keep(found, task.name, (*judged, run), later_wins)
     missing = {t.name: task_base(t, matching, solutions, []).model_copy(
         update={"message": "no solution file"}) for t in task_list
         if matching.files[t.name] is None}
@@ -160,9 +162,10 @@ def _check_built(found: dict[str, _Found], choices: dict[Path, str], fixed: str)
                           "them again with one setting")
 
 
-def _keep(found: dict[str, _Found], name: str, new: _Found) -> list[str]:
+def _keep(found: dict[str, _Found], name: str, new: _Found, later_wins: bool) -> list[str]:
     """Add `new` for task `name`; a judged task beats an error (its reference failed in
-    that run), two judgments of one task are refused."""
+    that run), two judgments of one task are refused, or with `later_wins` the new one
+    replaces the old."""
     old = found.get(name)
     if old is None:
         found[name] = new
@@ -177,8 +180,13 @@ def _keep(found: dict[str, _Found], name: str, new: _Found) -> list[str]:
                 "kept from there"]
     if old_error and new_error:
         return []
+    if later_wins:
+        found[name] = new
+        return [f"{name}: judged in {old[2]} ({old[0].status}) and again in {new[2]} "
+                f"({new[0].status}): the later kept (--later-wins)"]
     raise ConfigError(f"{name} was judged in both {old[2]} and {new[2]}: combine runs of "
-                      "different tasks")
+                      "different tasks, or give --later-wins to keep the verdict of the run "
+                      "named later")
 
 
 def _measured_apart(baselines: list[Baseline]) -> list[str]:

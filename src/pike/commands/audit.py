@@ -63,6 +63,10 @@ def audit_command(
         metavar="RUN_DIR", help="gather audit runs of SOLUTIONS over TASKS (each judged some "
         "of the tasks: other hosts, other device sessions) into one result in --out, "
         "nothing re-run; once per run")] = None,
+    later_wins: Annotated[bool, typer.Option(
+        "--later-wins", help="with --combine: a task judged in two of the runs is taken from "
+        "the one named later (judged again with --redo after a verdict found wrong), and "
+        "the result says so; without it, refused")] = False,
     as_json: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
@@ -73,7 +77,8 @@ def audit_command(
     --devices may change then); with it, --redo IDS audits tasks again and
     --fill-baselines those whose baselines failed. Audits of parts of a set made apart,
     --combine RUN_DIR (once per run) gathers into one result (--tasks: of those tasks
-    only, as an audit of a sample of a folder was run)."""
+    only, as an audit of a sample of a folder was run; --later-wins: a task two runs
+    judged is taken from the one named later)."""
     from pike.audit import audit, resume_audit, to_markdown
     from pike.audit.matching import match
     from pike.audit.run import resumed_config
@@ -81,7 +86,8 @@ def audit_command(
     from pike.search.session import new_run_dir
 
     if combine:
-        _combine_audits(solutions, tasks_folder, combine, out, as_json, task_ids(tasks), given=[
+        _combine_audits(solutions, tasks_folder, combine, out, as_json, task_ids(tasks),
+                        later_wins, given=[
             name for name, value in (("--device", device),
                                      ("--devices", devices), ("--workers", workers),
                                      ("--resume", resume), ("--stop-after", stop_after),
@@ -91,6 +97,8 @@ def audit_command(
                                                         fill_baselines or None))
             if value is not None])
         return
+    if later_wins:
+        raise ConfigError("--later-wins chooses between runs gathered with --combine")
     if (redo or fill_baselines) and resume is None:
         raise ConfigError("--redo and --fill-baselines act on an audit run: give --resume "
                           "RUN_DIR")
@@ -137,7 +145,7 @@ def audit_command(
 
 def _combine_audits(solutions: Path | None, tasks_folder: Path | None, runs: list[Path],
                     out: Path | None, as_json: bool, ids: list[int] | None,
-                    given: list[str]) -> None:
+                    later_wins: bool, given: list[str]) -> None:
     from pike.audit import to_markdown
     from pike.audit.combine import combine
 
@@ -146,7 +154,7 @@ def _combine_audits(solutions: Path | None, tasks_folder: Path | None, runs: lis
                           f"{', '.join(given)}")
     if solutions is None or tasks_folder is None or out is None:
         raise ConfigError("--combine needs SOLUTIONS, TASKS and --out (where the result goes)")
-    result = combine(solutions, tasks_folder, runs, out=out, ids=ids)
+    result = combine(solutions, tasks_folder, runs, out=out, ids=ids, later_wins=later_wins)
     if as_json:
         print(result.model_dump_json(indent=2))
     else:
