@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 
 from pike.config import LimitsConfig
-from pike.evaluate import device_lock, gpu_holders, host_memory, oom_killer
+from pike.evaluate import child_watch, device_lock, gpu_holders, host_memory, oom_killer
 from pike.evaluate.child_ends import (
     ChildExit,
     Event,
@@ -65,6 +65,10 @@ class ChildProcess:
     _tree: tuple[psutil.Process, ...] = ()
     _tree_walked = float("-inf")
     tree_alive = 0  # how many of them were alive when their memory was last read
+    # Whether the parent is in `receive` now; if not, child_watch checks the limits, and
+    # what ended the child then, for the next receive to give
+    _waited = False
+    ended_by: MemoryExceeded | TooManyProcesses | None = None
 
     def __init__(self, request: ChildRequest, work_dir: Path, env: dict[str, str],
                  limits: LimitsConfig, phase_limits: dict[str, float],
@@ -152,6 +156,7 @@ class ChildProcess:
             self.disk = DiskWatch(self.folders, limit, self._log.fileno(), self._tree_pids)
         self.phase_started = time.monotonic()
         self.begun = True
+        child_watch.watch(self)
         self.send("begin")
 
     @property
@@ -162,6 +167,7 @@ class ChildProcess:
         return self.proc is not None and self.proc.poll() is not None
 
     def __exit__(self, *exc: object) -> None:
+        child_watch.unwatch(self)
         try:
             self.kill()
         finally:
@@ -191,17 +197,21 @@ class ChildProcess:
     def receive(self) -> Event:
         """The next message, or how the child ended, timed out or overran its memory.
         The child's requests for its inputs are answered here, on the way."""
-        while True:
-            event = self._receive_one()
-            if not (isinstance(event, dict) and event.get("event") == "stage"):
-                return event
-            phase = str(event.get("phase"))
-            problem = self.stage.put(phase) if self.stage is not None else (
-                "asked for inputs the evaluator does not stage")
-            if problem is not None:
-                return {"event": "failure", "status": "rejected", "phase": self.phase,
-                        "message": problem}
-            self.send("staged", phase=phase)
+        self._waited = True
+        try:
+            while True:
+                event = self._receive_one()
+                if not (isinstance(event, dict) and event.get("event") == "stage"):
+                    return event
+                phase = str(event.get("phase"))
+                problem = self.stage.put(phase) if self.stage is not None else (
+                    "asked for inputs the evaluator does not stage")
+                if problem is not None:
+                    return {"event": "failure", "status": "rejected", "phase": self.phase,
+                            "message": problem}
+                self.send("staged", phase=phase)
+        finally:
+            self._waited = False
 
     def permit(self, phase: str) -> None:
         """The child may now have the inputs of `phase` (the parent has started it)."""
@@ -210,6 +220,8 @@ class ChildProcess:
 
     def _receive_one(self) -> Event:
         assert self.proc is not None
+        if self.ended_by is not None:  # child_watch ended it while nobody listened
+            return self.ended_by
         limit = self.phase_limits.get(self.phase, self.phase_limits["load"])
         looked = time.monotonic()
         while b"\n" not in self._buffer:
@@ -226,6 +238,8 @@ class ChildProcess:
             elif self.proc.poll() is not None:
                 if self._read_some(0):
                     continue
+                if self.ended_by is not None:  # ended by child_watch as this wait began
+                    return self.ended_by
                 code = self._exit_status()
                 return ChildExit(code, self.output_tail(),
                                  host_out_of_memory=self._killed_by_the_oom_killer(code),
@@ -239,18 +253,9 @@ class ChildProcess:
             if now >= self.phase_started + limit:
                 self.unresponsive = True
                 return PhaseTimeout(self.phase, limit)
-            if self._memory_due(now):
-                used = self.measure_memory()
-                # the count first: a bomb of light processes is said as one (a bomb of
-                # copies of a torch process meets the memory limit first, each copy's
-                # shared pages counted again in the tree's memory)
-                most = process_limit(self.env)  # (`limit` is the phase's, above)
-                if self.tree_alive > most:
-                    self.unresponsive = True
-                    return TooManyProcesses(self.tree_alive, most, self.request.role)
-                if used > self.memory_limit:
-                    self.unresponsive = True
-                    return MemoryExceeded(used, self.memory_limit)
+            if self._memory_due(now) and (over := self.over_limits()) is not None:
+                self.unresponsive = True
+                return over
             if self.disk is not None and (over := self.disk.over(now, self.phase == "timing")):
                 self.unresponsive = True
                 return over
@@ -285,6 +290,31 @@ class ChildProcess:
         started = time.monotonic()
         while self._stopped_by_a_timer() and time.monotonic() - started < timeout:
             time.sleep(_POLL_SECONDS)
+
+    def over_limits(self) -> MemoryExceeded | TooManyProcesses | None:
+        """The child tree's memory and process count measured now, and the limit it is
+        over, if any."""
+        used = self.measure_memory()
+        # the count first: a bomb of light processes is said as one (a bomb of copies of a
+        # torch process meets the memory limit first, each copy's shared pages counted
+        # again in the tree's memory)
+        most = process_limit(self.env)
+        if self.tree_alive > most:
+            return TooManyProcesses(self.tree_alive, most, self.request.role)
+        if used > self.memory_limit:
+            return MemoryExceeded(used, self.memory_limit)
+        return None
+
+    def check_unwaited(self) -> None:
+        """child_watch's look, while the parent is not in `receive`: a child over a limit
+        is ended, and the next receive says why. (Should a receive begin meanwhile, both
+        measure: each finds what the other would.)"""
+        if self._waited or not self.begun or self.ended_by is not None or not self.alive():
+            return
+        over = self.over_limits()
+        if over is not None and not self._waited:
+            self.ended_by, self.unresponsive = over, True
+            self._kill_own_group()
 
     def measure_memory(self) -> int:
         """The child tree's memory now, kept as its last and peak figures (0: the tree is

@@ -1,0 +1,68 @@
+"""A child's memory and process limits held while pike is not waiting on it.
+
+The receive loop (sandbox.ChildProcess._receive_one) checks them only while the parent
+waits for the child's next message. Between messages a child can sit for a long time: its
+answer sent, while the parent times the other side, compares outputs or waits for the
+device. A thread the candidate left running goes on meanwhile, and a fork bomb or an
+allocation started then had the host's process table or memory until the parent next
+listened. One thread per pike process looks at every child begun and not being waited on,
+once a second, and ends one over a limit (its process group killed); the parent hears
+why at its next receive, as if the loop had found it. A child stopped by another
+evaluation's timer (device_lock) is looked at too: it holds what it held.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pike.evaluate.sandbox import ChildProcess
+
+log = logging.getLogger(__name__)
+
+EVERY_S = 1.0
+
+_children: weakref.WeakSet[ChildProcess] = weakref.WeakSet()
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+
+
+def watch(child: ChildProcess) -> None:
+    """Look at `child` from now until `unwatch` (or until it is gone)."""
+    global _thread
+    with _lock:
+        _children.add(child)
+        if _thread is None:
+            _thread = threading.Thread(target=_run, name="pike-child-watch", daemon=True)
+            _thread.start()
+
+
+def unwatch(child: ChildProcess) -> None:
+    with _lock:
+        _children.discard(child)
+
+
+def watched() -> int:
+    with _lock:
+        return len(_children)
+
+
+def _run() -> None:
+    """Until no child is left to watch: the thread ends then, and `watch` starts another."""
+    global _thread
+    while True:
+        time.sleep(EVERY_S)
+        with _lock:
+            children = list(_children)
+            if not children:
+                _thread = None
+                return
+        for child in children:
+            try:
+                child.check_unwaited()
+            except Exception:  # one child's trouble must not end the watch of the others
+                log.exception("watching a child's limits")

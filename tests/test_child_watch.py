@@ -1,0 +1,123 @@
+"""A child's limits held while its parent is not waiting on it (evaluate/child_watch.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+
+from pike.evaluate import child_ends, child_watch
+from pike.evaluate.child_ends import MemoryExceeded, TooManyProcesses
+from tests.conftest import listening_child
+
+_BOMB = "sleep 0.5; for i in $(seq 40); do sleep 60 & done; wait"
+_ALLOCATES = ("import time; time.sleep(0.5); held = bytearray(300 * 2**20); "
+              "held[::4096] = b'x' * len(held[::4096]); time.sleep(60)")
+
+
+@pytest.fixture(autouse=True)
+def _quick_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(child_watch, "EVERY_S", 0.2)
+    monkeypatch.setattr(child_ends, "MAX_PROCESSES", 24)
+
+
+@pytest.fixture
+def started() -> Iterator[Any]:
+    """Children as a parent holds them between messages: begun, nobody in `receive`."""
+    made: list[Any] = []
+
+    def start(argv: list[str], memory_limit: int = 2**40) -> Any:
+        proc = subprocess.Popen(argv, start_new_session=True)
+        child, _ = listening_child(proc, 60.0, pausable_on=None)
+        child.begun, child.memory_limit = True, memory_limit
+        child.request = types.SimpleNamespace(role="candidate")
+        made.append(child)
+        return child
+
+    yield start
+    for child in made:
+        child_watch.unwatch(child)
+        child._kill_own_group()
+        child.proc.wait(5)
+
+
+def _ended(child: Any, within_s: float = 15.0) -> object:
+    deadline = time.monotonic() + within_s
+    while child.ended_by is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return child.ended_by
+
+
+def test_a_fork_bomb_between_messages_is_ended_and_the_next_receive_says_so(started: Any) -> None:
+    child = started(["/bin/sh", "-c", _BOMB])
+    child_watch.watch(child)
+    ended = _ended(child)
+    assert isinstance(ended, TooManyProcesses), ended
+    assert ended.limit == 24 and ended.count > 24 and ended.role == "candidate"
+    assert child.proc.wait(5) is not None and child.unresponsive
+    assert child.receive() is ended  # the parent hears it as its own loop would have
+    time.sleep(0.5)
+    assert not [p for p in psutil.process_iter(["ppid"]) if p.info["ppid"] == child.proc.pid]
+
+
+def test_memory_taken_between_messages_is_ended(started: Any) -> None:
+    child = started([sys.executable, "-c", _ALLOCATES], memory_limit=150 * 2**20)
+    child_watch.watch(child)
+    ended = _ended(child)
+    assert isinstance(ended, MemoryExceeded), ended
+    assert ended.used_bytes > ended.limit_bytes == 150 * 2**20
+    assert child.proc.wait(5) is not None
+
+
+def test_a_child_being_waited_on_is_left_to_its_own_loop(started: Any) -> None:
+    child = started(["/bin/sh", "-c", _BOMB])
+    child._waited = True
+    child_watch.watch(child)
+    time.sleep(2.0)
+    assert child.ended_by is None and child.proc.poll() is None
+    child._waited = False  # the wait over with the bomb still there: ended at the next look
+    assert isinstance(_ended(child), TooManyProcesses)
+
+
+def test_an_unbegun_child_is_not_looked_at_and_the_watch_ends_with_its_last_child(
+        started: Any) -> None:
+    child = started(["/bin/sh", "-c", _BOMB])
+    child.begun = False  # a spare child: no code of anyone's runs in it yet
+    child_watch.watch(child)
+    time.sleep(1.5)
+    assert child.ended_by is None
+    child_watch.unwatch(child)
+    deadline = time.monotonic() + 5
+    while child_watch._thread is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert child_watch._thread is None and child_watch.watched() == 0
+
+
+def test_an_evaluation_s_children_are_watched_from_their_begin_to_their_end(
+        mlp_task: Any, fast_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import evaluate
+    from pike.evaluate.reference_cache import close_references
+    from tests.conftest import candidate
+
+    roles: list[str] = []
+    watch = child_watch.watch
+
+    def recording(child: Any) -> None:
+        roles.append(child.request.role)
+        watch(child)
+
+    monkeypatch.setattr(child_watch, "watch", recording)
+    verdict = evaluate(mlp_task, candidate("fused"), fast_config)
+    assert verdict.status == "ok", verdict.message
+    assert {"reference", "candidate"} <= set(roles)
+    # the candidate's ended with its evaluation; the reference is kept for the next one
+    # (reference_cache), and watched while it idles, until it is closed
+    assert [c.request.role for c in child_watch._children] == ["reference"]
+    close_references(at_once=True)
+    assert child_watch.watched() == 0
