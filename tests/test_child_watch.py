@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -22,9 +23,14 @@ _ALLOCATES = ("import time; time.sleep(0.5); held = bytearray(300 * 2**20); "
 
 
 @pytest.fixture(autouse=True)
-def _quick_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+def _quick_watch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from pike.evaluate.reference_cache import close_references
+
     monkeypatch.setattr(child_watch, "EVERY_S", 0.2)
     monkeypatch.setattr(child_ends, "MAX_PROCESSES", 24)
+    close_references()  # a reference an earlier test kept is watched too
+    yield
+    close_references()
 
 
 @pytest.fixture
@@ -32,10 +38,12 @@ def started() -> Iterator[Any]:
     """Children as a parent holds them between messages: begun, nobody in `receive`."""
     made: list[Any] = []
 
-    def start(argv: list[str], memory_limit: int = 2**40) -> Any:
-        proc = subprocess.Popen(argv, start_new_session=True)
+    def start(argv: list[str], memory_limit: int = 2**40, env: dict[str, str] | None = None
+              ) -> Any:
+        proc = subprocess.Popen(argv, start_new_session=True, env={**os.environ, **(env or {})})
         child, _ = listening_child(proc, 60.0, pausable_on=None)
-        child.begun, child.memory_limit = True, memory_limit
+        child.begun, child.memory_limit, child.env = True, memory_limit, env or {}
+        child._chan = None  # (finish closes it)
         child.request = types.SimpleNamespace(role="candidate")
         made.append(child)
         return child
@@ -43,8 +51,9 @@ def started() -> Iterator[Any]:
     yield start
     for child in made:
         child_watch.unwatch(child)
-        child._kill_own_group()
-        child.proc.wait(5)
+        if child.proc is not None:  # (finish ends it and drops it)
+            child._kill_own_group()
+            child.proc.wait(5)
 
 
 def _ended(child: Any, within_s: float = 15.0) -> object:
@@ -64,6 +73,35 @@ def test_a_fork_bomb_between_messages_is_ended_and_the_next_receive_says_so(star
     assert child.receive() is ended  # the parent hears it as its own loop would have
     time.sleep(0.5)
     assert not [p for p in psutil.process_iter(["ppid"]) if p.info["ppid"] == child.proc.pid]
+
+
+def test_a_bomb_outside_the_group_and_after_the_child_ended_is_ended_too(started: Any) -> None:
+    # each sleeper in a session of its own, and the child's own process gone: what it left
+    # is found by its marker, counted and ended
+    from pike.evaluate.child_environment import MARKER_VARIABLE
+    from pike.evaluate.driver import ChildReport, finish
+
+    marker = {MARKER_VARIABLE: f"watch-test-{os.getpid()}-{time.monotonic_ns()}"}
+    child = started(["/bin/sh", "-c", "sleep 0.5; for i in $(seq 40); do setsid sleep 60 & "
+                     "done; exit 0"], env=marker)
+    child_watch.watch(child)
+    ended = _ended(child)
+    assert isinstance(ended, TooManyProcesses) and ended.count > 24, ended
+    time.sleep(0.5)
+    left = [p for p in psutil.process_iter() if _marked(p, marker)]
+    assert not left, left
+    # ended after its last message, no receive to come: the report says it all the same
+    report = ChildReport()
+    finish(child, report)
+    assert report.failure is not None and report.failure.status == "rejected"
+    assert "over the limit of 24" in (report.failure.message or "")
+
+
+def _marked(p: psutil.Process, marker: dict[str, str]) -> bool:
+    try:
+        return all(p.environ().get(k) == v for k, v in marker.items())
+    except psutil.Error:
+        return False
 
 
 def test_memory_taken_between_messages_is_ended(started: Any) -> None:
@@ -119,5 +157,5 @@ def test_an_evaluation_s_children_are_watched_from_their_begin_to_their_end(
     # the candidate's ended with its evaluation; the reference is kept for the next one
     # (reference_cache), and watched while it idles, until it is closed
     assert [c.request.role for c in child_watch._children] == ["reference"]
-    close_references(at_once=True)
+    close_references()
     assert child_watch.watched() == 0

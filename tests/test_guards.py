@@ -355,8 +355,17 @@ def test_a_candidate_importing_urllib3_style_probes_is_judged(mlp_task: Task,
     assert verdict.status == "ok", verdict.message
 
 
+# the candidate fails if the library's hook runs: a hook left in place is code of the
+# library's that every event runs, and filelock's reads a keyword default the candidate
+# can swap for an object of its own (a review's candidate read the sealed probes so)
 _IMPORTS_A_HOOKING_LIBRARY = candidate("fused").replace(
-    "        super().__init__()", "        super().__init__()\n        import filelock  # noqa: F401", 1)
+    "        super().__init__()", """        super().__init__()
+        import sys
+
+        import filelock
+        sys.audit("stand_in.ping")
+        if filelock.HEARD:
+            raise RuntimeError("the library's hook runs: " + ", ".join(filelock.HEARD))""", 1)
 
 
 def test_a_library_that_adds_its_own_audit_hook_as_imported_is_no_violation(
@@ -364,14 +373,26 @@ def test_a_library_that_adds_its_own_audit_hook_as_imported_is_no_violation(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # filelock 4 does so on CPython 3.12 (not 3.11, which this host runs: a stand-in takes
     # its name); a torch.compile in a candidate's __init__ imported it and was `rejected`
-    # for sys.addaudithook() on an H100
+    # for sys.addaudithook() on an H100. Imported before the guards' hook, with its own
+    # hook left out: the candidate's import is no violation, and no hook of it runs.
     (tmp_path / "filelock").mkdir()
     (tmp_path / "filelock" / "__init__.py").write_text(
-        "import sys\n\nsys.addaudithook(lambda event, args: None)\n")
+        "import sys\n\nHEARD = []\n\n\ndef _hook(event, args):\n"
+        "    if event.startswith('stand_in.'):\n        HEARD.append(event)\n\n\n"
+        "sys.addaudithook(_hook)\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
     assert "import filelock" in _IMPORTS_A_HOOKING_LIBRARY
-    verdict = evaluate(mlp_task, _IMPORTS_A_HOOKING_LIBRARY, fast_config)
+    # the OS sandbox mounts the child's sys.path as the first evaluation found it
+    from pike.evaluate import os_sandbox
+    for found in (os_sandbox._system_paths, os_sandbox._child_sys_path):
+        found.cache_clear()
+    try:
+        verdict = evaluate(mlp_task, _IMPORTS_A_HOOKING_LIBRARY, fast_config)
+    finally:
+        monkeypatch.undo()
+        for found in (os_sandbox._system_paths, os_sandbox._child_sys_path):
+            found.cache_clear()
     assert verdict.status == "ok", verdict.message
 
 

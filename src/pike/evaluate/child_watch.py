@@ -17,7 +17,10 @@ import logging
 import threading
 import time
 import weakref
+from collections import defaultdict
 from typing import TYPE_CHECKING
+
+import psutil
 
 if TYPE_CHECKING:
     from pike.evaluate.sandbox import ChildProcess
@@ -52,17 +55,47 @@ def watched() -> int:
 
 
 def _run() -> None:
-    """Until no child is left to watch: the thread ends then, and `watch` starts another."""
+    """Until no child is left to watch: the thread ends then, and `watch` starts another
+    (also where this one fails, so the watch is never silently gone)."""
     global _thread
-    while True:
-        time.sleep(EVERY_S)
+    try:
+        while True:
+            time.sleep(EVERY_S)
+            with _lock:
+                children = list(_children)
+                if not children:
+                    return
+            trees = _trees([c.proc.pid for c in children if c.proc is not None])
+            for child in children:
+                proc = child.proc
+                try:
+                    child.check_unwaited(trees.get(proc.pid) if proc is not None else None)
+                except Exception:  # one child's trouble must not end the watch of the others
+                    log.exception("watching a child's limits")
+    finally:
         with _lock:
-            children = list(_children)
-            if not children:
-                _thread = None
-                return
-        for child in children:
-            try:
-                child.check_unwaited()
-            except Exception:  # one child's trouble must not end the watch of the others
-                log.exception("watching a child's limits")
+            _thread = None
+
+
+def _trees(roots: list[int]) -> dict[int, list[psutil.Process]]:
+    """Each root's processes, itself first, from one walk of the host's process table for
+    all of them: a walk reads every process's parent, and one per child each second
+    would keep the parent's threads waiting for the GIL (sandbox._tree_rss says what
+    that did to timed blocks)."""
+    by_pid: dict[int, psutil.Process] = {}
+    children: dict[int, list[psutil.Process]] = defaultdict(list)
+    for p in psutil.process_iter(["ppid"]):
+        by_pid[p.pid] = p
+        children[p.info["ppid"]].append(p)
+    trees = {}
+    for root in roots:
+        if root not in by_pid:
+            continue
+        tree, below = [by_pid[root]], [root]
+        while below:
+            for c in children.get(below.pop(), []):
+                if c.pid not in (root, 0):
+                    tree.append(c)
+                    below.append(c.pid)
+        trees[root] = tree
+    return trees

@@ -147,6 +147,9 @@ def finish(child: ChildProcess, report: ChildReport | None = None) -> None:
         escaped = child.leftover_processes()
     if report is not None:
         report.leftovers = escaped
+        if child.ended_by is not None and report.failure is None:
+            # ended by child_watch after its last message: no receive came to say so
+            report.failure = abnormal_end(child.ended_by, child.ended_in)
     child.__exit__(None, None, None)
     child.proc = None
 

@@ -102,10 +102,14 @@ _CALLBACK_EVENTS = frozenset({"sys.setprofile", "sys.settrace", "sys.addaudithoo
                               "sys._setprofileallthreads", "sys._settraceallthreads",
                               "sys.monitoring.register_callback"})
 # Libraries torch imports on a candidate's behalf that add an audit hook of their own as
-# they are imported, so before the evaluator's hook: filelock 4 on CPython 3.12 and later
-# (torch.compile's caches lock with it). Imported by the candidate's own call, the import
-# was refused: level5's 11_mamba2_pytorch, a torch.compile in its __init__, was `rejected`
-# on an H100 (2026-12-06). torch itself imports none of them.
+# they are imported: filelock 4 on CPython 3.12 and later (torch.compile's caches lock
+# with it). Imported by the candidate's own call, the import was refused: level5's
+# 11_mamba2_pytorch, a torch.compile in its __init__, was `rejected` on an H100
+# (2026-12-06). Imported first, with their hooks left out (_imported_without_hooks): a
+# library's hook is code any frame's events run, and filelock's reads a keyword default
+# the candidate can replace with an object of its own (a review's candidate read the
+# sealed probes so, `ok` at 157x on the CPU with a stand-in of filelock 4.3.2's hook).
+# filelock's fork handling stands on os.register_at_fork as well. torch imports none.
 _IMPORTED_BEFORE_THE_HOOK = ("filelock",)
 # ctypes' ways to read memory by address, whose reads raise no event: an object at an
 # address (from_address, cast to py_object), bytes at one (string_at, memmove). Red team
@@ -377,6 +381,23 @@ def _evaluator_classes() -> list[type]:
     return found
 
 
+def _imported_without_hooks(names: tuple[str, ...], untrusted: tuple[str, ...]) -> None:
+    """Import `names` with `sys.addaudithook` a no-op meanwhile, from the library folders
+    only: the child's own folder (its cwd, sys.path's first entry) holds the candidate's
+    file, and a module there of a library's name would be imported as the library."""
+    path, add_hook = sys.path[:], sys.addaudithook
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in path if p and os.path.abspath(p) != cwd
+                   and not (os.path.abspath(p) + os.sep).startswith(untrusted)]
+    sys.addaudithook = lambda hook: None
+    try:
+        for name in names:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
+    finally:
+        sys.addaudithook, sys.path[:] = add_hook, path
+
+
 @dataclass
 class Guards:
     """The child's guard state; `violations` turn into a `rejected` verdict."""
@@ -405,12 +426,10 @@ class Guards:
         _untrusted_dirs = tuple(dict.fromkeys(
             form.rstrip(os.sep) + os.sep for w in self.writable
             for form in (os.path.abspath(w), os.path.realpath(w))))
+        _imported_without_hooks(_IMPORTED_BEFORE_THE_HOOK, _untrusted_dirs)
         _imp._fix_co_filename = _renaming_for_imports_only(_imp._fix_co_filename, self)
         # after the folder lists are set: they are in it (a candidate's code that emptied
         # them would pass for a library's with every guard)
-        for name in _IMPORTED_BEFORE_THE_HOOK:
-            with contextlib.suppress(ImportError):
-                importlib.import_module(name)
         self._snapshot = _integrity_snapshot()
         self._callbacks = callbacks.snapshot()
         sys.addaudithook(self._hook())

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +70,10 @@ class ChildProcess:
     # what ended the child then, for the next receive to give
     _waited = False
     ended_by: MemoryExceeded | TooManyProcesses | None = None
+    ended_in = ""  # the phase it was in then
+    # held by child_watch's look at a child and by the child's end (__exit__), so no look
+    # is under way once a child is ended; one for all children: each look takes a moment
+    _watch_lock = threading.Lock()
 
     def __init__(self, request: ChildRequest, work_dir: Path, env: dict[str, str],
                  limits: LimitsConfig, phase_limits: dict[str, float],
@@ -167,7 +172,8 @@ class ChildProcess:
         return self.proc is not None and self.proc.poll() is not None
 
     def __exit__(self, *exc: object) -> None:
-        child_watch.unwatch(self)
+        with self._watch_lock:
+            child_watch.unwatch(self)
         try:
             self.kill()
         finally:
@@ -295,26 +301,62 @@ class ChildProcess:
         """The child tree's memory and process count measured now, and the limit it is
         over, if any."""
         used = self.measure_memory()
+        return self._over(used, self.tree_alive)
+
+    def _over(self, used: int, count: int) -> MemoryExceeded | TooManyProcesses | None:
         # the count first: a bomb of light processes is said as one (a bomb of copies of a
         # torch process meets the memory limit first, each copy's shared pages counted
         # again in the tree's memory)
         most = process_limit(self.env)
-        if self.tree_alive > most:
-            return TooManyProcesses(self.tree_alive, most, self.request.role)
+        if count > most:
+            return TooManyProcesses(count, most, self.request.role)
         if used > self.memory_limit:
             return MemoryExceeded(used, self.memory_limit)
         return None
 
-    def check_unwaited(self) -> None:
-        """child_watch's look, while the parent is not in `receive`: a child over a limit
-        is ended, and the next receive says why. (Should a receive begin meanwhile, both
-        measure: each finds what the other would.)"""
-        if self._waited or not self.begun or self.ended_by is not None or not self.alive():
-            return
-        over = self.over_limits()
-        if over is not None and not self._waited:
-            self.ended_by, self.unresponsive = over, True
+    def check_unwaited(self, tree: list[psutil.Process] | None = None) -> None:
+        """child_watch's look, while the parent is not in `receive` (`tree`: the child's
+        processes, root first, as the watch found them for every child at once): a child
+        over a limit is ended, all it started with it, and the next receive says why.
+        Should a receive begin meanwhile, both measure, each finding what the other
+        would. A child whose own process ended is looked at through what it left (its
+        marked processes): ending itself must not end the watch of a bomb it started."""
+        with self._watch_lock:
+            proc = self.proc
+            if proc is None or self._waited or not self.begun or self.ended_by is not None:
+                return
+            if proc.poll() is not None:
+                over = self._remains_over_limits()
+            else:
+                if tree:
+                    self._tree, self._tree_walked = tuple(tree), time.monotonic()
+                over = self.over_limits()
+            if over is not None and not self._waited:
+                self.ended_by, self.ended_in, self.unresponsive = over, self.phase, True
+                self._end_all(proc)
+
+    def _remains_over_limits(self) -> MemoryExceeded | TooManyProcesses | None:
+        used = alive = 0
+        for p in _marked_processes(self.env):
+            try:
+                used += p.memory_info().rss
+                alive += 1
+            except psutil.Error:
+                pass
+        return self._over(used, alive)
+
+    def _end_all(self, proc: subprocess.Popen[bytes]) -> None:
+        """Kill the child's group, its tree as last found and its marked processes (those
+        that left both), as `kill` does, without waiting: the group by its id only while
+        the child is not reaped (its id is not yet anyone else's), the rest by psutil's
+        handles, which check a process is the one they were made for."""
+        if proc.poll() is None:
             self._kill_own_group()
+        for p in (*self._tree, *_marked_processes(self.env)):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
 
     def measure_memory(self) -> int:
         """The child tree's memory now, kept as its last and peak figures (0: the tree is
@@ -523,7 +565,9 @@ def _group_of(p: psutil.Process) -> int | None:
 
 
 def _marked_processes(env: dict[str, str]) -> list[psutil.Process]:
-    marker = env[MARKER_VARIABLE]
+    marker = env.get(MARKER_VARIABLE)
+    if not marker:  # a child pike did not start (tests build some)
+        return []
     found = []
     for p in psutil.process_iter(["name"]):
         try:
