@@ -908,6 +908,7 @@ def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
         tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An audit spread over hosts or device sessions, task by task: gathered, the result is
     what one audit of every task gives, with nothing measured again."""
+    from pike.audit import resume_audit
     from pike.audit.combine import combine
     from tests.test_optimize import pike
 
@@ -1023,6 +1024,13 @@ def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
                    "--out", tmp_path / "z", "--json")
     assert sampled.exit_code == 0, sampled.output
     assert [t["task"] for t in json.loads(sampled.stdout)["tasks"]] == ["1_Scale", "2_Softplus"]
+    # a redo cut off before the task was judged again: the earlier verdict stands, said so
+    resume_audit(tmp_path / "g", redo=[1], stop_after=0)
+    cut = combine(folder, TASKS, [tmp_path / "a", tmp_path / "g"], out=tmp_path / "later",
+                  later_wins=True)
+    assert by_task(cut)["1_Scale"].speedup == first
+    assert f"1_Scale: not finished in {tmp_path / 'g'}, named after {tmp_path / 'a'}: the " \
+        "verdict there kept" in cut.warnings
 
 
 def test_an_auto_run_combines_with_fixed_runs_only_where_it_built_its_tasks_alike(

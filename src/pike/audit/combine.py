@@ -85,6 +85,9 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path,
                                     solutions)
                 if judged is not None:
                     warnings += _keep(found, task.name, (*judged, run), later_wins)
+                elif later_wins and task.name in found:  # a redo there not yet done
+                    warnings.append(f"{task.name}: not finished in {run}, named after "
+                                    f"{found[task.name][2]}: the verdict there kept")
     missing = {t.name: task_base(t, matching, solutions, []).model_copy(
         update={"message": "no solution file"}) for t in task_list
         if matching.files[t.name] is None}
