@@ -43,8 +43,9 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path,
     """The audit of `solutions` against the folder `tasks` (its tasks of `ids` only, where
     given: an audit of a sample of a folder), gathered from the audit runs `run_dirs`;
     tasks none of them judged are the result's `open_tasks`. A task judged in two runs is
-    refused, or with `later_wins` taken from the one later in `run_dirs`, said so. Writes audit.json and audit.md
-    into `out`, a folder that holds no run store (the runs keep theirs)."""
+    refused, or with `later_wins` taken from the one later in `run_dirs`, said so. Writes
+    audit.json and audit.md into `out`, a folder that holds no run store (the runs keep
+    theirs)."""
     runs = [Path(r) for r in run_dirs]
     _check_places(runs, Path(out))
     solutions, tasks_dir = Path(solutions), Path(tasks)
