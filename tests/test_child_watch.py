@@ -159,3 +159,34 @@ def test_an_evaluation_s_children_are_watched_from_their_begin_to_their_end(
     assert [c.request.role for c in child_watch._children] == ["reference"]
     close_references()
     assert child_watch.watched() == 0
+
+
+def test_naming_leftovers_is_safe_beside_a_thread_walking_the_processes(
+        started: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # psutil.process_iter hands every thread the same cached Process objects, and `attrs`
+    # replace their `info`: the watch's walk beside a child's end once made
+    # leftover_processes fail with KeyError 'name' (a clean-clone CI, three tests). Here
+    # the other thread's walk is played at once: each process's `info` replaced as soon
+    # as it is handed out.
+    from pike.evaluate.child_environment import MARKER_VARIABLE
+
+    marker = {MARKER_VARIABLE: f"watch-test-{os.getpid()}-{time.monotonic_ns()}"}
+    child = started(["/bin/sh", "-c", "for i in 1 2 3; do setsid sleep 30 & done; wait"],
+                    env=marker)
+    time.sleep(0.5)
+    walk = psutil.process_iter
+
+    def beside_another_walk(*args: Any, **kwargs: Any) -> Iterator[psutil.Process]:
+        for p in walk(*args, **kwargs):
+            yield p
+            p.info = {"ppid": 0}
+
+    monkeypatch.setattr(psutil, "process_iter", beside_another_walk)
+    try:
+        left = child.leftover_processes()
+    finally:
+        monkeypatch.undo()
+        for p in psutil.process_iter():
+            if _marked(p, marker):
+                p.kill()
+    assert len(left) == 3 and all(name.startswith("sleep (pid ") for name in left), left

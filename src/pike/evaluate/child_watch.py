@@ -84,9 +84,16 @@ def _trees(roots: list[int]) -> dict[int, list[psutil.Process]]:
     that did to timed blocks)."""
     by_pid: dict[int, psutil.Process] = {}
     children: dict[int, list[psutil.Process]] = defaultdict(list)
-    for p in psutil.process_iter(["ppid"]):
+    # no `attrs`: process_iter hands every thread the same cached Process objects, and
+    # attrs replace their `info`, which another thread may be reading (a clean-clone CI
+    # saw sandbox.leftover_processes find no 'name' in it)
+    for p in psutil.process_iter():
+        try:
+            parent = p.ppid()
+        except psutil.Error:
+            continue
         by_pid[p.pid] = p
-        children[p.info["ppid"]].append(p)
+        children[parent].append(p)
     trees = {}
     for root in roots:
         if root not in by_pid:

@@ -509,7 +509,7 @@ class ChildProcess:
         """Processes started by the child that are still running (the child itself
         excluded); with `outside_group`, only those that left its process group."""
         own = self.proc.pid if self.proc else -1
-        return [f"{p.info['name']} (pid {p.pid})" for p in _marked_processes(self.env)
+        return [f"{_name_of(p)} (pid {p.pid})" for p in _marked_processes(self.env)
                 if p.pid != own and not (outside_group and _group_of(p) in (own, None))]
 
     def output_tail(self, limit: int = 2000) -> str:
@@ -557,6 +557,13 @@ def _is_runner(p: psutil.Process) -> bool:
         return False
 
 
+def _name_of(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.Error:  # ended since it was found
+        return "ended"
+
+
 def _group_of(p: psutil.Process) -> int | None:
     try:
         return os.getpgid(p.pid)
@@ -569,7 +576,7 @@ def _marked_processes(env: dict[str, str]) -> list[psutil.Process]:
     if not marker:  # a child pike did not start (tests build some)
         return []
     found = []
-    for p in psutil.process_iter(["name"]):
+    for p in psutil.process_iter():  # no `attrs`: see child_watch._trees
         try:
             if p.pid != os.getpid() and p.environ().get(MARKER_VARIABLE) == marker:
                 found.append(p)
