@@ -15,6 +15,7 @@ import pytest
 
 from pike.evaluate import child_ends, child_watch
 from pike.evaluate.child_ends import MemoryExceeded, TooManyProcesses
+from pike.evaluate.sandbox import _kill_each, _marked_processes
 from tests.conftest import listening_child
 
 _BOMB = "sleep 0.5; for i in $(seq 40); do sleep 60 & done; wait"
@@ -88,20 +89,13 @@ def test_a_bomb_outside_the_group_and_after_the_child_ended_is_ended_too(started
     ended = _ended(child)
     assert isinstance(ended, TooManyProcesses) and ended.count > 24, ended
     time.sleep(0.5)
-    left = [p for p in psutil.process_iter() if _marked(p, marker)]
+    left = _marked_processes(marker)
     assert not left, left
     # ended after its last message, no receive to come: the report says it all the same
     report = ChildReport()
     finish(child, report)
     assert report.failure is not None and report.failure.status == "rejected"
     assert "over the limit of 24" in (report.failure.message or "")
-
-
-def _marked(p: psutil.Process, marker: dict[str, str]) -> bool:
-    try:
-        return all(p.environ().get(k) == v for k, v in marker.items())
-    except psutil.Error:
-        return False
 
 
 def test_memory_taken_between_messages_is_ended(started: Any) -> None:
@@ -186,7 +180,5 @@ def test_naming_leftovers_is_safe_beside_a_thread_walking_the_processes(
         left = child.leftover_processes()
     finally:
         monkeypatch.undo()
-        for p in psutil.process_iter():
-            if _marked(p, marker):
-                p.kill()
+        _kill_each(_marked_processes(marker))
     assert len(left) == 3 and all(name.startswith("sleep (pid ") for name in left), left

@@ -7,8 +7,9 @@ device. A thread the candidate left running goes on meanwhile, and a fork bomb o
 allocation started then had the host's process table or memory until the parent next
 listened. One thread per pike process looks at every child begun and not being waited on,
 once a second, and ends one over a limit with all it started (ChildProcess._end_all); the
-parent hears why at its next receive, as if the loop had found it, or at its finish. A child stopped by another
-evaluation's timer (device_lock) is looked at too: it holds what it held.
+parent hears why at its next receive, as if the loop had found it, or at its finish. A
+child stopped by another evaluation's timer (device_lock) is looked at too: it holds what
+it held.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from pike.evaluate.network_namespace import network_prefix
 from pike.evaluate.oom_killer import child_oom_score
 from pike.evaluate.os_sandbox import INSIDE_ROOT, Mount, SandboxPlan, sandbox_active
 from pike.evaluate.profile import KernelMetrics, ProfileSummary
-from pike.evaluate.sandbox import _marked_processes
+from pike.evaluate.sandbox import _kill_each, _marked_processes
 
 log = logging.getLogger(__name__)
 
@@ -247,11 +247,7 @@ def _kill_tree(proc: subprocess.Popen[bytes], env: dict[str, str]) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     escaped = _marked_processes(env)  # those that left the process group
-    for p in escaped:
-        try:
-            p.kill()
-        except psutil.Error:  # gone already
-            pass
+    _kill_each(escaped)
     psutil.wait_procs(escaped, timeout=5)  # a kill is delivered, not done, when sent
     proc.wait()
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -336,14 +336,7 @@ class ChildProcess:
                 self._end_all(proc)
 
     def _remains_over_limits(self) -> MemoryExceeded | TooManyProcesses | None:
-        used = alive = 0
-        for p in _marked_processes(self.env):
-            try:
-                used += p.memory_info().rss
-                alive += 1
-            except psutil.Error:
-                pass
-        return self._over(used, alive)
+        return self._over(*_memory_and_count(_marked_processes(self.env)))
 
     def _end_all(self, proc: subprocess.Popen[bytes]) -> None:
         """Kill the child's group, its tree as last found and its marked processes (those
@@ -352,11 +345,7 @@ class ChildProcess:
         handles, which check a process is the one they were made for."""
         if proc.poll() is None:
             self._kill_own_group()
-        for p in (*self._tree, *_marked_processes(self.env)):
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        _kill_each([*self._tree, *_marked_processes(self.env)])
 
     def measure_memory(self) -> int:
         """The child tree's memory now, kept as its last and peak figures (0: the tree is
@@ -407,14 +396,7 @@ class ChildProcess:
                 self._tree, self.tree_alive = (), 0
                 return 0
             self._tree_walked = now
-        total = alive = 0
-        for p in self._tree:
-            try:
-                total += p.memory_info().rss
-                alive += 1
-            except psutil.Error:  # ended since the walk, or a zombie
-                pass
-        self.tree_alive = alive
+        total, self.tree_alive = _memory_and_count(self._tree)
         return total
 
     def _tree_pids(self) -> list[int]:
@@ -535,11 +517,7 @@ class ChildProcess:
         if self.proc is None:
             return
         self._kill_own_group()
-        for p in _marked_processes(self.env):
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        _kill_each(_marked_processes(self.env))
         self.wait_exit()
 
     def _kill_own_group(self) -> None:
@@ -555,6 +533,26 @@ def _is_runner(p: psutil.Process) -> bool:
         return p.cmdline()[1:3] == ["-m", "pike.evaluate.runner"]  # not bwrap's own argv
     except psutil.Error:
         return False
+
+
+def _memory_and_count(procs: Iterable[psutil.Process]) -> tuple[int, int]:
+    """The resident memory of `procs` together, and how many of them are alive."""
+    total = alive = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+            alive += 1
+        except psutil.Error:  # ended since it was found, or a zombie
+            pass
+    return total, alive
+
+
+def _kill_each(procs: Iterable[psutil.Process]) -> None:
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:  # gone already
+            pass
 
 
 def _name_of(p: psutil.Process) -> str:
