@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +28,8 @@ class Child:
 
     last_rss_bytes: int | None = None
     peak_rss: int = 0
+    last_files_bytes: int = 0
+    peak_files: int = 0
     phase: str = "setup"
     dead: bool = False
 
@@ -222,6 +228,14 @@ def test_a_real_evaluations_children_are_counted_waited_for_and_released(
         order.append("hold")
         return contextlib.nullcontext()
 
+    files: dict[str, int] = {}
+
+    class Recorded(Recorded):  # type: ignore[no-redef]
+        def release(self, child: object) -> None:
+            role = child.request.role  # type: ignore[attr-defined]
+            files[role] = max(files.get(role, 0), child.peak_files)  # type: ignore[attr-defined]
+            super().release(child)  # type: ignore[arg-type]
+
     gate = Recorded()
     monkeypatch.setattr(host_memory, "HOST", gate)
     monkeypatch.setattr(judge, "hold_for_build", hold_for_build)
@@ -241,6 +255,11 @@ def test_a_real_evaluations_children_are_counted_waited_for_and_released(
     close_references()
     assert gate._begun == {}  # it and the candidate's: both ended
     assert gate.expected(mlp_task.sha256) > 50 * 2**20  # a child imports torch at least
+    from pike.evaluate.held_files import in_memory
+    from pike.evaluate.leftovers import scratch_root
+    if in_memory(scratch_root()):  # its inputs and expected outputs, in host memory
+        assert files["reference"] > 0
+        assert gate.expected(mlp_task.sha256, "reference") > files["reference"]
 
 
 def test_a_waiting_child_has_idle_kept_children_closed_before_it_waits_longer() -> None:
@@ -272,3 +291,94 @@ def test_a_waiting_child_has_idle_kept_children_closed_before_it_waits_longer() 
     gate._peak[("c", "candidate")] = 50 * GIB
     waited = gate.admit(big, "c")
     assert len(closed) == 1 and host.sleeps == 0 and waited < 5
+
+
+def test_a_reference_s_files_in_memory_count_with_its_rss() -> None:
+    """A level1 reference held 7.6 GiB of RSS and 56 GiB of inputs and expected outputs in
+    /dev/shm: the gate expects its task's next reference, and an unmeasured task's, to take
+    both, and counts a loading child's files as what it already holds."""
+    host = Host(available=100 * GIB)
+    gate = _gate(host)
+    big = Child(last_rss_bytes=7 * GIB, peak_rss=7 * GIB, last_files_bytes=56 * GIB,
+                peak_files=56 * GIB, phase="idle")
+    gate.admit(big, "k7", "reference")
+    gate.release(big)
+    assert gate.expected("k7", "reference") == 63 * GIB
+    assert gate.expected("another", "reference") == 63 * GIB
+    # begun and loading, with 20 of its 56 GiB of files written: 43 GiB still to come
+    loading = Child(last_rss_bytes=7 * GIB, peak_rss=7 * GIB, last_files_bytes=20 * GIB,
+                    peak_files=20 * GIB, phase="check")
+    gate.admit(loading, "k7", "reference", limit_s=0)
+    assert gate._coming(loading, "k7", "reference") == 36 * GIB
+
+
+def test_a_new_task_s_reference_waits_past_the_longest_wait_while_other_tasks_run() -> None:
+    """Starting it anyway after the gate's wait put two 56 GiB references on a 125 GiB host;
+    a new task can wait for the running ones, which end."""
+    host = Host(available=20 * GIB)
+    gate = _gate(host, longest_wait_s=0.0)
+    running = Child(last_rss_bytes=8 * GIB, peak_rss=8 * GIB, last_files_bytes=56 * GIB,
+                    peak_files=56 * GIB, phase="idle")
+    gate.admit(running, "k7", "reference")
+    candidate = Child(phase="timing")
+    host.on_sleep = [lambda: host.sleeps == 50 and gate.release(running)]
+    gate.admit(Child(), "k9", "reference")  # expected at k7's 64 GiB, as nobody measured it
+    assert host.sleeps == 50  # waited far past longest_wait_s, until k7's reference ended
+    # a running task's candidate still waits only the gate's longest wait
+    gate2 = _gate(Host(available=20 * GIB), longest_wait_s=0.0)
+    gate2.admit(Child(last_rss_bytes=64 * GIB, peak_rss=64 * GIB, phase="idle"), "k7",
+                "reference")
+    assert gate2.admit(candidate, "k7") < 1
+
+
+def test_a_new_task_s_reference_waits_while_another_new_footprint_is_measured() -> None:
+    """Four references began at once on that bench, none measured: each new one now
+    begins after the one before has loaded, with its footprint known."""
+    host = Host(available=120 * GIB)
+    gate = _gate(host)
+    first = Child(last_rss_bytes=GIB, peak_rss=GIB, phase="check")
+    gate.admit(first, "k7", "reference")
+    second = Child()
+
+    def first_loads() -> None:
+        if host.sleeps == 5:  # its files written: measured, loaded, idle
+            first.last_files_bytes = first.peak_files = 56 * GIB
+            first.phase = "idle"
+            host.available = 120 * GIB - 57 * GIB
+
+    host.on_sleep = [first_loads]
+    gate.admit(second, "k9", "reference", limit_s=60)
+    assert host.sleeps == 5  # waited for k7's to load, then fitted beside it (57 + 2 < 63)
+    # a candidate of the task whose reference loads is not held by that rule
+    gate.admit(Child(), "k7", "candidate", limit_s=0)
+    third = Child(phase="setup")
+    assert gate._fits("k9", "candidate")
+    assert not gate._fits("k3", "reference")  # k9's reference (new) still loads
+    gate.admit(third, "k3", "reference", limit_s=0)  # counted at once where told
+
+
+def test_held_files_count_a_child_s_own_files_in_memory_only(tmp_path: Path) -> None:
+    from pike.evaluate import held_files
+
+    shm = Path("/dev/shm")
+    if not held_files.in_memory(shm):
+        pytest.skip("no tmpfs at /dev/shm on this host")
+    root = Path(tempfile.mkdtemp(prefix="pike-ref-test-", dir=shm))
+    try:
+        for name in ("work", "inputs", "expected"):
+            (root / name).mkdir()
+        (root / "inputs" / "inputs_0.pt").write_bytes(b"x" * 3 * 2**20)
+        (root / "expected" / "outputs_0.pt").write_bytes(b"y" * 5 * 2**20)
+        assert 8 * 2**20 <= held_files.held_bytes(root / "work") < 9 * 2**20
+        # a file of two names (a candidate's view of the inputs) is its owner's to count
+        os.link(root / "inputs" / "inputs_0.pt", root / "work" / "inputs_0.pt")
+        assert 5 * 2**20 <= held_files.held_bytes(root / "work") < 6 * 2**20
+        # a work folder outside a pike folder is the child's whole folder
+        assert held_files.evaluation_folder(shm / "work") == shm / "work"
+    finally:
+        shutil.rmtree(root)
+    disk = tmp_path / "pike-ref-ondisk"
+    (disk / "work").mkdir(parents=True)
+    (disk / "big.pt").write_bytes(b"z" * 2**20)
+    assert held_files.held_bytes(disk / "work") == (
+        2**20 if held_files.in_memory(tmp_path) else 0)

@@ -68,9 +68,10 @@ class DiskUse:
     seen: set[tuple[int, int]] = field(default_factory=set)  # (device, inode) counted
 
 
-def folder_use(folders: list[Path]) -> DiskUse:
+def folder_use(folders: list[Path], single_name_only: bool = False) -> DiskUse:
     """What `folders` hold, without following links, each file once however many names
-    it has; stops counting past `MAX_ENTRIES` entries (the caller treats that as over). A
+    it has (`single_name_only`: only files of one name, not those linked from elsewhere);
+    stops counting past `MAX_ENTRIES` entries (the caller treats that as over). A
     folder the candidate made unreadable is made readable (the parent owns it) and read;
     one that stays so, or lies deeper than MAX_DEPTH, is `hidden`.
 
@@ -86,11 +87,11 @@ def folder_use(folders: list[Path]) -> DiskUse:
         except OSError:
             use.hidden.append(f"{Path(folder).name}, unreadable")
             continue
-        _walk(top, use)
+        _walk(top, use, single_name_only)
     return use
 
 
-def _walk(top: int, use: DiskUse) -> None:
+def _walk(top: int, use: DiskUse, single_name_only: bool = False) -> None:
     """Count what the folder open at `top` holds into `use`; closes `top`."""
     try:
         with FolderWalk(top) as walk:
@@ -101,7 +102,7 @@ def _walk(top: int, use: DiskUse) -> None:
                 info = entry_info(dir_fd, name)
                 if info is None:  # gone meanwhile
                     continue
-                if stat.S_ISREG(info.st_mode):
+                if stat.S_ISREG(info.st_mode) and not (single_name_only and info.st_nlink > 1):
                     _count(use, info)
                 elif stat.S_ISDIR(info.st_mode):
                     _enter(walk, dir_fd, name, use)

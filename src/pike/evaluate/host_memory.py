@@ -13,12 +13,19 @@ So a child waits, before it begins loading (after its imports, which every child
 until the host's available memory, less what the children already begun are still
 expected to take, covers what a child of its task took before plus a headroom. What a
 task's child takes is learned from its own children: the most any of them held when pike
-measured it (`ChildProcess.peak_rss`), the reference's first, which every task begins
-with. A task nobody has measured yet is expected to take what the largest one measured
-took. Nothing waits where no other child is begun (there is nothing to wait for), and no
-child waits longer than `_LONGEST_WAIT_S`: a kept reference holds its memory for its
-task's whole search, and a host too small for the reference and one candidate must
-still make progress, as it did before (the killer remains the last word there).
+measured it, its tree's RSS (`ChildProcess.peak_rss`) and its files in a scratch in
+memory (`peak_files`, held_files: a reference's inputs and expected outputs, 56 GiB on a
+level1 task of 4 GiB outputs), the reference's first, which every task begins with. A
+task nobody has measured yet is expected to take what the largest one measured took.
+
+Nothing waits where no other child is begun (there is nothing to wait for). A new task's
+reference (no child of its task begun) waits up to `_NEW_TASK_WAIT_S` while other tasks
+run, since they end and give their memory back; and it does not begin while another new
+task's reference still loads, so each footprint is measured before the next is guessed
+(on that level1 bench four references began at once and took the host). Any other child
+waits at most `_LONGEST_WAIT_S`: a kept reference holds its memory for its task's whole
+search, and a host too small for the reference and one candidate must still make
+progress, as it did before (the killer remains the last word there).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ log = logging.getLogger(__name__)
 _GIB = 2**30
 _POLL_S = 0.25
 _LONGEST_WAIT_S = 300.0
+_NEW_TASK_WAIT_S = 3600.0
 
 
 class Measured(Protocol):
@@ -48,6 +56,12 @@ class Measured(Protocol):
 
     @property
     def peak_rss(self) -> int: ...
+
+    @property
+    def last_files_bytes(self) -> int: ...
+
+    @property
+    def peak_files(self) -> int: ...
 
     @property
     def phase(self) -> str: ...
@@ -65,9 +79,18 @@ def default_headroom() -> int:
     return max(2 * _GIB, psutil.virtual_memory().total // 20)
 
 
-# Phases in which a child has not yet allocated what its task takes (its inputs, its
-# model); past them it is counted at its own peak, not at its task's.
-_LOADING = ("setup", "load")
+# Phases in which a child may not yet hold what its task's children take: it loads its
+# inputs and model, builds, and runs its checks (a reference writes its expected outputs
+# there, a candidate its trials'); past them (idle, timing) it is counted at its own peak.
+LOADING = ("setup", "load", "init", "check", "build")
+
+
+def _holds(child: Measured) -> int:
+    return (child.last_rss_bytes or 0) + child.last_files_bytes
+
+
+def _most(child: Measured) -> int:
+    return child.peak_rss + child.peak_files
 
 
 class HostMemory:
@@ -77,10 +100,11 @@ class HostMemory:
 
     def __init__(self, available: Callable[[], int] = _available,
                  headroom: int | None = None, longest_wait_s: float = _LONGEST_WAIT_S,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 new_task_wait_s: float = _NEW_TASK_WAIT_S) -> None:
         self._available, self._sleep = available, sleep
         self._headroom = headroom
-        self.longest_wait_s = longest_wait_s
+        self.longest_wait_s, self.new_task_wait_s = longest_wait_s, new_task_wait_s
         self._lock = threading.Lock()
         self._begun: dict[int, tuple[Measured, str, str]] = {}  # id -> child, task, role
         self._peak: dict[tuple[str, str], int] = {}  # (task, role) -> the most one took
@@ -102,32 +126,47 @@ class HostMemory:
         """What a child of `task` in `role` is expected to take: the most one of its
         children in that role took (those begun included), else the most any child in
         that role took."""
-        own = [c.peak_rss for c, t, r in self._begun.values() if (t, r) == (task, role)]
+        own = [_most(c) for c, t, r in self._begun.values() if (t, r) == (task, role)]
         if (task, role) in self._peak or any(own):
             return max([self._peak.get((task, role), 0), *own])
         anyone = [*(v for (_, r), v in self._peak.items() if r == role),
-                  *(c.peak_rss for c, _, r in self._begun.values() if r == role)]
+                  *(_most(c) for c, _, r in self._begun.values() if r == role)]
         return max(anyone, default=0)
 
     def _coming(self, child: Measured, task: str, role: str) -> int:
         """What a begun child is still expected to take: its task's expectation while it
         loads, at most its own peak once past loading (a kept reference, idle, takes no
         more than it has held)."""
-        goal = (self.expected(task, role) if child.phase in _LOADING else child.peak_rss)
-        return max(0, goal - (child.last_rss_bytes or 0))
+        if child.phase in LOADING:
+            return max(0, self.expected(task, role) - _holds(child))
+        # past loading its files grow no more (a reference's expected outputs are mapped
+        # by pike then, and unlinked: held, though no folder shows them)
+        return max(0, child.peak_rss - (child.last_rss_bytes or 0))
+
+    def _new_task(self, task: str) -> bool:
+        return not any(t == task for _, t, _ in self._begun.values())
 
     def _fits(self, task: str, role: str) -> bool:
         if not self._begun:
             return True
+        if role == "reference" and (task, role) not in self._peak and any(
+                r == role and t != task and (t, r) not in self._peak and c.phase in LOADING
+                for c, t, r in self._begun.values()):
+            return False  # another new footprint is being measured: guess from it after
         coming = sum(self._coming(c, t, r) for c, t, r in self._begun.values())
         return self._available() - coming >= self.expected(task, role) + self.headroom
 
     def admit(self, child: Measured, task: str, role: str = "candidate",
               limit_s: float | None = None) -> float:
         """Wait until the host has room for `child` of `task` in `role` (at most
-        `limit_s`, the gate's longest wait by default; 0 counts it at once), then count
-        it as begun; the seconds waited. Call `release` when it has ended."""
+        `limit_s`; by default the gate's longest wait, or for a new task's reference its
+        longer one; 0 counts it at once), then count it as begun; the seconds waited. Call
+        `release` when it has ended."""
         limit = self.longest_wait_s if limit_s is None else limit_s
+        if limit_s is None and role == "reference":
+            with self._lock:
+                if self._new_task(task):
+                    limit = self.new_task_wait_s
         started = time.monotonic()
         said = False
         while True:
@@ -156,9 +195,9 @@ class HostMemory:
         """`child` has ended: what it took is kept for its task's next children."""
         with self._lock:
             entry = self._begun.pop(id(child), None)
-            if entry is not None and child.peak_rss:
+            if entry is not None and _most(child):
                 key = (entry[1], entry[2])
-                self._peak[key] = max(self._peak.get(key, 0), child.peak_rss)
+                self._peak[key] = max(self._peak.get(key, 0), _most(child))
 
 
 HOST = HostMemory()  # one per process: every evaluation thread's children share the host

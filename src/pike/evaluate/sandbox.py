@@ -36,11 +36,13 @@ from pike.evaluate.child_ends import (
 from pike.evaluate.child_environment import MARKER_VARIABLE
 from pike.evaluate.child_start import SPAWNER, child_setup
 from pike.evaluate.disk_use import DiskWatch
+from pike.evaluate.held_files import held_bytes
 from pike.evaluate.protocol import Channel, ChildRequest
 from pike.evaluate.staging import InputStage
 
 _POLL_SECONDS = 0.05
 _TIMING_MEMORY_EVERY_S = 1.0
+_FILES_EVERY_S = 0.5
 _TREE_EVERY_S = 1.0
 _MAX_LINE_BYTES = 64 * 2**20  # the evaluator's messages are JSON lines of a few KB
 # How often a waiting parent reads the host's out-of-memory kill count while a child
@@ -61,6 +63,13 @@ class ChildProcess:
     _oom_count_seen_at = 0.0
     _last_rss: int | None = None
     peak_rss = 0  # the most the child tree held when measured (host_memory learns from it)
+    # what its files in a scratch in memory held when last read, and the most (held_files;
+    # host_memory counts them beside the RSS), read at most every _FILES_EVERY_S while
+    # it loads and checks
+    _last_files = 0
+    peak_files = 0
+    _files_read = float("-inf")
+    _files_of: Path | None = None  # its work folder (set when made)
     disk: DiskWatch | None = None  # a candidate's files against its limit, from `begin`
     # the tree's processes as last found, and when (monotonic): _tree_rss
     _tree: tuple[psutil.Process, ...] = ()
@@ -80,6 +89,7 @@ class ChildProcess:
                  prefix: list[str] | None = None, sandboxed: bool = False,
                  stage: InputStage | None = None) -> None:
         self.request, self.work_dir, self.env = request, work_dir, env
+        self._files_of = work_dir
         self.prefix = prefix or []
         self.sandboxed = sandboxed  # in bwrap's namespaces: what it starts dies with it
         self.stage = stage
@@ -199,6 +209,14 @@ class ChildProcess:
         spent = now - self.phase_started
         self.phase_seconds[self.phase] = self.phase_seconds.get(self.phase, 0.0) + spent
         self.phase, self.phase_started = phase, now
+
+    def read_files(self, now: float | None = None) -> None:
+        """Read what its files in memory hold now (held_files) into its last and peak
+        figures; measure_memory does so every _FILES_EVERY_S while it loads."""
+        now = time.monotonic() if now is None else now
+        self._files_read = now
+        self._last_files = held_bytes(self._files_of) if self._files_of is not None else 0
+        self.peak_files = max(self.peak_files, self._last_files)
 
     def receive(self) -> Event:
         """The next message, or how the child ended, timed out or overran its memory.
@@ -349,12 +367,20 @@ class ChildProcess:
 
     def measure_memory(self) -> int:
         """The child tree's memory now, kept as its last and peak figures (0: the tree is
-        gone, killed meanwhile: not a measurement)."""
+        gone, killed meanwhile: not a measurement). Its files in memory are read too,
+        while it may still write them (host_memory.LOADING)."""
         used = self._tree_rss()
         if used:
             self._last_rss = used
             self.peak_rss = max(self.peak_rss, used)
+        now = time.monotonic()
+        if self.phase in host_memory.LOADING and now - self._files_read >= _FILES_EVERY_S:
+            self.read_files(now)
         return used
+
+    @property
+    def last_files_bytes(self) -> int:
+        return self._last_files
 
     def _memory_due(self, now: float) -> bool:
         """Whether to read the child's tree's memory now: every poll, but while timing at

@@ -1,0 +1,97 @@
+"""What a task's reference writes to the evaluator's scratch: every input set and expected
+output it draws, counted on the meta device (no memory taken, no GPU needed).
+
+    python bench/staging_bytes.py TASK_FOLDER [--ids 2,7,9] [--tag level1-sample]
+
+Per task: one input set's bytes, one call's output bytes, and the reference's files with
+today's protocol (`eval.trials` + the shifted and after-timing trials, each an input set
+and its expected outputs; the timed calls' `eval.timing.input_sets` and the probe sets,
+the same). The scratch is /dev/shm where it has room: these bytes are host memory that
+no process's RSS shows, held for the task's whole search (pike.evaluate.held_files).
+Writes bench/results/staging-bytes-<tag>.json and .md with the date and command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from common import now, run_script, this_command
+
+from pike.config import EvalConfig
+from pike.evaluate.protocol import EXTRA_TRIALS, timed_set_count
+
+RESULTS = Path(__file__).parent / "results"
+_GIB = 2**30
+
+
+def _bytes(values: Any) -> int:
+    if isinstance(values, torch.Tensor):
+        return values.numel() * values.element_size()
+    if isinstance(values, (list, tuple)):
+        return sum(_bytes(v) for v in values)
+    if isinstance(values, dict):
+        return sum(_bytes(v) for v in values.values())
+    return 0
+
+
+def measure(path: Path) -> dict[str, Any]:
+    """One input set's and one call's output bytes of the task file at `path`."""
+    spec = importlib.util.spec_from_file_location(f"task_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        with torch.device("meta"), torch.no_grad():
+            spec.loader.exec_module(module)
+            inputs = module.get_inputs()
+            out = module.Model(*module.get_init_inputs())(*inputs)
+    except Exception as exc:  # a task the meta device cannot run: said, not guessed
+        return {"task": path.stem, "error": f"{type(exc).__name__}: {str(exc)[:120]}"}
+    return {"task": path.stem, "input_bytes": _bytes(inputs), "output_bytes": _bytes(out)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("folder", type=Path)
+    p.add_argument("--ids", default=None, help="only these task ids: 2,7,9")
+    p.add_argument("--tag", required=True, help="names the results: staging-bytes-TAG")
+    args = p.parse_args()
+    ids = {int(i) for i in args.ids.split(",")} if args.ids else None
+    cfg = EvalConfig()
+    sets = cfg.trials + EXTRA_TRIALS + timed_set_count(cfg.timing.input_sets)
+    files = sorted((f for f in args.folder.glob("*.py") if f.stem.split("_")[0].isdigit()),
+                   key=lambda f: int(f.stem.split("_")[0]))
+    rows = [measure(f) for f in files if ids is None or int(f.stem.split("_")[0]) in ids]
+    for row in rows:
+        if "error" not in row:
+            row["reference_files_bytes"] = sets * (row["input_bytes"] + row["output_bytes"])
+    data = {"date": now(), "command": this_command(), "torch": torch.__version__,
+            "sets": sets, "trials": cfg.trials, "input_sets": cfg.timing.input_sets,
+            "tasks": rows}
+    stem = RESULTS / f"staging-bytes-{args.tag}"
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    lines = [f"# What each task's reference writes to the scratch ({args.tag})", "",
+             f"- date: {data['date']}; torch {data['torch']} (meta device: sizes only)",
+             f"- command: `{data['command']}`",
+             f"- protocol: {cfg.trials} trials + {EXTRA_TRIALS} (shifted, after timing), "
+             f"{cfg.timing.input_sets} timed input sets + probes: {sets} input sets and "
+             f"{sets} expected outputs per reference", "",
+             "| task | one input set | one output | the reference's files |",
+             "| --- | --- | --- | --- |"]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['task']} | {row['error']} | | |")
+        else:
+            lines.append(f"| {row['task']} | {row['input_bytes'] / _GIB:.2f} GiB | "
+                         f"{row['output_bytes'] / _GIB:.2f} GiB | "
+                         f"{row['reference_files_bytes'] / _GIB:.1f} GiB |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    run_script(main)
