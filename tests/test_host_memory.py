@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pike.config import EvalConfig
-from pike.evaluate import evaluate, host_memory
+from pike.evaluate import evaluate, host_memory, sandbox
 from pike.evaluate.host_memory import HostMemory
 from pike.evaluate.reference_cache import close_references
 from pike.task import Task
@@ -238,6 +238,9 @@ def test_a_real_evaluations_children_are_counted_waited_for_and_released(
 
     gate = Recorded()
     monkeypatch.setattr(host_memory, "HOST", gate)
+    # no periodic reads: the reference's files are read once more when its trials end,
+    # before it is released and before its expected outputs leave the folder
+    monkeypatch.setattr(sandbox, "_FILES_EVERY_S", 1e9)
     monkeypatch.setattr(judge, "hold_for_build", hold_for_build)
     monkeypatch.setattr(reference_start, "hold_for_build", hold_for_build)
     verdict = evaluate(mlp_task, mlp_task.source.replace("class Model", "class ModelNew")
@@ -252,13 +255,16 @@ def test_a_real_evaluations_children_are_counted_waited_for_and_released(
     assert "admit reference None" in order  # the cached reference: waits as they do
     assert verdict.steps.get("wait_for_memory", 0.0) >= 1.5 and _stood(verdict) >= 1.5
     assert len(gate._begun) == 1  # the reference's child, kept for the next candidate
+    from pike.evaluate import check, reference_cache
+    run = next(iter(reference_cache._references.values()))
+    written = sum(check.leaves_bytes(leaves) for leaves in [*run.expected, *run.timed_expected])
     close_references()
     assert gate._begun == {}  # it and the candidate's: both ended
     assert gate.expected(mlp_task.sha256) > 50 * 2**20  # a child imports torch at least
     from pike.evaluate.held_files import in_memory
     from pike.evaluate.leftovers import scratch_root
     if in_memory(scratch_root()):  # its inputs and expected outputs, in host memory
-        assert files["reference"] > 0
+        assert files["reference"] >= written > 0
         assert gate.expected(mlp_task.sha256, "reference") > files["reference"]
 
 
@@ -382,3 +388,38 @@ def test_held_files_count_a_child_s_own_files_in_memory_only(tmp_path: Path) -> 
     (disk / "big.pt").write_bytes(b"z" * 2**20)
     assert held_files.held_bytes(disk / "work") == (
         2**20 if held_files.in_memory(tmp_path) else 0)
+
+
+def test_a_kept_reference_building_a_baseline_is_counted_at_its_own_peak() -> None:
+    """A baseline's builds run on a reference that has loaded: its expected outputs, mapped
+    and out of its folder, are not expected again, and it is no new footprint."""
+    host = Host(available=60 * GIB)
+    gate = _gate(host)
+    kept = Child(last_rss_bytes=8 * GIB, peak_rss=8 * GIB, last_files_bytes=0,
+                 peak_files=56 * GIB, phase="build")
+    gate.admit(kept, "k7", "reference")
+    assert gate._coming(kept, "k7", "reference") == 0
+    assert gate._fits("k2", "reference") is False  # expected at k7's 64 GiB: no room
+    host.available = 100 * GIB
+    assert gate._fits("k2", "reference")  # not held back as if k7 were still loading
+
+
+def test_a_task_whose_kept_reference_was_closed_waits_as_before() -> None:
+    """Its reference closed between two evaluations (an idle one is closed for a waiting
+    child), the task is measured: its next reference waits the gate's usual time."""
+    host = Host(available=10 * GIB)
+    gate = _gate(host, longest_wait_s=0.0, new_task_wait_s=3.0)
+    closed = Child(last_rss_bytes=30 * GIB, peak_rss=30 * GIB, phase="idle")
+    gate.admit(closed, "k7", "reference")
+    gate.release(closed)
+    gate.admit(Child(last_rss_bytes=30 * GIB, peak_rss=30 * GIB, phase="idle"), "k9",
+               "reference")
+    assert gate.admit(Child(), "k7", "reference") < 1  # not the new task's hour
+
+
+def test_a_confirming_window_s_candidate_counts_its_own_folder(tmp_path: Path) -> None:
+    from pike.evaluate.held_files import evaluation_folder
+
+    window = tmp_path / "pike-cand-1-t2-x"
+    assert evaluation_folder(window / "c3" / "work") == window / "c3"
+    assert evaluation_folder(window / "work") == window

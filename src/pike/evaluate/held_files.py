@@ -12,8 +12,10 @@ gate, counting RSS only, expected 7.6 GiB of such a reference
 
 Counted: the regular files of one name under the child's evaluation folder (the
 `pike-<kind>-...` folder its work folder lies in), where that folder is on a tmpfs. A
-file of several names is another's (a candidate's inputs are the reference's, linked):
-its owner counts it.
+file of several names is left out: a candidate's inputs are the reference's, linked, and
+the reference's own figure was read before any candidate linked them (its peak is what
+the gate learns). Left out too: files unlinked while held open (the disk limit counts
+those, disk_use), and the OS sandbox's private /tmp and /dev/shm (2 GiB each at most).
 """
 
 from __future__ import annotations
@@ -28,16 +30,27 @@ _IN_MEMORY = ("tmpfs", "ramfs")
 
 
 def evaluation_folder(work_dir: Path) -> Path:
-    """The folder of all a child's files: the `pike-...` temp folder its work folder is in
-    (leftovers.make_temp_dir), else the work folder itself."""
+    """The folder of all a child's files: the one its work folder is in, where that is a
+    `pike-...` temp folder (leftovers.make_temp_dir) or a folder of one (a confirming
+    window's candidates, `pike-cand-.../c<id>/work`), else the work folder itself."""
     parent = work_dir.parent
-    return parent if parent.name.startswith("pike-") else work_dir
+    if parent.name.startswith("pike-") or parent.parent.name.startswith("pike-"):
+        return parent
+    return work_dir
+
+
+def _scratch(folder: Path) -> Path:
+    """The folder the `pike-...` folder holding `folder` lies in (the scratch)."""
+    for above in (folder, *folder.parents):
+        if above.name.startswith("pike-"):
+            return above.parent
+    return folder.parent
 
 
 def held_bytes(work_dir: Path) -> int:
     """The bytes of host memory the child's files take now (0 where they are on disk)."""
     folder = evaluation_folder(work_dir)
-    if not in_memory(folder.parent):
+    if not in_memory(_scratch(folder)):
         return 0
     return folder_use([folder], single_name_only=True).bytes
 

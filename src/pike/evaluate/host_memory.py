@@ -80,9 +80,11 @@ def default_headroom() -> int:
 
 
 # Phases in which a child may not yet hold what its task's children take: it loads its
-# inputs and model, builds, and runs its checks (a reference writes its expected outputs
-# there, a candidate its trials'); past them (idle, timing) it is counted at its own peak.
-LOADING = ("setup", "load", "init", "check", "build")
+# inputs and model and runs its checks (a reference writes its expected outputs there, a
+# candidate its trials'); past them it is counted at its own peak. Not a baseline's
+# `build`: its reference has loaded, and its expected outputs, no longer in its folder,
+# would be expected again.
+LOADING = ("setup", "load", "init", "check")
 
 
 def _holds(child: Measured) -> int:
@@ -144,7 +146,10 @@ class HostMemory:
         return max(0, child.peak_rss - (child.last_rss_bytes or 0))
 
     def _new_task(self, task: str) -> bool:
-        return not any(t == task for _, t, _ in self._begun.values())
+        """No child of `task` begun and none measured: a task a bench has yet to start (one
+        whose kept reference was closed goes on as before, at the gate's usual wait)."""
+        return ((task, "reference") not in self._peak
+                and not any(t == task for _, t, _ in self._begun.values()))
 
     def _fits(self, task: str, role: str) -> bool:
         if not self._begun:

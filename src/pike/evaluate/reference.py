@@ -242,6 +242,7 @@ class ReferenceRun:
             finish(fresh)
             log.info("no fresh reference child: %s", report.failure)
             return False
+        fresh.read_files()  # what it held at most, for the host-memory gate
         shutil.rmtree(tmp / "inputs")  # the fresh child keeps its inputs in memory; the
         shutil.rmtree(tmp / "expected")  # expected outputs stay the first child's
         fresh.enter_phase("idle")

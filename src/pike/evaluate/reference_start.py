@@ -110,13 +110,13 @@ def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: boo
             with beside_others(child, device, cfg.device_lock):
                 begin_child(child, cfg)
                 ok = run_trials(child, report)
+            if ok:  # all it wrote, before it is released or its expected outputs go
+                child.read_files()
         finally:
             if child is not None and not (ok and keep_child):
                 finish(child)
         if not ok:
             return report.failure
-        assert child is not None
-        child.read_files()  # all it wrote, before its expected outputs leave the folder
         with span("load_expected"):
             expected = [load_leaves(expected_dir / f"outputs_{i}.pt", mapped=True)
                         for i in range(cfg.trials + EXTRA_TRIALS)]
@@ -124,6 +124,7 @@ def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: boo
                      for k in range(timed_set_count(cfg.timing.input_sets))]
         _make_read_only(inputs_dir)
         shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
+        assert child is not None
         child.enter_phase("idle")
         # construct_on 'auto', as the child settled it: its candidates, and a child that
         # replaces it, build where it built (the same seed gives the same weights only there)

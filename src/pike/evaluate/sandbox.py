@@ -70,6 +70,7 @@ class ChildProcess:
     peak_files = 0
     _files_read = float("-inf")
     _files_of: Path | None = None  # its work folder (set when made)
+    _files_lock = threading.Lock()  # one for all children: a read takes a moment
     disk: DiskWatch | None = None  # a candidate's files against its limit, from `begin`
     # the tree's processes as last found, and when (monotonic): _tree_rss
     _tree: tuple[psutil.Process, ...] = ()
@@ -213,10 +214,10 @@ class ChildProcess:
     def read_files(self, now: float | None = None) -> None:
         """Read what its files in memory hold now (held_files) into its last and peak
         figures; measure_memory does so every _FILES_EVERY_S while it loads."""
-        now = time.monotonic() if now is None else now
-        self._files_read = now
-        self._last_files = held_bytes(self._files_of) if self._files_of is not None else 0
-        self.peak_files = max(self.peak_files, self._last_files)
+        with self._files_lock:  # the receive loop, the watch's thread and the caller
+            self._files_read = time.monotonic() if now is None else now
+            held = held_bytes(self._files_of) if self._files_of is not None else 0
+            self._last_files, self.peak_files = held, max(self.peak_files, held)
 
     def receive(self) -> Event:
         """The next message, or how the child ended, timed out or overran its memory.
