@@ -189,9 +189,11 @@ class HostMemory:
                     self._begun[id(child)] = (child, task, role)
                     return waited if said else 0.0
                 if not said:
-                    log.info("a child waits for host memory: %.1f GiB expected, %.1f GiB "
-                             "available", self.expected(task, role) / _GIB,
-                             self._available() / _GIB)
+                    log.info("a child waits for host memory: %.1f GiB expected, "
+                             "%.1f GiB available%s", self.expected(task, role) / _GIB,
+                             self._available() / _GIB,
+                             ", a new task's reference (it waits for the running ones)"
+                             if limit > self.longest_wait_s else "")
                     said = True
             if not any(free_one() for free_one in list(self._reclaimers)):
                 self._sleep(_POLL_S)
