@@ -107,6 +107,8 @@ def test_bench_survives_a_kill_and_reports_every_figure(
             assert store.spent(name)[0] == 4
             baseline = store.get_state(name, "baseline")
             assert [m["mode"] for m in baseline["modes"]] == ["eager", "compile:default"]
+            # what its children took on the host, for the next resume's gate
+            assert store.get_state(name, "host_footprint")["reference"] > 50 * 2**20
             if baselines_before[name] is not None:  # measured once, kept across the resume
                 assert baseline == baselines_before[name]
             best = store.best(name)

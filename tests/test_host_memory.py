@@ -423,3 +423,35 @@ def test_a_confirming_window_s_candidate_counts_its_own_folder(tmp_path: Path) -
     window = tmp_path / "pike-cand-1-t2-x"
     assert evaluation_folder(window / "c3" / "work") == window / "c3"
     assert evaluation_folder(window / "work") == window
+
+
+def test_a_size_recalled_from_a_resumed_run_is_the_task_s_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A level1 bench spans device calls: in each new one a task not yet measured there
+    was expected at the largest size measured, and a 3 GiB task waited behind 7's 63 GiB.
+    The store keeps each task's size and the resumed run's gate starts from it; the task
+    is still new here (its reference waits for the running ones, not 5 minutes only)."""
+    from pike.search import campaign
+    from pike.store import FOOTPRINT_STATE, RunStore
+    from pike.task import Task
+
+    host = Host(available=20 * GIB)
+    gate = _gate(host)
+    monkeypatch.setattr(host_memory, "HOST", gate)
+    small = Task.from_file(Path(__file__).parents[1] / "examples" / "tasks" / "1_GeluMLP.py")
+    with RunStore.create(tmp_path / "run", {}, "pike bench") as store:
+        store.add_task(small.name, str(small.path), small.sha256, small.source)
+        store.set_state(small.name, FOOTPRINT_STATE, {"reference": 3 * GIB, "candidate": GIB,
+                                                      "other": 5, "junk": "x"})
+        campaign._recall_footprints(store, [small])
+    gate.admit(Child(last_rss_bytes=63 * GIB, peak_rss=63 * GIB, phase="idle"), "k7",
+               "reference")
+    assert gate.expected(small.sha256, "reference") == 3 * GIB
+    assert gate.expected(small.sha256, "candidate") == GIB
+    assert gate.admit(Child(), small.sha256, "reference") == 0.0 and host.sleeps == 0
+    assert gate.measured(small.sha256, "reference") == 3 * GIB
+    assert gate.measured("never", "reference") is None
+    # recalled, yet new to this run: its reference waits for the running ones
+    recalled = _gate(Host(available=20 * GIB))
+    recalled.remember("k9", "reference", 63 * GIB)
+    assert recalled._new_task("k9")

@@ -34,6 +34,9 @@ STORE_FILE = "run.sqlite"
 BASELINE_STATE = "baseline"  # Baseline.model_dump(mode="json"): eager and compile modes
 DONE_STATE = "done"  # the task needs no more work (a campaign's resume skips it)
 ERROR_STATE = "error"  # why the task was given up (its reference failed)
+# {"reference": bytes, "candidate": bytes}: the most its children took on the host (RSS
+# and files in memory, evaluate/host_memory), recalled by a resumed run's gate
+FOOTPRINT_STATE = "host_footprint"
 MISSING_STATE = "missing"  # an audited set had no file for the task
 
 

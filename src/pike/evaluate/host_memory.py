@@ -110,6 +110,7 @@ class HostMemory:
         self._lock = threading.Lock()
         self._begun: dict[int, tuple[Measured, str, str]] = {}  # id -> child, task, role
         self._peak: dict[tuple[str, str], int] = {}  # (task, role) -> the most one took
+        self._started: set[str] = set()  # tasks a child of which has begun here
         self._reclaimers: list[Callable[[], bool]] = []
 
     def reclaim_with(self, free_one: Callable[[], bool]) -> None:
@@ -146,10 +147,24 @@ class HostMemory:
         return max(0, child.peak_rss - (child.last_rss_bytes or 0))
 
     def _new_task(self, task: str) -> bool:
-        """No child of `task` begun and none measured: a task a bench has yet to start (one
-        whose kept reference was closed goes on as before, at the gate's usual wait)."""
-        return ((task, "reference") not in self._peak
-                and not any(t == task for _, t, _ in self._begun.values()))
+        """No child of `task` has begun in this process: a task a bench has yet to start
+        (one whose kept reference was closed goes on as before, at the gate's usual
+        wait; one whose size a resumed run recalled is new all the same)."""
+        return task not in self._started
+
+    def measured(self, task: str, role: str) -> int | None:
+        """What `task`'s children in `role` took at most, as measured (or recalled); None
+        where none has been: what `expected` would guess from other tasks is no measure."""
+        with self._lock:  # (a campaign's thread asks while others' children begin)
+            own = [_most(c) for c, t, r in self._begun.values() if (t, r) == (task, role)]
+            found = max([self._peak.get((task, role), 0), *own])
+        return found or None
+
+    def remember(self, task: str, role: str, taken: int) -> None:
+        """A size measured before (a resumed run's store): `task`'s children in `role` are
+        expected to take it from their first, not the largest any other task took."""
+        with self._lock:
+            self._peak[(task, role)] = max(self._peak.get((task, role), 0), taken)
 
     def _fits(self, task: str, role: str) -> bool:
         if not self._begun:
@@ -187,6 +202,7 @@ class HostMemory:
                                     "it is expected to take (%.1f GiB)", waited,
                                     self.expected(task, role) / _GIB)
                     self._begun[id(child)] = (child, task, role)
+                    self._started.add(task)
                     return waited if said else 0.0
                 if not said:
                     log.info("a child waits for host memory: %.1f GiB expected, "

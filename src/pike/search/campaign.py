@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from pike.config import RunConfig
 from pike.errors import ConfigError, TaskError
-from pike.evaluate import device_holds, measure_baselines
+from pike.evaluate import device_holds, host_memory, measure_baselines
 from pike.evaluate.baseline import BaselineStopped, baseline_gaps, stopped_meanwhile
 from pike.evaluate.device_slots import DeviceSlots
 from pike.evaluate.judge import resolve_device
@@ -48,7 +48,7 @@ from pike.search.session import (
     task_result,
 )
 from pike.solution_set import write_set
-from pike.store import BASELINE_STATE, DONE_STATE, ERROR_STATE, RunStore
+from pike.store import BASELINE_STATE, DONE_STATE, ERROR_STATE, FOOTPRINT_STATE, RunStore
 from pike.task import Task, load_tasks, tasks_to_redo
 from pike.threads import InOrder, run_each, unwinding_stop
 
@@ -111,6 +111,7 @@ def bench(folder: Path | None, config: RunConfig | None = None, *,
         # time beyond its searches' budgets
         with drain.stop_after(stop_after), \
                 device_holds.recording(store.path.parent / device_holds.LEDGER_NAME):
+            _recall_footprints(store, tasks)
             try:
                 outcomes = _run_all(store, tasks, cfg, max(1, jobs), on_event, fill_baselines)
             except KeyboardInterrupt:
@@ -329,7 +330,10 @@ def _one_task(store: RunStore, task: Task, cfg: RunConfig, evaluations: Pool,
         return _left_open(store, task, event)
     try:
         event("task_phase", phase="search")
-        result = search_task(store, task, cfg, None, event, evaluations, searched=searched)
+        try:
+            result = search_task(store, task, cfg, None, event, evaluations, searched=searched)
+        finally:
+            _keep_footprint(store, task)
     except ReferenceOutOfMemory as err:
         if not beside_others:
             return _failed(store, task, err, event)
@@ -379,8 +383,28 @@ def _measure_baseline(store: RunStore, task: Task, cfg: RunConfig,
             _failed(store, task, err, event)
         return True
     store.set_state(task.name, BASELINE_STATE, baseline.model_dump(mode="json"))
+    _keep_footprint(store, task)
     event("task_phase", phase="waiting")  # for a search slot
     return True
+
+
+def _keep_footprint(store: RunStore, task: Task) -> None:
+    """What the task's children took on the host, kept for a resumed run's gate: a level1
+    bench spans device calls, and in each new call every task not yet measured there was
+    expected at the largest size measured (a 3 GiB task waited behind a 63 GiB one)."""
+    sizes = {role: n for role in ("reference", "candidate")
+             if (n := host_memory.HOST.measured(task.sha256, role))}
+    if sizes:
+        store.set_state(task.name, FOOTPRINT_STATE, sizes)
+
+
+def _recall_footprints(store: RunStore, tasks: list[Task]) -> None:
+    for task in tasks:
+        kept = store.get_state(task.name, FOOTPRINT_STATE)
+        if isinstance(kept, dict):
+            for role, taken in kept.items():
+                if role in ("reference", "candidate") and isinstance(taken, int) and taken > 0:
+                    host_memory.HOST.remember(task.sha256, role, taken)
 
 
 def _left_open(store: RunStore, task: Task, event: Callable[..., None]) -> TaskOutcome:
