@@ -19,10 +19,12 @@ level1 task of 4 GiB outputs), the reference's first, which every task begins wi
 task nobody has measured yet is expected to take what the largest one measured took.
 
 Nothing waits where no other child is begun (there is nothing to wait for). A new task's
-reference (no child of its task begun) waits up to `_NEW_TASK_WAIT_S` while other tasks
-run, since they end and give their memory back; and it does not begin while another new
-task's reference still loads, so each footprint is measured before the next is guessed
-(on that level1 bench four references began at once and took the host). Any other child
+reference (no child of its task begun in this process yet) waits up to `_NEW_TASK_WAIT_S`
+while other tasks run, since they end and give their memory back; and a task not yet
+measured does not begin while another such task's reference still loads, so each
+footprint is measured before the next is guessed (on that level1 bench four references
+began at once and took the host). A resumed bench recalls each task's size from its run
+store (`remember`, campaign's `host_footprint`). Any other child
 waits at most `_LONGEST_WAIT_S`: a kept reference holds its memory for its task's whole
 search, and a host too small for the reference and one candidate must still make
 progress, as it did before (the killer remains the last word there).
