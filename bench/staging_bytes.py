@@ -14,7 +14,6 @@ Writes bench/results/staging-bytes-<tag>.json and .md with the date and command.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -23,35 +22,22 @@ import torch
 from common import now, run_script, this_command
 
 from pike.config import EvalConfig
+from pike.errors import TaskError
 from pike.evaluate.protocol import EXTRA_TRIALS, timed_set_count
+from pike.task import Task
+from pike.work_count import io_bytes
 
 RESULTS = Path(__file__).parent / "results"
 _GIB = 2**30
 
 
-def _bytes(values: Any) -> int:
-    if isinstance(values, torch.Tensor):
-        return values.numel() * values.element_size()
-    if isinstance(values, (list, tuple)):
-        return sum(_bytes(v) for v in values)
-    if isinstance(values, dict):
-        return sum(_bytes(v) for v in values.values())
-    return 0
-
-
 def measure(path: Path) -> dict[str, Any]:
     """One input set's and one call's output bytes of the task file at `path`."""
-    spec = importlib.util.spec_from_file_location(f"task_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
     try:
-        with torch.device("meta"), torch.no_grad():
-            spec.loader.exec_module(module)
-            inputs = module.get_inputs()
-            out = module.Model(*module.get_init_inputs())(*inputs)
-    except Exception as exc:  # a task the meta device cannot run: said, not guessed
-        return {"task": path.stem, "error": f"{type(exc).__name__}: {str(exc)[:120]}"}
-    return {"task": path.stem, "input_bytes": _bytes(inputs), "output_bytes": _bytes(out)}
+        inputs, outputs = io_bytes(Task.from_file(path))
+    except TaskError as exc:  # a task the meta device cannot run: said, not guessed
+        return {"task": path.stem, "error": str(exc)[:160]}
+    return {"task": path.stem, "input_bytes": inputs, "output_bytes": outputs}
 
 
 def main() -> None:

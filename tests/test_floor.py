@@ -477,3 +477,25 @@ def test_a_forward_with_sparse_intermediates_is_counted(tmp_path: Path) -> None:
     """)
     work = count_work(task)
     assert work.bytes_inputs == 8 * 8 * 4 and work.bytes_outputs == 8 * 8 * 4
+
+
+def test_io_bytes_are_every_input_and_output_leaf_in_full(tmp_path: Path) -> None:
+    """What the evaluator writes of a trial (bench/staging_bytes.py): unlike bytes_min, an
+    input the forward reads a slice of counts in full, and the task's default dtype is
+    given back to the next task counted."""
+    from pike.work_count import io_bytes
+
+    task = make_task(tmp_path, """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                torch.set_default_dtype(torch.float64)
+            def forward(self, x, y):
+                return x[:2] * 2, y.sum()
+        def get_inputs():
+            return [torch.randn(10, 4, dtype=torch.float32), torch.randn(3, dtype=torch.float32)]
+        def get_init_inputs():
+            return []
+    """)
+    assert io_bytes(task) == (10 * 4 * 4 + 3 * 4, 2 * 4 * 4 + 4)
+    assert torch.get_default_dtype() == torch.float32

@@ -131,6 +131,22 @@ def count_work(task: Task, device: str = "cpu", seed: int = 42,
     )
 
 
+def io_bytes(task: Task, device: str = "meta", seed: int = 42) -> tuple[int, int]:
+    """One input set's bytes and one forward's output bytes, every leaf in full (what the
+    evaluator writes of a trial: bench/staging_bytes.py); built and run as count_work does,
+    in THIS process (trusted reference code only). Raises TaskError when the code fails."""
+    target = torch.device(device)
+    fork = [torch.cuda.current_device()] if target.type == "cuda" else []
+    with _own_defaults(), torch.random.fork_rng(devices=fork):
+        model, inputs = _build(task, _load_module(task), target, seed, False)
+        try:
+            with torch.no_grad():
+                output = model(*inputs)
+        except Exception as err:
+            raise TaskError(_failure(task, "forward", err, target)) from None
+    return _nbytes(_tensors(inputs)), _nbytes(_tensors(output))
+
+
 def count_work_cheaply(task: Task, fallback: str = "cpu", seed: int = 42,
                        build_on_device: bool = False) -> Work:
     """count_work on the meta device (no memory, no arithmetic) and, when the task's code
