@@ -131,9 +131,9 @@ class HostMemory:
         """What a child of `task` in `role` is expected to take: the most one of its
         children in that role took (those begun included), else the most any child in
         that role took."""
-        own = [_most(c) for c, t, r in self._begun.values() if (t, r) == (task, role)]
-        if (task, role) in self._peak or any(own):
-            return max([self._peak.get((task, role), 0), *own])
+        own = self._own(task, role)
+        if own:
+            return own
         anyone = [*(v for (_, r), v in self._peak.items() if r == role),
                   *(_most(c) for c, _, r in self._begun.values() if r == role)]
         return max(anyone, default=0)
@@ -158,9 +158,12 @@ class HostMemory:
         """What `task`'s children in `role` took at most, as measured (or recalled); None
         where none has been: what `expected` would guess from other tasks is no measure."""
         with self._lock:  # (a campaign's thread asks while others' children begin)
-            own = [_most(c) for c, t, r in self._begun.values() if (t, r) == (task, role)]
-            found = max([self._peak.get((task, role), 0), *own])
-        return found or None
+            return self._own(task, role) or None
+
+    def _own(self, task: str, role: str) -> int:
+        """The most `task`'s children in `role` took, released or begun (0: none measured)."""
+        own = [_most(c) for c, t, r in self._begun.values() if (t, r) == (task, role)]
+        return max([self._peak.get((task, role), 0), *own])
 
     def remember(self, task: str, role: str, taken: int) -> None:
         """A size measured before (a resumed run's store): `task`'s children in `role` are

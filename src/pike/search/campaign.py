@@ -388,11 +388,14 @@ def _measure_baseline(store: RunStore, task: Task, cfg: RunConfig,
     return True
 
 
+_FOOTPRINT_ROLES = ("reference", "candidate")  # what host_memory tells apart
+
+
 def _keep_footprint(store: RunStore, task: Task) -> None:
     """What the task's children took on the host, kept for a resumed run's gate: a level1
     bench spans device calls, and in each new call every task not yet measured there was
     expected at the largest size measured (a 3 GiB task waited behind a 63 GiB one)."""
-    sizes = {role: n for role in ("reference", "candidate")
+    sizes = {role: n for role in _FOOTPRINT_ROLES
              if (n := host_memory.HOST.measured(task.sha256, role))}
     if sizes:
         store.set_state(task.name, FOOTPRINT_STATE, sizes)
@@ -403,7 +406,7 @@ def _recall_footprints(store: RunStore, tasks: list[Task]) -> None:
         kept = store.get_state(task.name, FOOTPRINT_STATE)
         if isinstance(kept, dict):
             for role, taken in kept.items():
-                if role in ("reference", "candidate") and isinstance(taken, int) and taken > 0:
+                if role in _FOOTPRINT_ROLES and isinstance(taken, int) and taken > 0:
                     host_memory.HOST.remember(task.sha256, role, taken)
 
 
