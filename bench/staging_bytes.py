@@ -6,7 +6,8 @@ output it draws, counted on the meta device (no memory taken, no GPU needed).
 Per task: one input set's bytes, one call's output bytes, and the reference's files with
 today's protocol (`eval.trials` + the shifted and after-timing trials, each an input set
 and its expected outputs; the timed calls' `eval.timing.input_sets` and the probe sets,
-the same). The scratch is /dev/shm where it has room: these bytes are host memory that
+an input set each: their outputs are computed again when a window's samples are
+checked), beside what it wrote up to pike 70c9566 (the timed sets' outputs too). The scratch is /dev/shm where it has room: these bytes are host memory that
 no process's RSS shows, held for the task's whole search (pike.evaluate.held_files).
 Writes bench/results/staging-bytes-<tag>.json and .md with the date and command.
 """
@@ -48,15 +49,18 @@ def main() -> None:
     args = p.parse_args()
     ids = {int(i) for i in args.ids.split(",")} if args.ids else None
     cfg = EvalConfig()
-    sets = cfg.trials + EXTRA_TRIALS + timed_set_count(cfg.timing.input_sets)
+    outputs = cfg.trials + EXTRA_TRIALS
+    sets = outputs + timed_set_count(cfg.timing.input_sets)
     files = sorted((f for f in args.folder.glob("*.py") if f.stem.split("_")[0].isdigit()),
                    key=lambda f: int(f.stem.split("_")[0]))
     rows = [measure(f) for f in files if ids is None or int(f.stem.split("_")[0]) in ids]
     for row in rows:
         if "error" not in row:
-            row["reference_files_bytes"] = sets * (row["input_bytes"] + row["output_bytes"])
+            row["reference_files_bytes"] = (sets * row["input_bytes"]
+                                            + outputs * row["output_bytes"])
+            row["until_70c9566_bytes"] = sets * (row["input_bytes"] + row["output_bytes"])
     data = {"date": now(), "command": this_command(), "torch": torch.__version__,
-            "sets": sets, "trials": cfg.trials, "input_sets": cfg.timing.input_sets,
+            "sets": sets, "expected_outputs": outputs, "trials": cfg.trials, "input_sets": cfg.timing.input_sets,
             "tasks": rows}
     stem = RESULTS / f"staging-bytes-{args.tag}"
     stem.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
@@ -65,16 +69,18 @@ def main() -> None:
              f"- command: `{data['command']}`",
              f"- protocol: {cfg.trials} trials + {EXTRA_TRIALS} (shifted, after timing), "
              f"{cfg.timing.input_sets} timed input sets + probes: {sets} input sets and "
-             f"{sets} expected outputs per reference", "",
-             "| task | one input set | one output | the reference's files |",
-             "| --- | --- | --- | --- |"]
+             f"{outputs} expected outputs per reference (up to pike 70c9566: {sets} of "
+             "each, the timed sets' outputs kept too)", "",
+             "| task | one input set | one output | the reference's files | up to 70c9566 |",
+             "| --- | --- | --- | --- | --- |"]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['task']} | {row['error']} | | |")
+            lines.append(f"| {row['task']} | {row['error']} | | | |")
         else:
             lines.append(f"| {row['task']} | {row['input_bytes'] / _GIB:.2f} GiB | "
                          f"{row['output_bytes'] / _GIB:.2f} GiB | "
-                         f"{row['reference_files_bytes'] / _GIB:.1f} GiB |")
+                         f"{row['reference_files_bytes'] / _GIB:.1f} GiB | "
+                         f"{row['until_70c9566_bytes'] / _GIB:.1f} GiB |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -37,7 +37,7 @@ def looked(monkeypatch: pytest.MonkeyPatch) -> Any:
             second_samples: list[float] | None = None) -> tuple[list[Timer], int]:
         child = SimpleNamespace(probes_timed=probes_timed_before, timed_calls=0)
         first = _window(child, [9.0, 8.0])
-        reference = SimpleNamespace(timed_expected=None, own_error=None)
+        reference = SimpleNamespace(timed_answers=lambda taken, scope: {}, own_error=None)
         cfg = EvalConfig(device="cpu")
         first[1].failure = candidate_windows.timed_dishonestly(reference, first[1], cfg,
                                                                first[0])

@@ -150,9 +150,10 @@ def timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig,
     `reference_timer`: the reference's calls in the same window, which say whether it
     was steady (check.slow_probes). Slow probes where only the candidate's own calls were
     not steady set `timer.withheld`: the figure is no search's to take."""
-    wrong = check.timed_outputs_problem(reference.timed_expected, timer.outputs,
-                                        len(timer.samples), cfg.atol, cfg.rtol,
-                                        reference.own_error)
+    answers = reference.timed_answers(timer.outputs, cfg.device_lock)
+    unchecked = answers if isinstance(answers, str) else None
+    wrong = None if isinstance(answers, str) else check.timed_outputs_problem(
+        answers, timer.outputs, len(timer.samples), cfg.atol, cfg.rtol, reference.own_error)
     if wrong:
         return Verdict(status="incorrect", phase="timing", message=wrong)
     slow = timer.slow_probes = check.slow_probes(
@@ -161,7 +162,9 @@ def timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig,
               check.withheld_probes_problem(timer.child.timed_calls, timer.child.probes_timed))
     if reused:
         return Verdict(status="rejected", phase="timing", message=reused)
-    timer.withheld = slow.message if slow is not None else None
+    # outputs no one could check give no figure to take, nor a fault to name
+    timer.withheld = (f"its timed calls' outputs could not be checked: {unchecked}"
+                      if unchecked else slow.message if slow is not None else None)
     return None
 
 

@@ -320,21 +320,48 @@ def _describe(value: Any) -> str:
 SAMPLED_LEAVES, SAMPLED_POSITIONS = 8, 16
 
 
-def timed_outputs_problem(expected_sets: list[list[Any]], taken: list[dict[str, Any]],
-                          timed_calls: int, atol: float, rtol: float,
-                          own_error: dict[int, float] | None = None) -> str | None:
+@dataclass(frozen=True)
+class SampledLeaf:
+    """One output of the reference on a timed input set, as far as a window's samples
+    read it: its shape and its values (a complex value's magnitude) at the positions
+    sampled."""
+
+    shape: list[int]
+    values: dict[int, float]
+
+    @classmethod
+    def of(cls, answer: dict[str, Any]) -> SampledLeaf | None:
+        """From the reference child's answer (None: the leaf is no tensor)."""
+        if answer.get("shape") is None:
+            return None
+        positions, values = answer["positions"], answer["values"]
+        if len(positions) != len(values):
+            raise ValueError("positions and values differ in number")
+        return cls([int(d) for d in answer["shape"]],
+                   {int(p): float(v) for p, v in zip(positions, values, strict=True)})
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def timed_outputs_problem(answers: dict[int, list[SampledLeaf | None]],
+                          taken: list[dict[str, Any]], timed_calls: int, atol: float,
+                          rtol: float, own_error: dict[int, float] | None = None) -> str | None:
     """Why the sampled outputs of timed calls are not the reference's for the same inputs
-    (None when they are). The child sampled them at positions it drew after each call.
-    `own_error`: per output, how far the reference's own rounding was seen to take it
-    from a float64 run (own_rounding), allowed beside `atol`."""
+    (None when they are). The child sampled them at positions it drew after each call;
+    `answers` holds the reference's outputs per input set at those positions
+    (ReferenceRun.timed_answers). `own_error`: per
+    output, how far the reference's own rounding was seen to take it from a float64 run
+    (own_rounding), allowed beside `atol`."""
     if timed_calls >= 20 and not taken:
         return (f"none of its {timed_calls} timed calls' outputs came back to be checked "
                 "(half are sampled, at random)")
     for item in taken:
         k, call = item.get("set"), item.get("call")
-        if not isinstance(k, int) or not 0 <= k < len(expected_sets):
+        if not isinstance(k, int) or k not in answers:
             return f"timed call {call}: reported for an unknown input set"
-        expected = expected_sets[k][:SAMPLED_LEAVES]
+        expected = answers[k]
         leaves = item.get("leaves") or []
         if len(leaves) != len(expected):
             return (f"timed call {call} returned {len(leaves)} outputs, "
@@ -348,21 +375,21 @@ def timed_outputs_problem(expected_sets: list[list[Any]], taken: list[dict[str, 
     return None
 
 
-def _sampled_leaf_problem(expected: Any, got: dict[str, Any], atol: float,
+def _sampled_leaf_problem(expected: SampledLeaf | None, got: Any, atol: float,
                           rtol: float) -> str | None:
-    if not isinstance(expected, _Tensor):
+    if expected is None:
         return None  # plain scalars are compared in the trials
-    if got.get("shape") != list(expected.shape):
-        return f"shape {got.get('shape')} != expected {list(expected.shape)}"
+    if not isinstance(got, dict) or got.get("shape") != expected.shape:
+        shape = got.get("shape") if isinstance(got, dict) else None
+        return f"shape {shape} != expected {expected.shape}"
     positions, values = got.get("positions") or [], got.get("values") or []
-    n = expected.numel()
+    n = expected.numel
     if (len(positions) != min(SAMPLED_POSITIONS, n) or len(values) != len(positions)
-            or not all(isinstance(p, int) and 0 <= p < n for p in positions)):
+            or not all(isinstance(p, int) and p in expected.values for p in positions)):
         return "the sample of its values is malformed"
     if not positions:
         return None
-    exp = expected.detach().reshape(-1)[torch.tensor(positions)]
-    exp = (exp.abs() if exp.is_complex() else exp).to(torch.float64)
+    exp = torch.tensor([expected.values[p] for p in positions], dtype=torch.float64)
     try:
         act = torch.tensor([float(v) for v in values], dtype=torch.float64)
     except (TypeError, ValueError):

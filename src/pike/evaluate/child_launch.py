@@ -122,7 +122,10 @@ def _phase_limits(cfg: EvalConfig, run_limit_s: float | None) -> dict[str, float
             # advisory passes: a hang here must not hold the device for long
             "profile": lim.check_seconds, "work": lim.check_seconds,
             # one trial in float64 (own_rounding): slower than the check's trials in float32
-            "exact": 2 * lim.check_seconds}
+            "exact": 2 * lim.check_seconds,
+            # the timed sets' outputs again (ReferenceRun.timed_answers): as many forwards
+            # as the check ran, at most
+            "timed_values": lim.check_seconds}
 
 
 def _sandbox_plan(request: ChildRequest, work_dir: Path, cache_root: Path,

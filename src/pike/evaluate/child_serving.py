@@ -1,6 +1,6 @@
 """The child's serving loop after its checks: it times blocks of calls, profiles them,
-builds and checks compiled modes, counts the task's work and runs the float64 trial, each
-as the parent asks, until the parent says stop.
+builds and checks compiled modes, counts the task's work, runs the float64 trial and
+answers a timed input set's outputs at sampled positions, each as the parent asks, until the parent says stop.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
                   forget: Callable[[str], object] = lambda mode: None,
                   prebuild: Callable[[str], None] | None = None,
                   exact: Callable[[int], str] | None = None,
+                  timed_values: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+                  | None = None,
                   ) -> None:
     """Time blocks of calls as the parent asks, one block per request, until it says stop.
 
@@ -50,6 +52,9 @@ def _serve_timing(req: ChildRequest, chan: Channel, device: torch.device,
             continue
         if msg and msg.get("event") == "exact" and exact is not None:
             _serve_exact(exact, msg, chan, device)
+            continue
+        if msg and msg.get("event") == "timed_values" and timed_values is not None:
+            _serve_timed_values(timed_values, msg, chan, device)
             continue
         if msg and msg.get("event") == "prebuild" and prebuild is not None:
             try:
@@ -147,6 +152,20 @@ def _serve_exact(exact: Callable[[int], str], msg: dict, chan: Channel,
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the float64 copy's memory, back to the card
     chan.send("exact", file=name, seq=msg.get("seq"))
+
+
+def _serve_timed_values(timed_values: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+                        msg: dict, chan: Channel, device: torch.device) -> None:
+    try:
+        answers = timed_values(list(msg.get("sets") or []))
+    except BaseException as exc:  # out of memory, say: the parent cannot check, and says so
+        chan.send("timed_values", sets=None, error=describe_exception(exc).splitlines()[0][:300],
+                  seq=msg.get("seq"))
+        return
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the outputs' memory, back to the card
+    chan.send("timed_values", sets=answers, seq=msg.get("seq"))
 
 
 def _serve_work(req: ChildRequest, msg: dict, chan: Channel) -> None:

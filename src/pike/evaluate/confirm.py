@@ -117,6 +117,14 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
             if config.guards:  # the wall-clock check's figure, while the device is held
                 reference.calibrate_in_window(timers[0], timed)
         cost = reference.loop_cost() if config.guards else None
+        # Its timed calls' sampled outputs and probes checked as there, before the
+        # reference's child goes (it answers for the timed sets): a candidate that tells
+        # this window's longer blocks from a screening window's must not be honest there
+        # and reuse its answers here.
+        dishonest = {cid: timed_dishonestly(reference, timer, config, timers[0])
+                     for cid, timer in zip(children, timers[1:], strict=True)
+                     if config.guards and timer.failure is None and timer.samples
+                     and timers[0].samples}
     finally:
         for child in children.values():
             finish(child)
@@ -129,16 +137,13 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
             why = timer.failure.message if timer.failure else (timer.error or "not timed")
             found.append(Confirmation(candidate_id=cid, error=_short(why)))
             continue
-        # Its timed calls' sampled outputs and probes checked as there: a candidate that
-        # tells this window's longer blocks from a screening window's must not be honest
-        # there and reuse its answers here. First: a wrong output says so whatever the
-        # host's load, where the wall-clock check below may fail an honest candidate's
-        # window on a loaded host (which confirm_best.confirm_best times once more).
-        dishonest = (timed_dishonestly(reference, timer, config, timers[0])
-                     if config.guards else None)
-        if dishonest is not None:
-            found.append(Confirmation(candidate_id=cid, error=_short(dishonest.message),
-                                      caught=dishonest.status))
+        # First: a wrong output says so whatever the host's load, where the wall-clock
+        # check below may fail an honest candidate's window on a loaded host (which
+        # confirm_best.confirm_best times once more).
+        wrong_timed = dishonest.get(cid)
+        if wrong_timed is not None:
+            found.append(Confirmation(candidate_id=cid, error=_short(wrong_timed.message),
+                                      caught=wrong_timed.status))
             continue
         if timer.withheld:  # no figure to confirm with, nor proof of reuse
             found.append(Confirmation(candidate_id=cid, error=_short(timer.withheld)))

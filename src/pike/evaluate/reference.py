@@ -56,7 +56,6 @@ class ReferenceRun:
     device: str = "cpu"
     check_seconds: float = 0.0  # the reference's own check phase: candidates' limits follow
     window_ms: list[float] = field(default_factory=list)  # its eager median, window by window
-    timed_expected: list[list[Any]] = field(default_factory=list)  # per timed input set
     # What the child was started with, so a fresh one can replace it (same seeds, same
     # inputs) when it stays off its usual time; the replacements' folders go with close().
     request: ChildRequest | None = None
@@ -197,14 +196,56 @@ class ReferenceRun:
                     self.own_error[index] = max(self.own_error.get(index, 0.0), error)
         return self._exact[trial]
 
-    def _run_exact(self, trial: int) -> list[Any] | str:
+    def timed_answers(self, taken: list[dict[str, Any]], scope: str
+                      ) -> dict[int, list[check.SampledLeaf | None]] | str:
+        """The reference's outputs for the timed input sets a window's samples (`taken`,
+        as timed_calls.TimedOutputSamples sent them) came from, at the positions sampled:
+        computed again by the live child now, not kept since its check (a task's outputs
+        can be GBs each, and only these few values of them are read). Per set, per leaf;
+        or why there are none. Takes the device shared and `talking` (talking_in_turn)."""
+        wanted: dict[int, dict[int, set[int]]] = {}
+        for item in taken:
+            k = item.get("set")
+            if not isinstance(k, int):
+                continue  # check.timed_outputs_problem names it
+            per_leaf = wanted.setdefault(k, {})
+            for index, leaf in enumerate((item.get("leaves") or [])[:check.SAMPLED_LEAVES]):
+                positions = leaf.get("positions") if isinstance(leaf, dict) else None
+                per_leaf.setdefault(index, set()).update(
+                    p for p in positions or [] if isinstance(p, int))
+        if not wanted:
+            return {}
+        asked = [{"set": k, "positions": [sorted(per_leaf.get(i, ())) for i in
+                                          range(max(per_leaf, default=-1) + 1)]}
+                 for k, per_leaf in sorted(wanted.items())]
+        with self.talking_in_turn(scope):
+            reply = self._ask("timed_values", sets=asked)
+        if isinstance(reply, str):
+            return reply
+        if not isinstance(reply.get("sets"), list):
+            return str(reply.get("error") or "the reference did not answer")
+        try:
+            return {int(answer["set"]): [check.SampledLeaf.of(leaf) for leaf in answer["leaves"]]
+                    for answer in reply["sets"]}
+        except (KeyError, TypeError, ValueError) as err:
+            return f"the reference's answer could not be read ({err})"
+
+    def _ask(self, event: str, **fields: object) -> dict | str:
+        """The live child's answer to one request (its phase, answer and event all named
+        `event`), or why there is none. The caller holds `talking`."""
         child = self.child
         if child is None or not self.usable():
             return "the reference has no live child to run it"
-        reply = request(child, "exact", "exact", "exact", trial=trial)
+        reply = request(child, event, event, event, **fields)
         child.enter_phase("idle")
-        if isinstance(reply, Verdict):
-            return reply.message
+        return reply.message if isinstance(reply, Verdict) else reply
+
+    def _run_exact(self, trial: int) -> list[Any] | str:
+        reply = self._ask("exact", trial=trial)
+        if isinstance(reply, str):
+            return reply
+        child = self.child
+        assert child is not None
         if not reply.get("file"):
             return str(reply.get("error") or "the float64 run failed")
         try:  # the reference's child wrote it: the task's own code, as `expected`

@@ -32,7 +32,13 @@ from pike.evaluate.diagnostics import describe_exception
 from pike.evaluate.guards import rehearse_check_after
 from pike.evaluate.leaf_files import read_leaves, write_leaves
 from pike.evaluate.protocol import Channel, ChildRequest
-from pike.evaluate.timed_calls import InputRotation, RehearsedSamples, TimedOutputSamples, stand_in
+from pike.evaluate.timed_calls import (
+    InputRotation,
+    RehearsedSamples,
+    TimedOutputSamples,
+    stand_in,
+    values_at,
+)
 
 _save = torch.save
 
@@ -83,7 +89,10 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
         model = _build_model(req, module, list(init_inputs), device, "task_error")
     chan.send("phase", phase="check")
     outputs_dir = Path(req.outputs_dir)
-    for name, inputs in _reference_check_inputs(inputs_dir, len(req.trial_seeds), pool, device):
+    # The timed sets' outputs are not kept: read at a few sampled positions only, they are
+    # computed again when a window's samples are checked (timed_values). Kept, they were
+    # half of what a reference held in the scratch (28 of 56 GiB for level1's 7 and 9).
+    for name, inputs in _reference_check_inputs(inputs_dir, len(req.trial_seeds), device):
         with STEPS.span("forward"), torch.no_grad():
             out = _guarded("task_error", "check", req.module_path, lambda i=inputs: model(*i))
             _sync(device)
@@ -179,7 +188,38 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
         write_leaves(own_rounding.exact_forward(model, trial_inputs(trial)), Path(name))
         return name
 
+    def timed_values(asked: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The model's outputs on timed input sets, computed now, at the positions asked:
+        per set asked ({"set": k, "positions": [[position, ...] per leaf]}), its first
+        check.SAMPLED_LEAVES leaves, each as its shape and its values at those positions
+        that lie within it (a leaf that is not a tensor: its shape None)."""
+        answers = []
+        for item in asked:
+            k = int(item["set"])
+            if not 0 <= k < len(pool):
+                raise ValueError(f"no timed input set {k}")
+            with torch.no_grad():
+                out = model(*pool[k])
+            _sync(device)
+            wanted = list(item.get("positions") or [])
+            leaves = []
+            for index, leaf in enumerate(check.flatten_output(out)[:check.SAMPLED_LEAVES]):
+                if not isinstance(leaf, torch.Tensor):
+                    leaves.append({"shape": None})
+                    continue
+                n = leaf.numel()
+                within = sorted({int(p) for p in (wanted[index] if index < len(wanted) else [])
+                                 if 0 <= int(p) < n})
+                with torch._C.DisableTorchFunction():
+                    values = values_at(leaf, within)
+                leaves.append({"shape": list(leaf.shape), "positions": within,
+                               "values": values})
+            answers.append({"set": k, "leaves": leaves})
+            del out
+        return answers
+
     _serve_timing(req, chan, device, make_call, failed_mode, exact=exact,
+                  timed_values=timed_values,
                   after_block=lambda mode: rehearse_check_after(),
                   samples_for=lambda mode: calibration if mode == "empty" else own_work,
                   mode_outcome=outcome_and_sharing,
@@ -197,17 +237,15 @@ def _copies(inputs: list[Any]) -> list[Any]:
     return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
-def _reference_check_inputs(folder: Path, trials: int, pool: list[list[Any]],
-                            device: torch.device) -> Iterator[tuple[str, list[Any]]]:
+def _reference_check_inputs(folder: Path, trials: int, device: torch.device
+                            ) -> Iterator[tuple[str, list[Any]]]:
     """(outputs file name, inputs) for the reference's forward passes: each check trial's
     set read back from its saved file onto the device only when the last is done with (six
     KernelBench sets of up to 1 GiB each, all on the GPU at once, stayed in a kept
-    reference's allocator cache through its task's search), then the timing pool's."""
+    reference's allocator cache through its task's search)."""
     names = [f"inputs_{trial}" for trial in range(trials)]
     trial = 0  # counted by hand: enumerate's reused result tuple would hold the last set
     for staged in _loaded_one_by_one(folder, names, device, "inputs_to_device"):
         yield f"outputs_{trial}", staged
         del staged  # (held here, this set would live on while the next one loads)
         trial += 1
-    for k, inputs in enumerate(pool):
-        yield f"pool_{k}", inputs

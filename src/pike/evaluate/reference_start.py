@@ -120,8 +120,6 @@ def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: boo
         with span("load_expected"):
             expected = [load_leaves(expected_dir / f"outputs_{i}.pt", mapped=True)
                         for i in range(cfg.trials + EXTRA_TRIALS)]
-            timed = [load_leaves(expected_dir / f"pool_{k}.pt", mapped=True)
-                     for k in range(timed_set_count(cfg.timing.input_sets))]
         _make_read_only(inputs_dir)
         shutil.rmtree(expected_dir)  # expected outputs live only in this process from here on
         assert child is not None
@@ -134,7 +132,7 @@ def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: boo
             raise EvaluatorError(f"{task.name}: the reference's child did not say where it "
                                  f"built the model ({report.built_on!r})")
         run = ReferenceRun(inputs_dir, expected, report.env, child if keep_child else None, tmp,
-                           seed=drawn.weights, device=device, timed_expected=timed,
+                           seed=drawn.weights, device=device,
                            check_seconds=child.phase_seconds.get("check", 0.0),
                            request=pristine, cfg=cfg,
                            new_steps={f"reference.{k}": v for k, v in report.steps.items()})

@@ -336,18 +336,25 @@ PROBE_ONE_IN = 6  # the chance that the next timed call takes a probe set
 def _sample_leaf(leaf: Any, count: int) -> dict[str, Any]:
     if not isinstance(leaf, torch.Tensor):  # a repr of another type would run its code
         return {"scalar": leaf if type(leaf) in (int, float, bool) else type(leaf).__name__}
-    shape, n = list(leaf.shape), leaf.numel()
+    n = leaf.numel()
     positions = [_draw_below(n) for _ in range(min(count, n))]
-    values: list[float] = []
-    if positions:
-        # Coordinates by hand: torch.unravel_index cost 0.1 ms a call on the host, and this
-        # runs between timed calls, in the wall time the parent checks the samples against.
-        picked = (leaf.detach()[torch.tensor(_coordinates(positions, shape)).unbind()]
-                  if leaf.dim() else leaf.detach().reshape(1))
-        if picked.is_complex():
-            picked = picked.abs()
-        values = picked.to("cpu", torch.float64).tolist()
-    return {"shape": shape, "dtype": str(leaf.dtype), "positions": positions, "values": values}
+    return {"shape": list(leaf.shape), "dtype": str(leaf.dtype), "positions": positions,
+            "values": values_at(leaf, positions)}
+
+
+def values_at(leaf: torch.Tensor, positions: list[int]) -> list[float]:
+    """`leaf`'s values at row-major flat `positions` (each below its numel), as floats
+    (a complex value's magnitude): what a timed call's sample holds, and what the
+    reference answers for the same positions (ReferenceRun.timed_answers)."""
+    if not positions:
+        return []
+    # Coordinates by hand: torch.unravel_index cost 0.1 ms a call on the host, and this
+    # runs between timed calls, in the wall time the parent checks the samples against.
+    picked = (leaf.detach()[torch.tensor(_coordinates(positions, list(leaf.shape))).unbind()]
+              if leaf.dim() else leaf.detach().reshape(1))
+    if picked.is_complex():
+        picked = picked.abs()
+    return picked.to("cpu", torch.float64).tolist()
 
 
 def _coordinates(positions: list[int], shape: list[int]) -> list[list[int]]:

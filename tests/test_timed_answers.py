@@ -1,0 +1,116 @@
+"""The timed sets' outputs are computed again by the reference's live child when a
+window's samples are checked, not kept from its check: only the positions sampled are
+read, and kept they were half of a reference's files (28 of 56 GiB on level1's 7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pike.config import EvalConfig
+from pike.evaluate import candidate_windows, check, reference_cache
+from pike.evaluate.leaf_files import read_leaves
+from pike.evaluate.protocol import EXTRA_TRIALS, timed_set_count
+from pike.evaluate.timing_window import Timer
+from pike.task import Task
+
+_TASK = '''import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x * 2.0 + 1.0, x.sum(), 3
+
+
+def get_inputs():
+    return [torch.randn(6, 5)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.fixture
+def doubling(tmp_path: Path) -> Task:
+    path = tmp_path / "doubles.py"
+    path.write_text(_TASK)
+    return Task.from_file(path)
+
+
+def test_the_reference_answers_each_timed_set_at_the_positions_asked(
+        doubling: Task, fast_config: EvalConfig) -> None:
+    run = reference_cache.run_reference(doubling, fast_config, "cpu", keep_child=True,
+                                        cache=False)
+    try:
+        sets = timed_set_count(fast_config.timing.input_sets)
+        assert len(run.expected) == fast_config.trials + EXTRA_TRIALS  # the trials' only
+        taken = [{"call": 0, "set": 1, "leaves": [{"positions": [0, 29, 7]},
+                                                  {"positions": [0]}, {"scalar": 3}]},
+                 {"call": 1, "set": 1, "leaves": [{"positions": [7, 30, -1]}]},
+                 {"call": 2, "set": sets - 1, "leaves": [{"positions": [4]}]}]
+        answers = run.timed_answers(taken, fast_config.device_lock)
+        assert not isinstance(answers, str), answers
+        assert sorted(answers) == [1, sets - 1]  # the sets asked about, no other
+        x = read_leaves(run.inputs_dir / "pool_1.pt", trusted=True)[0]
+        doubled, total, scalar = answers[1]
+        assert doubled is not None and doubled.shape == [6, 5]
+        # the positions of both calls on set 1, those within the output only
+        assert doubled.values == pytest.approx({p: float(x.reshape(-1)[p] * 2 + 1)
+                                                for p in (0, 7, 29)})
+        assert total is not None and total.shape == [] and total.values == pytest.approx(
+            {0: float(x.sum())})
+        assert scalar is None  # not a tensor: compared in the trials
+        assert list(answers[sets - 1][0].values) == [4]
+        assert run.timed_answers([], fast_config.device_lock) == {}  # nothing to ask
+    finally:
+        run.close()
+    # no live child: said, not raised
+    assert "no live child" in str(run.timed_answers(taken, fast_config.device_lock))
+
+
+def _sample(positions: list[int], values: list[float], shape: list[int]) -> dict[str, Any]:
+    return {"shape": shape, "positions": positions, "values": values}
+
+
+def test_sampled_values_are_held_to_the_reference_s_answers() -> None:
+    leaf = check.SampledLeaf.of(_sample([0, 3], [1.0, 2.0], [4]))
+    assert leaf is not None and leaf.numel == 4
+    answers = {0: [leaf]}
+
+    def problem(positions: list[int], values: list[float], shape: list[int] | None = None,
+                on_set: int = 0) -> str | None:
+        taken = [{"call": 5, "set": on_set,
+                  "leaves": [_sample(positions, values, shape or [4])]}]
+        return check.timed_outputs_problem(answers, taken, 30, 1e-3, 1e-3)
+
+    # a sample draws min(16, numel) positions, with repeats
+    assert problem([0, 3, 3, 0], [1.0, 2.0, 2.0, 1.0]) is None
+    assert "1 of 4 sampled values differ" in str(problem([0, 3, 3, 0], [1.0, 2.5, 2.0, 1.0]))
+    assert "shape [2, 2]" in str(problem([0, 3, 3, 0], [1.0, 2.0, 2.0, 1.0], [2, 2]))
+    # a position the reference was not asked about, or too few of them
+    assert "malformed" in str(problem([0, 1, 3, 0], [1.0, 2.0, 2.0, 1.0]))
+    assert "malformed" in str(problem([0, 3], [1.0, 2.0]))
+    assert "unknown input set" in str(problem([0, 3, 3, 0], [1.0, 2.0, 2.0, 1.0], on_set=4))
+    assert check.SampledLeaf.of({"shape": None}) is None
+    with pytest.raises(ValueError):
+        check.SampledLeaf.of({"shape": [2], "positions": [0, 1], "values": [1.0]})
+
+
+def test_outputs_the_reference_cannot_answer_withhold_the_figure_and_fail_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference's child gone (out of memory, say) between the window and the check:
+    no fault of the candidate's is shown, and no figure is either."""
+    child = SimpleNamespace(timed_calls=30, probes_timed=2)
+    timer = Timer(child, "candidate")  # type: ignore[arg-type]
+    timer.samples = [1.0] * 30
+    timer.outputs = [{"call": 0, "set": 0, "leaves": []}]
+    reference = SimpleNamespace(own_error={},
+                                timed_answers=lambda taken, scope: "its child is gone")
+    verdict = candidate_windows.timed_dishonestly(reference, timer,  # type: ignore[arg-type]
+                                                  EvalConfig(device="cpu"))
+    assert verdict is None
+    assert timer.withheld == "its timed calls' outputs could not be checked: its child is gone"
