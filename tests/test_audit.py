@@ -267,7 +267,9 @@ class FakeJudge:
         self.modes.append(modes)
         if task.name in self.broken:
             raise TaskError(f"{task.path}: reference failed in phase 'check': boom")
-        return fake_baseline(task, self.compile_speedups.get(task.name))
+        baseline = fake_baseline(task, self.compile_speedups.get(task.name))
+        baseline.modes = [m for m in baseline.modes if m.mode in modes]  # those asked only
+        return baseline
 
     def evaluate(self, task: Task, source: str, cfg: RunConfig) -> Verdict:
         self.configs.append(cfg)
@@ -955,6 +957,23 @@ def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
     audit(folder, TASKS, cfg3, out=tmp_path / "c", ids=[3])
     with pytest.raises(ConfigError, match=r"different terms \(trials\)"):
         combine(folder, TASKS, [tmp_path / "a", tmp_path / "c"], out=tmp_path / "x")
+    # a run against eager alone (a task whose compile builds outlast a device call) beside
+    # one of every mode: gathered, its task left out of the figures over a compile mode,
+    # and said so; a run whose baselines leave eager out is refused
+    FakeJudge({"1_Scale": 2.0}, {"1_Scale": fake_ok(3.0)}).install(monkeypatch)
+    audit(folder, TASKS, audit_config(build_cache, ["eager"]), out=tmp_path / "h", ids=[1])
+    eager_only = combine(folder, TASKS, [tmp_path / "b", tmp_path / "h"], out=tmp_path / "bh")
+    alone_b = combine(folder, TASKS, [tmp_path / "b"], out=tmp_path / "only-b")
+    assert by_task(eager_only)["1_Scale"].speedup == pytest.approx(3.0)
+    assert by_task(eager_only)["1_Scale"].compile_speedups == {}
+    assert eager_only.aggregates.modes == alone_b.aggregates.modes
+    assert any(w.startswith("the runs timed different baselines (") and
+               f"; eager in {tmp_path / 'h'})" in w for w in eager_only.warnings), eager_only.warnings
+    FakeJudge({"1_Scale": 2.0}, {"1_Scale": fake_ok(3.0)}).install(monkeypatch)
+    audit(folder, TASKS, audit_config(build_cache, ["compile:default"]), out=tmp_path / "k",
+          ids=[1])
+    with pytest.raises(ConfigError, match="without eager"):
+        combine(folder, TASKS, [tmp_path / "b", tmp_path / "k"], out=tmp_path / "x")
     # a task whose reference failed in one run and was judged in another: the judgment
     FakeJudge({"10_Square": 1.0}, {"10_Square": fake_ok(2.0)}).install(monkeypatch)
     audit(folder, TASKS, cfg, out=tmp_path / "d", ids=[10])

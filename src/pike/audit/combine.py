@@ -5,8 +5,8 @@ torch.compile builds only so long, a subset of tasks on another host) leaves sev
 stores. Each task's figures still come from one run (its baselines and its file, measured in
 one call on one GPU); combining only gathers them and works the aggregates out again, as
 `pike audit` would over the same tasks. It refuses what would mix different things under
-one figure: other judging terms (trials, tolerances, how the model is built, the baseline
-modes), a file that is not the set's, a task file that changed, or one task judged in two
+one figure: other judging terms (trials, tolerances, how the model is built, a run
+whose baselines leave eager out), a file that is not the set's, a task file that changed, or one task judged in two
 runs (unless asked to keep the later run's verdict: a task judged again after its first
 verdict was found to be the evaluator's fault). A task whose reference failed in one run (an
 `error`) may be judged in another, and that run's figures are kept, said so.
@@ -65,7 +65,7 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path,
             raise ConfigError(f"{runs[0]} and {run} judged on different terms "
                               f"({', '.join(keys)}): their figures are not one audit's")
     found: dict[str, _Found] = {}
-    warnings = list(matching.notes)
+    warnings = list(matching.notes) + _baselines_alike(runs, configs)
     protocol = configs[0]
     limits = {run: cfg.eval.limits.build_seconds for run, cfg in zip(runs, configs, strict=True)}
     if len(set(limits.values())) > 1:  # a bar, not a verdict: warned, not refused
@@ -136,7 +136,29 @@ def _judging_terms(cfg: RunConfig) -> dict[str, Any]:
     'auto' settles it per task."""
     ev = cfg.eval
     return {"trials": ev.trials, "atol": ev.atol, "rtol": ev.rtol, "model_mode": ev.model_mode,
-            "seed": ev.seed, "baseline_modes": list(cfg.search.baseline_modes)}
+            "seed": ev.seed}
+
+
+def _baselines_alike(runs: list[Path], configs: list[RunConfig]) -> list[str]:
+    """Runs that timed different baseline modes may be gathered where every one timed
+    eager, each task's file's figure over eager being measured alike (a run against eager
+    alone is what a task whose compile builds outlast a device call can have). A figure
+    over a torch.compile mode then covers the tasks of the runs that timed it, as it
+    leaves out a task whose build of the mode failed: said in a warning. Otherwise
+    refused."""
+    modes = {run: list(cfg.search.baseline_modes) for run, cfg in zip(runs, configs, strict=True)}
+    if len({tuple(m) for m in modes.values()}) == 1:
+        return []
+    without = [str(run) for run, m in modes.items() if "eager" not in m]
+    if without:
+        raise ConfigError(f"the runs judged on different terms (baseline_modes; {', '.join(without)} "
+                          "without eager): their figures are not one audit's")
+    runs_of: dict[str, list[str]] = {}  # each set of modes, once, with its runs
+    for run, m in modes.items():
+        runs_of.setdefault(", ".join(m), []).append(str(run))
+    return ["the runs timed different baselines (" + "; ".join(
+        f"{timed} in {', '.join(named)}" for timed, named in runs_of.items()) + "): a figure "
+        "over a torch.compile mode covers only the tasks of the runs that timed it"]
 
 
 def _built_alike(choices: dict[Path, str]) -> str | None:
