@@ -355,12 +355,41 @@ def test_a_new_task_s_reference_waits_while_another_new_footprint_is_measured() 
     host.on_sleep = [first_loads]
     gate.admit(second, "k9", "reference", limit_s=60)
     assert host.sleeps == 5  # waited for k7's to load, then fitted beside it (57 + 2 < 63)
-    # a candidate of the task whose reference loads is not held by that rule
+    # a candidate of the task whose reference loads is not held by that rule (only by
+    # memory: k9's reference and k7's candidate, both loading, are expected at 57 GiB)
     gate.admit(Child(), "k7", "candidate", limit_s=0)
     third = Child(phase="setup")
+    host.available = 500 * GIB
     assert gate._fits("k9", "candidate")
     assert not gate._fits("k3", "reference")  # k9's reference (new) still loads
     gate.admit(third, "k3", "reference", limit_s=0)  # counted at once where told
+
+
+def test_a_task_s_first_candidate_is_expected_at_its_reference_until_measured_past_loading(
+        ) -> None:
+    """On the H100's level1 bench the first of task 7's candidates, measured at 0.6 GiB as
+    it began, let two more of its task begin beside it, and the host's out-of-memory
+    killer took them: a child still loading has not shown its size. Until one of the
+    task's candidates is past loading, the next is expected at the most any candidate
+    took or at its task's reference, whichever is larger; after, at its own."""
+    host = Host(available=60 * GIB)
+    gate = _gate(host, longest_wait_s=0.0)
+    small = Child(peak_rss=3 * GIB)
+    gate.admit(small, "k2")
+    gate.release(small)  # another task's candidates took 3 GiB
+    reference = Child(last_rss_bytes=4 * GIB, peak_rss=4 * GIB, last_files_bytes=28 * GIB,
+                      peak_files=28 * GIB, phase="idle")
+    gate.admit(reference, "k7", "reference")
+    first = Child(last_rss_bytes=GIB // 2, peak_rss=GIB // 2, phase="check")
+    gate.admit(first, "k7")
+    assert gate.expected("k7") == 32 * GIB  # its reference's, not the 0.5 GiB seen so far
+    host.available = 60 * GIB - 28 * GIB - 5 * GIB
+    assert not gate._fits("k7", "candidate")  # 27 GiB less the first's 31.5 to come
+    first.peak_rss, first.peak_files, first.phase = 6 * GIB, 12 * GIB, "timing"
+    assert gate.expected("k7") == 18 * GIB  # measured past loading: its own from here
+    assert gate.expected("k9") == 18 * GIB  # nothing of its own: the largest candidate's
+    gate.release(first)
+    assert gate.expected("k7") == 18 * GIB
 
 
 def test_held_files_count_a_child_s_own_files_in_memory_only(tmp_path: Path) -> None:

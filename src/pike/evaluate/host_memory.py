@@ -16,7 +16,9 @@ task's child takes is learned from its own children: the most any of them held w
 measured it, its tree's RSS (`ChildProcess.peak_rss`) and its files in a scratch in
 memory (`peak_files`, held_files: a reference's inputs and expected outputs, 56 GiB on a
 level1 task of 4 GiB outputs), the reference's first, which every task begins with. A
-task nobody has measured yet is expected to take what the largest one measured took.
+task nobody has measured yet is expected to take what the largest one measured took, and
+so is a task whose children in a role are all still loading (what they hold so far is
+no measure); a task's first candidates at least what its reference took.
 
 Nothing waits where no other child is begun (there is nothing to wait for). A new task's
 reference (no child of its task begun in this process yet) waits up to `_NEW_TASK_WAIT_S`
@@ -129,14 +131,27 @@ class HostMemory:
 
     def expected(self, task: str, role: str = "candidate") -> int:
         """What a child of `task` in `role` is expected to take: the most one of its
-        children in that role took (those begun included), else the most any child in
-        that role took."""
+        children in that role took, once one has been measured past loading; until then
+        at least the most any child in that role took, and for a candidate what its
+        task's reference took (it reads the same inputs and writes outputs as large).
+        A child still loading has not shown its size: on the H100's level1 bench task
+        7's candidates, last measured at 0.6 GiB, were taken by the host's out-of-memory
+        killer (4 GiB outputs a trial, through files), a wave begun together."""
         own = self._own(task, role)
-        if own:
+        if self._settled(task, role):
             return own
         anyone = [*(v for (_, r), v in self._peak.items() if r == role),
                   *(_most(c) for c, _, r in self._begun.values() if r == role)]
-        return max(anyone, default=0)
+        if role == "candidate":
+            anyone.append(self._own(task, "reference"))
+        return max([own, *anyone])
+
+    def _settled(self, task: str, role: str) -> bool:
+        """A child of `task` in `role` has been measured past its loading: released, or
+        begun and out of the loading phases (or recalled from a resumed run's store)."""
+        return (task, role) in self._peak or any(
+            (t, r) == (task, role) and c.phase not in LOADING
+            for c, t, r in self._begun.values())
 
     def _coming(self, child: Measured, task: str, role: str) -> int:
         """What a begun child is still expected to take: its task's expectation while it
