@@ -37,8 +37,8 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
     if any(says_out_of_memory(c.error) for c in found) and not due():
         # its children were loaded beside other evaluations: one window more, as a
         # candidate that ran out in a crowded pool is judged once more
-        log.warning("%s: a confirmed candidate ran out of GPU memory; the window is timed "
-                    "once more", task.name)
+        log.warning("%s: a confirmed candidate ran out of memory (the GPU's, or the host's); "
+                    "the window is timed once more", task.name)
         found = confirm(task, sources, cfg.eval)
     elif failed and not due():
         # Judged correct and faster in its own window, it failed in this one: on the H100
