@@ -51,10 +51,22 @@ def test_the_reference_answers_each_timed_set_at_the_positions_asked(
         taken = [{"call": 0, "set": 1, "leaves": [{"positions": [0, 29, 7]},
                                                   {"positions": [0]}, {"scalar": 3}]},
                  {"call": 1, "set": 1, "leaves": [{"positions": [7, 30, -1]}]},
-                 {"call": 2, "set": sets - 1, "leaves": [{"positions": [4]}]}]
+                 {"call": 2, "set": sets - 1, "leaves": [{"positions": [4]}]},
+                 # forged by a candidate's child: a set the reference does not have, and
+                 # more positions than a sample holds; neither is computed
+                 {"call": 3, "set": 99, "leaves": [{"positions": [0]}]},
+                 {"call": 4, "set": 0, "leaves": [{"positions": list(range(17))}]}]
         answers = run.timed_answers(taken, fast_config.device_lock)
         assert not isinstance(answers, str), answers
-        assert sorted(answers) == [1, sets - 1]  # the sets asked about, no other
+        assert sorted(answers) == [0, 1, sets - 1]  # the sets asked about it has, no other
+        assert answers[0][0] is not None and answers[0][0].values == {}
+        assert "unknown input set" in str(check.timed_outputs_problem(
+            answers, taken[3:4], 30, 1e-3, 1e-3))
+        assert "malformed" in str(check.timed_outputs_problem(
+            answers, [{**taken[4], "leaves": [
+                {"shape": [6, 5], "positions": list(range(17)), "values": [0.0] * 17},
+                {"shape": [], "positions": [0], "values": [0.0]}, {"scalar": 3}]}],
+            30, 1e-3, 1e-3))
         x = read_leaves(run.inputs_dir / "pool_1.pt", trusted=True)[0]
         doubled, total, scalar = answers[1]
         assert doubled is not None and doubled.shape == [6, 5]

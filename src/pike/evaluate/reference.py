@@ -38,6 +38,10 @@ from pike.floor import Work
 log = logging.getLogger(__name__)
 
 _TURN_WAIT_S = 0.05  # between looks at a busy reference's `talking` (talking_in_turn)
+# Positions of one leaf of one timed set a window's samples may have answered: an honest
+# window samples at most eight calls a block (timed_calls.TimedOutputSamples), 16
+# positions each, in tens of blocks.
+_MOST_ASKED = 1 << 16
 
 @dataclass
 class ReferenceRun:
@@ -203,16 +207,23 @@ class ReferenceRun:
         computed again by the live child now, not kept since its check (a task's outputs
         can be GBs each, and only these few values of them are read). Per set, per leaf;
         or why there are none. Takes the device shared and `talking` (talking_in_turn)."""
+        # The samples come from the candidate's child: what it may make the reference
+        # compute is bounded as an honest window's samples are (each a leaf's
+        # SAMPLED_POSITIONS; a sample beyond that, or beyond _MOST_ASKED of a set's leaf,
+        # goes unanswered, and check.timed_outputs_problem finds it malformed).
         wanted: dict[int, dict[int, set[int]]] = {}
         for item in taken:
             k = item.get("set")
-            if not isinstance(k, int):
+            if not isinstance(k, int) or isinstance(k, bool):
                 continue  # check.timed_outputs_problem names it
             per_leaf = wanted.setdefault(k, {})
             for index, leaf in enumerate((item.get("leaves") or [])[:check.SAMPLED_LEAVES]):
                 positions = leaf.get("positions") if isinstance(leaf, dict) else None
-                per_leaf.setdefault(index, set()).update(
-                    p for p in positions or [] if isinstance(p, int))
+                asked = per_leaf.setdefault(index, set())
+                if (isinstance(positions, list) and len(positions) <= check.SAMPLED_POSITIONS
+                        and len(asked) + len(positions) <= _MOST_ASKED):
+                    asked.update(p for p in positions
+                                 if isinstance(p, int) and not isinstance(p, bool))
         if not wanted:
             return {}
         asked = [{"set": k, "positions": [sorted(per_leaf.get(i, ())) for i in
