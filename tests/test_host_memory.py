@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -32,6 +32,8 @@ class Child:
     peak_files: int = 0
     phase: str = "setup"
     dead: bool = False
+    # the phases it ended: by default it has run its checks, and so measured its task
+    phase_seconds: dict[str, float] = field(default_factory=lambda: {"check": 1.0})
 
     def ended(self) -> bool:
         return self.dead
@@ -385,11 +387,21 @@ def test_a_task_s_first_candidate_is_expected_at_its_reference_until_measured_pa
     assert gate.expected("k7") == 32 * GIB  # its reference's, not the 0.5 GiB seen so far
     host.available = 60 * GIB - 28 * GIB - 5 * GIB
     assert not gate._fits("k7", "candidate")  # 27 GiB less the first's 31.5 to come
+    # one that failed in its import says nothing of the task's size
+    failed = Child(last_rss_bytes=GIB // 2, peak_rss=GIB // 2, phase="cleanup",
+                   phase_seconds={"setup": 0.1, "load": 2.0})
+    gate.admit(failed, "k7", limit_s=0)
+    gate.release(failed)
+    assert gate.expected("k7") == 32 * GIB
     first.peak_rss, first.peak_files, first.phase = 6 * GIB, 12 * GIB, "timing"
     assert gate.expected("k7") == 18 * GIB  # measured past loading: its own from here
     assert gate.expected("k9") == 18 * GIB  # nothing of its own: the largest candidate's
     gate.release(first)
     assert gate.expected("k7") == 18 * GIB
+    # a small task's first candidates: at its own reference, not a large task's candidates
+    gate.admit(Child(last_rss_bytes=GIB, peak_rss=GIB, phase="idle"), "k3", "reference",
+               limit_s=0)
+    assert gate.expected("k3") == GIB
 
 
 def test_held_files_count_a_child_s_own_files_in_memory_only(tmp_path: Path) -> None:

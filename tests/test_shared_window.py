@@ -373,3 +373,23 @@ def test_the_others_are_timed_alone_where_the_leader_fails_before_timing(
     alone = [o for o in outcomes if isinstance(o, Verdict) and o.ok
              and o.window_candidates is None]
     assert len(errors) == 1 and len(alone) == 1, outcomes
+
+
+def test_a_block_with_more_samples_than_a_sampler_takes_is_rejected(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block's sampler takes at most eight calls and a probe: more in the child's reply
+    is forged, and the reference would compute each (ReferenceRun.timed_answers)."""
+    many = timing_window.SAMPLES_A_BLOCK + 1
+    monkeypatch.setattr(timing_window, "request", lambda *a, **k: {
+        "samples": [1.0] * many, "probe_calls": [],
+        "outputs": [{"call": i, "set": 0, "leaves": []} for i in range(many)]})
+
+    class Child:
+        line_ready_at = 0.0
+        timed_calls = probes_timed = 0
+        request = SimpleNamespace(input_sets=2)
+
+    timer = Timer(child=Child(), mode="candidate", warmed=True)  # type: ignore[arg-type]
+    timing_window._time_one_block(timer, min_calls=many, min_seconds=0.0, max_calls=many)
+    assert timer.failure is not None and timer.failure.status == "rejected"
+    assert f"it sent {many} samples of one block's outputs" in timer.failure.message

@@ -126,3 +126,54 @@ def test_outputs_the_reference_cannot_answer_withhold_the_figure_and_fail_nothin
                                                   EvalConfig(device="cpu"))
     assert verdict is None
     assert timer.withheld == "its timed calls' outputs could not be checked: its child is gone"
+
+
+@pytest.mark.parametrize(("item", "says"), [
+    ({"call": 1, "set": 0, "leaves": 5}, "malformed"),
+    ({"call": 1, "set": 0, "leaves": [{"positions": {}}]}, "malformed"),
+    ({"call": 1, "set": 0, "leaves": [{"positions": list(range(17))}]}, "malformed"),
+    ({"call": 1, "set": 0, "leaves": [{}] * 9}, "malformed"),
+    ({"call": 1, "set": 7, "leaves": []}, "unknown input set"),
+    ({"call": 1, "set": True, "leaves": []}, "unknown input set"),
+    ("a string", "malformed"),
+])
+def test_samples_no_sampler_sends_are_incorrect_before_the_reference_is_asked(
+        item: Any, says: str) -> None:
+    """The reference computes what the samples ask for: a forged sample is judged from
+    its shape first, and the reference is never asked."""
+    child = SimpleNamespace(timed_calls=30, probes_timed=2)
+    timer = Timer(child, "candidate")  # type: ignore[arg-type]
+    timer.samples, timer.outputs = [1.0] * 30, [item]
+
+    def never(taken: Any, scope: str) -> Any:
+        raise AssertionError("the reference was asked")
+
+    reference = SimpleNamespace(own_error={}, timed_answers=never)
+    verdict = candidate_windows.timed_dishonestly(reference, timer,  # type: ignore[arg-type]
+                                                  EvalConfig(device="cpu"))
+    assert verdict is not None and verdict.status == "incorrect" and says in verdict.message
+
+
+_WRITES_ITS_INPUT = _TASK.replace("return x * 2.0 + 1.0, x.sum(), 3",
+                                  "x.add_(1.0)\n        return x * 2.0")
+
+
+def test_a_reference_that_writes_into_its_inputs_answers_for_them_as_drawn(
+        tmp_path: Path, fast_config: EvalConfig) -> None:
+    """Its own timed calls (and an answer) change its copy of a set in place: the answer
+    is for the set as drawn, which a candidate's timed calls were given."""
+    path = tmp_path / "writes.py"
+    path.write_text(_WRITES_ITS_INPUT)
+    run = reference_cache.run_reference(Task.from_file(path), fast_config, "cpu",
+                                        keep_child=True, cache=False)
+    try:
+        x = read_leaves(run.inputs_dir / "pool_0.pt", trusted=True)[0].reshape(-1)
+        taken = [{"call": 0, "set": 0, "leaves": [{"positions": [0, 3]}]}]
+        for _ in range(2):
+            answers = run.timed_answers(taken, fast_config.device_lock)
+            assert not isinstance(answers, str), answers
+            leaf = answers[0][0]
+            assert leaf is not None
+            assert leaf.values == pytest.approx({p: float((x[p] + 1) * 2) for p in (0, 3)})
+    finally:
+        run.close()

@@ -147,8 +147,8 @@ def _baselines_alike(runs: list[Path], configs: list[RunConfig]) -> list[str]:
     leaves out a task whose build of the mode failed: said in a warning. Otherwise
     refused."""
     modes = {run: list(cfg.search.baseline_modes) for run, cfg in zip(runs, configs, strict=True)}
-    if len({tuple(m) for m in modes.values()}) == 1:
-        return []
+    if len({tuple(sorted(m)) for m in modes.values()}) == 1:
+        return []  # (the order a run listed them in changes nothing measured)
     without = [str(run) for run, m in modes.items() if "eager" not in m]
     if without:
         raise ConfigError(f"the runs judged on different terms (baseline_modes; {', '.join(without)} "
@@ -158,7 +158,8 @@ def _baselines_alike(runs: list[Path], configs: list[RunConfig]) -> list[str]:
         runs_of.setdefault(", ".join(m), []).append(str(run))
     return ["the runs timed different baselines (" + "; ".join(
         f"{timed} in {', '.join(named)}" for timed, named in runs_of.items()) + "): a figure "
-        "over a torch.compile mode covers only the tasks of the runs that timed it"]
+        "over a torch.compile mode covers only the tasks of the runs that timed it, and a "
+        "task's fastest mode is the fastest of those its run timed"]
 
 
 def _built_alike(choices: dict[Path, str]) -> str | None:

@@ -15,7 +15,7 @@ from pike.config import EvalConfig
 from pike.evaluate import check, device_holds
 from pike.evaluate.cores import timing_cores
 from pike.evaluate.device_lock import hold
-from pike.evaluate.protocol import PROBE_SETS
+from pike.evaluate.protocol import PROBE_SETS, timed_set_count
 from pike.evaluate.reference import ReferenceRun
 from pike.evaluate.reference_start import pid_of
 from pike.evaluate.sandbox import ChildProcess
@@ -150,8 +150,14 @@ def timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig,
     `reference_timer`: the reference's calls in the same window, which say whether it
     was steady (check.slow_probes). Slow probes where only the candidate's own calls were
     not steady set `timer.withheld`: the figure is no search's to take."""
+    malformed = _malformed_samples(timer.outputs, timed_set_count(cfg.timing.input_sets))
+    if malformed:  # before the reference computes anything for them
+        return Verdict(status="incorrect", phase="timing", message=malformed)
     answers = reference.timed_answers(timer.outputs, cfg.device_lock)
     unchecked = answers if isinstance(answers, str) else None
+    if unchecked:
+        log.warning("the reference could not answer for the timed calls' sampled outputs "
+                    "(%s): the candidate's figure is withheld", unchecked)
     wrong = None if isinstance(answers, str) else check.timed_outputs_problem(
         answers, timer.outputs, len(timer.samples), cfg.atol, cfg.rtol, reference.own_error)
     if wrong:
@@ -165,6 +171,26 @@ def timed_dishonestly(reference: ReferenceRun, timer: Timer, cfg: EvalConfig,
     # outputs no one could check give no figure to take, nor a fault to name
     timer.withheld = (f"its timed calls' outputs could not be checked: {unchecked}"
                       if unchecked else slow.message if slow is not None else None)
+    return None
+
+
+def _malformed_samples(taken: list[dict], sets: int) -> str | None:
+    """Why the samples a candidate's child sent of its timed calls cannot be an honest
+    sampler's (timed_calls.TimedOutputSamples): each on one of the `sets` timed input
+    sets, at most check.SAMPLED_LEAVES leaves of check.SAMPLED_POSITIONS positions (a
+    block's count is held in timing_window). The reference computes what they ask for,
+    so this is looked at first; None where they may be."""
+    for item in taken:
+        if not isinstance(item, dict):
+            return "a sample of its timed calls' outputs is malformed"
+        k, call, leaves = item.get("set"), item.get("call"), item.get("leaves")
+        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < sets:
+            return f"timed call {call}: reported for an unknown input set"
+        if not isinstance(leaves, list) or len(leaves) > check.SAMPLED_LEAVES or not all(
+                isinstance(leaf, dict) and isinstance(leaf.get("positions", []), list)
+                and len(leaf.get("positions", [])) <= check.SAMPLED_POSITIONS
+                for leaf in leaves):
+            return f"timed call {call}: the sample of its outputs is malformed"
     return None
 
 

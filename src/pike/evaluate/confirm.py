@@ -117,6 +117,8 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
             if config.guards:  # the wall-clock check's figure, while the device is held
                 reference.calibrate_in_window(timers[0], timed)
         cost = reference.loop_cost() if config.guards else None
+        for child in children.values():  # their memory, before the reference's answers
+            finish(child)
         # Its timed calls' sampled outputs and probes checked as there, before the
         # reference's child goes (it answers for the timed sets): a candidate that tells
         # this window's longer blocks from a screening window's must not be honest there

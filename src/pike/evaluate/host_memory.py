@@ -70,6 +70,9 @@ class Measured(Protocol):
     @property
     def phase(self) -> str: ...
 
+    @property
+    def phase_seconds(self) -> dict[str, float]: ...
+
     def ended(self) -> bool: ...
 
 
@@ -88,7 +91,16 @@ def default_headroom() -> int:
 # candidate its trials'); past them it is counted at its own peak. Not a baseline's
 # `build`: its reference has loaded, and its expected outputs, no longer in its folder,
 # would be expected again.
-LOADING = ("setup", "load", "init", "check")
+# A candidate is `queued` between its warm-up and its trials: its trials' outputs are
+# still to come.
+LOADING = ("setup", "load", "init", "queued", "check")
+_BEFORE_CHECK = ("setup", "load", "init", "queued")
+
+
+def _reached_check(child: Measured) -> bool:
+    """It began its checks (the trials, where a child writes its outputs), whatever phase
+    it is in now (`finish` puts every child in cleanup)."""
+    return bool({child.phase, *child.phase_seconds} - {*_BEFORE_CHECK, "cleanup"})
 
 
 def _holds(child: Measured) -> int:
@@ -114,6 +126,7 @@ class HostMemory:
         self._lock = threading.Lock()
         self._begun: dict[int, tuple[Measured, str, str]] = {}  # id -> child, task, role
         self._peak: dict[tuple[str, str], int] = {}  # (task, role) -> the most one took
+        self._measured: set[tuple[str, str]] = set()  # (task, role): see _settled
         self._started: set[str] = set()  # tasks a child of which has begun here
         self._reclaimers: list[Callable[[], bool]] = []
 
@@ -140,16 +153,20 @@ class HostMemory:
         own = self._own(task, role)
         if self._settled(task, role):
             return own
+        if role == "candidate" and self._settled(task, "reference"):
+            # not the largest any task's candidates took: a small task's first wave would
+            # wait behind a large task's size
+            return max(own, self._own(task, "reference"))
         anyone = [*(v for (_, r), v in self._peak.items() if r == role),
                   *(_most(c) for c, _, r in self._begun.values() if r == role)]
-        if role == "candidate":
-            anyone.append(self._own(task, "reference"))
         return max([own, *anyone])
 
     def _settled(self, task: str, role: str) -> bool:
-        """A child of `task` in `role` has been measured past its loading: released, or
-        begun and out of the loading phases (or recalled from a resumed run's store)."""
-        return (task, role) in self._peak or any(
+        """A child of `task` in `role` has been measured past its loading: begun and out of
+        the loading phases, or released after its setup, load and init (one that failed
+        there, an import error, says nothing of what the task's children take), or
+        recalled from a resumed run's store."""
+        return (task, role) in self._measured or any(
             (t, r) == (task, role) and c.phase not in LOADING
             for c, t, r in self._begun.values())
 
@@ -185,12 +202,13 @@ class HostMemory:
         expected to take it from their first, not the largest any other task took."""
         with self._lock:
             self._peak[(task, role)] = max(self._peak.get((task, role), 0), taken)
+            self._measured.add((task, role))
 
     def _fits(self, task: str, role: str) -> bool:
         if not self._begun:
             return True
-        if role == "reference" and (task, role) not in self._peak and any(
-                r == role and t != task and (t, r) not in self._peak and c.phase in LOADING
+        if role == "reference" and not self._settled(task, role) and any(
+                r == role and t != task and not self._settled(t, r) and c.phase in LOADING
                 for c, t, r in self._begun.values()):
             return False  # another new footprint is being measured: guess from it after
         coming = sum(self._coming(c, t, r) for c, t, r in self._begun.values())
@@ -241,6 +259,8 @@ class HostMemory:
             if entry is not None and _most(child):
                 key = (entry[1], entry[2])
                 self._peak[key] = max(self._peak.get(key, 0), _most(child))
+                if _reached_check(child):
+                    self._measured.add(key)
 
 
 HOST = HostMemory()  # one per process: every evaluation thread's children share the host

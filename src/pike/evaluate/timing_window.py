@@ -22,6 +22,10 @@ from pike.evaluate.driver import request
 from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.verdict import Verdict
 
+# What a block's sampler takes at most (timed_calls.TimedOutputSamples: PER_BLOCK calls
+# and a probe); more in a child's reply is forged, and the reference would compute it.
+SAMPLES_A_BLOCK = 8 + 1
+
 
 @dataclass
 class Timer:
@@ -111,7 +115,9 @@ def _time_one_block(timer: Timer, min_calls: int, min_seconds: float, max_calls:
         claimed = [i for i in (probes if isinstance(probes, list) else [])
                    if type(i) is int and 0 <= i < len(samples)]
         if timer.mode == "candidate":
-            problem = _claimed_probes_problem(claimed, taken, timer.child)
+            problem = (f"it sent {len(taken)} samples of one block's outputs; a block takes "
+                       f"{SAMPLES_A_BLOCK} at most" if len(taken) > SAMPLES_A_BLOCK else
+                       _claimed_probes_problem(claimed, taken, timer.child))
             if problem is not None:
                 timer.failure = Verdict(status="rejected", phase="timing", message=problem)
                 return
