@@ -163,7 +163,9 @@ def test_status_fields_follow_the_strategy(printed: dict[str, Printed]) -> None:
 
 def test_an_audit_shows_its_files_verdicts_not_search_fields(printed: dict[str, Printed]) -> None:
     lines = printed["audit"].lines
-    assert any(re.search(r"\[done\] 1_GeluMLP: ok [\d.]+x$", line) for line in lines), lines
+    # (what the task's lines said, where it fails: under load once, not reproduced alone)
+    assert any(re.search(r"\[done\] 1_GeluMLP: ok [\d.]+x$", line) for line in lines), [
+        line for line in lines if "1_GeluMLP" in line or "WARNING" in line]
     assert not any(" | best " in line for line in lines)
 
 
