@@ -1,11 +1,13 @@
 """Host memory an evaluation child holds in files: what it writes to a scratch in memory.
 
-A task's reference writes every input set and expected output it draws into the scratch
+A task's reference writes every input set it draws into the scratch
 (leftovers.scratch_root: /dev/shm where it has room), seven trial sets and seven timed
-sets, and keeps them for its task's whole search; a candidate writes its trials' outputs
-there. On a tmpfs those files are host memory that no process's RSS shows: a KernelBench
-level1 task of 4 GiB outputs (7_Matmul_with_small_K_dimension_, 9_Tall_skinny_matrix_
-multiplication_) holds 56 GiB so, and a `pike bench --jobs 4` on an H200 host of 125 GiB
+sets, with the trials' expected outputs, and keeps them for its task's whole search; a
+candidate writes its trials' outputs there. On a tmpfs those files are host memory that
+no process's RSS shows: a KernelBench level1 task of 4 GiB outputs
+(7_Matmul_with_small_K_dimension_, 9_Tall_skinny_matrix_multiplication_) holds 28 GiB so
+(56 GiB while the timed sets' outputs were kept too), and a `pike bench --jobs 4` on an
+H200 host of 125 GiB
 had the kernel's out-of-memory killer take children for minutes while the host-memory
 gate, counting RSS only, expected 7.6 GiB of such a reference
 (bench/results/bench-level1-h200-fresh.md). host_memory counts these bytes beside RSS.
