@@ -7,8 +7,9 @@ Per task: one input set's bytes, one call's output bytes, and the reference's fi
 today's protocol (`eval.trials` + the shifted and after-timing trials, each an input set
 and its expected outputs; the timed calls' `eval.timing.input_sets` and the probe sets,
 an input set each: their outputs are computed again when a window's samples are
-checked), beside what it wrote up to pike 70c9566 (the timed sets' outputs too). The scratch is /dev/shm where it has room: these bytes are host memory that
-no process's RSS shows, held for the task's whole search (pike.evaluate.held_files).
+checked), beside what it wrote up to pike 70c9566 (the timed sets' outputs too). The
+scratch is /dev/shm where it has room: these bytes are host memory that no process's RSS
+shows, held for the task's whole search (pike.evaluate.held_files).
 Writes bench/results/staging-bytes-<tag>.json and .md with the date and command.
 """
 
@@ -60,8 +61,8 @@ def main() -> None:
                                             + outputs * row["output_bytes"])
             row["until_70c9566_bytes"] = sets * (row["input_bytes"] + row["output_bytes"])
     data = {"date": now(), "command": this_command(), "torch": torch.__version__,
-            "sets": sets, "expected_outputs": outputs, "trials": cfg.trials, "input_sets": cfg.timing.input_sets,
-            "tasks": rows}
+            "sets": sets, "expected_outputs": outputs, "trials": cfg.trials,
+            "input_sets": cfg.timing.input_sets, "tasks": rows}
     stem = RESULTS / f"staging-bytes-{args.tag}"
     stem.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     lines = [f"# What each task's reference writes to the scratch ({args.tag})", "",

@@ -6,8 +6,8 @@ stores. Each task's figures still come from one run (its baselines and its file,
 one call on one GPU); combining only gathers them and works the aggregates out again, as
 `pike audit` would over the same tasks. It refuses what would mix different things under
 one figure: other judging terms (trials, tolerances, how the model is built, a run
-whose baselines leave eager out), a file that is not the set's, a task file that changed, or one task judged in two
-runs (unless asked to keep the later run's verdict: a task judged again after its first
+whose baselines leave eager out), a file that is not the set's, a task file that changed,
+or one task judged in two runs (unless asked to keep the later run's verdict: a task judged again after its first
 verdict was found to be the evaluator's fault). A task whose reference failed in one run (an
 `error`) may be judged in another, and that run's figures are kept, said so.
 """

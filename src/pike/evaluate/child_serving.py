@@ -1,6 +1,7 @@
 """The child's serving loop after its checks: it times blocks of calls, profiles them,
 builds and checks compiled modes, counts the task's work, runs the float64 trial and
-answers a timed input set's outputs at sampled positions, each as the parent asks, until the parent says stop.
+answers a timed input set's outputs at sampled positions, each as the parent asks, until
+the parent says stop.
 """
 
 from __future__ import annotations

@@ -264,7 +264,7 @@ class TimedOutputSamples:
     is drawn from the OS after the call has returned, so the candidate cannot know which
     of its timed calls will be checked."""
 
-    RATE_PERCENT, PER_BLOCK = 50, 8  # (and a probe: timing_window.SAMPLES_A_BLOCK)
+    RATE_PERCENT, PER_BLOCK = 50, 8
 
     def __init__(self, rotation: InputRotation,
                  refused: Callable[[str], None] = lambda what: None) -> None:

@@ -20,11 +20,12 @@ from pike.evaluate import check
 from pike.evaluate.core_wait import waited_s
 from pike.evaluate.driver import request
 from pike.evaluate.sandbox import ChildProcess
+from pike.evaluate.timed_calls import TimedOutputSamples
 from pike.evaluate.verdict import Verdict
 
-# What a block's sampler takes at most (timed_calls.TimedOutputSamples: PER_BLOCK calls
-# and a probe); more in a child's reply is forged, and the reference would compute it.
-SAMPLES_A_BLOCK = 8 + 1
+# What a block's sampler takes at most (PER_BLOCK calls and a probe); more in a child's
+# reply is forged, and the reference would compute it.
+SAMPLES_A_BLOCK = TimedOutputSamples.PER_BLOCK + 1
 
 
 @dataclass
