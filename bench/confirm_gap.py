@@ -77,7 +77,8 @@ def time_variants(task: Task, sources: dict[int, str], base: EvalConfig,
 
 def _figure(c: dict[str, Any]) -> str:
     if c.get("speedup") is None:
-        return f"{c['candidate_id']} failed"
+        why = (c.get("caught") or c.get("error") or "").strip().splitlines()
+        return f"{c['candidate_id']} failed" + (f" ({why[-1][:160]})" if why else "")
     raised = f" (raised {c['wall_clock_factor']:.2f}x)" if c.get("wall_clock_factor") else ""
     return f"{c['candidate_id']} {c['speedup']:.2f}x{raised}"
 
