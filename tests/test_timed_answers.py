@@ -9,11 +9,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from pike.config import EvalConfig
 from pike.evaluate import candidate_windows, check, reference_cache
 from pike.evaluate.leaf_files import read_leaves
 from pike.evaluate.protocol import EXTRA_TRIALS, timed_set_count
+from pike.evaluate.reference_role import _fingerprint
 from pike.evaluate.timing_window import Timer
 from pike.task import Task
 
@@ -177,3 +179,16 @@ def test_a_reference_that_writes_into_its_inputs_answers_for_them_as_drawn(
             assert leaf.values == pytest.approx({p: float((x[p] + 1) * 2) for p in (0, 3)})
     finally:
         run.close()
+
+
+def test_an_input_set_s_fingerprint_sees_changes_that_keep_its_sum() -> None:
+    """A flip or a sort in place keeps the sum: the strided partial sums still tell."""
+    x = torch.arange(40, dtype=torch.float32).reshape(4, 10)
+    drawn = _fingerprint([x, 3])
+    assert _fingerprint([x.clone(), 3]) == drawn
+    assert _fingerprint([x.flip(1), 3]) != drawn
+    assert _fingerprint([x.roll(1, 0), 3]) != drawn
+    assert _fingerprint([x, 4]) != drawn
+    assert _fingerprint([x.t()]) == _fingerprint([x.t()])  # not contiguous: whole sum only
+    nan = torch.tensor([float("nan"), 1.0])
+    assert _fingerprint([nan]) == _fingerprint([nan.clone()])

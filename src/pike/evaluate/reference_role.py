@@ -240,9 +240,16 @@ def _outputs_differ(expected: list[Any], got: list[Any], atol: float, rtol: floa
     return f"output {found.output}: {found.problem}" if found else None
 
 
+# Strides of the partial sums beside each tensor's whole one: a change that keeps the sum
+# (a permutation, a sort, a flip) moves values across these subsets' edges. Coprime, so
+# an element's place is told by its pair of residues within their product.
+_PRINT_STRIDES = (7, 13)
+
+
 def _fingerprint(inputs: list[Any]) -> list[str]:
-    """What tells an input set changed in place: each tensor's sum, accumulated in double
-    precision (no copy is made), as text so that NaN equals NaN; other inputs by repr."""
+    """What tells an input set changed in place: each tensor's sum and its sums over a few
+    strided subsets (views, so no copy is made), accumulated in double precision, as text
+    so that NaN equals NaN; other inputs by repr."""
     prints = []
     for x in inputs:
         if not isinstance(x, torch.Tensor):
@@ -250,7 +257,13 @@ def _fingerprint(inputs: list[Any]) -> list[str]:
             continue
         wide = torch.complex128 if x.is_complex() else torch.float64
         try:
-            prints.append(repr(x.detach().sum(dtype=wide).item()))
+            x = x.detach()
+            sums = [x.sum(dtype=wide)]
+            if x.is_contiguous() and x.numel() > 1:
+                flat = x.view(-1)
+                sums += [flat[start::step].sum(dtype=wide)
+                         for start, step in enumerate(_PRINT_STRIDES)]
+            prints.append(repr([s.item() for s in sums]))
         except RuntimeError:  # a layout without a sum (sparse, quantized): taken as kept
             prints.append("")
     return prints
