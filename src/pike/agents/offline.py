@@ -9,11 +9,12 @@ from __future__ import annotations
 import ast
 import re
 
+from pike.agents.offline_moe import grouped_forwards
 from pike.agents.roles import _templates
 from pike.config import COMPILE_MODES
 
-ALL = ("fold_linear_sum", "sdpa", "inference_mode", "cuda_graph", "channels_last",
-       "cudnn_benchmark", "tf32", "tf32x3", "autocast_bf16", "autocast_fp16",
+ALL = ("fold_linear_sum", "moe_grouped", "sdpa", "inference_mode", "cuda_graph",
+       "channels_last", "cudnn_benchmark", "tf32", "tf32x3", "autocast_bf16", "autocast_fp16",
        *(f"compile:{m}" for m in COMPILE_MODES))
 _CUDA_ONLY = {"cuda_graph", "cudnn_benchmark", "tf32", "tf32x3", "autocast_bf16",
               "autocast_fp16", "compile:max-autotune-no-cudagraphs", "compile:reduce-overhead"}
@@ -30,8 +31,8 @@ _MULTIHEAD = re.compile(r"\bMultiheadAttention\b")
 # bench/results/bench-level2-h100-offline120-baselinesfirst.md): a compile mode comes
 # after every two cheap candidates, so a batch of lanes judges cheap ones beside one build
 # instead of waiting on three builds while a short budget runs out.
-_CUDA_CHEAP = ("fold_linear_sum", "cuda_graph", "tf32", "sdpa", "autocast_fp16",
-               "channels_last", "autocast_bf16", "cudnn_benchmark", "inference_mode")
+_CUDA_CHEAP = ("fold_linear_sum", "moe_grouped", "cuda_graph", "tf32", "sdpa",
+               "autocast_fp16", "channels_last", "autocast_bf16", "cudnn_benchmark", "inference_mode")
 # Rendered on request, never tried by a search: on an H200 (bench/results/tf32x3-gpu.md)
 # it failed level 1's 2 and 13 where tf32 failed, and lost to tf32 where tf32 passed
 # (0.79x of eager on 8, 1.54x on 17, against tf32's 2.67x and 8.2x).
@@ -59,6 +60,8 @@ def applicable(task_source: str, device: str,
                                    or _MULTIHEAD.search(task_source)):
             continue
         if name == "fold_linear_sum" and not sums_a_linear(task_source):
+            continue
+        if name == "moe_grouped" and not grouped_forwards(task_source):
             continue
         names.append(name)
     if compile_speedups:
@@ -151,12 +154,15 @@ def _spread_builds(names: list[str]) -> list[str]:
 
 def compatible(names: tuple[str, ...]) -> bool:
     """At most one compile mode and one autocast; reduce-overhead already uses graphs;
+    grouped experts sync with the host once a call, which no CUDA graph captures;
     tf32x3 splits fp32 products in eager (its runtime switch of TF32 is not a compiled
     graph's), which plain TF32 or an autocast would have taken over first."""
     compiles = [n for n in names if n.startswith("compile:")]
     autocasts = [n for n in names if n.startswith("autocast_")]
     return (len(set(names)) == len(names) and len(compiles) <= 1 and len(autocasts) <= 1
             and not ("cuda_graph" in names and "compile:reduce-overhead" in names)
+            and not ("moe_grouped" in names and ("cuda_graph" in names
+                                                 or "compile:reduce-overhead" in names))
             and not ("tf32x3" in names and (compiles or autocasts or "tf32" in names)))
 
 
@@ -179,4 +185,6 @@ def render(task_source: str, names: tuple[str, ...]) -> str:
                      for n in ordered if n.startswith("autocast_")), "")
     return _templates().get_template("offline.j2").render(
         task_source=task_source.rstrip(), names=" + ".join(ordered), chosen=ordered,
-        compile_mode=compile_mode, autocast=autocast).rstrip() + "\n"
+        compile_mode=compile_mode, autocast=autocast,
+        moe_forwards=grouped_forwards(task_source) if "moe_grouped" in ordered else [],
+    ).rstrip() + "\n"
