@@ -121,6 +121,7 @@ def test_its_forms_are_found(change: dict[str, str]) -> None:
     {"weights[idx, top, None]": "weights[idx, 0, None]"},
     {"y[idx] += expert(x[idx])": "y[idx] += expert(x[idx] * 2)"},
     {"y[idx] +=": "y[idx] -="},
+    {"        z = self.shared_experts(x)": "        z = self.shared_experts(x[idx])"},  # read after
     {"    def forward(self, x):\n        shape":
      "    def forward(self, x):\n        super().forward\n        shape"},  # needs its class
 ])

@@ -73,9 +73,11 @@ def _rewritten(forward: ast.FunctionDef) -> ast.FunctionDef | None:
         loop = _expert_loop(statement) if isinstance(statement, ast.For) else None
         if loop is None:
             continue
-        call, counts = loop
+        call, counts, bound = loop
         function = copy.deepcopy(forward)
         function.body[position] = ast.Expr(call)
+        if any(_reads(function, name) for name in bound):
+            return None  # a name the loop left bound is read after it
         if counts is not None:
             function.body = [s for s in function.body if not _assigns_only(s, counts)
                              or _reads(function, counts, besides=s)]
@@ -94,9 +96,10 @@ def _is_self_attribute(node: ast.AST) -> str | None:
     return None
 
 
-def _expert_loop(loop: ast.For) -> tuple[ast.Call, str | None] | None:
-    """The `_grouped_experts(...)` call standing for `loop` and the name of the counts its
-    skip read (None without a skip); None where the loop is not the form above."""
+def _expert_loop(loop: ast.For) -> tuple[ast.Call, str | None, set[str]] | None:
+    """The `_grouped_experts(...)` call standing for `loop`, the name of the counts its
+    skip read (None without a skip) and the names the loop binds; None where the loop is
+    not the form above."""
     index = _name(loop.target)
     iterated = loop.iter
     if (index is None or loop.orelse or not isinstance(iterated, ast.Call)
@@ -138,7 +141,7 @@ def _expert_loop(loop: ast.For) -> tuple[ast.Call, str | None] | None:
               copy.deepcopy(iterated.args[0]), *(ast.Name(n, ast.Load())
                                                  for n in (x, weights, indices, out))],
         keywords=[])
-    return call, counts
+    return call, counts, {n for n in (index, idx, top, expert_name) if n is not None}
 
 
 def _skip_of_empty(statement: ast.stmt, index: str) -> str | None:
@@ -237,7 +240,7 @@ def _pure_counts(node: ast.expr) -> bool:
     return "bincount" in called and all(c in _COUNTING for c in called)
 
 
-def _reads(function: ast.FunctionDef, name: str, besides: ast.stmt) -> bool:
-    skipped = {id(n) for n in ast.walk(besides)}
+def _reads(function: ast.FunctionDef, name: str, besides: ast.stmt | None = None) -> bool:
+    skipped = {id(n) for n in ast.walk(besides)} if besides is not None else set()
     return any(isinstance(n, ast.Name) and n.id == name and id(n) not in skipped
                for n in ast.walk(function))
