@@ -18,8 +18,9 @@ The loop matched (names free, the skip and the expert's own name optional):
         idx, top = torch.where(indices == i)
         y[idx] += expert(x[idx]) * weights[idx, top, None]
 
-A statement that only computes the counts the skip read (`counts = ....tolist()`, the
-loop's host sync) is dropped with the loop; anything else is kept as written.
+The skip must read the routes' own counts (`counts = torch.bincount(indices.flatten(),
+minlength=N).tolist()`, the loop's host sync), which are dropped with the loop where
+nothing else reads them; anything else is kept as written.
 """
 
 from __future__ import annotations
@@ -49,10 +50,13 @@ def grouped_forwards(task_source: str) -> list[GroupedForward]:
     for cls in tree.body:
         if not isinstance(cls, ast.ClassDef):
             continue
-        forward = next((f for f in cls.body if isinstance(f, ast.FunctionDef)
-                        and f.name == "forward"), None)
-        if forward is None or forward.decorator_list or _calls_super(forward):
-            continue  # a zero-argument super() needs the class it was written in
+        forwards = [f for f in cls.body if isinstance(f, ast.FunctionDef)
+                    and f.name == "forward"]
+        if len(forwards) != 1 or _assigns_forward(cls):
+            continue  # the last definition would be the one Python keeps: not guessed at
+        forward = forwards[0]
+        if forward.decorator_list or _needs_its_class(forward):
+            continue
         rewritten = _rewritten(forward)
         if rewritten is not None:
             rewritten.name = f"_{cls.name}_forward_grouped"
@@ -61,9 +65,20 @@ def grouped_forwards(task_source: str) -> list[GroupedForward]:
     return found
 
 
-def _calls_super(function: ast.FunctionDef) -> bool:
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-               and n.func.id == "super" for n in ast.walk(function))
+def _needs_its_class(function: ast.FunctionDef) -> bool:
+    """A zero-argument super() or a private name (self.__dim, mangled to the class's
+    name): either breaks once the function is written out of its class."""
+    return any(isinstance(n, ast.Call) and _name(n.func) == "super"
+               or isinstance(n, ast.Attribute) and n.attr.startswith("__")
+               and not n.attr.endswith("__")
+               or isinstance(n, ast.Name) and n.id.startswith("__") and not n.id.endswith("__")
+               for n in ast.walk(function))
+
+
+def _assigns_forward(cls: ast.ClassDef) -> bool:
+    return any(isinstance(s, (ast.Assign, ast.AnnAssign, ast.AsyncFunctionDef))
+               and "forward" in {_name(t) for t in ast.walk(s)}
+               | {getattr(s, "name", None)} for s in cls.body)
 
 
 def _rewritten(forward: ast.FunctionDef) -> ast.FunctionDef | None:
@@ -74,12 +89,14 @@ def _rewritten(forward: ast.FunctionDef) -> ast.FunctionDef | None:
         if loop is None:
             continue
         call, counts, bound = loop
+        if counts is not None and not _route_counts(forward.body[:position], counts, call):
+            return None  # a skip on anything but the routes' counts is not the loop's
         function = copy.deepcopy(forward)
         function.body[position] = ast.Expr(call)
         if any(_reads(function, name) for name in bound):
             return None  # a name the loop left bound is read after it
         if counts is not None:
-            function.body = [s for s in function.body if not _assigns_only(s, counts)
+            function.body = [s for s in function.body if not _assigns(s, counts)
                              or _reads(function, counts, besides=s)]
         return function
     return None
@@ -133,8 +150,9 @@ def _expert_loop(loop: ast.For) -> tuple[ast.Call, str | None, set[str]] | None:
             return None
     else:
         experts = _indexed_experts(called, index)
-    if experts is None or index in {out, x, weights, indices, idx, top, expert_name}:
-        return None
+    if (experts is None or index in {out, x, weights, indices, idx, top, expert_name}
+            or out in {x, weights, indices}):
+        return None  # (the loop's later experts would read what its earlier ones added)
     call = ast.Call(
         func=ast.Name("_grouped_experts", ast.Load()),
         args=[ast.Attribute(ast.Name("self", ast.Load()), experts, ast.Load()),
@@ -222,22 +240,47 @@ def _route_weights(node: ast.AST, idx: str, top: str) -> str | None:
     return None
 
 
-def _assigns_only(statement: ast.stmt, name: str) -> bool:
+def _assigns(statement: ast.stmt, name: str) -> bool:
     return (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-            and _name(statement.targets[0]) == name and _pure_counts(statement.value))
+            and _name(statement.targets[0]) == name)
 
 
-# what a dropped counts statement may call: counting the routes and bringing them to
-# the host, nothing with another effect
-_COUNTING = {"bincount", "tolist", "flatten", "view", "reshape", "cpu", "list"}
+def _route_counts(before: list[ast.stmt], counts: str, call: ast.Call) -> bool:
+    """Whether `counts` holds the routes' counts when the loop starts: its one assignment
+    among the statements `before` the loop is
+    `counts = torch.bincount(indices.flatten(), minlength=N).tolist()` (`view(-1)` or
+    `reshape(-1)` for flatten, `.tolist()` optional) on the loop's indices and N, and
+    neither it nor the indices is bound again after it."""
+    n, indices = call.args[1], _name(call.args[4])
+    where = [i for i, s in enumerate(before) if counts in _bound(s)]
+    if len(where) != 1 or not _assigns(before[where[0]], counts):
+        return False
+    after = before[where[0] + 1:]
+    if any(indices in _bound(s) for s in after):
+        return False
+    value = before[where[0]].value  # type: ignore[attr-defined]
+    if (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+            and value.func.attr == "tolist" and not value.args and not value.keywords):
+        value = value.func.value
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+            and value.func.attr == "bincount" and _name(value.func.value) == "torch"
+            and len(value.args) == 1 and [k.arg for k in value.keywords] == ["minlength"]
+            and ast.dump(value.keywords[0].value) == ast.dump(n)):
+        return False
+    flat = value.args[0]
+    if not (isinstance(flat, ast.Call) and isinstance(flat.func, ast.Attribute)
+            and _name(flat.func.value) == indices and not flat.keywords):
+        return False
+    minus_one = [ast.dump(a) for a in flat.args] == [ast.dump(ast.UnaryOp(
+        ast.USub(), ast.Constant(1)))]
+    return (flat.func.attr == "flatten" and not flat.args
+            or flat.func.attr in ("view", "reshape") and minus_one)
 
 
-def _pure_counts(node: ast.expr) -> bool:
-    """A bincount of the routes and its way to the host (`torch.bincount(indices.flatten(),
-    minlength=n).tolist()`), nothing else."""
-    called = [n.func.attr if isinstance(n.func, ast.Attribute) else _name(n.func)
-              for n in ast.walk(node) if isinstance(n, ast.Call)]
-    return "bincount" in called and all(c in _COUNTING for c in called)
+def _bound(statement: ast.stmt) -> set[str]:
+    """The names a statement binds anywhere in it (an assignment's, a loop's, a with's)."""
+    return {n.id for n in ast.walk(statement)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
 def _reads(function: ast.FunctionDef, name: str, besides: ast.stmt | None = None) -> bool:
