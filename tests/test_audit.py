@@ -1020,6 +1020,21 @@ def test_audits_of_parts_of_a_set_combine_into_the_whole_sets_figures(
     (folder / "task_1.py").write_text("# another solution\n")
     with pytest.raises(ConfigError, match="another file for 1_Scale"):
         combine(folder, TASKS, [tmp_path / "a"], out=tmp_path / "x")
+    # the set's file for one task replaced and that task audited anew: a run named later
+    # that judged the set's file passes over the earlier runs' judgment of the old one
+    FakeJudge({"1_Scale": 2.0}, {"1_Scale": fake_ok(9.0)}).install(monkeypatch)
+    audit(folder, TASKS, cfg, out=tmp_path / "n", ids=[1])
+    renewed = combine(folder, TASKS, [tmp_path / "a", tmp_path / "n"], out=tmp_path / "an",
+                      later_wins=True)
+    assert by_task(renewed)["1_Scale"].speedup == pytest.approx(9.0)
+    assert by_task(renewed)["2_Softplus"].speedup == by_task(part)["2_Softplus"].speedup
+    assert f"1_Scale: {tmp_path / 'a'} judged another file than the set's; the set's file " \
+        f"judged in {tmp_path / 'n'} kept (--later-wins)" in renewed.warnings
+    with pytest.raises(ConfigError, match="no run named after it judged the set's file"):
+        combine(folder, TASKS, [tmp_path / "n", tmp_path / "a"], out=tmp_path / "x",
+                later_wins=True)
+    with pytest.raises(ConfigError, match="another file for 1_Scale"):
+        combine(folder, TASKS, [tmp_path / "a", tmp_path / "n"], out=tmp_path / "x")
     (folder / "task_1.py").write_text("# a solution\n")
 
     # the CLI: one result folder of its own, and nothing that would measure

@@ -73,6 +73,8 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path,
                         + ", ".join(f"{run}: {s:g} s" for run, s in limits.items())
                         + "): a mode that failed past one limit might have built within another")
     names = {t.name for t in task_list}
+    # with later_wins, judgments of a file the set has since replaced: (run's place, why)
+    stale: dict[str, list[tuple[int, str]]] = {}
     for run in runs:
         with RunStore.open(run) as store:
             rows = {t["name"]: t for t in store.tasks()}
@@ -82,13 +84,20 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path,
             for task in task_list:
                 if task.name not in rows:
                     continue
-                judged = _judged_in(store, rows[task.name]["sha256"], run, task, matching,
-                                    solutions)
+                try:
+                    judged = _judged_in(store, rows[task.name]["sha256"], run, task,
+                                        matching, solutions)
+                except _OtherFile as other:
+                    if not later_wins:
+                        raise
+                    stale.setdefault(task.name, []).append((runs.index(run), str(other)))
+                    continue
                 if judged is not None:
                     warnings += _keep(found, task.name, (*judged, run), later_wins)
                 elif later_wins and task.name in found:  # a redo there not yet done
                     warnings.append(f"{task.name}: not finished in {run}, named after "
                                     f"{found[task.name][2]}: the verdict there kept")
+    warnings += _replaced_files(stale, found, runs)
     missing = {t.name: task_base(t, matching, solutions, []).model_copy(
         update={"message": "no solution file"}) for t in task_list
         if matching.files[t.name] is None}
@@ -216,6 +225,28 @@ def _keep(found: dict[str, _Found], name: str, new: _Found, later_wins: bool) ->
                       "named later")
 
 
+class _OtherFile(ConfigError):
+    """A run judged another file for a task than the set holds now."""
+
+
+def _replaced_files(stale: dict[str, list[tuple[int, str]]], found: dict[str, _Found],
+                    runs: list[Path]) -> list[str]:
+    """With --later-wins, a run that judged a file the set has since replaced is passed
+    over where a run named after it judged the set's file (a task's file improved, the
+    set written again, only that task audited anew); anything else is still refused."""
+    warnings = []
+    for name, judged in stale.items():
+        place, why = max(judged)
+        kept = found.get(name)
+        if kept is None or runs.index(kept[2]) < place:
+            raise ConfigError(f"{why}, and no run named after it judged the set's file "
+                              "(--later-wins keeps only a later run's verdict)")
+        warnings.append(f"{name}: " + ", ".join(sorted({str(runs[i]) for i, _ in judged}))
+                        + f" judged another file than the set's; the set's file judged in "
+                        f"{kept[2]} kept (--later-wins)")
+    return warnings
+
+
 def _measured_apart(baselines: list[Baseline]) -> list[str]:
     """When and where the gathered figures were measured: the result's own date is when
     they were gathered."""
@@ -252,8 +283,8 @@ def _judged_in(store: RunStore, sha256: str, run_dir: Path, task: Task, matching
         raise ConfigError(f"cannot read {file}: {err}") from None
     mine = next((c for c in judged if c.source == source), None)
     if mine is None or mine.verdict is None:
-        raise ConfigError(f"{run_dir} judged another file for {task.name} than the set's "
-                          f"{file.name}")
+        raise _OtherFile(f"{run_dir} judged another file for {task.name} than the set's "
+                         f"{file.name}")
     kept = store.get_state(task.name, BASELINE_STATE)
     if kept is None:
         return None
