@@ -154,7 +154,11 @@ def test_slower_candidate_reports_speedup_below_one(mlp_task: Task,
                                                     fast_config: EvalConfig) -> None:
     verdict = evaluate(mlp_task, candidate("slower"), fast_config)
     assert verdict.status == "ok", verdict.message
-    assert verdict.speedup is not None and verdict.speedup < 1.0
+    # on the loaded 2-core CI host the reference's drift may withhold the figure (noisy,
+    # seen once in CI at 829554e): still measured, and still below one
+    figure = verdict.noisy_speedup if verdict.noisy else verdict.speedup
+    assert figure is not None and figure < 1.0, (verdict.speedup, verdict.noisy,
+                                                 verdict.noisy_why, verdict.noisy_speedup)
     # six times the work, but on the CPU no window stops other evaluations: timed whole
     assert verdict.timed_rounds is None
 

@@ -302,3 +302,19 @@ def test_a_grouped_model_can_be_copied_after_its_first_call() -> None:
     x = torch.randn(2, 12, 32)
     _same(candidate, reference, x, 1e-5)
     _same(copy.deepcopy(candidate), reference, x, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_cuda_the_grouped_experts_stay_close_and_pass_the_evaluator(
+        tmp_path: Path, fast_config: EvalConfig, dtype: torch.dtype) -> None:
+    reference, candidate = _built(MOE, dtype=dtype)
+    reference, candidate = reference.cuda(), candidate.cuda()
+    for shape in [(2, 12, 32), (4, 64, 32), (1, 1, 32)]:
+        x = torch.randn(*shape, dtype=dtype, device="cuda")
+        _same(candidate, reference, x, 1e-5 if dtype == torch.float32 else 2e-2)
+    assert _stack_of(candidate) is not None
+    fast_config.device = "cuda"
+    task = _task(tmp_path, MOE)
+    verdict = evaluate(task, render(task.source, ("moe_grouped", "sdpa")), fast_config)
+    assert verdict.status == "ok", verdict.message
