@@ -192,3 +192,33 @@ def test_an_input_set_s_fingerprint_sees_changes_that_keep_its_sum() -> None:
     assert _fingerprint([x.t()]) == _fingerprint([x.t()])  # not contiguous: whole sum only
     nan = torch.tensor([float("nan"), 1.0])
     assert _fingerprint([nan]) == _fingerprint([nan.clone()])
+
+
+def test_an_answer_the_reference_ran_out_of_memory_for_is_asked_once_more(
+        tmp_path: Path, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A card full of other evaluations' memory: the answer comes from a second asking;
+    other failures, and a second out of memory, are said as they were."""
+    from pike.evaluate import reference as reference_module
+    waits: list[float] = []
+    monkeypatch.setattr(reference_module, "_wait_to_ask_again", waits.append)
+    path = tmp_path / "task.py"
+    path.write_text(_TASK)
+    run = reference_cache.run_reference(Task.from_file(path), fast_config, "cpu",
+                                        keep_child=True, cache=False)
+    try:
+        asked = run._ask
+        taken = [{"call": 0, "set": 0, "leaves": [{"positions": [0, 3]}]}]
+        full = {"sets": None, "error": "torch.OutOfMemoryError: CUDA out of memory."}
+        replies: list[Any] = [full]
+        monkeypatch.setattr(run, "_ask", lambda *a, **k: replies.pop(0) if replies
+                            else asked(*a, **k))
+        answers = run.timed_answers(taken, fast_config.device_lock)
+        assert not isinstance(answers, str) and answers[0][0] is not None, answers
+        assert waits == [reference_module._ANSWER_AGAIN_S]
+        replies[:] = [full, full]
+        assert "out of memory" in str(run.timed_answers(taken, fast_config.device_lock))
+        replies[:] = [{"sets": None, "error": "RuntimeError: boom"}]
+        assert run.timed_answers(taken, fast_config.device_lock) == "RuntimeError: boom"
+        assert len(waits) == 2
+    finally:
+        run.close()
