@@ -240,9 +240,10 @@ def _outputs_differ(expected: list[Any], got: list[Any], atol: float, rtol: floa
     return f"output {found.output}: {found.problem}" if found else None
 
 
-# Strides of the partial sums beside each tensor's whole one: a change that keeps the sum
-# (a permutation, a sort, a flip) moves values across these subsets' edges. Coprime, so
-# an element's place is told by its pair of residues within their product.
+# Strides of the partial sums beside each tensor's whole one: a change that keeps the
+# whole sum (a flip, a roll, a sort) almost always moves values into or out of these
+# strided subsets, and so changes their sums; a change that keeps all three is not ruled
+# out, only unlikely of an in-place write a task makes.
 _PRINT_STRIDES = (7, 13)
 
 
@@ -263,7 +264,7 @@ def _fingerprint(inputs: list[Any]) -> list[str]:
                 flat = x.view(-1)
                 sums += [flat[start::step].sum(dtype=wide)
                          for start, step in enumerate(_PRINT_STRIDES)]
-            prints.append(repr([s.item() for s in sums]))
+            prints.append(repr(torch.stack(sums).tolist()))  # one sync, not three
         except RuntimeError:  # a layout without a sum (sparse, quantized): taken as kept
             prints.append("")
     return prints
