@@ -31,7 +31,7 @@ from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.shared_window import WindowQueue
 from pike.evaluate.timing_window import Timer
 from pike.evaluate.trial_comparison import compare_device, load_leaves
-from pike.evaluate.verdict import Verdict
+from pike.evaluate.verdict import Verdict, says_out_of_memory
 from pike.evaluate.wall_clock_check import LoopCost, calibrate
 from pike.floor import Work
 
@@ -44,12 +44,6 @@ _TURN_WAIT_S = 0.05  # between looks at a busy reference's `talking` (talking_in
 _MOST_ASKED = 1 << 16
 _ANSWER_AGAIN_S = 10.0
 _wait_to_ask_again = time.sleep
-
-
-def _out_of_memory(reply: dict | str) -> bool:
-    """The live child's answer says it ran out of memory (the GPU's, as a rule)."""
-    said = reply if isinstance(reply, str) else str(reply.get("error") or "")
-    return "out of memory" in said.lower()
 
 @dataclass
 class ReferenceRun:
@@ -239,7 +233,7 @@ class ReferenceRun:
                  for k, per_leaf in sorted(wanted.items())]
         with self.talking_in_turn(scope):
             reply = self._ask("timed_values", sets=asked)
-        if _out_of_memory(reply):
+        if says_out_of_memory(reply if isinstance(reply, str) else str(reply.get("error"))):
             # the card full of other evaluations' memory (on the H100 level1 bench, four
             # tasks of three workers each): asked once more, its turn let go meanwhile
             log.info("the reference ran out of memory answering for a window's samples; "
