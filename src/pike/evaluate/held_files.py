@@ -7,9 +7,8 @@ candidate writes its trials' outputs there. On a tmpfs those files are host memo
 no process's RSS shows: a KernelBench level1 task of 4 GiB outputs
 (7_Matmul_with_small_K_dimension_, 9_Tall_skinny_matrix_multiplication_) holds 28 GiB so
 (56 GiB while the timed sets' outputs were kept too), and a `pike bench --jobs 4` on an
-H200 host of 125 GiB
-had the kernel's out-of-memory killer take children for minutes while the host-memory
-gate, counting RSS only, expected 7.6 GiB of such a reference
+H200 host of 125 GiB had the kernel's out-of-memory killer take children for minutes
+while the host-memory gate, counting RSS only, expected 7.6 GiB of such a reference
 (bench/results/bench-level1-h200-fresh.md). host_memory counts these bytes beside RSS.
 
 Counted: the regular files of one name under the child's evaluation folder (the

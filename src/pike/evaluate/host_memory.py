@@ -16,9 +16,10 @@ task's child takes is learned from its own children: the most any of them held w
 measured it, its tree's RSS (`ChildProcess.peak_rss`) and its files in a scratch in
 memory (`peak_files`, held_files: a reference's inputs and trials' expected outputs,
 28 GiB on a level1 task of 4 GiB outputs), the reference's first, which every task
-begins with. A task nobody has measured yet is expected to take what the largest one measured took, and
-so is a task whose children in a role are all still loading (what they hold so far is
-no measure); a task's first candidates at least what its reference took.
+begins with. A task nobody has measured yet is expected to take what the largest one
+measured took, and so is a task whose children in a role are all still loading (what
+they hold so far is no measure); a task's first candidates at least what its reference
+took.
 
 Nothing waits where no other child is begun (there is nothing to wait for). A new task's
 reference (no child of its task begun in this process yet) waits up to `_NEW_TASK_WAIT_S`
