@@ -129,6 +129,7 @@ def test_its_forms_are_found(change: dict[str, str]) -> None:
     {"y[idx] += expert(x[idx])": "y[idx] += expert(x[idx] * 2)"},
     {"y[idx] +=": "y[idx] -="},
     {"        z = self.shared_experts(x)": "        z = self.shared_experts(x[idx])"},  # read after
+    {"        z = self.shared_experts(x)": "        del expert\n        z = self.shared_experts(x)"},
     {"    def forward(self, x):\n        shape":
      "    def forward(self, x):\n        super().forward\n        shape"},  # needs its class
 ])
@@ -146,6 +147,11 @@ def test_counts_read_elsewhere_are_kept() -> None:
                          "        z = self.shared_experts(x) * len(counts)\n")
     (found,) = grouped_forwards(source)
     assert "counts = torch.bincount" in found.source
+    # only the statement that counted the routes goes: the name set again later stays
+    later = MOE.replace("        z = self.shared_experts(x)\n",
+                        "        z = self.shared_experts(x)\n        counts = self.log(z)\n")
+    (found,) = grouped_forwards(later)
+    assert "counts = self.log(z)" in found.source and "bincount" not in found.source
 
 
 def test_it_is_tried_first_on_a_gpu_and_never_inside_a_cuda_graph() -> None:

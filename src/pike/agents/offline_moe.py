@@ -89,15 +89,17 @@ def _rewritten(forward: ast.FunctionDef) -> ast.FunctionDef | None:
         if loop is None:
             continue
         call, counts, bound = loop
-        if counts is not None and not _route_counts(forward.body[:position], counts, call):
+        counted = (None if counts is None
+                   else _route_counts(forward.body[:position], counts, call))
+        if counts is not None and counted is None:
             return None  # a skip on anything but the routes' counts is not the loop's
         function = copy.deepcopy(forward)
         function.body[position] = ast.Expr(call)
         if any(_reads(function, name) for name in bound):
             return None  # a name the loop left bound is read after it
-        if counts is not None:
-            function.body = [s for s in function.body if not _assigns(s, counts)
-                             or _reads(function, counts, besides=s)]
+        if (counts is not None and counted is not None
+                and not _reads(function, counts, besides=function.body[counted])):
+            del function.body[counted]  # that statement alone: it only counted the routes
         return function
     return None
 
@@ -245,19 +247,20 @@ def _assigns(statement: ast.stmt, name: str) -> bool:
             and _name(statement.targets[0]) == name)
 
 
-def _route_counts(before: list[ast.stmt], counts: str, call: ast.Call) -> bool:
-    """Whether `counts` holds the routes' counts when the loop starts: its one assignment
-    among the statements `before` the loop is
+def _route_counts(before: list[ast.stmt], counts: str, call: ast.Call) -> int | None:
+    """Where among the statements `before` the loop `counts` is set to the routes'
+    counts, or None where it may hold anything else when the loop starts: its one
+    assignment there must be
     `counts = torch.bincount(indices.flatten(), minlength=N).tolist()` (`view(-1)` or
     `reshape(-1)` for flatten, `.tolist()` optional) on the loop's indices and N, and
     neither it nor the indices is bound again after it."""
     n, indices = call.args[1], _name(call.args[4])
     where = [i for i, s in enumerate(before) if counts in _bound(s)]
     if len(where) != 1 or not _assigns(before[where[0]], counts):
-        return False
+        return None
     after = before[where[0] + 1:]
     if any(indices in _bound(s) for s in after):
-        return False
+        return None
     value = before[where[0]].value  # type: ignore[attr-defined]
     if (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
             and value.func.attr == "tolist" and not value.args and not value.keywords):
@@ -266,15 +269,16 @@ def _route_counts(before: list[ast.stmt], counts: str, call: ast.Call) -> bool:
             and value.func.attr == "bincount" and _name(value.func.value) == "torch"
             and len(value.args) == 1 and [k.arg for k in value.keywords] == ["minlength"]
             and ast.dump(value.keywords[0].value) == ast.dump(n)):
-        return False
+        return None
     flat = value.args[0]
     if not (isinstance(flat, ast.Call) and isinstance(flat.func, ast.Attribute)
             and _name(flat.func.value) == indices and not flat.keywords):
-        return False
+        return None
     minus_one = [ast.dump(a) for a in flat.args] == [ast.dump(ast.UnaryOp(
         ast.USub(), ast.Constant(1)))]
-    return (flat.func.attr == "flatten" and not flat.args
-            or flat.func.attr in ("view", "reshape") and minus_one)
+    flattened = (flat.func.attr == "flatten" and not flat.args
+                 or flat.func.attr in ("view", "reshape") and minus_one)
+    return where[0] if flattened else None
 
 
 def _bound(statement: ast.stmt) -> set[str]:
@@ -284,6 +288,11 @@ def _bound(statement: ast.stmt) -> set[str]:
 
 
 def _reads(function: ast.FunctionDef, name: str, besides: ast.stmt | None = None) -> bool:
+    """Whether `function` needs `name` bound anywhere outside `besides`: a load or a `del`
+    of it, or an augmented assignment to it (`n += 1` reads n first); a plain assignment
+    is no read."""
     skipped = {id(n) for n in ast.walk(besides)} if besides is not None else set()
+    updated = {id(n.target) for n in ast.walk(function) if isinstance(n, ast.AugAssign)}
     return any(isinstance(n, ast.Name) and n.id == name and id(n) not in skipped
+               and (isinstance(n.ctx, (ast.Load, ast.Del)) or id(n) in updated)
                for n in ast.walk(function))
