@@ -496,3 +496,100 @@ def test_a_size_recalled_from_a_resumed_run_is_the_task_s_own(
     recalled = _gate(Host(available=20 * GIB))
     recalled.remember("k9", "reference", 63 * GIB)
     assert recalled._new_task("k9")
+
+
+def _measured(gate: HostMemory, task: str, structural: int, took: int) -> None:
+    """`task`'s reference answered `structural` bytes, then took `took` on the host."""
+    gate.sized(task, structural)
+    child = Child(peak_rss=took)
+    gate.admit(child, task, "reference")
+    gate.release(child)
+
+
+def test_a_new_task_s_reference_is_expected_at_its_own_size_plus_the_host_s_part() -> None:
+    """On the H100's level1 bench every new task's reference was expected at 42's 50.9 GiB,
+    and a 10 GiB matmul's waited 300 s. A task that answered its size is expected at its
+    structural bytes plus the most a measured task took beyond its own."""
+    gate = _gate(Host(available=100 * GIB))
+    _measured(gate, "k42", 44 * GIB, 51 * GIB)  # 7 GiB beyond its own
+    _measured(gate, "k8", 4 * GIB, 12 * GIB)  # 8 GiB beyond
+    assert gate.expected("unsized", "reference") == 51 * GIB  # no answer: as before
+    gate.sized("k95", 1 * GIB)
+    assert gate.expected("k95", "reference") == 9 * GIB
+    gate.sized("k9", 60 * GIB)  # larger than any measured: its own size says so
+    assert gate.expected("k9", "reference") == 68 * GIB
+    gate.sized("none", None)  # asked, no answer: the largest, and not asked again
+    assert gate.expected("none", "reference") == 51 * GIB and not gate.wants_size("none")
+    assert gate.wants_size("k1") and not gate.wants_size("k42")  # measured already
+
+
+def test_a_size_without_a_measured_task_beside_it_is_no_estimate() -> None:
+    gate = _gate(Host(available=100 * GIB))
+    unsized = Child(peak_rss=30 * GIB)  # measured, but its size unknown: no host's part
+    gate.admit(unsized, "old", "reference")
+    gate.release(unsized)
+    gate.sized("new", GIB)
+    assert gate.expected("new", "reference") == 30 * GIB
+    # a task that took less than its structural bytes (weights built on the GPU) lends
+    # no negative part: a new one is expected at its own size at least
+    _measured(gate, "gpu_built", 20 * GIB, 15 * GIB)
+    assert gate.expected("new", "reference") == GIB
+
+
+def test_a_sized_new_task_does_not_wait_for_another_new_footprint() -> None:
+    host = Host(available=120 * GIB)
+    gate = _gate(host)
+    _measured(gate, "k2", 3 * GIB, 10 * GIB)
+    gate.sized("k7", 32 * GIB)
+    gate.admit(Child(last_rss_bytes=GIB, peak_rss=GIB, phase="check"), "k7", "reference")
+    assert not gate._fits("k3", "reference")  # unsized: waits for k7's to be measured
+    gate.sized("k9", 30 * GIB)  # 37 expected beside k7's 39 (less its 1 held): fits
+    assert gate.admit(Child(), "k9", "reference", limit_s=60) == 0.0 and host.sleeps == 0
+
+
+def test_a_task_s_size_is_kept_with_its_footprint_for_a_resumed_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.search import campaign
+    from pike.store import FOOTPRINT_STATE, RunStore
+
+    gate = _gate(Host(available=100 * GIB))
+    monkeypatch.setattr(host_memory, "HOST", gate)
+    small = Task.from_file(Path(__file__).parents[1] / "examples" / "tasks" / "1_GeluMLP.py")
+    _measured(gate, small.sha256, 2 * GIB, 9 * GIB)
+    with RunStore.create(tmp_path / "run", {}, "pike bench") as store:
+        store.add_task(small.name, str(small.path), small.sha256, small.source)
+        campaign._keep_footprint(store, small)
+        kept = store.get_state(small.name, FOOTPRINT_STATE)
+        assert kept == {"reference": 9 * GIB, "task_bytes": 2 * GIB}
+        resumed = _gate(Host(available=100 * GIB))
+        monkeypatch.setattr(host_memory, "HOST", resumed)
+        campaign._recall_footprints(store, [small])
+    resumed.sized("new", GIB)
+    assert resumed.expected("new", "reference") == 8 * GIB
+    assert resumed.structural(small.sha256) == 2 * GIB
+
+
+def test_a_real_reference_answers_its_size_and_a_late_answer_is_dropped(
+        mlp_task: Task, fast_config: EvalConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child answers on the pipe before its request: the gate gets the task's
+    structural bytes. Where the answer comes after the parent stopped waiting, the
+    evaluation goes on and the answer is passed over when it comes."""
+    from pike.evaluate import child_launch, task_size
+
+    expected = task_size.structural_for(task_size.on_meta(str(mlp_task.path)),
+                                        fast_config.trials, fast_config.timing.input_sets)
+    gate = HostMemory()
+    monkeypatch.setattr(host_memory, "HOST", gate)
+    source = mlp_task.source.replace("class Model", "class ModelNew") + \
+        "\nclass Model(ModelNew):\n    pass\n"
+    verdict = evaluate(mlp_task, source, fast_config)
+    close_references()
+    assert verdict.status in ("ok", "rejected"), verdict.message
+    assert gate.structural(mlp_task.sha256) == expected and expected
+    late = HostMemory()
+    monkeypatch.setattr(host_memory, "HOST", late)
+    monkeypatch.setattr(child_launch, "_ASK_SLACK_S", -task_size.SIZE_SECONDS)
+    verdict = evaluate(mlp_task, source, fast_config)
+    close_references()
+    assert verdict.status in ("ok", "rejected"), verdict.message
+    assert mlp_task.sha256 in late._structural and late.structural(mlp_task.sha256) is None

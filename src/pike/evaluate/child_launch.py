@@ -4,12 +4,13 @@ folder, its phase limits, and its room on the host before it begins.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from pathlib import Path
 
 from pike.config import EvalConfig
-from pike.evaluate import device_lock, host_memory
+from pike.evaluate import device_lock, host_memory, task_size
 from pike.evaluate.child_environment import child_environment, make_child_dirs
 from pike.evaluate.cores import start_on_build_cores
 from pike.evaluate.network_namespace import network_prefix
@@ -18,6 +19,9 @@ from pike.evaluate.protocol import ChildRequest, Role
 from pike.evaluate.sandbox import ChildProcess
 from pike.evaluate.staging import InputStage
 from pike.evaluate.steps import current as step_clock
+from pike.evaluate.steps import span
+
+log = logging.getLogger(__name__)
 
 
 def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
@@ -33,7 +37,9 @@ def start_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
 def launch_child(request: ChildRequest, work_dir: Path, cfg: EvalConfig,
                  build_key: str, stage: InputStage | None = None) -> ChildProcess:
     """Start a sandboxed child that imports what it needs and waits: no candidate code
-    runs and no device is touched before `begin_child`, so this needs no device hold.
+    runs and no device is touched before `begin_child`, so this needs no device hold (a
+    reference's child may be asked its task's size on the meta device meanwhile,
+    `wait_for_room`).
     The caller must `finish` it (or call its __exit__).
 
     `request` names host paths; the child gets them as it sees them (under /pike/ in the
@@ -96,11 +102,33 @@ def wait_for_room(child: ChildProcess, limit_s: float | None = None) -> None:
     """Wait until the host's memory has room for the child to begin (host_memory), at
     most `limit_s` (0: count it at once, for a caller that holds the device or a lock
     others need); call it before any device hold, since timers would wait behind the
-    hold meanwhile. The wait is the step `wait_for_memory`."""
+    hold meanwhile. The wait is the step `wait_for_memory`. A new task's reference is
+    first asked its task's size (task_size), which the gate expects it at."""
     task = child.request.task_sha256 or child.request.module_path
+    if child.request.role == "reference" and limit_s != 0 and host_memory.HOST.wants_size(task):
+        host_memory.HOST.sized(task, _structural_size(child))
     waited = host_memory.HOST.admit(child, task, child.request.role, limit_s)
     if waited:
         step_clock().add("wait_for_memory", waited)
+
+
+def _structural_size(child: ChildProcess) -> int | None:
+    """What the reference's child holds of its task's own bytes (task_size), from its
+    answer to "size"; None where it gave none, said why in the log."""
+    with span("ask_size"):
+        answer = child.ask_size(task_size.SIZE_SECONDS + _ASK_SLACK_S)
+    req = child.request
+    size = None if answer is None else task_size.structural_for(
+        answer, req.trials, req.timing.input_sets)
+    if size is None:
+        log.info("%s: no size on the meta device (%s); the host-memory gate expects it at "
+                 "the largest size measured", Path(req.module_path).name,
+                 "no answer" if answer is None else answer.get("error", "malformed"))
+    return size
+
+
+# the child may still be importing torch when asked (it is started ahead of its request)
+_ASK_SLACK_S = 30.0
 
 
 def list_for_timers(child: ChildProcess, device: str, scope: str) -> None:

@@ -19,14 +19,17 @@ memory (`peak_files`, held_files: a reference's inputs and trials' expected outp
 begins with. A task nobody has measured yet is expected to take what the largest one
 measured took, and so is a task whose children in a role are all still loading (what
 they hold so far is no measure); a task's first candidates at least what its reference
-took.
+took. Where a new task's reference child answered the "size" event (task_size.py: its
+inputs, outputs and weights found on the meta device), its reference is expected at its
+structural bytes plus the most any measured task's reference took beyond its own: on
+the H100's level1 bench a 10 GiB task's reference was otherwise expected at 50.9 GiB.
 
 Nothing waits where no other child is begun (there is nothing to wait for). A new task's
 reference (no child of its task begun in this process yet) waits up to `_NEW_TASK_WAIT_S`
 while other tasks run, since they end and give their memory back; and a task not yet
 measured does not begin while another such task's reference still loads, so each
 footprint is measured before the next is guessed (on that level1 bench four references
-began at once and took the host). A resumed bench recalls each task's size from its run
+began at once and took the host), unless its size is known from its answer. A resumed bench recalls each task's size from its run
 store (`remember`, campaign's `host_footprint`). Any other child
 waits at most `_LONGEST_WAIT_S`: a kept reference holds its memory for its task's whole
 search, and a host too small for the reference and one candidate must still make
@@ -129,6 +132,8 @@ class HostMemory:
         self._peak: dict[tuple[str, str], int] = {}  # (task, role) -> the most one took
         self._measured: set[tuple[str, str]] = set()  # (task, role): see _settled
         self._started: set[str] = set()  # tasks a child of which has begun here
+        # task -> its reference's structural bytes (task_size), or None: asked, no answer
+        self._structural: dict[str, int | None] = {}
         self._reclaimers: list[Callable[[], bool]] = []
 
     def reclaim_with(self, free_one: Callable[[], bool]) -> None:
@@ -158,9 +163,38 @@ class HostMemory:
             # not the largest any task's candidates took: a small task's first wave would
             # wait behind a large task's size
             return max(own, self._own(task, "reference"))
+        if role == "reference" and (estimate := self._estimate(task)) is not None:
+            return max(own, estimate)
         anyone = [*(v for (_, r), v in self._peak.items() if r == role),
                   *(_most(c) for c, _, r in self._begun.values() if r == role)]
         return max([own, *anyone])
+
+    def _estimate(self, task: str) -> int | None:
+        """`task`'s reference from its structural bytes, plus the most a measured task's
+        reference took beyond its own (the host's part: torch, the CUDA context, compile
+        workers); None where either is unknown."""
+        structural = self._structural.get(task)
+        if structural is None:
+            return None
+        beyond = [self._own(t, "reference") - n for t, n in self._structural.items()
+                  if t != task and n is not None and self._settled(t, "reference")]
+        return structural + max(0, *beyond) if beyond else None
+
+    def wants_size(self, task: str) -> bool:
+        """Whether to ask a reference's child of `task` its size (ask_size) before it is
+        admitted: once per task, and not for one already measured."""
+        with self._lock:
+            return task not in self._structural and not self._settled(task, "reference")
+
+    def sized(self, task: str, structural: int | None) -> None:
+        """`task`'s reference holds `structural` bytes of its task's own (task_size), or
+        None: it was asked and gave no size (it is not asked again)."""
+        with self._lock:
+            self._structural[task] = structural
+
+    def structural(self, task: str) -> int | None:
+        with self._lock:
+            return self._structural.get(task)
 
     def _settled(self, task: str, role: str) -> bool:
         """A child of `task` in `role` has been measured past its loading: begun and out of
@@ -208,7 +242,8 @@ class HostMemory:
     def _fits(self, task: str, role: str) -> bool:
         if not self._begun:
             return True
-        if role == "reference" and not self._settled(task, role) and any(
+        if role == "reference" and not self._settled(task, role) and \
+                self._estimate(task) is None and any(
                 r == role and t != task and not self._settled(t, r) and c.phase in LOADING
                 for c, t, r in self._begun.values()):
             return False  # another new footprint is being measured: guess from it after

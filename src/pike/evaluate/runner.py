@@ -1,7 +1,8 @@
 """What runs inside the child process: load a module, construct it, run trials, time it.
 
 Run as `python -m pike.evaluate.runner REQUEST_JSON WRITE_FD READ_FD`; the request file is
-written, and "begin" said on READ_FD, once the parent is ready for the child. The reference role
+written, and "begin" said on READ_FD, once the parent is ready for the child (a reference's
+child may be asked its task's "size" first, task_size.py). The reference role
 draws the trial inputs and records the expected outputs (reference_role.py); the candidate role
 never sees the reference class or its outputs, only the inputs and the constructor arguments
 (candidate_role.py). Both then serve the parent's requests (child_serving.py).
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from pike.evaluate import syscall_filter
+from pike.evaluate import syscall_filter, task_size
 from pike.evaluate.candidate_role import run_candidate
 from pike.evaluate.child_setup import Failure
 from pike.evaluate.device_identity import identity
@@ -45,6 +46,9 @@ def main(argv: list[str]) -> int:
     # Started ahead of its request (the imports above take seconds): the parent writes
     # the request and says "begin" when the reference is ready and the device is held.
     first = chan.receive()
+    while first is not None and first.get("event") == "size":  # a reference, before its room
+        chan.send("size", **task_size.on_meta(str(first.get("module_path", ""))))
+        first = chan.receive()
     if first is None or first.get("event") != "begin":
         os._exit(0)  # not needed after all: nothing was loaded, nothing to report
     req = ChildRequest.model_validate_json(Path(argv[0]).read_text())

@@ -219,6 +219,31 @@ class ChildProcess:
             held = held_bytes(self._files_of) if self._files_of is not None else 0
             self._last_files, self.peak_files = held, max(self.peak_files, held)
 
+    def ask_size(self, limit_s: float) -> dict[str, Any] | None:
+        """Before `begin`: what the task's inputs, outputs and weights take, as the child
+        finds them on the meta device (task_size.on_meta; a reference's child, whose
+        module is the task); None where no answer came within `limit_s` (a late one is
+        dropped by `receive`) or the child has ended."""
+        if self.proc is None or self.begun:
+            return None
+        self.send("size", module_path=self.request.module_path)
+        deadline = time.monotonic() + limit_s
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if not self._read_some(min(_POLL_SECONDS, left)) and self.proc.poll() is not None:
+                return None
+        line, rest = self._buffer.split(b"\n", 1)
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return None  # left for receive, which says the channel is garbled
+        if not isinstance(message, dict) or message.get("event") != "size":
+            return None
+        self._buffer = rest
+        return message
+
     def receive(self) -> Event:
         """The next message, or how the child ended, timed out or overran its memory.
         The child's requests for its inputs are answered here, on the way."""
@@ -226,6 +251,8 @@ class ChildProcess:
         try:
             while True:
                 event = self._receive_one()
+                if isinstance(event, dict) and event.get("event") == "size":
+                    continue  # an answer to ask_size that came after its wait
                 if not (isinstance(event, dict) and event.get("event") == "stage"):
                     return event
                 phase = str(event.get("phase"))

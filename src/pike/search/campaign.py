@@ -389,6 +389,7 @@ def _measure_baseline(store: RunStore, task: Task, cfg: RunConfig,
 
 
 _FOOTPRINT_ROLES = ("reference", "candidate")  # what host_memory tells apart
+_STRUCTURAL = "task_bytes"  # beside them: the task's own bytes a reference holds
 
 
 def _keep_footprint(store: RunStore, task: Task) -> None:
@@ -397,6 +398,8 @@ def _keep_footprint(store: RunStore, task: Task) -> None:
     expected at the largest size measured (a 3 GiB task waited behind a 63 GiB one)."""
     sizes = {role: n for role in _FOOTPRINT_ROLES
              if (n := host_memory.HOST.measured(task.sha256, role))}
+    if sizes and (structural := host_memory.HOST.structural(task.sha256)) is not None:
+        sizes[_STRUCTURAL] = structural  # what a new task is guessed from (task_size)
     if sizes:
         store.set_state(task.name, FOOTPRINT_STATE, sizes)
 
@@ -408,6 +411,10 @@ def _recall_footprints(store: RunStore, tasks: list[Task]) -> None:
             for role, taken in kept.items():
                 if role in _FOOTPRINT_ROLES and isinstance(taken, int) and taken > 0:
                     host_memory.HOST.remember(task.sha256, role, taken)
+            structural = kept.get(_STRUCTURAL)
+            if isinstance(structural, int) and not isinstance(structural, bool) \
+                    and structural >= 0:
+                host_memory.HOST.sized(task.sha256, structural)
 
 
 def _left_open(store: RunStore, task: Task, event: Callable[..., None]) -> TaskOutcome:

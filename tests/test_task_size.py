@@ -1,0 +1,122 @@
+"""A task's size on the meta device, and what a reference child of it holds on the host."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from pike.evaluate import task_size
+from pike.evaluate.protocol import EXTRA_TRIALS, timed_set_count
+
+EXAMPLES = Path(__file__).parents[1] / "examples" / "tasks"
+F32 = 4
+
+
+def _task(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "task.py"
+    path.write_text("import time\nimport torch\nimport torch.nn as nn\n\n" + body)
+    return str(path)
+
+
+def test_an_example_task_s_bytes_are_its_inputs_outputs_and_weights() -> None:
+    # 1_GeluMLP: x (64, 256) -> fc1 (256 -> 1024) -> fc2 (1024 -> 256)
+    answer = task_size.on_meta(str(EXAMPLES / "1_GeluMLP.py"))
+    assert answer == {"inputs": 64 * 256 * F32, "outputs": 64 * 256 * F32,
+                      "params": (256 * 1024 + 1024 + 1024 * 256 + 256) * F32}
+    assert task_size._MODULE not in sys.modules  # its import is dropped after
+
+
+@pytest.mark.parametrize("name", ["2_ConvBlock.py", "3_CausalAttention.py"])
+def test_every_example_task_has_a_size(name: str) -> None:
+    answer = task_size.on_meta(str(EXAMPLES / name))
+    assert "error" not in answer, answer
+    assert answer["inputs"] > 0 and answer["outputs"] > 0
+
+
+def test_a_task_with_a_tuple_output_and_buffers_counts_each_leaf(tmp_path: Path) -> None:
+    path = _task(tmp_path, """
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("scale", torch.ones(n, dtype=torch.float64))
+
+    def forward(self, x, k):
+        return x * 2, {"half": (x[:, :k] * 0.5).half()}
+
+def get_inputs():
+    return [torch.randn(8, 16), 4]
+
+def get_init_inputs():
+    return [16]
+""")
+    assert task_size.on_meta(path) == {"inputs": 8 * 16 * F32,
+                                       "outputs": 8 * 16 * F32 + 8 * 4 * 2,
+                                       "params": 16 * 8}
+
+
+@pytest.mark.parametrize("forward, why", [
+    ("return x * x.sum().item()", "item"),  # a value read from a tensor: meta has none
+    ("raise SystemExit(3)", "SystemExit"),
+])
+def test_a_task_that_cannot_run_on_meta_says_why(tmp_path: Path, forward: str, why: str) -> None:
+    path = _task(tmp_path, f"""
+class Model(nn.Module):
+    def forward(self, x):
+        {forward}
+
+def get_inputs():
+    return [torch.randn(4, 4)]
+
+def get_init_inputs():
+    return []
+""")
+    answer = task_size.on_meta(path)
+    assert set(answer) == {"error"} and why.lower() in answer["error"].lower(), answer
+
+
+def test_a_task_that_takes_real_memory_on_meta_gives_no_size(tmp_path: Path) -> None:
+    # an explicit device is not the meta device's to override: 64 MiB really allocated
+    path = _task(tmp_path, """
+class Model(nn.Module):
+    def forward(self, x):
+        return x + 1
+
+def get_inputs():
+    return [torch.ones(16 * 2**20, device="cpu")]
+
+def get_init_inputs():
+    return []
+""")
+    answer = task_size.on_meta(path, real_limit=32 * 2**20)
+    assert "real memory" in answer.get("error", ""), answer
+    assert "inputs" in task_size.on_meta(path)  # under the default limit it is a size
+
+
+def test_a_task_too_slow_to_size_is_cut_at_the_limit(tmp_path: Path) -> None:
+    path = _task(tmp_path, """
+class Model(nn.Module):
+    def forward(self, x):
+        return x
+
+def get_inputs():
+    time.sleep(30)
+    return [torch.ones(4)]
+
+def get_init_inputs():
+    return []
+""")
+    answer = task_size.on_meta(path, limit_s=0.3)
+    assert "not done in" in answer.get("error", ""), answer
+
+
+def test_structural_bytes_follow_the_protocol_s_counts() -> None:
+    trials, input_sets = 5, 2
+    sets, timed = trials + EXTRA_TRIALS, timed_set_count(input_sets)
+    answer = {"inputs": 10, "outputs": 100, "params": 7}
+    assert task_size.structural_for(answer, trials, input_sets) == (
+        (sets + timed + 1) * 10 + (sets + 1) * 100 + 7)
+    for bad in ({"error": "x"}, {"inputs": 1, "outputs": 2}, {**answer, "params": -1},
+                {**answer, "inputs": True}, {**answer, "outputs": 1.5}):
+        assert task_size.structural_for(bad, trials, input_sets) is None
