@@ -120,3 +120,15 @@ def test_structural_bytes_follow_the_protocol_s_counts() -> None:
     for bad in ({"error": "x"}, {"inputs": 1, "outputs": 2}, {**answer, "params": -1},
                 {**answer, "inputs": True}, {**answer, "outputs": 1.5}):
         assert task_size.structural_for(bad, trials, input_sets) is None
+
+
+def test_a_task_that_names_cuda_is_not_run_before_its_device_is_held(tmp_path: Path) -> None:
+    path = _task(tmp_path, """
+raise RuntimeError("imported")  # never reached: the source is read, not run
+
+def get_inputs():
+    return [torch.randn(4).to('CUDA'.lower())]
+""")
+    answer = task_size.on_meta(path)
+    assert "names CUDA" in answer.get("error", ""), answer
+    assert "error" in task_size.on_meta(str(tmp_path / "missing.py"))

@@ -23,10 +23,12 @@ ran from 1.4 to 44 GiB (bench/host_estimate.py).
 from __future__ import annotations
 
 import gc
+import re
 import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -37,6 +39,11 @@ from pike.evaluate.child_setup import import_file
 from pike.evaluate.protocol import EXTRA_TRIALS, timed_set_count
 
 _MODULE = "pike_task_size"
+# A task that names CUDA may reach it at import or in get_inputs (`.to('cuda')`,
+# `set_default_device("cuda")`): a CUDA context made then is GPU work outside the device
+# lock's reckoning, which other evaluations' timed windows would see. Such a task is not
+# sized; the gate guesses it from the largest, as before.
+_CUDA = re.compile(r"cuda", re.IGNORECASE)
 # A task that builds real tensors on the meta device (an explicit device='cpu') has
 # allocated before the gate admitted it: its answer is no measure of what it will take.
 REAL_BYTES_LIMIT = 2**30
@@ -72,8 +79,15 @@ def on_meta(module_path: str, limit_s: float = SIZE_SECONDS,
     """The task at `module_path`, built and run once on the meta device: its inputs',
     outputs' and weights' bytes, or {"error": why} where it cannot be (an op without a
     meta kernel, a value read from a tensor, longer than `limit_s`, or real memory of
-    `real_limit` bytes or more taken meanwhile). In the reference's child, before its
-    request: it imports the task under a name of its own and drops it after."""
+    `real_limit` bytes or more taken meanwhile), and not tried where the task's source
+    names CUDA. In the reference's child, before its request: it imports the task under a
+    name of its own and drops it after."""
+    try:
+        if _CUDA.search(Path(module_path).read_text(errors="replace")):
+            return {"error": "the task names CUDA: its code would reach the GPU before the "
+                             "device is held"}
+    except OSError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
     before = _rss()
     try:
         with _time_limit(limit_s), torch.device("meta"), torch.no_grad():
