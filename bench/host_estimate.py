@@ -4,7 +4,9 @@ the host (host_footprint), its structural bytes (task_size: inputs, outputs and 
 the meta device, counted under the run's protocol) plus the most any *other* task's
 reference took beyond its own, against the reference's measured peak; and the guess
 before it (the largest any other task's reference took). Nothing runs on a GPU: the
-measured peaks are the run's, the sizes are found here on the meta device.
+measured peaks are the run's, the sizes are found here on the meta device. The run is
+taken to have had its scratch in memory (/dev/shm) and a GPU device, as pike's level1
+benches on lent GPU hosts had.
 
     python bench/host_estimate.py RUN_DIR TASK_FOLDER [--tag level1-h100]
 

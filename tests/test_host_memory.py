@@ -530,20 +530,26 @@ def test_a_size_without_a_measured_task_beside_it_is_no_estimate() -> None:
     gate.release(unsized)
     gate.sized("new", GIB)
     assert gate.expected("new", "reference") == 30 * GIB
-    # a task that took less than its structural bytes (weights built on the GPU) lends
-    # no negative part: a new one is expected at its own size at least
+    # a task that took less than its structural bytes (weights built on the GPU, its
+    # files on disk) says nothing of the host's part: still the largest
     _measured(gate, "gpu_built", 20 * GIB, 15 * GIB)
-    assert gate.expected("new", "reference") == GIB
+    assert gate.expected("new", "reference") == 30 * GIB
+    _measured(gate, "measured", 2 * GIB, 6 * GIB)  # one that shows it: 4 GiB
+    assert gate.expected("new", "reference") == 5 * GIB
 
 
 def test_a_sized_new_task_does_not_wait_for_another_new_footprint() -> None:
     host = Host(available=120 * GIB)
     gate = _gate(host)
-    _measured(gate, "k2", 3 * GIB, 10 * GIB)
     gate.sized("k7", 32 * GIB)
+    gate.sized("k9", 30 * GIB)
     gate.admit(Child(last_rss_bytes=GIB, peak_rss=GIB, phase="check"), "k7", "reference")
+    # sized, but no host's part learned yet: one new footprint at a time, as before
+    assert not gate._fits("k9", "reference")
+    gate.sized("k2", 3 * GIB)  # measured before (a resumed run's store): 7 GiB beyond
+    gate.remember("k2", "reference", 10 * GIB)
     assert not gate._fits("k3", "reference")  # unsized: waits for k7's to be measured
-    gate.sized("k9", 30 * GIB)  # 37 expected beside k7's 39 (less its 1 held): fits
+    # k9: 37 expected beside k7's 39 (less its 1 held): fits
     assert gate.admit(Child(), "k9", "reference", limit_s=60) == 0.0 and host.sleeps == 0
 
 
@@ -575,9 +581,13 @@ def test_a_real_reference_answers_its_size_and_a_late_answer_is_dropped(
     structural bytes. Where the answer comes after the parent stopped waiting, the
     evaluation goes on and the answer is passed over when it comes."""
     from pike.evaluate import child_launch, task_size
+    from pike.evaluate.held_files import in_memory
+    from pike.evaluate.leftovers import scratch_root
 
+    # on the CPU the timed sets' inputs are held twice (files and the rotation's tensors)
     expected = task_size.structural_for(task_size.on_meta(str(mlp_task.path)),
-                                        fast_config.trials, fast_config.timing.input_sets)
+                                        fast_config.trials, fast_config.timing.input_sets,
+                                        in_memory(scratch_root()), on_cpu=True)
     gate = HostMemory()
     monkeypatch.setattr(host_memory, "HOST", gate)
     source = mlp_task.source.replace("class Model", "class ModelNew") + \

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from pike.evaluate import task_size
 from pike.evaluate.protocol import EXTRA_TRIALS, timed_set_count
@@ -117,6 +118,12 @@ def test_structural_bytes_follow_the_protocol_s_counts() -> None:
     answer = {"inputs": 10, "outputs": 100, "params": 7}
     assert task_size.structural_for(answer, trials, input_sets) == (
         (sets + timed + 1) * 10 + (sets + 1) * 100 + 7)
+    # with the scratch on disk only what is in flight and the weights; on the CPU the
+    # timed sets' inputs are held in memory as well
+    assert task_size.structural_for(answer, trials, input_sets, files_in_memory=False) == (
+        10 + 100 + 7)
+    assert task_size.structural_for(answer, trials, input_sets, files_in_memory=False,
+                                    on_cpu=True) == (timed + 1) * 10 + 100 + 7
     for bad in ({"error": "x"}, {"inputs": 1, "outputs": 2}, {**answer, "params": -1},
                 {**answer, "inputs": True}, {**answer, "outputs": 1.5}):
         assert task_size.structural_for(bad, trials, input_sets) is None
@@ -132,3 +139,32 @@ def get_inputs():
     answer = task_size.on_meta(path)
     assert "names CUDA" in answer.get("error", ""), answer
     assert "error" in task_size.on_meta(str(tmp_path / "missing.py"))
+
+
+def test_what_the_task_does_at_import_stays_in_the_sizing_process(tmp_path: Path) -> None:
+    """The reference's child imports the task again after its size: a torch.library
+    namespace defined at import (which may be defined once a process), or a default
+    device set there, would have failed or changed that import."""
+    from pike.evaluate.child_setup import import_file
+
+    path = _task(tmp_path, """
+LIB = torch.library.Library("pike_task_size_test", "DEF")
+torch.set_default_dtype(torch.float64)
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+def get_inputs():
+    return [torch.randn(4, 4)]
+
+def get_init_inputs():
+    return []
+""")
+    assert task_size.on_meta(path) == {"inputs": 4 * 4 * 8, "outputs": 4 * 4 * 8, "params": 0}
+    assert torch.get_default_dtype() == torch.float32
+    try:
+        import_file(path, "pike_task_size_test_module")  # the first import in this process
+    finally:
+        sys.modules.pop("pike_task_size_test_module", None)
+        torch.set_default_dtype(torch.float32)

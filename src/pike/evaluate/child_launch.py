@@ -13,6 +13,8 @@ from pike.config import EvalConfig
 from pike.evaluate import device_lock, host_memory, task_size
 from pike.evaluate.child_environment import child_environment, make_child_dirs
 from pike.evaluate.cores import start_on_build_cores
+from pike.evaluate.held_files import in_memory
+from pike.evaluate.leftovers import scratch_root
 from pike.evaluate.network_namespace import network_prefix
 from pike.evaluate.os_sandbox import INSIDE_ROOT, Mount, SandboxPlan, sandbox_active
 from pike.evaluate.protocol import ChildRequest, Role
@@ -105,7 +107,8 @@ def wait_for_room(child: ChildProcess, limit_s: float | None = None) -> None:
     hold meanwhile. The wait is the step `wait_for_memory`. A new task's reference is
     first asked its task's size (task_size), which the gate expects it at."""
     task = child.request.task_sha256 or child.request.module_path
-    if child.request.role == "reference" and limit_s != 0 and host_memory.HOST.wants_size(task):
+    if child.request.role == "reference" and limit_s != 0 and not host_memory.HOST.begun(
+            child) and host_memory.HOST.wants_size(task):
         host_memory.HOST.sized(task, _structural_size(child))
     waited = host_memory.HOST.admit(child, task, child.request.role, limit_s)
     if waited:
@@ -119,7 +122,8 @@ def _structural_size(child: ChildProcess) -> int | None:
         answer = child.ask_size(task_size.SIZE_SECONDS + _ASK_SLACK_S)
     req = child.request
     size = None if answer is None else task_size.structural_for(
-        answer, req.trials, req.timing.input_sets)
+        answer, req.trials, req.timing.input_sets, in_memory(scratch_root()),
+        req.device == "cpu")
     if size is None:
         log.info("%s: no size on the meta device (%s); the host-memory gate expects it at "
                  "the largest size measured", Path(req.module_path).name,

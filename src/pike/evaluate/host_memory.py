@@ -172,13 +172,21 @@ class HostMemory:
     def _estimate(self, task: str) -> int | None:
         """`task`'s reference from its structural bytes, plus the most a measured task's
         reference took beyond its own (the host's part: torch, the CUDA context, compile
-        workers); None where either is unknown."""
+        workers); None where either is unknown. A host's part of 0 or less is no measure
+        of it (structural bytes counted that a task did not hold, weights built on the
+        GPU): until one task took more than its own, new tasks are guessed as before."""
         structural = self._structural.get(task)
         if structural is None:
             return None
-        beyond = [self._own(t, "reference") - n for t, n in self._structural.items()
-                  if t != task and n is not None and self._settled(t, "reference")]
-        return structural + max(0, *beyond) if beyond else None
+        beyond = max((self._own(t, "reference") - n for t, n in self._structural.items()
+                      if t != task and n is not None and self._settled(t, "reference")),
+                     default=0)
+        return structural + beyond if beyond > 0 else None
+
+    def begun(self, child: Measured) -> bool:
+        """`child` has been admitted (and not released)."""
+        with self._lock:
+            return id(child) in self._begun
 
     def wants_size(self, task: str) -> bool:
         """Whether to ask a reference's child of `task` its size (ask_size) before it is

@@ -223,9 +223,9 @@ class ChildProcess:
         """Before `begin`: what the task's inputs, outputs and weights take, as the child
         finds them on the meta device (task_size.on_meta; a reference's child, whose
         module is the task); None where no answer came within `limit_s` (a late one is
-        dropped by `receive`) or the child has ended."""
-        if self.proc is None or self.begun:
-            return None
+        passed over as any event its reader does not wait for) or the child has ended."""
+        if self.proc is None or self.begun or self.request.role != "reference":
+            return None  # a candidate's code is never run before its limits are in force
         self.send("size", module_path=self.request.module_path)
         deadline = time.monotonic() + limit_s
         while b"\n" not in self._buffer:
@@ -251,8 +251,6 @@ class ChildProcess:
         try:
             while True:
                 event = self._receive_one()
-                if isinstance(event, dict) and event.get("event") == "size":
-                    continue  # an answer to ask_size that came after its wait
                 if not (isinstance(event, dict) and event.get("event") == "stage"):
                     return event
                 phase = str(event.get("phase"))

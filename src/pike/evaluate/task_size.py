@@ -6,14 +6,18 @@ for what its task's children take. A task nobody had measured was expected at th
 size any task took: on the H100's level1 bench, 50.9 GiB (42_Max_Pooling_2D) for each new
 task, and a 10 GiB matmul's reference waited 300 s behind it. The parent never runs task
 code, so the reference's child, already started and waiting for its request, is asked
-first (the "size" event): it runs the task's get_init_inputs, get_inputs, Model and one
-forward under `torch.device("meta")`, which allocates nothing, and answers with the
-bytes it saw.
+first (the "size" event): in a process forked from it for the purpose (so the task's
+module-level effects, a torch.library registration or a default device, stay out of
+the reference's own import), with its data segment held to REAL_BYTES_LIMIT beyond what
+it had and killed past SIZE_SECONDS, it runs the task's get_init_inputs, get_inputs,
+Model and one forward under `torch.device("meta")`, which allocates nothing, and answers
+with the bytes it saw.
 
 What a reference holds follows from the protocol (reference_role): every check trial's
-and timed set's inputs as files in its scratch, every check trial's expected outputs,
-one set of inputs and one output in memory while it computes, and the weights. That is
-`structural_bytes`. The rest (torch, the CUDA context, a baseline's compile workers) is
+and timed set's inputs as files in its scratch, every check trial's expected outputs
+(host memory where the scratch is in memory, /dev/shm), the timed sets' inputs again
+where the device is the CPU, one set of inputs and one output while it computes, and
+the weights. That is `structural_bytes`. The rest (torch, the CUDA context, a baseline's compile workers) is
 the host's, not the task's: the gate learns it from the tasks it measured (the most any
 took beyond its structural bytes), so nothing here guesses a per-host constant. On the
 H100's level1 bench that rest was 3.2 to 8.6 GiB over 16 tasks whose structural bytes
@@ -22,16 +26,17 @@ ran from 1.4 to 44 GiB (bench/host_estimate.py).
 
 from __future__ import annotations
 
-import gc
+import ctypes
+import json
+import os
 import re
+import resource
+import select
 import signal
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 
 from pike.evaluate.check import flatten_output
@@ -44,21 +49,28 @@ _MODULE = "pike_task_size"
 # lock's reckoning, which other evaluations' timed windows would see. Such a task is not
 # sized; the gate guesses it from the largest, as before.
 _CUDA = re.compile(r"cuda", re.IGNORECASE)
-# A task that builds real tensors on the meta device (an explicit device='cpu') has
-# allocated before the gate admitted it: its answer is no measure of what it will take.
+# A task that builds real tensors on the meta device (an explicit device='cpu', numpy)
+# would take memory before the gate admitted it: the sizing process's data segment is
+# held to this much beyond what it had, and the task is not sized past it.
 REAL_BYTES_LIMIT = 2**30
 SIZE_SECONDS = 30.0
+_ANSWER_LIMIT = 2**16
 
 
 def structural_bytes(inputs: int, outputs: int, params: int, trial_sets: int,
-                     timed_sets: int) -> int:
+                     timed_sets: int, files_in_memory: bool = True,
+                     on_cpu: bool = False) -> int:
     """What a reference child of a task with these input, output and weight bytes holds
-    of them on the host at most: each trial's and timed set's inputs and each trial's
-    expected outputs in its scratch, one more of each while it computes, the weights."""
-    return (trial_sets + timed_sets + 1) * inputs + (trial_sets + 1) * outputs + params
+    of them in the host's memory at most: each trial's and timed set's inputs and each
+    trial's expected outputs in its scratch (where that is in memory), the timed sets'
+    inputs again where its device is the CPU, one more of each while it computes, and
+    the weights."""
+    files = (trial_sets + timed_sets) * inputs + trial_sets * outputs if files_in_memory else 0
+    return files + (timed_sets * inputs if on_cpu else 0) + inputs + outputs + params
 
 
-def structural_for(answer: dict[str, Any], trials: int, input_sets: int) -> int | None:
+def structural_for(answer: dict[str, Any], trials: int, input_sets: int,
+                   files_in_memory: bool = True, on_cpu: bool = False) -> int | None:
     """structural_bytes of a child's answer to "size" under the protocol's counts (`trials`
     check trials, `input_sets` in the timing rotation); None where it gave no sizes."""
     sizes = [answer.get(key) for key in ("inputs", "outputs", "params")]
@@ -66,7 +78,7 @@ def structural_for(answer: dict[str, Any], trials: int, input_sets: int) -> int 
         return None
     inputs, outputs, params = sizes
     return structural_bytes(inputs, outputs, params, trials + EXTRA_TRIALS,
-                            timed_set_count(input_sets))
+                            timed_set_count(input_sets), files_in_memory, on_cpu)
 
 
 def leaf_bytes(obj: Any) -> int:
@@ -78,65 +90,118 @@ def on_meta(module_path: str, limit_s: float = SIZE_SECONDS,
             real_limit: int = REAL_BYTES_LIMIT) -> dict[str, Any]:
     """The task at `module_path`, built and run once on the meta device: its inputs',
     outputs' and weights' bytes, or {"error": why} where it cannot be (an op without a
-    meta kernel, a value read from a tensor, longer than `limit_s`, or real memory of
-    `real_limit` bytes or more taken meanwhile), and not tried where the task's source
-    names CUDA. In the reference's child, before its request: it imports the task under a
-    name of its own and drops it after."""
+    meta kernel, a value read from a tensor, longer than `limit_s`, or real memory past
+    `real_limit` bytes), and not tried where the task's source names CUDA. Run in a
+    process forked for it, which this one waits for (and kills at the limit): nothing the
+    task's code does reaches the caller."""
     try:
         if _CUDA.search(Path(module_path).read_text(errors="replace")):
             return {"error": "the task names CUDA: its code would reach the GPU before the "
                              "device is held"}
     except OSError as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    before = _rss()
+        return _error(exc)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the sizing process: answers on the pipe and exits, whatever happens
+        try:
+            os.close(read_fd)
+            answer = _measured_here(module_path, real_limit)
+        except BaseException as exc:  # task code may raise anything, SystemExit included
+            answer = _error(exc)
+        try:
+            data = json.dumps(answer).encode()[:_ANSWER_LIMIT]
+            while data:
+                data = data[os.write(write_fd, data):]
+        finally:
+            os._exit(0)
+    os.close(write_fd)
     try:
-        with _time_limit(limit_s), torch.device("meta"), torch.no_grad():
+        data = _read_all(read_fd, time.monotonic() + limit_s)
+    finally:
+        os.close(read_fd)
+        _end(pid)
+    if data is None:
+        return {"error": f"not done in {limit_s:.0f} s"}
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        return {"error": "the sizing process ended without an answer"}
+    return answer if isinstance(answer, dict) else {"error": "a malformed answer"}
+
+
+def _measured_here(module_path: str, real_limit: int) -> dict[str, Any]:
+    _die_with_parent()
+    torch.set_num_threads(1)  # no thread pool made again after the fork: nothing to compute
+    _hold_data_segment(real_limit)
+    try:
+        with torch.device("meta"), torch.no_grad():
             module = import_file(module_path, _MODULE)
             init = module.get_init_inputs()
             inputs = module.get_inputs()
             model = module.Model(*init)
             out = model(*inputs)
-            sizes = {"inputs": leaf_bytes(list(inputs)), "outputs": leaf_bytes(out),
-                     "params": leaf_bytes([*model.parameters(), *model.buffers()])}
-        grown = _rss() - before
-        if grown >= real_limit:
-            return {"error": f"it took {grown / 2**30:.1f} GiB of real memory on the meta "
-                             "device"}
-        return sizes
-    except BaseException as exc:  # task code may raise anything; no answer is an answer
-        first = (str(exc).splitlines() or [""])[0][:200]
-        return {"error": f"{type(exc).__name__}: {first}"}
-    finally:
-        sys.modules.pop(_MODULE, None)
-        gc.collect()
+            return {"inputs": leaf_bytes(list(inputs)), "outputs": leaf_bytes(out),
+                    "params": leaf_bytes([*model.parameters(), *model.buffers()])}
+    except MemoryError:
+        return _real_memory(real_limit)
+    except RuntimeError as exc:
+        if "can't allocate memory" in str(exc) or "out of memory" in str(exc).lower():
+            return _real_memory(real_limit)
+        raise
 
 
-def _rss() -> int:
-    return int(psutil.Process().memory_info().rss)
+def _real_memory(limit: int) -> dict[str, Any]:
+    return {"error": f"it took real memory on the meta device, over {limit / 2**30:.1f} GiB"}
 
 
-class _TookTooLong(Exception):
-    pass
+def _error(exc: BaseException) -> dict[str, Any]:
+    first = (str(exc).splitlines() or [""])[0][:200]
+    return {"error": f"{type(exc).__name__}: {first}"}
 
 
-@contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
-    """SIGALRM after `seconds` (the child's main thread); a no-op elsewhere."""
-    if seconds <= 0 or not hasattr(signal, "setitimer"):
-        yield
-        return
+def _read_all(fd: int, deadline: float) -> bytes | None:
+    """What comes on `fd` until its writer closes it; None at `deadline`."""
+    data = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return data
+        data += chunk
 
-    def expired(signum: int, frame: object) -> None:
-        raise _TookTooLong(f"not done in {seconds:.0f} s")
 
+def _end(pid: int) -> None:
     try:
-        previous = signal.signal(signal.SIGALRM, expired)
-    except ValueError:  # not the main thread: no limit but the parent's wait
-        yield
-        return
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+        os.kill(pid, signal.SIGKILL)  # done or not: it has nothing more to say
+    except ProcessLookupError:
+        pass
     try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _hold_data_segment(extra: int) -> None:
+    """Allocations past `extra` bytes beyond the data segment now fail (RLIMIT_DATA counts
+    private writable mappings too, so large tensors, since Linux 4.7)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            now = next(int(line.split()[1]) * 1024 for line in status
+                       if line.startswith("VmData:"))
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        soft = now + extra if hard == resource.RLIM_INFINITY else min(hard, now + extra)
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+    except (OSError, ValueError, StopIteration):
+        pass  # a host without the limit: the parent's wait still bounds it
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
