@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 from dataclasses import dataclass
 
 
@@ -42,10 +43,17 @@ class GroupedForward:
 def grouped_forwards(task_source: str) -> list[GroupedForward]:
     """The rewritten forward of each class in `task_source` whose forward routes tokens
     through its experts with the loop above; none where no class does."""
+    return list(_grouped_forwards(task_source))
+
+
+# a search asks for one task's source again and again (applicable, then each render):
+# parsed once; frozen results, so the cache's entries cannot be changed by a caller
+@functools.lru_cache(maxsize=16)
+def _grouped_forwards(task_source: str) -> tuple[GroupedForward, ...]:
     try:
         tree = ast.parse(task_source)
     except SyntaxError:
-        return []
+        return ()
     found = []
     for cls in tree.body:
         if not isinstance(cls, ast.ClassDef):
@@ -62,7 +70,7 @@ def grouped_forwards(task_source: str) -> list[GroupedForward]:
             rewritten.name = f"_{cls.name}_forward_grouped"
             found.append(GroupedForward(cls.name, rewritten.name,
                                         ast.unparse(ast.fix_missing_locations(rewritten))))
-    return found
+    return tuple(found)
 
 
 def _needs_its_class(function: ast.FunctionDef) -> bool:
