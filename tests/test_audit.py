@@ -1129,3 +1129,21 @@ def test_bars_never_compared_with_eager_are_named() -> None:
         "compile modes that could not be compared with eager: 3_RowSum compile:default "
         "(eager answers trial 0 otherwise when called again)"]
     assert audit_run._unchecked_bars(audits[:1], {b.task: b for b in base}) == []
+
+
+def test_a_task_whose_check_tells_little_is_named_in_the_warnings(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Level 2's 9_Matmul_Subtract_Multiply_ReLU gives 0 everywhere on its own inputs: a
+    figure judged on it says so where the audit's reader looks."""
+    weak = fake_ok(3.0)
+    weak.weak_check = "the reference gave the same outputs for all 6 trials on the task's own inputs"
+    FakeJudge({"1_Scale": 2.0, "2_Softplus": 2.0},
+              {"1_Scale": weak, "2_Softplus": fake_ok(2.0)}).install(monkeypatch)
+    folder = _files(tmp_path / "set", "task_1.py", "task_2.py")
+    result = audit(folder, TASKS, audit_config(build_cache, ["eager", "compile:default"]),
+                   out=tmp_path / "run", ids=[1, 2])
+    assert by_task(result)["1_Scale"].weak_check == weak.weak_check
+    assert by_task(result)["2_Softplus"].weak_check == ""
+    assert f"1_Scale: {weak.weak_check}" in result.warnings
+    assert not any(w.startswith("2_Softplus:") for w in result.warnings)
+    assert weak.weak_check in to_markdown(result)

@@ -45,6 +45,8 @@ class TaskAudit(BaseModel):
         None, description="values outside tolerance of the reference that passed by the "
         "float64 rule (Verdict.rounding_passed)")
     speedup: float | None = Field(None, description="over eager; correct files only")
+    weak_check: str = Field("", description="why the check tells little for this task "
+                            "(Verdict.weak_check)")
     compile_speedups: dict[str, float] = Field(
         default_factory=dict, description="mode -> speedup over that torch.compile mode")
     precision: list[str] = Field(default_factory=list, description="see audit/precision.py")
@@ -152,7 +154,7 @@ def task_audit(base: TaskAudit, verdict: Verdict, baseline: Baseline | None) -> 
         "seed_dependent": not verdict.ok and 0 < verdict.trials_passed < verdict.trials,
         "max_abs_error": verdict.max_abs_error, "max_rel_error": verdict.max_rel_error,
         "trial_errors": trial_errors(verdict), "rounding_passed": verdict.rounding_passed,
-        "speedup": speedup,
+        "speedup": speedup, "weak_check": verdict.weak_check,
         "compile_speedups": compile_speedups(speedup, baseline),
         **_floor_distances(verdict, baseline, lowp=bool(_TENSOR_CORE & set(base.precision)))})
 

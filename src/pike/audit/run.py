@@ -401,7 +401,8 @@ def audit_result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matc
         warnings = [*warnings, f"tasks were measured on {len(gpus)} GPUs (a call spread "
                     "them, calls ran on different GPUs, or runs were gathered); each task's "
                     "figures come from one of them"]
-    warnings = [*warnings, *_unchecked_bars(audits, baselines), *_built_apart(audits)]
+    warnings = [*warnings, *_unchecked_bars(audits, baselines), *_built_apart(audits),
+                *(f"{t.task}: {t.weak_check}" for t in audits if t.weak_check)]
     claim = _claim_over(audits, matching)
     return AuditResult(
         solutions=str(solutions), tasks_dir=str(tasks_dir), run_dir=str(run_dir),

@@ -505,3 +505,23 @@ _REUSE_RATIO, _REUSE_SLACK_MS = 3.0, 0.05
 # timed calls the reuse check needs; a window never gives up on a candidate before it has
 # them (timing_window.time_interleaved), so a memo that looks slow while it fills is still caught
 REUSE_MIN_SAMPLES = 8
+
+
+def weak_check(output_prints: list[str], trials: int) -> str | None:
+    """Why the check tells little for this task, or None: the reference gave the same
+    outputs (by their prints, reference_role._short_print) for every trial on the task's
+    own inputs (the configured `trials` and the one after timing), so a candidate that
+    ignores its inputs passes them all. Level 2's 9_Matmul_Subtract_Multiply_ReLU is
+    such a task: its linear layer's outputs stay below the value it subtracts, and the
+    ReLU makes every output 0 on its own inputs (bench/results/conditioning-level2-sample.md).
+    Only the shifted trial, whose inputs are larger, can tell such a candidate, where it
+    differs; where it does not either, nothing does."""
+    own = [output_prints[i] for i in (*range(trials), trials + 1) if i < len(output_prints)]
+    if len(own) < 2 or len(set(own)) > 1 or len(output_prints) < trials + 2:
+        return None
+    if output_prints[trials] != own[0]:
+        return (f"the reference gave the same outputs for all {len(own)} trials on the "
+                "task's own inputs: only the trial on shifted inputs tells a candidate that "
+                "ignores its inputs")
+    return (f"the reference gave the same outputs for all {len(own) + 1} trials, the "
+            "shifted one too: a candidate that ignores its inputs passes every check")

@@ -287,6 +287,7 @@ def _judge_candidate(task: Task, files: CandidateFiles, child: ChildProcess, cfg
         verdict.profile = profile
     _attach_timings(verdict, timers, raised)
     verdict.host_busy = busy or ""
+    verdict.weak_check = reference.weak_check
     if (usual is not None or withheld) and verdict.speedup is not None:
         verdict.noisy, verdict.noisy_speedup, verdict.reference_usual_ms = (
             True, verdict.speedup, usual)

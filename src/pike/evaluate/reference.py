@@ -68,6 +68,7 @@ class ReferenceRun:
     cfg: EvalConfig | None = None
     renewals: int = 0
     new_steps: dict[str, float] = field(default_factory=dict)  # its child's, until reported
+    weak_check: str = ""  # why its check tells little (check.weak_check), said in verdicts
     _spare_tmps: list[Path] = field(default_factory=list)
 
     _on_device: list[list[Any]] | None = None  # `expected`, copied to the GPU that compares

@@ -4,6 +4,7 @@ child started beside other evaluations, its trials run and its expected outputs 
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from typing import Any
 
 from pike.config import CONSTRUCT_ON, EvalConfig
 from pike.errors import EvaluatorError
+from pike.evaluate import check
 from pike.evaluate.child_launch import begin_child, launch_child, list_for_timers, wait_for_room
 from pike.evaluate.device_lock import hold_for_build, unlist_child
 from pike.evaluate.driver import ChildReport, finish, run_trials
@@ -27,6 +29,8 @@ from pike.evaluate.trial_comparison import load_leaves
 from pike.evaluate.verdict import Verdict
 from pike.task import Task
 from pike.threads import unwinding_stop
+
+log = logging.getLogger(__name__)
 
 # The settings a reference and its candidates must share, sent to both children; a cached
 # reference is reused only where they (and the limits and seed) are the same.
@@ -135,7 +139,10 @@ def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: boo
                            seed=drawn.weights, device=device,
                            check_seconds=child.phase_seconds.get("check", 0.0),
                            request=pristine, cfg=cfg,
-                           new_steps={f"reference.{k}": v for k, v in report.steps.items()})
+                           new_steps={f"reference.{k}": v for k, v in report.steps.items()},
+                           weak_check=check.weak_check(report.output_prints, cfg.trials) or "")
+        if run.weak_check:
+            log.warning("%s: %s", task.name, run.weak_check)
         return run
     finally:
         if run is None:  # failed or cut short: the run owns neither child nor folder

@@ -89,6 +89,9 @@ class Verdict(BaseModel):
     noisy: bool = False
     noisy_speedup: float | None = None
     reference_usual_ms: float | None = None
+    weak_check: str = Field(
+        "", description="why the correctness check tells little for this task: the "
+        "reference's outputs did not follow its inputs (check.weak_check)")
     host_busy: str = Field(
         "", description="on a CPU: the reference or the candidate waited for a core for a "
         "quarter of its timed blocks' time or more (the kernel's count), and by how much: "

@@ -52,6 +52,8 @@ def verdict_table(task: str, candidate: str, v: Verdict) -> Table:
                       f"({escape(v.noisy_why)})")
     if v.host_busy:
         table.add_row("host", f"[yellow]busy[/yellow]: {escape(v.host_busy)}")
+    if v.weak_check:
+        table.add_row("check", f"[yellow]weak[/yellow]: {escape(v.weak_check)}")
     if v.floor_ms is not None and v.times_floor is not None:
         table.add_row("floor", f"{ms(v.floor_ms)} on this GPU: the candidate is "
                       f"{v.times_floor:.3g}x the floor")

@@ -1,0 +1,69 @@
+"""A task whose reference gives the same outputs whatever its inputs is said to be one:
+its check cannot tell a candidate that ignores its inputs (check.weak_check)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pike.config import EvalConfig
+from pike.evaluate import evaluate
+from pike.evaluate.check import weak_check
+from pike.evaluate.reference_cache import close_references
+from pike.task import Task
+
+TRIALS = 5  # then the shifted trial (index 5) and the one after timing (index 6)
+
+
+def test_the_outputs_prints_say_which_trials_tell_anything() -> None:
+    assert weak_check(["a", "b", "c", "d", "e", "f", "g"], TRIALS) is None
+    assert weak_check(["a"] * 5 + ["s", "b"], TRIALS) is None  # the last trial differs
+    only_shifted = weak_check(["a"] * 5 + ["s", "a"], TRIALS)
+    assert only_shifted and "all 6 trials" in only_shifted and "only the trial on shifted" \
+        in only_shifted
+    every = weak_check(["a"] * 7, TRIALS)
+    assert every and "all 7 trials" in every and "passes every check" in every
+    assert weak_check([], TRIALS) is None and weak_check(["a"] * 5, TRIALS) is None
+
+
+def _task(tmp_path: Path, forward: str) -> Task:
+    path = tmp_path / "1_Clipped.py"
+    path.write_text(f"""import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return {forward}
+
+def get_inputs():
+    return [torch.randn(64, 128)]
+
+def get_init_inputs():
+    return []
+""")
+    return Task.from_file(path)
+
+
+def test_a_constant_candidate_passes_a_task_whose_outputs_ignore_its_inputs_and_is_told(
+        tmp_path: Path, fast_config: EvalConfig) -> None:
+    """Level 2's 9_Matmul_Subtract_Multiply_ReLU gives 0 everywhere on its own inputs; this
+    task gives 0 on the shifted ones too (their scale is at most 4, their offset 1)."""
+    task = _task(tmp_path, "torch.relu(x - 100.0)")
+    zeros = task.source.replace("class Model", "class ModelNew").replace(
+        "torch.relu(x - 100.0)", "torch.zeros_like(x)")
+    try:
+        verdict = evaluate(task, zeros, fast_config)
+    finally:
+        close_references()
+    assert verdict.status in ("ok", "rejected"), verdict.message
+    assert "passes every check" in verdict.weak_check, verdict.weak_check
+
+
+def test_a_task_whose_outputs_follow_its_inputs_says_nothing(
+        tmp_path: Path, mlp_task: Task, fast_config: EvalConfig) -> None:
+    honest = mlp_task.source.replace("class Model", "class ModelNew") + \
+        "\nclass Model(ModelNew):\n    pass\n"
+    try:
+        verdict = evaluate(mlp_task, honest, fast_config)
+    finally:
+        close_references()
+    assert verdict.weak_check == "", verdict.weak_check
