@@ -168,3 +168,52 @@ def get_init_inputs():
     finally:
         sys.modules.pop("pike_task_size_test_module", None)
         torch.set_default_dtype(torch.float32)
+
+
+def test_a_process_the_task_starts_neither_holds_the_answer_nor_outlives_it(
+        tmp_path: Path) -> None:
+    """A task that forks at import: the fork holds the answer's pipe open, so the answer
+    is its first line, not what comes before the pipe closes; and it is ended with the
+    sizing process (their group)."""
+    import time
+
+    import psutil
+
+    marker = tmp_path / "forked.pid"
+    path = _task(tmp_path, f"""
+import os
+if os.fork() == 0:
+    open({str(marker)!r}, "w").write(str(os.getpid()))
+    time.sleep(60)
+    os._exit(0)
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x
+
+def get_inputs():
+    return [torch.ones(4)]
+
+def get_init_inputs():
+    return []
+""")
+    started = time.monotonic()
+    answer = task_size.on_meta(path, limit_s=20)
+    assert answer == {"inputs": 16, "outputs": 16, "params": 0}
+    assert time.monotonic() - started < 15
+    for _ in range(100):
+        if marker.exists() and marker.read_text():
+            break
+        time.sleep(0.05)
+    if not (marker.exists() and marker.read_text()):
+        return  # ended before it could write: it did not outlive the sizing either
+    pid = int(marker.read_text())
+    for _ in range(100):
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the task's own process {pid} outlived its sizing")

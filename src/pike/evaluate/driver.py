@@ -31,7 +31,6 @@ class ChildReport:
     flags: dict[str, str] = field(default_factory=dict)  # backend flags the child changed
     steps: dict[str, float] = field(default_factory=dict)  # the child's own (steps.py)
     built_on: str = ""  # a reference's: where its model was built ('cpu' or 'device')
-    output_prints: list[str] = field(default_factory=list)  # a reference's, trial by trial
 
 
 def wait_ready(child: ChildProcess, report: ChildReport,
@@ -88,9 +87,6 @@ def _pump(child: ChildProcess, report: ChildReport, until: str,
             report.flags = {str(k): str(v) for k, v in (event.get("flags") or {}).items()}
             report.steps = _steps(event.get("steps"))
             report.built_on = str(event.get("built_on") or "")
-            prints = event.get("output_prints")
-            report.output_prints = [str(x)[:64] for x in prints[:64]] if isinstance(
-                prints, list) else []
             return True
         elif kind == "saved" and on_saved is not None and type(event.get("trial")) is int:
             on_saved(event["trial"], event.get("layout"))

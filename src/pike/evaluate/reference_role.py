@@ -5,7 +5,6 @@ checks a compiled mode against eager, and runs a trial again in float64 when ask
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -94,12 +93,10 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     # The timed sets' outputs are not kept: read at a few sampled positions only, they are
     # computed again when a window's samples are checked (timed_values). Kept, they were
     # half of what a reference held in the scratch (28 of 56 GiB for level1's 7 and 9).
-    output_prints = []  # whether the outputs follow the inputs at all (check.weak_check)
     for name, inputs in _reference_check_inputs(inputs_dir, len(req.trial_seeds), device):
         with STEPS.span("forward"), torch.no_grad():
             out = _guarded("task_error", "check", req.module_path, lambda i=inputs: model(*i))
             _sync(device)
-        output_prints.append(_short_print(check.flatten_output(out)))
         with STEPS.span("save_outputs"):
             write_leaves(check.flatten_output(out), outputs_dir / f"{name}.pt")
         # Small stand-ins for the outputs (same devices, dtypes and dims), so the
@@ -110,8 +107,7 @@ def run_reference(req: ChildRequest, chan: Channel, device: torch.device) -> Non
     # check's peak) goes back to the card's other evaluations.
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    chan.send("checked", trials=req.trials, steps=STEPS.rounded(), built_on=req.construct_on,
-              output_prints=output_prints)
+    chan.send("checked", trials=req.trials, steps=STEPS.rounded(), built_on=req.construct_on)
     torch.set_float32_matmul_precision("highest")  # the task's dtype is the contract
     rotation = InputRotation(pool[:req.input_sets])  # the probe sets are the candidate's
     compiled_modes: list[str] = []
@@ -272,11 +268,6 @@ def _fingerprint(inputs: list[Any]) -> list[str]:
         except RuntimeError:  # a layout without a sum (sparse, quantized): taken as kept
             prints.append("")
     return prints
-
-
-def _short_print(leaves: list[Any]) -> str:
-    """_fingerprint of an output's leaves, hashed short: equal for equal outputs."""
-    return hashlib.sha256("\n".join(_fingerprint(leaves)).encode()).hexdigest()[:16]
 
 
 def _copies(inputs: list[Any]) -> list[Any]:

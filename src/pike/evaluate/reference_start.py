@@ -140,7 +140,8 @@ def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: boo
                            check_seconds=child.phase_seconds.get("check", 0.0),
                            request=pristine, cfg=cfg,
                            new_steps={f"reference.{k}": v for k, v in report.steps.items()},
-                           weak_check=check.weak_check(report.output_prints, cfg.trials) or "")
+                           weak_check=check.weak_check(expected, cfg.trials, cfg.atol,
+                                                       cfg.rtol) or "")
         if run.weak_check:
             log.warning("%s: %s", task.name, run.weak_check)
         return run

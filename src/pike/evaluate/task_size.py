@@ -92,36 +92,44 @@ def on_meta(module_path: str, limit_s: float = SIZE_SECONDS,
     outputs' and weights' bytes, or {"error": why} where it cannot be (an op without a
     meta kernel, a value read from a tensor, longer than `limit_s`, or real memory past
     `real_limit` bytes), and not tried where the task's source names CUDA. Run in a
-    process forked for it, which this one waits for (and kills at the limit): nothing the
-    task's code does reaches the caller."""
+    process forked for it, which this one waits for (and kills at the limit, with what it
+    started): nothing the task's code does reaches the caller. The caller should be
+    single-threaded (the reference's child before its request is): a lock another thread
+    held at the fork would cost the limit's wait."""
     try:
         if _CUDA.search(Path(module_path).read_text(errors="replace")):
             return {"error": "the task names CUDA: its code would reach the GPU before the "
                              "device is held"}
     except OSError as exc:
         return _error(exc)
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
+    parent = os.getpid()
+    try:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+    except OSError as exc:  # no process to spare (a host short of memory): no size
+        return _error(exc)
     if pid == 0:  # the sizing process: answers on the pipe and exits, whatever happens
         try:
+            os.setpgid(0, 0)  # its own group: whatever it starts is ended with it
             os.close(read_fd)
-            answer = _measured_here(module_path, real_limit)
-        except BaseException as exc:  # task code may raise anything, SystemExit included
-            answer = _error(exc)
-        try:
-            data = json.dumps(answer).encode()[:_ANSWER_LIMIT]
+            _die_with(parent)
+            try:
+                answer = _measured_here(module_path, real_limit)
+            except BaseException as exc:  # task code may raise anything, SystemExit too
+                answer = _error(exc)
+            data = (json.dumps(answer, default=str) + "\n").encode()[:_ANSWER_LIMIT]
             while data:
                 data = data[os.write(write_fd, data):]
         finally:
             os._exit(0)
     os.close(write_fd)
     try:
-        data = _read_all(read_fd, time.monotonic() + limit_s)
+        data = _read_line(read_fd, time.monotonic() + limit_s)
     finally:
         os.close(read_fd)
         _end(pid)
     if data is None:
-        return {"error": f"not done in {limit_s:.0f} s"}
+        return {"error": f"not done in {limit_s:g} s"}
     try:
         answer = json.loads(data)
     except ValueError:
@@ -130,7 +138,6 @@ def on_meta(module_path: str, limit_s: float = SIZE_SECONDS,
 
 
 def _measured_here(module_path: str, real_limit: int) -> dict[str, Any]:
-    _die_with_parent()
     torch.set_num_threads(1)  # no thread pool made again after the fork: nothing to compute
     _hold_data_segment(real_limit)
     try:
@@ -155,14 +162,19 @@ def _real_memory(limit: int) -> dict[str, Any]:
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
-    first = (str(exc).splitlines() or [""])[0][:200]
+    try:
+        first = (str(exc).splitlines() or [""])[0][:200]
+    except Exception:  # an exception whose text cannot be had
+        first = ""
     return {"error": f"{type(exc).__name__}: {first}"}
 
 
-def _read_all(fd: int, deadline: float) -> bytes | None:
-    """What comes on `fd` until its writer closes it; None at `deadline`."""
+def _read_line(fd: int, deadline: float) -> bytes | None:
+    """The first line on `fd` (all that came, where its writers closed it before one
+    ended); None at `deadline`. Not read to the end: a process the task started may hold
+    the pipe open after the answer."""
     data = b""
-    while True:
+    while b"\n" not in data:
         left = deadline - time.monotonic()
         if left <= 0:
             return None
@@ -173,13 +185,16 @@ def _read_all(fd: int, deadline: float) -> bytes | None:
         if not chunk:
             return data
         data += chunk
+    return data.split(b"\n", 1)[0]
 
 
 def _end(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)  # done or not: it has nothing more to say
-    except ProcessLookupError:
-        pass
+    """End the sizing process and its group (what it started), done or not."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         os.waitpid(pid, 0)
     except ChildProcessError:
@@ -200,8 +215,11 @@ def _hold_data_segment(extra: int) -> None:
         pass  # a host without the limit: the parent's wait still bounds it
 
 
-def _die_with_parent() -> None:
+def _die_with(parent: int) -> None:
+    """SIGKILL when `parent` ends; at once where it ended before the wish was made."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:
+        os._exit(0)

@@ -91,7 +91,8 @@ class Verdict(BaseModel):
     reference_usual_ms: float | None = None
     weak_check: str = Field(
         "", description="why the correctness check tells little for this task: the "
-        "reference's outputs did not follow its inputs (check.weak_check)")
+        "reference's outputs were the same within the tolerance for every trial "
+        "(check.weak_check)")
     host_busy: str = Field(
         "", description="on a CPU: the reference or the candidate waited for a core for a "
         "quarter of its timed blocks' time or more (the kernel's count), and by how much: "
