@@ -520,7 +520,9 @@ def test_a_new_task_s_reference_is_expected_at_its_own_size_plus_the_host_s_part
     assert gate.expected("k9", "reference") == 68 * GIB
     gate.sized("none", None)  # asked, no answer: the largest, and not asked again
     assert gate.expected("none", "reference") == 51 * GIB and not gate.wants_size("none")
-    assert gate.wants_size("k1") and not gate.wants_size("k42")  # measured already
+    assert gate.wants_size("k1") and not gate.wants_size("k42")  # sized already
+    gate.remember("recalled", "reference", 20 * GIB)  # measured in an earlier call, not sized
+    assert gate.wants_size("recalled")
 
 
 def test_a_size_without_a_measured_task_beside_it_is_no_estimate() -> None:

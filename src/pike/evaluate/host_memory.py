@@ -190,9 +190,11 @@ class HostMemory:
 
     def wants_size(self, task: str) -> bool:
         """Whether to ask a reference's child of `task` its size (ask_size) before it is
-        admitted: once per task, and not for one already measured."""
+        admitted: once per task. One already measured is asked too (a resumed run's
+        task whose store kept no size): its size beside its measure is what the host's
+        part is learned from."""
         with self._lock:
-            return task not in self._structural and not self._settled(task, "reference")
+            return task not in self._structural
 
     def sized(self, task: str, structural: int | None) -> None:
         """`task`'s reference holds `structural` bytes of its task's own (task_size), or

@@ -247,6 +247,18 @@ def _outputs_differ(expected: list[Any], got: list[Any], atol: float, rtol: floa
 _PRINT_STRIDES = (7, 13)
 
 
+def _wide_sum(flat: torch.Tensor, wide: torch.dtype) -> torch.Tensor:
+    """`flat`'s sum in `wide`, a chunk at a time: a sum in float64 of a float32 tensor
+    converts it whole first, a copy twice its size beside a level1 input of gigabytes
+    (helper-70's review, 2026-12-07)."""
+    if flat.numel() <= _SUM_CHUNK:
+        return flat.sum(dtype=wide)
+    return torch.stack([part.sum(dtype=wide) for part in flat.split(_SUM_CHUNK)]).sum()
+
+
+_SUM_CHUNK = 1 << 24
+
+
 def _fingerprint(inputs: list[Any]) -> list[str]:
     """What tells an input set changed in place: each tensor's sum and its sums over a few
     strided subsets (views, so no copy is made), accumulated in double precision, as text
@@ -259,10 +271,10 @@ def _fingerprint(inputs: list[Any]) -> list[str]:
         wide = torch.complex128 if x.is_complex() else torch.float64
         try:
             x = x.detach()
-            sums = [x.sum(dtype=wide)]
+            sums = [_wide_sum(x.reshape(-1), wide)]
             if x.is_contiguous() and x.numel() > 1:
                 flat = x.view(-1)
-                sums += [flat[start::step].sum(dtype=wide)
+                sums += [_wide_sum(flat[start::step], wide)
                          for start, step in enumerate(_PRINT_STRIDES)]
             prints.append(repr(torch.stack(sums).tolist()))  # one sync, not three
         except RuntimeError:  # a layout without a sum (sparse, quantized): taken as kept
