@@ -202,6 +202,7 @@ def _row(searched: dict[str, Any], audited: dict[str, Any] | None) -> dict[str, 
             "search_speedup": searched.get("speedup"), "error": searched.get("error"),
             "audit_status": (mine or {}).get("status"),
             "audit_speedup": (mine or {}).get("speedup"),
+            "audit_withheld": (mine or {}).get("withheld") or "",
             # over the task's fastest compile mode, as the audit measured it
             "over_best_compile": min(working) if working else None}
 

@@ -1147,3 +1147,21 @@ def test_a_task_whose_check_tells_little_is_named_in_the_warnings(
     assert f"1_Scale: {weak.weak_check}" in result.warnings
     assert not any(w.startswith("2_Softplus:") for w in result.warnings)
     assert weak.weak_check in to_markdown(result)
+
+
+def test_a_correct_file_whose_figure_was_withheld_says_why(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A noisy window gives a correct file no figure, and the task counts 1.0x: the audit
+    says so and why, where before the figure was simply missing."""
+    noisy = Verdict(status="ok", trials=2, trials_passed=2, noisy=True, noisy_speedup=2.5,
+                    noisy_why="the reference's calls were not steady")
+    FakeJudge({"1_Scale": 2.0, "2_Softplus": 2.0},
+              {"1_Scale": noisy, "2_Softplus": fake_ok(2.0)}).install(monkeypatch)
+    folder = _files(tmp_path / "set", "task_1.py", "task_2.py")
+    result = audit(folder, TASKS, audit_config(build_cache, ["eager", "compile:default"]),
+                   out=tmp_path / "run", ids=[1, 2])
+    t = by_task(result)
+    assert t["1_Scale"].withheld == "the reference's calls were not steady, 2.5x in that window"
+    assert t["1_Scale"].counted_speedup() == 1.0 and t["2_Softplus"].withheld == ""
+    assert any(w.startswith("1_Scale: correct, but its figure was withheld") for w in
+               result.warnings)

@@ -47,6 +47,8 @@ class TaskAudit(BaseModel):
     speedup: float | None = Field(None, description="over eager; correct files only")
     weak_check: str = Field("", description="why the check tells little for this task "
                             "(Verdict.weak_check)")
+    withheld: str = Field("", description="correct, but no figure: why it was withheld "
+                          "(a noisy window); the task counts 1.0x")
     compile_speedups: dict[str, float] = Field(
         default_factory=dict, description="mode -> speedup over that torch.compile mode")
     precision: list[str] = Field(default_factory=list, description="see audit/precision.py")
@@ -154,9 +156,22 @@ def task_audit(base: TaskAudit, verdict: Verdict, baseline: Baseline | None) -> 
         "seed_dependent": not verdict.ok and 0 < verdict.trials_passed < verdict.trials,
         "max_abs_error": verdict.max_abs_error, "max_rel_error": verdict.max_rel_error,
         "trial_errors": trial_errors(verdict), "rounding_passed": verdict.rounding_passed,
-        "speedup": speedup, "weak_check": verdict.weak_check,
+        "speedup": speedup, "weak_check": verdict.weak_check, "withheld": _withheld(verdict),
         "compile_speedups": compile_speedups(speedup, baseline),
         **_floor_distances(verdict, baseline, lowp=bool(_TENSOR_CORE & set(base.precision)))})
+
+
+def _withheld(verdict: Verdict) -> str:
+    """Why a correct file has no figure, or "" (a failed or timed file)."""
+    if not verdict.ok or verdict.speedup is not None:
+        return ""
+    then = (f", {verdict.noisy_speedup:.3g}x in that window"
+            if verdict.noisy_speedup is not None else "")
+    if verdict.noisy_why:
+        return verdict.noisy_why + then
+    if verdict.noisy:
+        return "the reference ran off its usual time in the window" + then
+    return "it was not timed"
 
 
 # the markers (audit/precision.py) of a file whose math may run on bf16/fp16 tensor cores:

@@ -402,7 +402,9 @@ def audit_result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matc
                     "them, calls ran on different GPUs, or runs were gathered); each task's "
                     "figures come from one of them"]
     warnings = [*warnings, *_unchecked_bars(audits, baselines), *_built_apart(audits),
-                *(f"{t.task}: {t.weak_check}" for t in audits if t.weak_check)]
+                *(f"{t.task}: {t.weak_check}" for t in audits if t.weak_check),
+                *(f"{t.task}: correct, but its figure was withheld ({t.withheld}); counted "
+                  "1.0x, audit it again for a figure" for t in audits if t.withheld)]
     claim = _claim_over(audits, matching)
     return AuditResult(
         solutions=str(solutions), tasks_dir=str(tasks_dir), run_dir=str(run_dir),
