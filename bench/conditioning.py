@@ -18,7 +18,6 @@ Writes bench/results/conditioning-TAG.md and .json (host, torch version, date, c
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import resource
@@ -33,17 +32,10 @@ import torch
 from common import RESULTS, device_name, now, this_command, with_ext
 
 from pike.evaluate.check import tensor_leaves
+from pike.evaluate.child_setup import import_file
 
 ATOL = RTOL = 1e-2
 NUDGE = 1e-6
-
-
-def _module(path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(f"pike_conditioning_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _beyond(got: Any, expected: Any) -> tuple[float, float]:
@@ -62,7 +54,7 @@ def _beyond(got: Any, expected: Any) -> tuple[float, float]:
 
 def _row(path: Path) -> dict[str, Any]:
     started = time.perf_counter()
-    module = _module(path)
+    module = import_file(str(path), f"pike_conditioning_{path.stem}")
     torch.manual_seed(0)
     init = module.get_init_inputs()
     model = module.Model(*init)

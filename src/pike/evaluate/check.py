@@ -540,7 +540,7 @@ def outputs_alike(first: list[Any], other: list[Any], atol: float, rtol: float) 
         return False
     for a, b in zip(first, other, strict=True):
         if not (isinstance(a, _Tensor) and isinstance(b, _Tensor)):
-            if isinstance(a, _Tensor) or isinstance(b, _Tensor) or not _scalars_alike(
+            if isinstance(a, _Tensor) or isinstance(b, _Tensor) or not _scalars_close(
                     a, b, atol, rtol):
                 return False
             continue
@@ -553,10 +553,3 @@ def outputs_alike(first: list[Any], other: list[Any], atol: float, rtol: float) 
             if not bool(same):
                 return False
     return True
-
-
-def _scalars_alike(a: Any, b: Any, atol: float, rtol: float) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(
-            a, bool) and not isinstance(b, bool):
-        return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= atol + rtol * abs(a)
-    return a == b
