@@ -322,3 +322,74 @@ def test_a_fresh_draw_shares_no_seed_with_the_search_s() -> None:
     assert fresh_draw(fixed).model_copy(update={"seed": 11}) == fixed  # nothing else moved
     drawn = EvalConfig()  # eval.seed None: each reference run draws from the OS anyway
     assert fresh_draw(drawn) is drawn
+
+
+def _window_of(figures: dict[int, object], windows: list[list[int]]):
+    """A stand-in for the confirming window: each candidate's figure (a speedup, or an
+    error) by how many candidates the window holds."""
+    from pike.evaluate.confirm import Confirmation
+
+    def window(task: Task, sources: dict[int, str], config: object) -> list[Confirmation]:
+        windows.append(sorted(sources))
+        found = []
+        for cid in sources:
+            figure = figures[cid](len(sources)) if callable(figures[cid]) else figures[cid]
+            found.append(Confirmation(candidate_id=cid, error=figure) if isinstance(figure, str)
+                         else Confirmation(candidate_id=cid, runtime_ms=1.0 / figure,
+                                           reference_ms=1.0, speedup=figure))
+        return sorted(found, key=lambda c: (c.speedup is None, -(c.speedup or 0.0)))
+    return window
+
+
+_HOST_OOM = ("killed by signal SIGKILL: the host ran out of memory (the kernel's "
+             "out-of-memory killer was at work meanwhile) during phase 'check'")
+
+
+def test_a_candidate_that_ran_out_of_memory_beside_others_is_timed_alone(
+        mlp_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the H100's level1 bench a 1.18x file was killed by the host's OOM killer in
+    the crowded window (twice) and a 0.59x one became the task's best."""
+    from pike.evaluate import confirm as confirming
+    store, [fast, slow] = _judged_ok(tmp_path, mlp_task, {"fused": 2.0, "slower": 1.0})
+    windows: list[list[int]] = []
+    figures = {fast: lambda held: _HOST_OOM if held > 1 else 1.8, slow: 0.6}
+    monkeypatch.setattr(confirming, "confirm", _window_of(figures, windows))
+    confirm_best(store, mlp_task, RunConfig())
+    assert windows == [[fast, slow], [fast, slow], [fast]]
+    best = store.best(mlp_task.name)
+    assert best.id == fast and best.verdict.confirmed and best.verdict.speedup == 1.8
+    assert best.verdict.search_speedup == 2.0
+
+
+def test_a_candidate_out_of_memory_even_alone_leaves_the_search_s_figures(
+        mlp_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import confirm as confirming
+    store, [fast, slow] = _judged_ok(tmp_path, mlp_task, {"fused": 2.0, "slower": 1.0})
+    windows: list[list[int]] = []
+    gpu_oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    monkeypatch.setattr(confirming, "confirm",
+                        _window_of({fast: gpu_oom, slow: 0.6}, windows))
+    confirm_best(store, mlp_task, RunConfig())
+    assert windows == [[fast, slow], [fast, slow], [fast]]  # alone once, not again
+    best = store.best(mlp_task.name)
+    assert best.id == fast and not best.verdict.confirmed and best.verdict.speedup == 2.0
+    # below the confirmed best's search figure, it would not have mattered
+    store2, [a, b] = _judged_ok(tmp_path / "2", mlp_task, {"fused": 2.0, "slower": 1.0})
+    windows.clear()
+    monkeypatch.setattr(confirming, "confirm", _window_of({a: 1.9, b: gpu_oom}, windows))
+    confirm_best(store2, mlp_task, RunConfig())
+    assert windows == [[a, b], [a, b]]  # the usual one more window for memory, no more
+    assert store2.best(mlp_task.name).verdict.confirmed
+
+
+def test_a_failure_other_than_memory_is_not_timed_alone(
+        mlp_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import confirm as confirming
+    store, [fast, slow] = _judged_ok(tmp_path, mlp_task, {"fused": 2.0, "slower": 1.0})
+    windows: list[list[int]] = []
+    monkeypatch.setattr(confirming, "confirm", _window_of(
+        {fast: "child crashed: SIGSEGV in its timed calls", slow: 0.9}, windows))
+    confirm_best(store, mlp_task, RunConfig())
+    assert windows == [[fast, slow], [fast, slow]]
+    best = store.best(mlp_task.name)
+    assert best.id == slow and best.verdict.confirmed and best.verdict.speedup == 0.9

@@ -214,3 +214,57 @@ def test_audit_of_a_plain_folder_takes_no_claim_from_nowhere(tmp_path: Path, bui
     (folder / "claimed.json").write_text('{"geomean": "fast"}')
     with pytest.raises(ConfigError, match="claimed.json"):
         audit(folder, TASKS, audit_config(build_cache), out=tmp_path / "b", ids=[1])
+
+
+def test_a_best_slower_than_eager_keeps_the_reference(tmp_path: Path, build_cache: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the H100's level1 bench a CUDA graph around a 4 GiB output ran at 0.59x and was
+    the set's file; a user keeps the reference instead, and the set says why."""
+    run_dir = tmp_path / "run"
+    with RunStore.create(run_dir, RunConfig().model_dump(mode="json"), "pike bench") as store:
+        for t in load_tasks(TASKS, [1, 2]):
+            store.add_task(t.name, str(t.path), t.sha256, t.source)
+        judged(store, "1_Scale", "slowest = 1\n", fake_ok(0.4))
+        slow = judged(store, "1_Scale", GOOD, fake_ok(0.59))
+        judged(store, "2_Softplus", GOOD, fake_ok(1.0))  # as fast as eager: kept
+        folder = write_set(store, tmp_path / "set")
+    manifest = read_set(folder)
+    entry = manifest.entry("1_Scale")
+    assert (entry.status, entry.file, entry.candidate_id) == ("slower", None, slow)
+    assert entry.speedup_vs_eager is None
+    assert "0.59x of eager" in entry.detail and "reference is kept" in entry.detail
+    assert manifest.entry("2_Softplus").status == "ok"
+    assert not (folder / "1_Scale.py").exists()
+    assert manifest.claimed_geomean == pytest.approx(1.0)
+    # the audit says why the task has no file, and counts it 1.0x
+    FakeJudge({}, {"2_Softplus": fake_ok(1.1)}).install(monkeypatch)
+    result = audit(folder, TASKS, audit_config(build_cache), out=tmp_path / "audit")
+    t = by_task(result)
+    assert t["1_Scale"].status == "missing" and "reference is kept" in t["1_Scale"].message
+    assert result.aggregates.geomean_all == pytest.approx(1.1 ** 0.5)
+
+
+def test_an_audit_of_a_set_takes_the_set_s_tasks_unless_told(
+        run: Path, tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A set of 20 tasks of level1's 89 was audited over all 89 on the H100: 69 more
+    files missing, counted 1.0x, and the device time of walking them."""
+    with RunStore.open(run) as store:
+        folder = write_set(store, tmp_path / "set")
+    FakeJudge({}, {"1_Scale": fake_ok(3.0)}).install(monkeypatch)
+    result = audit(folder, TASKS, audit_config(build_cache), out=tmp_path / "a")
+    # the set's four of the folder's five (10_Square is not in the run)
+    assert sorted(by_task(result)) == ["1_Scale", "2_Softplus", "3_RowSum", "4_Negate"]
+    assert "the set's 4 tasks audited, of the task folder's 5 (--tasks audits others)" \
+        in result.warnings
+    assert "audited here" not in (result.aggregates.claimed_source or "")
+    # --tasks still audits what it names, in the set or not
+    told = audit(folder, TASKS, audit_config(build_cache), out=tmp_path / "b", ids=[1, 10])
+    assert sorted(by_task(told)) == ["10_Square", "1_Scale"]
+    # a task of the manifest the folder lacks is said, not silently dropped
+    tasks = tmp_path / "tasks"
+    shutil.copytree(TASKS, tasks)
+    (tasks / "4_Negate.py").unlink()
+    fewer = audit(folder, tasks, audit_config(build_cache), out=tmp_path / "c")
+    assert "4_Negate" not in by_task(fewer)
+    assert any(w.startswith("4_Negate: in the set's manifest, but no such task")
+               for w in fewer.warnings)

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pike.errors import ConfigError
 from pike.evaluate.baseline import Baseline
+from pike.evaluate.verdict import slower_than_eager
 from pike.report.data import geomean, stored_baseline
 from pike.store import ERROR_STATE, MISSING_STATE, CandidateRow, RunStore
 from pike.task import safe_file_stems
@@ -39,10 +40,12 @@ SET_VERSION = 1
 CLAIMED_METHOD = ("geomean over all tasks of the set of the best correct candidate's speedup "
                   "over eager; a task without a correct candidate counts 1.0x")
 
-# ok: a file with a correct, timed candidate. failed: candidates were judged, none correct
-# and timed (detail counts their statuses). no_candidates: nothing judged. missing: an audit
-# found no file for the task. error: the task's reference itself failed.
-EntryStatus = Literal["ok", "failed", "no_candidates", "missing", "error"]
+# ok: a file with a correct, timed candidate. slower: the fastest correct candidate was
+# slower than eager, so the reference is kept and no file is written (detail gives its
+# figure). failed: candidates were judged, none correct and timed (detail counts their
+# statuses). no_candidates: nothing judged. missing: an audit found no file for the task.
+# error: the task's reference itself failed.
+EntryStatus = Literal["ok", "slower", "failed", "no_candidates", "missing", "error"]
 
 
 class _Strict(BaseModel):
@@ -187,6 +190,15 @@ def _entry(store: RunStore, task: dict, file_name: str) -> tuple[SetEntry, str |
     name = task["name"]
     base = {"task": name, "task_sha256": task["sha256"]}
     best = store.best(name)
+    if best is not None and best.verdict is not None and slower_than_eager(best.verdict):
+        # A user keeps the reference rather than a file that runs slower: on the H100's
+        # level1 bench a CUDA graph around a 4 GiB output (its copy) ran at 0.59x.
+        v = best.verdict
+        return SetEntry(**base, status="slower", candidate_id=best.id, detail=(
+            f"the fastest correct candidate ({best.id}, {best.idea or best.role}) ran at "
+            f"{v.speedup:.3g}x of eager{' (confirmed)' if v.confirmed else ''}; the "
+            "reference is kept, counted 1.0x"), device=v.device, device_name=v.device_name,
+            torch_version=v.torch_version, date=best.created_at), None
     if best is not None and best.verdict is not None:
         v = best.verdict
         entry = SetEntry(

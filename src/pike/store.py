@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from pike.errors import StoreError
-from pike.evaluate.verdict import Verdict
+from pike.evaluate.verdict import Verdict, says_out_of_memory
 from pike.store_rows import CandidateRow, _candidate_row, _now, _timestamp, _to_json
 from pike.store_schema import _SCHEMA_V1, _configure, _connect, _migrate, _schema_version, _uri
 
@@ -256,7 +256,7 @@ class RunStore:
             return None
         row = self.candidate(int(first["candidate_id"]))
         v = row.verdict
-        if v is None:
+        if v is None or self._ran_out_above(figures, v.speedup or 0.0):
             return None
         runtime = (v.runtime.model_copy(update={"median_ms": first["runtime_ms"]})
                    if v.runtime else None)
@@ -269,6 +269,21 @@ class RunStore:
             "confirmed": True, "search_speedup": v.speedup, "speedup": first["speedup"],
             "runtime": runtime, "reference": reference, "timed_rounds": None,
             "behind_best": None, "window_candidates": None})})
+
+    def _ran_out_above(self, figures: list[dict], searched: float) -> bool:
+        """A candidate of the confirming window ran out of memory there (the GPU's, or
+        the host's: the window holds several at once) and had a search figure above
+        `searched`, the confirmed best's: the window cannot say which is faster, and the
+        task's best is left to the search's own figures (search/confirm_best.py)."""
+        for figure in figures:
+            if figure.get("speedup") or figure.get("caught"):
+                continue
+            if not says_out_of_memory(figure.get("error")):
+                continue
+            failed = self.candidate(int(figure["candidate_id"])).verdict
+            if failed is not None and (failed.speedup or 0.0) > searched:
+                return True
+        return False
 
     def _candidates(self, where: str, args: tuple, *, order: bool = True) -> list[CandidateRow]:
         sql = (

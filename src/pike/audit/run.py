@@ -40,6 +40,7 @@ from pike.evaluate.reference_cache import close_idle_references, keep_references
 from pike.report.data import geomean
 from pike.search import drain
 from pike.search.failed_modes import resumable_baselines
+from pike.solution_set import SolutionSet
 from pike.store import (
     BASELINE_STATE,
     DONE_STATE,
@@ -148,6 +149,9 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
     task_list = load_tasks(tasks_dir, ids)
     matching = match(solutions, task_list)
     warnings += matching.notes
+    if ids is None and matching.solution_set is not None:
+        task_list, notes = tasks_of_the_set(task_list, matching.solution_set)
+        warnings += notes
     changed = changed_tasks(matching, task_list)
     if changed and not allow_changed_tasks:
         raise TaskError(f"{', '.join(changed)}: the task file differs from the one the solution "
@@ -260,6 +264,24 @@ def _audit_config(config: RunConfig) -> tuple[RunConfig, list[str]]:
     return fixed, ["eval.guards was off in the config; an audit always runs the guards"]
 
 
+def tasks_of_the_set(tasks: list[Task], found: SolutionSet) -> tuple[list[Task], list[str]]:
+    """Without --tasks, a solution set is audited over its own tasks: its manifest lists
+    every task of the run it came from, solved or not, so this leaves none of them out,
+    and a set of 20 tasks of a folder of 89 gets its figure over those 20 rather than 69
+    more counted 1.0x (and their baselines' device time)."""
+    named = {e.task for e in found.tasks}
+    kept = [t for t in tasks if t.name in named]
+    absent = sorted(named - {t.name for t in kept})
+    notes = [f"{name}: in the set's manifest, but no such task in the task folder; not "
+             "audited" for name in absent]
+    if not kept:
+        return tasks, notes
+    if len(kept) < len(tasks):
+        notes.append(f"the set's {len(kept)} tasks audited, of the task folder's "
+                     f"{len(tasks)} (--tasks audits others)")
+    return kept, notes
+
+
 def changed_tasks(matching: Matching, tasks: list[Task]) -> list[str]:
     if matching.solution_set is None:
         return []
@@ -277,7 +299,9 @@ def task_base(task: Task, matching: Matching, solutions: Path, changed: list[str
     return TaskAudit(task=task.name, task_id=task.id, status="missing",
                      file=relative(file, solutions) if file is not None else None,
                      claimed_speedup=entry.speedup_vs_eager if entry else None,
-                     task_changed=task.name in changed)
+                     task_changed=task.name in changed,
+                     # why the set has no file: no correct candidate, or a slower one
+                     message=entry.detail if entry and not entry.file else "")
 
 
 def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit, index: int,
@@ -286,7 +310,7 @@ def _audit_task(store: RunStore, task: Task, file: Path | None, base: TaskAudit,
     # A task with nothing to judge counts 1.0x whatever its baselines: skip timing them.
     if file is None:
         store.set_state(task.name, MISSING_STATE, True)
-        return base.model_copy(update={"message": "no solution file"})
+        return base.model_copy(update={"message": base.message or "no solution file"})
     try:
         source = file.read_text()
     except (OSError, UnicodeDecodeError) as err:

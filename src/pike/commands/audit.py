@@ -81,7 +81,7 @@ def audit_command(
     judged is taken from the one named later)."""
     from pike.audit import audit, resume_audit, to_markdown
     from pike.audit.matching import match
-    from pike.audit.run import resumed_config
+    from pike.audit.run import resumed_config, tasks_of_the_set
     from pike.report.progress import AUDIT_FIELDS, BenchProgress
     from pike.search.session import new_run_dir
 
@@ -129,8 +129,11 @@ def audit_command(
         cfg.eval.devices = split_devices(devices)
     ids = task_ids(tasks)
     task_list = load_tasks(tasks_folder, ids)
+    # a missing folder or a bad mapping fails here, before work
+    matching = match(solutions, task_list)
+    if ids is None and matching.solution_set is not None:
+        task_list, _ = tasks_of_the_set(task_list, matching.solution_set)
     names = [t.name for t in task_list]
-    match(solutions, task_list)  # a missing folder or a bad mapping fails here, before work
     run_dir = out or new_run_dir(cfg.runs_dir, f"audit-{solutions.resolve().name}")
     check_devices(cfg.eval)
     check_new_run_dir(run_dir)

@@ -169,6 +169,12 @@ _OUT_OF_MEMORY = re.compile(r"out of memory|\b(CUBLAS|CUDNN|CUSOLVER|CUSPARSE)_S
                             r"|\bCUFFT_ALLOC_FAILED", re.IGNORECASE)
 
 
+def slower_than_eager(verdict: Verdict) -> bool:
+    """A correct candidate timed below eager: a user keeps the reference rather than it,
+    so it counts 1.0x in a solution set's claim and a run's geomean."""
+    return verdict.speedup is not None and verdict.speedup < 1.0
+
+
 def says_out_of_memory(message: str | None) -> bool:
     """The failure's message says the GPU had no memory left (its own use or its
     neighbours': on a GPU shared by several evaluations the two read the same)."""

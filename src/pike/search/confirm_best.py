@@ -47,6 +47,7 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
         log.warning("%s: candidate %d failed in the confirming window (%s); the window is "
                     "timed once more", task.name, failed[0], _error_line(failed[1]))
         found = confirm(task, sources, cfg.eval)
+    found = _alone_where_memory_ran_out(task, sources, searched, found, cfg)
     _keep_what_the_window_caught(store, task, found)
     failed = _failed_above_the_best(found, searched)
     if failed:
@@ -57,6 +58,38 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
                     _error_line(failed[1]), after)
     store.set_state(task.name, "confirmed", {"candidates": ids,
                                              "figures": [c.model_dump() for c in found]})
+
+
+def _alone_where_memory_ran_out(task: Task, sources: dict[int, str],
+                                searched: dict[int, float], found: list[Any],
+                                cfg: RunConfig) -> list[Any]:
+    """Each candidate that ran out of memory in the window although its search figure is
+    above the confirmed best's, timed once more beside eager alone.
+
+    The window holds the reference and every candidate at once. On the H100's level1
+    bench (bench-level1-h100), 7_Matmul_with_small_K's max-autotune file (1.18x in its
+    search window) was killed by the host's out-of-memory killer in both windows beside a
+    CUDA-graph file at 0.59x, and 42_Max_Pooling_2D's (2.48x) ran out of GPU memory
+    beside one at 0.80x: each slower file became its task's best, below eager. Alone,
+    the window holds one candidate's memory instead of several. Where it runs out again,
+    RunStore.best leaves the task to the search's own figures."""
+    from pike.evaluate.confirm import confirm
+
+    tried: set[int] = set()
+    while len(sources) > 1 and not due():
+        failed = _failed_above_the_best(found, searched)
+        if failed is None or failed[0] in tried or not says_out_of_memory(failed[1]):
+            break
+        cid = failed[0]
+        tried.add(cid)
+        log.warning("%s: candidate %d ran out of memory in a confirming window of %d "
+                    "candidates; timed once more beside eager alone", task.name, cid,
+                    len(sources))
+        alone = confirm(task, {cid: sources[cid]}, cfg.eval)
+        found = sorted([*(c for c in found if c.candidate_id != cid), *alone],
+                       key=lambda c: (c.speedup is None, -(c.speedup or 0.0),
+                                      c.candidate_id))
+    return found
 
 
 def _keep_what_the_window_caught(store: RunStore, task: Task, found: list[Any]) -> None:
