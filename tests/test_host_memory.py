@@ -605,3 +605,41 @@ def test_a_real_reference_answers_its_size_and_a_late_answer_is_dropped(
     close_references()
     assert verdict.status in ("ok", "rejected"), verdict.message
     assert mlp_task.sha256 in late._structural and late.structural(mlp_task.sha256) is None
+
+
+def test_a_confirming_window_takes_as_many_candidates_as_fit_beside_its_reference() -> None:
+    """H100 level1, 7_Matmul_with_small_K: a 38 GB reference and 27 GB candidates, and a
+    window of them begun at once, was killed by the host's OOM killer twice."""
+    host = Host(100 * GIB)
+    gate = _gate(host)
+    assert gate.room_for("new", 4) == 4  # never measured: nothing to go by
+    gate.remember("t", "reference", 38 * GIB)
+    gate.remember("t", "candidate", 27 * GIB)
+    assert gate.room_for("t", 4) == 2  # (100 - 2 - 38) // 27
+    other = Child(last_rss_bytes=20 * GIB, peak_rss=50 * GIB, phase="timing")
+    gate.admit(other, "other", "candidate", 0)  # its peak may come back: counted
+    assert gate.room_for("t", 4) == 1
+    host.available = 10 * GIB
+    assert gate.room_for("t", 4) == 1  # at least the best: it ran alone in its search
+    assert gate.room_for("t", 1) == 1
+
+
+def test_the_confirming_window_keeps_the_best_and_the_fastest_mode_where_few_fit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from pike.search import confirm_best
+    task = SimpleNamespace(name="t", sha256="t")
+    mode = "compile:default"
+    top = [SimpleNamespace(id=i, role="offline", idea=f"idea{i}") for i in (5, 6, 7)]
+    top.append(SimpleNamespace(id=9, role="offline", idea=mode))  # joined for the mode
+    for room, ids in ((4, [5, 6, 7, 9]), (3, [5, 6, 9]), (2, [5, 9]), (1, [5])):
+        monkeypatch.setattr(host_memory.HOST, "room_for", lambda _t, _n, room=room: room)
+        assert [r.id for r in confirm_best._as_many_as_fit(task, top, mode)] == ids
+    # where the mode ranked among the best, the window is the best ones by rank
+    top = [top[0], top[3], top[1], top[2]]
+    monkeypatch.setattr(host_memory.HOST, "room_for", lambda _t, _n: 2)
+    assert [r.id for r in confirm_best._as_many_as_fit(task, top, mode)] == [5, 9]
+    assert [r.id for r in confirm_best._as_many_as_fit(task, top, None)] == [5, 9]
+    monkeypatch.setattr(host_memory.HOST, "room_for", lambda _t, _n: 3)
+    assert [r.id for r in confirm_best._as_many_as_fit(task, top, mode)] == [5, 9, 6]

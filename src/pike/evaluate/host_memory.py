@@ -237,6 +237,20 @@ class HostMemory:
         with self._lock:  # (a campaign's thread asks while others' children begin)
             return self._own(task, role) or None
 
+    def room_for(self, task: str, count: int) -> int:
+        """How many of `count` candidate children of `task` the host has room for now
+        beside one reference of it, by what its own children took (measured or
+        recalled), at least one; `count` where its candidates were never measured: a
+        guess from other tasks is no reason to leave one out."""
+        with self._lock:
+            each = self._own(task, "candidate")
+            if count <= 1 or not each:
+                return count
+            coming = sum(self._coming(c, t, r) for c, t, r in self._begun.values())
+            free = (self._available() - coming - self.headroom
+                    - self._own(task, "reference"))
+        return max(1, min(count, free // each))
+
     def _own(self, task: str, role: str) -> int:
         """The most `task`'s children in `role` took, released or begun (0: none measured)."""
         own = [_most(c) for c, t, r in self._begun.values() if (t, r) == (task, role)]

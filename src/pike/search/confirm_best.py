@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from pike.config import RunConfig, SearchConfig
+from pike.evaluate import host_memory
 from pike.evaluate.pool import one_line
 from pike.evaluate.verdict import says_out_of_memory
 from pike.search.baseline_modes import fastest_mode
@@ -20,10 +21,11 @@ log = logging.getLogger(__name__)
 def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
     """Time the search's top candidates and eager again in one window (evaluate/confirm.py)
     and keep the figures in the store; a resumed run with the same top keeps them."""
-    top = confirm_candidates(store.candidates(task.name), cfg.search,
-                             fastest_mode(store.get_state(task.name, BASELINE_STATE)))
+    mode = fastest_mode(store.get_state(task.name, BASELINE_STATE))
+    top = confirm_candidates(store.candidates(task.name), cfg.search, mode)
     if not top:
         return
+    top = _as_many_as_fit(task, top, mode)
     ids = [r.id for r in top]
     kept = store.get_state(task.name, "confirmed")
     if isinstance(kept, dict) and kept.get("candidates") == ids:
@@ -58,6 +60,25 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
                     _error_line(failed[1]), after)
     store.set_state(task.name, "confirmed", {"candidates": ids,
                                              "figures": [c.model_dump() for c in found]})
+
+
+def _as_many_as_fit(task: Task, top: list[Any], mode: str | None) -> list[Any]:
+    """The window's candidates, as many as the host has room for beside its reference
+    by what the task's own children took (host_memory.room_for): the search's best first,
+    and pike's candidate of the fastest compile mode kept while two fit. The window loads them all at once and waits for no memory: on the
+    H100's level1 bench, 7_Matmul_with_small_K's (a 38 GB reference, 27 GB candidates)
+    was killed by the host's out-of-memory killer twice."""
+    room = host_memory.HOST.room_for(task.sha256, len(top))
+    if room >= len(top):
+        return top
+    kept = top[:room]
+    floor = next((r for r in top if mode and r.role == "offline" and r.idea == mode), None)
+    if floor is not None and floor not in kept and room >= 2:
+        kept = [*top[:room - 1], floor]
+    log.warning("%s: the confirming window takes %d of its %d candidates: the host has "
+                "room for that many beside the reference, by what its children took",
+                task.name, len(kept), len(top))
+    return kept
 
 
 def _alone_where_memory_ran_out(task: Task, sources: dict[int, str],
