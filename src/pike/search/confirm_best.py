@@ -53,8 +53,11 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
     _keep_what_the_window_caught(store, task, found)
     failed = _failed_above_the_best(found, searched)
     if failed:
-        after = ("the best is the fastest one confirmed" if any(c.speedup for c in found)
-                 else "no candidate was confirmed: the search's own figures stand")
+        after = ("no candidate was confirmed: the search's own figures stand"
+                 if not any(c.speedup for c in found)
+                 else "the window cannot rank it for want of memory: the search's own "
+                 "figures stand" if says_out_of_memory(failed[1])
+                 else "the best is the fastest one confirmed")
         log.warning("%s: candidate %d (%.2fx in its search window) failed in the confirming "
                     "window (%s); %s", task.name, failed[0], searched[failed[0]],
                     _error_line(failed[1]), after)
