@@ -3,7 +3,10 @@ its check cannot tell a candidate that ignores its inputs (check.weak_check)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import pytest
 
 from pike.config import EvalConfig
 from pike.evaluate import evaluate
@@ -57,18 +60,26 @@ def get_init_inputs():
 
 
 def test_a_constant_candidate_passes_a_task_whose_outputs_ignore_its_inputs_and_is_told(
-        tmp_path: Path, fast_config: EvalConfig) -> None:
+        tmp_path: Path, fast_config: EvalConfig, caplog: pytest.LogCaptureFixture) -> None:
     """Level 2's 9_Matmul_Subtract_Multiply_ReLU gives 0 everywhere on its own inputs; this
     task gives 0 on the shifted ones too (their scale is at most 4, their offset 1)."""
     task = _task(tmp_path, "torch.relu(x - 100.0)")
     zeros = task.source.replace("class Model", "class ModelNew").replace(
         "torch.relu(x - 100.0)", "torch.zeros_like(x)")
+    caplog.set_level(logging.WARNING, logger="pike.evaluate.reference_start")
+    verdicts = []
     try:
-        verdict = evaluate(task, zeros, fast_config)
+        for _ in range(2):  # a reference started again, as after a drifting window
+            verdicts.append(evaluate(task, zeros, fast_config))
+            close_references()
     finally:
         close_references()
-    assert verdict.status in ("ok", "rejected"), verdict.message
-    assert "passes every check" in verdict.weak_check, verdict.weak_check
+    for verdict in verdicts:
+        assert verdict.status in ("ok", "rejected"), verdict.message
+        assert "passes every check" in verdict.weak_check, verdict.weak_check
+    # every verdict says it; the log, once a process
+    said = [r for r in caplog.records if "passes every check" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
 
 
 def test_a_task_whose_outputs_follow_its_inputs_says_nothing(

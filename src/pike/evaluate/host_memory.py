@@ -29,8 +29,9 @@ reference (no child of its task begun in this process yet) waits up to `_NEW_TAS
 while other tasks run, since they end and give their memory back; and a task not yet
 measured does not begin while another such task's reference still loads, so each
 footprint is measured before the next is guessed (on that level1 bench four references
-began at once and took the host), unless its size is known from its answer. A resumed bench recalls each task's size from its run
-store (`remember`, campaign's `host_footprint`). Any other child
+began at once and took the host), unless its size is known from its answer. A resumed
+bench recalls each task's size from its run store (`remember`, campaign's
+`host_footprint`). Any other child
 waits at most `_LONGEST_WAIT_S`: a kept reference holds its memory for its task's whole
 search, and a host too small for the reference and one candidate must still make
 progress, as it did before (the killer remains the last word there).
