@@ -15,6 +15,14 @@ from pike.task import Task
 from tests.conftest import candidate, clock_rule_spy, fast_protocol
 
 
+@pytest.fixture(autouse=True)
+def _room_for_every_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window's size by the host's memory is tested in test_host_memory; here every
+    candidate fits, whatever earlier tests measured of these tasks on a small host."""
+    from pike.evaluate import host_memory
+    monkeypatch.setattr(host_memory.HOST, "room_for", lambda _task, count: count)
+
+
 def test_the_confirmed_best_reorders_candidates_whose_search_figures_were_swapped(
         mlp_task: Task, tmp_path: Path, build_cache: Path) -> None:
     store = RunStore.create(tmp_path / "run", {}, "test")
@@ -393,3 +401,63 @@ def test_a_failure_other_than_memory_is_not_timed_alone(
     assert windows == [[fast, slow], [fast, slow]]
     best = store.best(mlp_task.name)
     assert best.id == slow and best.verdict.confirmed and best.verdict.speedup == 0.9
+
+
+def test_a_crash_above_a_candidate_out_of_memory_is_never_the_best(
+        mlp_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """helper-71's case: the crash hid the memory failure below it from the window alone,
+    and the store, setting the window aside for that failure, took the crash's search
+    figure for the best."""
+    from pike.evaluate import confirm as confirming
+    store, [crash, short, third] = _judged_ok(
+        tmp_path, mlp_task, {"fused": 3.0, "slower": 2.8, "stale_by_frames": 2.7})
+    windows: list[list[int]] = []
+    figures = {crash: "child crashed: SIGSEGV", short: _HOST_OOM, third: 1.5}
+    monkeypatch.setattr(confirming, "confirm", _window_of(figures, windows))
+    confirm_best(store, mlp_task, RunConfig())
+    assert windows == [[crash, short, third], [crash, short, third], [short]]
+    best = store.best(mlp_task.name)  # out of memory alone too: the search's figures,
+    assert best.id == short and not best.verdict.confirmed  # but not the crash's
+    assert best.verdict.speedup == 2.8
+
+
+def test_a_window_alone_whose_reference_fails_keeps_the_crowded_window_s_figures(
+        mlp_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.errors import TaskError
+    from pike.evaluate import confirm as confirming
+    store, [fast, slow] = _judged_ok(tmp_path, mlp_task, {"fused": 2.0, "slower": 1.0})
+    windows: list[list[int]] = []
+    crowded = _window_of({fast: _HOST_OOM, slow: 0.6}, windows)
+
+    def window(task: Task, sources: dict[int, str], config: object) -> list:
+        if len(sources) == 1:
+            windows.append(sorted(sources))
+            raise TaskError("the reference ran out of GPU memory")
+        return crowded(task, sources, config)
+
+    monkeypatch.setattr(confirming, "confirm", window)
+    confirm_best(store, mlp_task, RunConfig())
+    assert windows == [[fast, slow], [fast, slow], [fast]]
+    kept = store.get_state(mlp_task.name, "confirmed")
+    assert [f["candidate_id"] for f in kept["figures"]] == [slow, fast]
+    best = store.best(mlp_task.name)
+    assert best.id == fast and not best.verdict.confirmed
+
+
+def test_a_candidate_timed_alone_says_so_and_a_caught_one_is_no_memory_failure(
+        mlp_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pike.evaluate import confirm as confirming
+    store, [fast, slow] = _judged_ok(tmp_path, mlp_task, {"fused": 2.0, "slower": 1.0})
+    figures = {fast: lambda held: _HOST_OOM if held > 1 else 1.8, slow: 0.6}
+    monkeypatch.setattr(confirming, "confirm", _window_of(figures, []))
+    confirm_best(store, mlp_task, RunConfig())
+    kept = {f["candidate_id"]: f for f in store.get_state(mlp_task.name, "confirmed")["figures"]}
+    assert kept[fast]["alone"] and not kept[slow]["alone"]
+    # a guard's catch whose message names memory is the candidate's verdict, not the
+    # window's want of memory: the confirmed best stands
+    store.set_state(mlp_task.name, "confirmed", {"candidates": [fast, slow], "figures": [
+        {"candidate_id": slow, "speedup": 0.6, "runtime_ms": 1 / 0.6, "reference_ms": 1.0},
+        {"candidate_id": fast, "speedup": None, "caught": "incorrect",
+         "error": "timed call answered from a memo: out of memory otherwise"}]})
+    best = store.best(mlp_task.name)
+    assert best.id == slow and best.verdict.confirmed

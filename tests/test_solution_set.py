@@ -268,3 +268,34 @@ def test_an_audit_of_a_set_takes_the_set_s_tasks_unless_told(
     assert "4_Negate" not in by_task(fewer)
     assert any(w.startswith("4_Negate: in the set's manifest, but no such task")
                for w in fewer.warnings)
+
+
+def test_a_set_s_audit_resumed_or_gathered_keeps_to_the_set_s_tasks(
+        run: Path, tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """helper-71: `--combine` still took the whole folder, and an audit begun before
+    sets were audited over their own tasks would, resumed, have dropped tasks it judged."""
+    from pike.audit import resume_audit
+    from pike.audit.combine import combine
+    from pike.audit.run import ASKED_STATE, RUN_STATE, SET_TASKS
+    with RunStore.open(run) as store:
+        folder = write_set(store, tmp_path / "set")
+    FakeJudge({}, {"1_Scale": fake_ok(3.0)}).install(monkeypatch)
+    cfg = audit_config(build_cache)
+    audit(folder, TASKS, cfg, out=tmp_path / "a", ids=[1, 2])
+    audit(folder, TASKS, cfg, out=tmp_path / "b", ids=[3, 4])
+    both = combine(folder, TASKS, [tmp_path / "a", tmp_path / "b"], out=tmp_path / "ab")
+    assert sorted(by_task(both)) == ["1_Scale", "2_Softplus", "3_RowSum", "4_Negate"]
+    assert both.open_tasks == []
+    assert "the set's 4 tasks audited, of the task folder's 5 (--tasks audits others)" \
+        in both.warnings
+    # a file-less task says the set's reason, gathered as audited
+    assert "no correct, timed candidate" in by_task(both)["2_Softplus"].message
+
+    whole = audit(folder, TASKS, cfg, out=tmp_path / "new")
+    with RunStore.open(tmp_path / "new") as store:
+        asked = store.get_state(RUN_STATE, ASKED_STATE)
+        assert asked[SET_TASKS] is True
+        del asked[SET_TASKS]  # as an audit begun before recorded it
+        store.set_state(RUN_STATE, ASKED_STATE, asked)
+    again = resume_audit(tmp_path / "new")
+    assert sorted(by_task(again)) == sorted([*by_task(whole), "10_Square"])

@@ -238,19 +238,40 @@ class RunStore:
         confirmed = self._confirmed_best(task)
         if confirmed is not None:
             return confirmed
+        # a window set aside for want of memory still showed which candidates crashed
+        crashed = self._failed_beside_memory(task)
         rows = self._candidates(
             "task = ? AND status = 'ok' AND role != 'reference' AND runtime_ms IS NOT NULL"
             " AND COALESCE(json_extract(verdict, '$.noisy'), 0) = 0"
             " AND json_extract(verdict, '$.timed_rounds') IS NULL"
-            " ORDER BY speedup IS NULL, speedup DESC, runtime_ms, id LIMIT 1",
+            " ORDER BY speedup IS NULL, speedup DESC, runtime_ms, id",
             (task,),
             order=False,
         )
-        return rows[0] if rows else None
+        return next((r for r in rows if r.id not in crashed), None)
 
-    def _confirmed_best(self, task: str) -> CandidateRow | None:
+    def _figures(self, task: str) -> list[dict]:
         kept = self.get_state(task, "confirmed")
         figures = kept.get("figures", []) if isinstance(kept, dict) else []
+        return [f for f in figures if isinstance(f, dict)]
+
+    def _failed_beside_memory(self, task: str) -> set[int]:
+        """Where the confirming window was set aside because a candidate above its best
+        ran out of memory there (_ran_out_above), the candidates that failed in it for
+        another reason (a crash, a failed load): not the best by their search figures."""
+        figures = self._figures(task)
+        first = next((f for f in figures if f.get("speedup")), None)
+        searched = 0.0
+        if first is not None:
+            row = self.candidate(int(first["candidate_id"]))
+            searched = (row.verdict.speedup or 0.0) if row.verdict else 0.0
+        if not self._ran_out_above(figures, searched):
+            return set()
+        return {int(f["candidate_id"]) for f in figures if not f.get("speedup")
+                and not f.get("caught") and not says_out_of_memory(f.get("error"))}
+
+    def _confirmed_best(self, task: str) -> CandidateRow | None:
+        figures = self._figures(task)
         first = next((f for f in figures if f.get("speedup")), None)
         if first is None:
             return None

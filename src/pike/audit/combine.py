@@ -27,6 +27,7 @@ from pike.audit.run import (
     judged_audit,
     recorded_audit,
     task_base,
+    tasks_of_the_set,
     write_result,
 )
 from pike.config import RunConfig
@@ -36,6 +37,11 @@ from pike.store import BASELINE_STATE, ERROR_STATE, STORE_FILE, RunStore
 from pike.task import Task, load_tasks
 
 _Found = tuple[TaskAudit, Baseline | None, Path]
+
+
+def _no_file(base: TaskAudit) -> TaskAudit:
+    """A task the set has no file for, with the set's reason where it gave one."""
+    return base.model_copy(update={"message": base.message or "no solution file"})
 
 
 def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path,
@@ -51,6 +57,9 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path,
     solutions, tasks_dir = Path(solutions), Path(tasks)
     task_list = load_tasks(tasks_dir, ids)
     matching = match(solutions, task_list)
+    set_notes: list[str] = []
+    if ids is None and matching.solution_set is not None:  # as a single audit takes them
+        task_list, set_notes = tasks_of_the_set(task_list, matching.solution_set)
     changed = changed_tasks(matching, task_list)
     if changed:
         raise ConfigError(f"{', '.join(changed)}: the task file differs from the one in the "
@@ -65,7 +74,7 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path,
             raise ConfigError(f"{runs[0]} and {run} judged on different terms "
                               f"({', '.join(keys)}): their figures are not one audit's")
     found: dict[str, _Found] = {}
-    warnings = list(matching.notes) + _baselines_alike(runs, configs)
+    warnings = list(matching.notes) + set_notes + _baselines_alike(runs, configs)
     protocol = configs[0]
     limits = {run: cfg.eval.limits.build_seconds for run, cfg in zip(runs, configs, strict=True)}
     if len(set(limits.values())) > 1:  # a bar, not a verdict: warned, not refused
@@ -98,9 +107,8 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path,
                     warnings.append(f"{task.name}: not finished in {run}, named after "
                                     f"{found[task.name][2]}: the verdict there kept")
     warnings += _replaced_files(stale, found, runs)
-    missing = {t.name: task_base(t, matching, solutions, []).model_copy(
-        update={"message": "no solution file"}) for t in task_list
-        if matching.files[t.name] is None}
+    missing = {t.name: _no_file(task_base(t, matching, solutions, [])) for t in task_list
+               if matching.files[t.name] is None}
     warnings += [f"{name}: judged in {found.pop(name)[2]}, but the set has no file for it now"
                  for name in list(found) if name in missing]
     audits = [found[t.name][0] if t.name in found else missing[t.name]

@@ -58,6 +58,9 @@ ROLE = "audit"
 RUN_STATE, ASKED_STATE = "", "audit"
 RESULT_JSON = "audit.json"
 RESULT_MARKDOWN = "audit.md"
+# in the audit's asked state: its tasks are its set's own (tasks_of_the_set), as a resume
+# and a redo take them too
+SET_TASKS = "set_tasks"
 
 
 def _no_event(kind: str, **data: Any) -> None:
@@ -77,7 +80,10 @@ def resume(run_dir: Path, *, workers: int | None = None, devices: list[str] | No
     return audit(Path(asked["solutions"]), Path(asked["tasks"]), config, out=Path(run_dir),
                  ids=asked.get("ids"), command=command,
                  allow_changed_tasks=bool(asked.get("allow_changed_tasks")),
-                 stop_after=stop_after, on_event=on_event, _resumed=True)
+                 stop_after=stop_after, on_event=on_event, _resumed=True,
+                 # an audit begun before sets were audited over their own tasks took the
+                 # whole folder: it goes on so
+                 set_tasks=bool(asked.get(SET_TASKS)))
 
 
 def reopen(run_dir: Path, asked: dict[str, Any], cfg: RunConfig, redo: list[int],
@@ -90,6 +96,9 @@ def reopen(run_dir: Path, asked: dict[str, Any], cfg: RunConfig, redo: list[int]
     one call. A reopen cut off goes on with the next resume, as any task not done does.
     Returns the tasks reopened."""
     tasks = load_tasks(Path(asked["tasks"]), asked.get("ids"))
+    if asked.get(SET_TASKS):
+        found = match(Path(asked["solutions"]), tasks).solution_set
+        tasks = tasks_of_the_set(tasks, found)[0] if found is not None else tasks
     again = [t.name for t in tasks_to_redo(tasks, redo, "audit")]
     with RunStore.open(run_dir) as store:
         if fill_baselines:
@@ -128,7 +137,7 @@ def recorded_audit(run_dir: Path, workers: int | None,
 def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out: Path,
           ids: list[int] | None = None, command: str = "", allow_changed_tasks: bool = False,
           stop_after: float | None = None, on_event: Callable[..., None] = _no_event,
-          _resumed: bool = False) -> AuditResult:
+          _resumed: bool = False, set_tasks: bool | None = None) -> AuditResult:
     """Judge each solution file of `solutions` against its task in the folder `tasks`.
 
     Refuses (TaskError) when a solution set's manifest recorded another version of a task
@@ -137,7 +146,8 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
     and file are measured on one GPU, the least busy when the task starts, and at least one
     task runs per GPU. After `stop_after` seconds no task starts new work (a device
     session's limit): the tasks in flight finish, the others are the result's
-    `open_tasks`, for `resume`.
+    `open_tasks`, for `resume`. A pike set is audited over its own tasks where `ids` is
+    None (tasks_of_the_set); `set_tasks` says so for a resumed audit, as it was recorded.
     on_event(kind, task=..., **data) is called with "task_phase" (phase "baseline" or
     "evaluate") and "task_done" (audit=TaskAudit).
     """
@@ -149,7 +159,9 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
     task_list = load_tasks(tasks_dir, ids)
     matching = match(solutions, task_list)
     warnings += matching.notes
-    if ids is None and matching.solution_set is not None:
+    if set_tasks is None:  # a new audit: a pike set is audited over its own tasks
+        set_tasks = ids is None and matching.solution_set is not None
+    if set_tasks and matching.solution_set is not None:
         task_list, notes = tasks_of_the_set(task_list, matching.solution_set)
         warnings += notes
     changed = changed_tasks(matching, task_list)
@@ -173,7 +185,7 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
         store = RunStore.create(out, cfg.model_dump(mode="json"), command)
         store.set_state(RUN_STATE, ASKED_STATE, {
             "solutions": str(solutions.resolve()), "tasks": str(tasks_dir.resolve()),
-            "ids": ids, "allow_changed_tasks": allow_changed_tasks})
+            "ids": ids, "allow_changed_tasks": allow_changed_tasks, SET_TASKS: set_tasks})
     baselines: dict[str, Baseline] = {}
     finished: dict[int, TaskAudit] = {}
     finishing = threading.Lock()

@@ -57,6 +57,9 @@ class Confirmation(BaseModel):
     # 17_Conv2d_InstanceNorm_Divide's max-autotune candidates 1.40 to 1.68x where they were
     # 2.04 to 2.10x alone and in the search; kept so such a figure says whether this was it
     wall_clock_factor: float | None = None
+    # timed in a window of its own beside eager, after it ran out of memory beside the
+    # others (search/confirm_best.py): its figure is from another state of the host
+    alone: bool = False
 
 
 def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Confirmation]:

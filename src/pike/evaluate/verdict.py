@@ -171,7 +171,8 @@ _OUT_OF_MEMORY = re.compile(r"out of memory|\b(CUBLAS|CUDNN|CUSOLVER|CUSPARSE)_S
 
 def slower_than_eager(verdict: Verdict) -> bool:
     """A correct candidate timed below eager: a user keeps the reference rather than it,
-    so it counts 1.0x in a solution set's claim and a run's geomean."""
+    so a solution set has no file for it and counts 1.0x in its claim (the run's own
+    summary and report keep the figure the search found)."""
     return verdict.speedup is not None and verdict.speedup < 1.0
 
 

@@ -7,8 +7,10 @@ import logging
 from typing import Any
 
 from pike.config import RunConfig, SearchConfig
+from pike.errors import TaskError
 from pike.evaluate import host_memory
 from pike.evaluate.pool import one_line
+from pike.evaluate.reference_cache import close_idle_references
 from pike.evaluate.verdict import says_out_of_memory
 from pike.search.baseline_modes import fastest_mode
 from pike.search.drain import due
@@ -51,18 +53,19 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
         found = confirm(task, sources, cfg.eval)
     found = _alone_where_memory_ran_out(task, sources, searched, found, cfg)
     _keep_what_the_window_caught(store, task, found)
+    store.set_state(task.name, "confirmed", {"candidates": ids,
+                                             "figures": [c.model_dump() for c in found]})
     failed = _failed_above_the_best(found, searched)
     if failed:
-        after = ("no candidate was confirmed: the search's own figures stand"
-                 if not any(c.speedup for c in found)
-                 else "the window cannot rank it for want of memory: the search's own "
-                 "figures stand" if says_out_of_memory(failed[1])
-                 else "the best is the fastest one confirmed")
+        best = store.best(task.name)  # as every reader of the store will see it
+        after = ("no candidate is left" if best is None or best.verdict is None
+                 else f"the best is candidate {best.id}, "
+                 + ("confirmed" if best.verdict.confirmed else
+                    "by the search's own figure (the window could not rank it, for want "
+                    "of memory or of any confirmed candidate)"))
         log.warning("%s: candidate %d (%.2fx in its search window) failed in the confirming "
                     "window (%s); %s", task.name, failed[0], searched[failed[0]],
                     _error_line(failed[1]), after)
-    store.set_state(task.name, "confirmed", {"candidates": ids,
-                                             "figures": [c.model_dump() for c in found]})
 
 
 def _as_many_as_fit(task: Task, top: list[Any], mode: str | None) -> list[Any]:
@@ -71,6 +74,8 @@ def _as_many_as_fit(task: Task, top: list[Any], mode: str | None) -> list[Any]:
     and pike's candidate of the fastest compile mode kept while two fit. The window loads them all at once and waits for no memory: on the
     H100's level1 bench, 7_Matmul_with_small_K's (a 38 GB reference, 27 GB candidates)
     was killed by the host's out-of-memory killer twice."""
+    # its search's reference, kept idle by the cache, is not the window's (a fresh draw)
+    close_idle_references(of=task)
     room = host_memory.HOST.room_for(task.sha256, len(top))
     if room >= len(top):
         return top
@@ -101,19 +106,37 @@ def _alone_where_memory_ran_out(task: Task, sources: dict[int, str],
 
     tried: set[int] = set()
     while len(sources) > 1 and not due():
-        failed = _failed_above_the_best(found, searched)
-        if failed is None or failed[0] in tried or not says_out_of_memory(failed[1]):
+        cid = _ran_out_above_the_best(found, searched, tried)
+        if cid is None:
             break
-        cid = failed[0]
         tried.add(cid)
         log.warning("%s: candidate %d ran out of memory in a confirming window of %d "
                     "candidates; timed once more beside eager alone", task.name, cid,
                     len(sources))
-        alone = confirm(task, {cid: sources[cid]}, cfg.eval)
+        try:
+            alone = confirm(task, {cid: sources[cid]}, cfg.eval)
+        except TaskError as err:  # its fresh reference failed (out of memory, say): the
+            # crowded window's figures stay, and the store reads the failure as before
+            log.warning("%s: the window of candidate %d alone could not be timed (%s)",
+                        task.name, cid, _error_line(str(err)))
+            continue
+        alone = [c.model_copy(update={"alone": True}) for c in alone]
         found = sorted([*(c for c in found if c.candidate_id != cid), *alone],
                        key=lambda c: (c.speedup is None, -(c.speedup or 0.0),
                                       c.candidate_id))
     return found
+
+
+def _ran_out_above_the_best(found: list[Any], searched: dict[int, float],
+                            tried: set[int]) -> int | None:
+    """Of the candidates that ran out of memory in the window, with a search figure above
+    the confirmed best's (or any, where none was confirmed), the highest not yet `tried`
+    alone; another failure above them (a crash) does not hide them."""
+    best = next((searched.get(c.candidate_id, 0.0) for c in found if c.speedup), 0.0)
+    above = [c.candidate_id for c in found if not c.speedup and not c.caught
+             and says_out_of_memory(c.error) and c.candidate_id not in tried
+             and searched.get(c.candidate_id, 0.0) > best]
+    return max(above, key=lambda cid: searched.get(cid, 0.0), default=None)
 
 
 def _keep_what_the_window_caught(store: RunStore, task: Task, found: list[Any]) -> None:
