@@ -461,3 +461,16 @@ def test_a_candidate_timed_alone_says_so_and_a_caught_one_is_no_memory_failure(
          "error": "timed call answered from a memo: out of memory otherwise"}]})
     best = store.best(mlp_task.name)
     assert best.id == slow and best.verdict.confirmed
+
+
+def test_a_window_that_timed_none_leaves_every_search_figure_standing(
+        mlp_task: Task, tmp_path: Path) -> None:
+    """Level1's 98_KLDivLoss: three 'not timed' beside four out of GPU memory. No window
+    timed anything there, so none of its failures says anything of one candidate."""
+    store, [top, second] = _judged_ok(tmp_path, mlp_task, {"fused": 4.9, "slower": 4.8})
+    store.set_state(mlp_task.name, "confirmed", {"candidates": [top, second], "figures": [
+        {"candidate_id": top, "speedup": None, "error": "not timed"},
+        {"candidate_id": second, "speedup": None,
+         "error": "torch.OutOfMemoryError: CUDA out of memory."}]})
+    best = store.best(mlp_task.name)
+    assert best.id == top and not best.verdict.confirmed

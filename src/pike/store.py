@@ -256,15 +256,16 @@ class RunStore:
         return [f for f in figures if isinstance(f, dict)]
 
     def _failed_beside_memory(self, task: str) -> set[int]:
-        """Where the confirming window was set aside because a candidate above its best
-        ran out of memory there (_ran_out_above), the candidates that failed in it for
-        another reason (a crash, a failed load): not the best by their search figures."""
+        """Where the confirming window timed a best but was set aside because a candidate
+        above it ran out of memory there (_ran_out_above), the candidates that failed in
+        it for another reason (a crash, a failed load): not the best by their search
+        figures."""
         figures = self._figures(task)
         first = next((f for f in figures if f.get("speedup")), None)
-        searched = 0.0
-        if first is not None:
-            row = self.candidate(int(first["candidate_id"]))
-            searched = (row.verdict.speedup or 0.0) if row.verdict else 0.0
+        if first is None:  # a window that timed none (level1's 98: "not timed" beside
+            return set()   # four out of GPU memory) tells nothing of any one of them
+        row = self.candidate(int(first["candidate_id"]))
+        searched = (row.verdict.speedup or 0.0) if row.verdict else 0.0
         if not self._ran_out_above(figures, searched):
             return set()
         return {int(f["candidate_id"]) for f in figures if not f.get("speedup")
