@@ -46,8 +46,10 @@ def test_it_times_the_window_s_candidates_together_and_each_alone(
     assert saved == [list(confirm_gap.VARIANTS[:n]) for n in (1, 2, 3)]
     for variant, found in variants.items():
         assert sorted(c["candidate_id"] for c in found) == ids[:2], variant
-        # the error in full: pytest's repr of the dicts cuts it off
-        assert all(c["speedup"] for c in found), (
+        # the error in full: pytest's repr of the dicts cuts it off. On a loaded 2-core
+        # host a window may be noisy, and then its figure is withheld, with why (a
+        # clean-clone CI run saw one); nothing else may fail
+        assert all(c["speedup"] or "withheld" in c["error"] for c in found), (
             variant, [(c["candidate_id"], c["caught"], c["error"]) for c in found])
         assert all("wall_clock_factor" in c for c in found)
     page = confirm_gap.render({

@@ -59,10 +59,12 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
     if failed:
         best = store.best(task.name)  # as every reader of the store will see it
         after = ("no candidate is left" if best is None or best.verdict is None
-                 else f"the best is candidate {best.id}, "
-                 + ("confirmed" if best.verdict.confirmed else
-                    "by the search's own figure (the window could not rank it, for want "
-                    "of memory or of any confirmed candidate)"))
+                 else f"the best is the fastest one confirmed ({best.id})"
+                 if best.verdict.confirmed
+                 else f"no candidate was confirmed: the search's own figures stand ({best.id})"
+                 if not any(c.speedup for c in found)
+                 else "the window could not rank it for want of memory: the search's own "
+                 f"figures stand ({best.id})")
         log.warning("%s: candidate %d (%.2fx in its search window) failed in the confirming "
                     "window (%s); %s", task.name, failed[0], searched[failed[0]],
                     _error_line(failed[1]), after)
