@@ -124,6 +124,9 @@ def test_bench_survives_a_kill_and_reports_every_figure(
     solutions = read_set(out / "solutions")
     assert [e.task for e in solutions.tasks] == NAMES
     for entry in solutions.tasks:
+        if entry.status == "slower":  # the loaded host's best below eager: the set keeps
+            assert entry.file is None and "reference is kept" in entry.detail  # the reference
+            continue
         assert entry.status == "ok" and entry.file
         assert (out / "solutions" / entry.file).read_text() == (
             out / "best" / f"{entry.task}.py").read_text()
