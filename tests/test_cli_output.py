@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 import pike
+from pike.solution_set import read_set
 from tests.conftest import CANDIDATES, EXAMPLES
 from tests.fake_openai import FakeOpenAI
 from tests.test_optimize import GOOD, WRONG, Scripted
@@ -163,8 +164,13 @@ def test_status_fields_follow_the_strategy(printed: dict[str, Printed]) -> None:
 
 def test_an_audit_shows_its_files_verdicts_not_search_fields(printed: dict[str, Printed]) -> None:
     lines = printed["audit"].lines
+    # the search's best below eager on this loaded host (four commands at once): the set
+    # keeps the reference, and the audit says the task has no file (a clean-clone CI run)
+    kept = read_set(Path(printed["export set"].args[-1])).entry("1_GeluMLP")
+    done = (r"\[done\] 1_GeluMLP: missing$" if kept is not None and kept.status == "slower"
+            else r"\[done\] 1_GeluMLP: ok [\d.]+x$")
     # (what the task's lines said, where it fails: under load once, not reproduced alone)
-    assert any(re.search(r"\[done\] 1_GeluMLP: ok [\d.]+x$", line) for line in lines), [
+    assert any(re.search(done, line) for line in lines), [
         line for line in lines if "1_GeluMLP" in line or "WARNING" in line]
     assert not any(" | best " in line for line in lines)
 
