@@ -73,9 +73,10 @@ def confirm_best(store: RunStore, task: Task, cfg: RunConfig) -> None:
 def _as_many_as_fit(task: Task, top: list[Any], mode: str | None) -> list[Any]:
     """The window's candidates, as many as the host has room for beside its reference
     by what the task's own children took (host_memory.room_for): the search's best first,
-    and pike's candidate of the fastest compile mode kept while two fit. The window loads them all at once and waits for no memory: on the
-    H100's level1 bench, 7_Matmul_with_small_K's (a 38 GB reference, 27 GB candidates)
-    was killed by the host's out-of-memory killer twice."""
+    and pike's candidate of the fastest compile mode kept while two fit. The window loads
+    them all at once and waits for no memory: on the H100's level1 bench,
+    7_Matmul_with_small_K's (a 38 GB reference, 27 GB candidates) was killed by the
+    host's out-of-memory killer twice."""
     # its search's reference, kept idle by the cache, is not the window's (a fresh draw)
     close_idle_references(of=task)
     room = host_memory.HOST.room_for(task.sha256, len(top))
