@@ -88,7 +88,10 @@ def test_a_cut_off_headline_goes_on_with_the_same_command_and_ends_audited(
     [row] = data["rows"]
     assert row["task"] == "1_GeluMLP" and row["judged"] >= 1
     entry = read_set(run_dir / "solutions").entry("1_GeluMLP")
-    if entry.status == "slower":  # the 2-core host's best below eager: the reference kept
+    if entry.file is None:  # on the loaded 2-core host: its best below eager (the set
+        # keeps the reference), or its one correct candidate's figure withheld as noisy (a
+        # clean-clone CI run: "no correct, timed candidate among 1: 1 ok")
+        assert entry.status in ("slower", "failed"), entry
         assert row["audit_status"] == "missing" and data["audit"]["correct"] == 0, row
     else:
         assert row["audit_status"] == "ok"
