@@ -18,23 +18,23 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from pike.audit.matching import Matching, match
+from pike.audit.matching import Matching
 from pike.audit.result import AuditResult, TaskAudit
 from pike.audit.run import (
     ROLE,
     audit_result,
+    audited_tasks,
     changed_tasks,
     judged_audit,
     recorded_audit,
     task_base,
-    tasks_of_the_set,
     write_result,
 )
 from pike.config import RunConfig
 from pike.errors import ConfigError
 from pike.evaluate import Baseline
 from pike.store import BASELINE_STATE, ERROR_STATE, STORE_FILE, RunStore
-from pike.task import Task, load_tasks
+from pike.task import Task
 
 _Found = tuple[TaskAudit, Baseline | None, Path]
 
@@ -55,11 +55,8 @@ def combine(solutions: Path, tasks: Path, run_dirs: list[Path], *, out: Path,
     runs = [Path(r) for r in run_dirs]
     _check_places(runs, Path(out))
     solutions, tasks_dir = Path(solutions), Path(tasks)
-    task_list = load_tasks(tasks_dir, ids)
-    matching = match(solutions, task_list)
-    set_notes: list[str] = []
-    if ids is None and matching.solution_set is not None:  # as a single audit takes them
-        task_list, set_notes = tasks_of_the_set(task_list, matching.solution_set)
+    # the tasks a single audit of the set would take
+    task_list, matching, set_notes, _ = audited_tasks(solutions, tasks_dir, ids)
     changed = changed_tasks(matching, task_list)
     if changed:
         raise ConfigError(f"{', '.join(changed)}: the task file differs from the one in the "

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -95,10 +95,8 @@ def reopen(run_dir: Path, asked: dict[str, Any], cfg: RunConfig, redo: list[int]
     file is judged again with its baselines, as a task's figures come from one card and
     one call. A reopen cut off goes on with the next resume, as any task not done does.
     Returns the tasks reopened."""
-    tasks = load_tasks(Path(asked["tasks"]), asked.get("ids"))
-    if asked.get(SET_TASKS):
-        found = match(Path(asked["solutions"]), tasks).solution_set
-        tasks = tasks_of_the_set(tasks, found)[0] if found is not None else tasks
+    tasks = audited_tasks(Path(asked["solutions"]), Path(asked["tasks"]), asked.get("ids"),
+                          bool(asked.get(SET_TASKS))).tasks
     again = [t.name for t in tasks_to_redo(tasks, redo, "audit")]
     with RunStore.open(run_dir) as store:
         if fill_baselines:
@@ -156,14 +154,8 @@ def audit(solutions: Path, tasks: Path, config: RunConfig | None = None, *, out:
     gpus = DeviceSlots(cfg, cfg.eval.workers)
     warnings += [f"{line}: each task's baselines and file are measured on one of them"
                  for line in gpus.note("tasks")]
-    task_list = load_tasks(tasks_dir, ids)
-    matching = match(solutions, task_list)
-    warnings += matching.notes
-    if set_tasks is None:  # a new audit: a pike set is audited over its own tasks
-        set_tasks = ids is None and matching.solution_set is not None
-    if set_tasks and matching.solution_set is not None:
-        task_list, notes = tasks_of_the_set(task_list, matching.solution_set)
-        warnings += notes
+    task_list, matching, notes, set_tasks = audited_tasks(solutions, tasks_dir, ids, set_tasks)
+    warnings += matching.notes + notes
     changed = changed_tasks(matching, task_list)
     if changed and not allow_changed_tasks:
         raise TaskError(f"{', '.join(changed)}: the task file differs from the one the solution "
@@ -274,6 +266,29 @@ def _audit_config(config: RunConfig) -> tuple[RunConfig, list[str]]:
         return config, []
     fixed = config.model_copy(update={"eval": config.eval.model_copy(update={"guards": True})})
     return fixed, ["eval.guards was off in the config; an audit always runs the guards"]
+
+
+class AuditedTasks(NamedTuple):
+    tasks: list[Task]
+    matching: Matching
+    notes: list[str]  # what tasks_of_the_set said of the tasks left or missing
+    set_tasks: bool  # the list is the set's own tasks (SET_TASKS)
+
+
+def audited_tasks(solutions: Path, tasks_dir: Path, ids: list[int] | None,
+                  set_tasks: bool | None = None) -> AuditedTasks:
+    """The tasks an audit of `solutions` against `tasks_dir` takes, with its matching: the
+    tasks of `ids`, or of the folder; of those, a pike set's own where `set_tasks` says
+    so (None, for a new audit: wherever no `ids` were given). A missing folder or a bad
+    mapping fails here, before any work."""
+    tasks = load_tasks(tasks_dir, ids)
+    matching = match(solutions, tasks)
+    if set_tasks is None:
+        set_tasks = ids is None and matching.solution_set is not None
+    notes: list[str] = []
+    if set_tasks and matching.solution_set is not None:
+        tasks, notes = tasks_of_the_set(tasks, matching.solution_set)
+    return AuditedTasks(tasks, matching, notes, set_tasks)
 
 
 def tasks_of_the_set(tasks: list[Task], found: SolutionSet) -> tuple[list[Task], list[str]]:

@@ -24,7 +24,6 @@ from pike.commands.options import (
 from pike.errors import ConfigError
 from pike.preflight import check_devices, check_new_run_dir
 from pike.search_flags import split_devices
-from pike.task import load_tasks
 
 
 @user_errors
@@ -80,8 +79,7 @@ def audit_command(
     only, as an audit of a sample of a folder was run; --later-wins: a task two runs
     judged is taken from the one named later)."""
     from pike.audit import audit, resume_audit, to_markdown
-    from pike.audit.matching import match
-    from pike.audit.run import resumed_config, tasks_of_the_set
+    from pike.audit.run import audited_tasks, resumed_config
     from pike.report.progress import AUDIT_FIELDS, BenchProgress
     from pike.search.session import new_run_dir
 
@@ -128,12 +126,8 @@ def audit_command(
     if devices is not None:
         cfg.eval.devices = split_devices(devices)
     ids = task_ids(tasks)
-    task_list = load_tasks(tasks_folder, ids)
     # a missing folder or a bad mapping fails here, before work
-    matching = match(solutions, task_list)
-    if ids is None and matching.solution_set is not None:
-        task_list, _ = tasks_of_the_set(task_list, matching.solution_set)
-    names = [t.name for t in task_list]
+    names = [t.name for t in audited_tasks(solutions, tasks_folder, ids).tasks]
     run_dir = out or new_run_dir(cfg.runs_dir, f"audit-{solutions.resolve().name}")
     check_devices(cfg.eval)
     check_new_run_dir(run_dir)
