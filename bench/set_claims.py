@@ -23,7 +23,7 @@ from pathlib import Path
 from common import RESULTS, geomean
 
 from pike.report.data import stored_baseline
-from pike.solution_set import read_set
+from pike.solution_set import compile_speedups, read_set
 from pike.store import RunStore
 
 
@@ -39,16 +39,15 @@ def main() -> int:
     rows = []
     with RunStore.open(args.run_dir) as store:
         for entry in found.tasks:
-            baseline = stored_baseline(store, entry.task)
-            modes = {m.mode: m.speedup_vs_eager for m in (baseline.modes if baseline else [])
-                     if m.mode != "eager" and m.speedup_vs_eager and not m.error}
-            fastest = max(modes, key=modes.__getitem__) if modes else None
+            # eager's speedup over each working mode: the set's rule for a file's
+            eager_over = compile_speedups(1.0, stored_baseline(store, entry.task))
+            fastest = min(eager_over, key=eager_over.__getitem__) if eager_over else None
             over_eager = entry.speedup_vs_eager if entry.status == "ok" else 1.0
             rows.append({
                 "task": entry.task, "status": entry.status, "file": entry.file,
                 "over_eager": over_eager, "fastest_mode": fastest,
-                "fastest_mode_over_eager": modes.get(fastest) if fastest else None,
-                "over_fastest_mode": over_eager / modes[fastest] if fastest else None,
+                "fastest_mode_over_eager": 1.0 / eager_over[fastest] if fastest else None,
+                "over_fastest_mode": over_eager * eager_over[fastest] if fastest else None,
                 "detail": entry.detail, "device_name": entry.device_name,
                 "torch_version": entry.torch_version})
     with_mode = [r["over_fastest_mode"] for r in rows if r["over_fastest_mode"]]

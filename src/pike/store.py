@@ -235,11 +235,9 @@ class RunStore:
         A `noisy` verdict is never the best, nor one whose window was cut short
         (`timed_rounds`: too few calls for some of the timing guards).
         """
-        confirmed = self._confirmed_best(task)
+        confirmed, passed_over = self._confirmation(task)
         if confirmed is not None:
             return confirmed
-        # a window set aside for want of memory still showed which candidates crashed
-        crashed = self._failed_beside_memory(task)
         rows = self._candidates(
             "task = ? AND status = 'ok' AND role != 'reference' AND runtime_ms IS NOT NULL"
             " AND COALESCE(json_extract(verdict, '$.noisy'), 0) = 0"
@@ -248,38 +246,28 @@ class RunStore:
             (task,),
             order=False,
         )
-        return next((r for r in rows if r.id not in crashed), None)
+        return next((r for r in rows if r.id not in passed_over), None)
 
-    def _figures(self, task: str) -> list[dict]:
+    def _confirmation(self, task: str) -> tuple[CandidateRow | None, set[int]]:
+        """The confirming window's best, with its figures; or None, and the candidates the
+        search's own figures pass over: where the window timed a best but is set aside
+        because a candidate above it ran out of memory there (_ran_out_above), those that
+        failed in it for another reason (a crash, a failed load). A window that timed
+        none (level1's 98: "not timed" beside four out of GPU memory) tells nothing of
+        any one of them."""
         kept = self.get_state(task, "confirmed")
-        figures = kept.get("figures", []) if isinstance(kept, dict) else []
-        return [f for f in figures if isinstance(f, dict)]
-
-    def _failed_beside_memory(self, task: str) -> set[int]:
-        """Where the confirming window timed a best but was set aside because a candidate
-        above it ran out of memory there (_ran_out_above), the candidates that failed in
-        it for another reason (a crash, a failed load): not the best by their search
-        figures."""
-        figures = self._figures(task)
-        first = next((f for f in figures if f.get("speedup")), None)
-        if first is None:  # a window that timed none (level1's 98: "not timed" beside
-            return set()   # four out of GPU memory) tells nothing of any one of them
-        row = self.candidate(int(first["candidate_id"]))
-        searched = (row.verdict.speedup or 0.0) if row.verdict else 0.0
-        if not self._ran_out_above(figures, searched):
-            return set()
-        return {int(f["candidate_id"]) for f in figures if not f.get("speedup")
-                and not f.get("caught") and not says_out_of_memory(f.get("error"))}
-
-    def _confirmed_best(self, task: str) -> CandidateRow | None:
-        figures = self._figures(task)
+        figures = [f for f in (kept.get("figures", []) if isinstance(kept, dict) else [])
+                   if isinstance(f, dict)]
         first = next((f for f in figures if f.get("speedup")), None)
         if first is None:
-            return None
+            return None, set()
         row = self.candidate(int(first["candidate_id"]))
         v = row.verdict
-        if v is None or self._ran_out_above(figures, v.speedup or 0.0):
-            return None
+        if self._ran_out_above(figures, (v.speedup or 0.0) if v is not None else 0.0):
+            return None, {int(f["candidate_id"]) for f in figures if not f.get("speedup")
+                          and not f.get("caught") and not says_out_of_memory(f.get("error"))}
+        if v is None:
+            return None, set()
         runtime = (v.runtime.model_copy(update={"median_ms": first["runtime_ms"]})
                    if v.runtime else None)
         # eager's median in the same window, so runtime, reference and speedup agree
@@ -290,7 +278,7 @@ class RunStore:
         return row.model_copy(update={"verdict": v.model_copy(update={
             "confirmed": True, "search_speedup": v.speedup, "speedup": first["speedup"],
             "runtime": runtime, "reference": reference, "timed_rounds": None,
-            "behind_best": None, "window_candidates": None})})
+            "behind_best": None, "window_candidates": None})}), set()
 
     def _ran_out_above(self, figures: list[dict], searched: float) -> bool:
         """A candidate of the confirming window ran out of memory there (the GPU's, or

@@ -164,8 +164,13 @@ def confirm(task: Task, sources: dict[int, str], config: EvalConfig) -> list[Con
         found.append(Confirmation(candidate_id=cid, runtime_ms=ms, reference_ms=eager,
                                   speedup=eager / ms,
                                   wall_clock_factor=round(raised, 4) if raised > 1.0 else None))
-    found.sort(key=lambda c: (c.speedup is None, -(c.speedup or 0.0), c.candidate_id))
+    found.sort(key=fastest_first)
     return found + failed
+
+
+def fastest_first(found: Confirmation) -> tuple[bool, float, int]:
+    """The order of a window's confirmations: fastest first, failures last."""
+    return found.speedup is None, -(found.speedup or 0.0), found.candidate_id
 
 
 # Added to a fixed `eval.seed` for the confirming window's draw: its trials are drawn from

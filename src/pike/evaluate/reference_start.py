@@ -4,6 +4,7 @@ child started beside other evaluations, its trials run and its expected outputs 
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import shutil
@@ -32,16 +33,13 @@ from pike.threads import unwinding_stop
 
 log = logging.getLogger(__name__)
 
-# what a process has said of a task's weak check: a reference started again (a drifting
-# window, a confirming window's fresh draw) finds the same, and every verdict says it
-_SAID: set[tuple[str, str]] = set()
 
+@functools.cache
+def _warn_weak_check(task: str, sha256: str, why: str) -> None:
+    """Once a process and task: a reference started again (a drifting window, a confirming
+    window's fresh draw) finds the same, and every verdict says it."""
+    log.warning("%s: %s", task, why)
 
-def _said_once(key: tuple[str, str]) -> bool:
-    """True the first time `key` is seen in this process."""
-    first = key not in _SAID
-    _SAID.add(key)
-    return first
 
 # The settings a reference and its candidates must share, sent to both children; a cached
 # reference is reused only where they (and the limits and seed) are the same.
@@ -153,8 +151,8 @@ def _reference_attempt(task: Task, cfg: EvalConfig, device: str, keep_child: boo
                            new_steps={f"reference.{k}": v for k, v in report.steps.items()},
                            weak_check=check.weak_check(expected, cfg.trials, cfg.atol,
                                                        cfg.rtol) or "")
-        if run.weak_check and _said_once((task.sha256, run.weak_check)):
-            log.warning("%s: %s", task.name, run.weak_check)
+        if run.weak_check:
+            _warn_weak_check(task.name, task.sha256, run.weak_check)
         return run
     finally:
         if run is None:  # failed or cut short: the run owns neither child nor folder

@@ -105,13 +105,14 @@ def _alone_where_memory_ran_out(task: Task, sources: dict[int, str],
     beside one at 0.80x: each slower file became its task's best, below eager. Alone,
     the window holds one candidate's memory instead of several. Where it runs out again,
     RunStore.best leaves the task to the search's own figures."""
-    from pike.evaluate.confirm import confirm
+    from pike.evaluate.confirm import confirm, fastest_first
 
     tried: set[int] = set()
     while len(sources) > 1 and not due():
-        cid = _ran_out_above_the_best(found, searched, tried)
-        if cid is None:
+        failed = _failed_above_the_best(found, searched, memory_only=True, skip=tried)
+        if failed is None:
             break
+        cid = failed[0]
         tried.add(cid)
         log.warning("%s: candidate %d ran out of memory in a confirming window of %d "
                     "candidates; timed once more beside eager alone", task.name, cid,
@@ -125,21 +126,8 @@ def _alone_where_memory_ran_out(task: Task, sources: dict[int, str],
             continue
         alone = [c.model_copy(update={"alone": True}) for c in alone]
         found = sorted([*(c for c in found if c.candidate_id != cid), *alone],
-                       key=lambda c: (c.speedup is None, -(c.speedup or 0.0),
-                                      c.candidate_id))
+                       key=fastest_first)
     return found
-
-
-def _ran_out_above_the_best(found: list[Any], searched: dict[int, float],
-                            tried: set[int]) -> int | None:
-    """Of the candidates that ran out of memory in the window, with a search figure above
-    the confirmed best's (or any, where none was confirmed), the highest not yet `tried`
-    alone; another failure above them (a crash) does not hide them."""
-    best = next((searched.get(c.candidate_id, 0.0) for c in found if c.speedup), 0.0)
-    above = [c.candidate_id for c in found if not c.speedup and not c.caught
-             and says_out_of_memory(c.error) and c.candidate_id not in tried
-             and searched.get(c.candidate_id, 0.0) > best]
-    return max(above, key=lambda cid: searched.get(cid, 0.0), default=None)
 
 
 def _keep_what_the_window_caught(store: RunStore, task: Task, found: list[Any]) -> None:
@@ -161,14 +149,18 @@ def _keep_what_the_window_caught(store: RunStore, task: Task, found: list[Any]) 
             "runtime": None, "message": "in the confirming window: " + confirmation.error}))
 
 
-def _failed_above_the_best(found: list[Any], searched: dict[int, float]
+def _failed_above_the_best(found: list[Any], searched: dict[int, float], *,
+                           memory_only: bool = False, skip: set[int] | frozenset[int] = frozenset()
                            ) -> tuple[int, str] | None:
     """Of the candidates that failed in the confirming window although their search-time
     figure is above that of the confirmed best (or any, where none was confirmed), the
     one with the highest: a failure that changes which file is the task's best. One a
-    guard caught is left out: another window would not undo it."""
+    guard caught is left out: another window would not undo it. `memory_only`: of those
+    that ran out of memory (a crash above them does not hide them); `skip`: not these."""
     best = next((searched.get(c.candidate_id, 0.0) for c in found if c.speedup), 0.0)
     above = [c for c in found if not c.speedup and not c.caught
+             and c.candidate_id not in skip
+             and (not memory_only or says_out_of_memory(c.error))
              and searched.get(c.candidate_id, 0.0) > best]
     first = max(above, key=lambda c: searched.get(c.candidate_id, 0.0), default=None)
     return (first.candidate_id, first.error) if first else None
