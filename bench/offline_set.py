@@ -14,7 +14,6 @@ benchmark ran; each entry's detail says so.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
 import json
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 from common import run_script
 
 from pike.agents.offline import ALL, render
-from pike.solution_set import MANIFEST, SetEntry, SolutionSet, claimed_geomean
+from pike.solution_set import MANIFEST, SetEntry, SolutionSet, new_manifest
 from pike.task import Task, load_tasks
 
 
@@ -63,6 +62,10 @@ def _entry(task: Task, row: dict | None, source: str | None, results: dict,
                         detail=f"no correct candidate in {origin}: {counts}")
     settings = row.get("settings") or {}
     speedup = row.get("offline_speedup")
+    if speedup is not None and speedup < 1.0:  # as pike's own sets: the reference is kept
+        return SetEntry(**base, status="slower", detail=(
+            f"'{row['offline_idea']}' ran at {speedup:.3g}x of eager in {origin}; the "
+            "reference is kept, counted 1.0x"))
     over_modes = {mode: speedup / c["speedup"] for mode, c in (row.get("compile") or {}).items()
                   if speedup and c.get("speedup")}
     return SetEntry(
@@ -92,9 +95,7 @@ def write(results_path: Path, tasks_dir: Path, out: Path) -> SolutionSet:
         if source is not None and entry.file:
             (out / entry.file).write_bytes(source.encode())  # as its sha256 was taken
         entries.append(entry)
-    manifest = SolutionSet(
-        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        source_run=str(results_path), claimed_geomean=claimed_geomean(entries), tasks=entries)
+    manifest = new_manifest(entries, str(results_path))
     (out / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n")
     return manifest
 

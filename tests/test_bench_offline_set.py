@@ -63,6 +63,19 @@ def test_every_task_gets_an_entry_and_the_best_its_rendered_file(
         offline_set.write(results, TASKS, out)
 
 
+def test_a_best_slower_than_eager_keeps_the_reference_as_pike_sets_do(
+        offline_set: ModuleType, tmp_path: Path) -> None:
+    results = _results(tmp_path, [{"task": "1_GeluMLP", "offline_idea": "tf32",
+                                   "offline_speedup": 0.8}])
+    manifest = offline_set.write(results, TASKS, tmp_path / "set")
+    slower = manifest.tasks[0]
+    assert (slower.task, slower.status, slower.file) == ("1_GeluMLP", "slower", None)
+    assert "0.8x of eager" in slower.detail and "reference is kept" in slower.detail
+    assert not (tmp_path / "set" / "1_GeluMLP.py").exists()
+    assert manifest.claimed_geomean == pytest.approx(1.0) and manifest.version == 2
+    assert read_set(tmp_path / "set") == manifest
+
+
 def test_a_transformation_this_agent_does_not_know_is_refused(
         offline_set: ModuleType, tmp_path: Path) -> None:
     results = _results(tmp_path, [{"task": "1_GeluMLP", "offline_idea": "cuda_graph + fp8",

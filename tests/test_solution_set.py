@@ -143,7 +143,7 @@ def test_read_set_round_trips_and_refuses_broken_sets(run: Path, tmp_path: Path)
 
     first = raw["tasks"][0]
     broken({"format": "something-else"}, "not a pike solution set")
-    broken({"version": 2}, "newer than this pike reads")
+    broken({"version": 3}, "newer than this pike reads")
     broken({"tasks": [first, first]}, "listed twice")
     broken({"tasks": [{**first, "file": "../1_Scale.py"}]}, "not a .py file name")
     broken({"tasks": [{**first, "file": "gone.py"}]}, "gone.py is not in")
@@ -228,6 +228,7 @@ def test_a_best_slower_than_eager_keeps_the_reference(tmp_path: Path, build_cach
         slow = judged(store, "1_Scale", GOOD, fake_ok(0.59))
         judged(store, "2_Softplus", GOOD, fake_ok(1.0))  # as fast as eager: kept
         folder = write_set(store, tmp_path / "set")
+        no_slower = update_set(store, tmp_path / "no-slower", ["2_Softplus"])
     manifest = read_set(folder)
     entry = manifest.entry("1_Scale")
     assert (entry.status, entry.file, entry.candidate_id) == ("slower", None, slow)
@@ -236,6 +237,10 @@ def test_a_best_slower_than_eager_keeps_the_reference(tmp_path: Path, build_cach
     assert manifest.entry("2_Softplus").status == "ok"
     assert not (folder / "1_Scale.py").exists()
     assert manifest.claimed_geomean == pytest.approx(1.0)
+    # `slower` came with format version 2: a pike before it says "upgrade pike" instead of
+    # failing on the status; a set without it stays version 1, which that pike reads
+    assert manifest.version == 2
+    assert read_set(no_slower).version == 1
     # the audit says why the task has no file, and counts it 1.0x
     FakeJudge({}, {"2_Softplus": fake_ok(1.1)}).install(monkeypatch)
     result = audit(folder, TASKS, audit_config(build_cache), out=tmp_path / "audit")

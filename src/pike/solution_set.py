@@ -36,7 +36,9 @@ from pike.task import safe_file_stems
 
 MANIFEST = "manifest.json"
 SET_FORMAT = "pike-solution-set"
-SET_VERSION = 1
+# 2 added the status `slower`; a set without such an entry is still written as 1 (see
+# new_manifest), so the pike that wrote the committed sets before it still reads them.
+SET_VERSION = 2
 CLAIMED_METHOD = ("geomean over all tasks of the set of the best correct candidate's speedup "
                   "over eager; a task without a correct candidate counts 1.0x")
 
@@ -116,6 +118,16 @@ def claimed_geomean(entries: list[SetEntry]) -> float:
 # -- writing --------------------------------------------------------------------------------
 
 
+def new_manifest(entries: list[SetEntry], source_run: str) -> SolutionSet:
+    """The manifest over `entries`, made now, in the oldest format version that holds them:
+    an older pike reads a set it can, and says "upgrade pike" of one it cannot instead of
+    failing on an unknown status."""
+    return SolutionSet(
+        version=2 if any(e.status == "slower" for e in entries) else 1,
+        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        source_run=source_run, claimed_geomean=claimed_geomean(entries), tasks=entries)
+
+
 def write_set(store: RunStore, out_dir: Path) -> Path:
     """Write the run's best correct candidate of each task and manifest.json into out_dir
     (made if missing; refused if it already holds a set or .py files). Returns out_dir."""
@@ -158,11 +170,7 @@ def update_set(store: RunStore, folder: Path, tasks: list[str] | None = None) ->
                 dropped.append(old.file)
             entries[task["name"]] = entry
         runs = {e.source_run for e in entries.values()}
-        manifest = SolutionSet(
-            created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            source_run=runs.pop() if len(runs) == 1 else "",
-            claimed_geomean=claimed_geomean(list(entries.values())),
-            tasks=list(entries.values()))
+        manifest = new_manifest(list(entries.values()), runs.pop() if len(runs) == 1 else "")
         _write_whole(folder / MANIFEST, manifest.model_dump_json(indent=2) + "\n")
         for name in dropped:  # no longer named by the manifest
             (folder / name).unlink(missing_ok=True)
