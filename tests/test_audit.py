@@ -444,6 +444,54 @@ def test_the_page_says_what_holds_the_figure_back_and_how_far_each_task_is_from_
     assert not half.floor_is_lowp and half.floor_ms == half.lowp_floor_ms
 
 
+def test_unsteady_timings_are_named_with_how_to_measure_them_again() -> None:
+    """The H100's level1 audit timed a 60-microsecond task at 0.75x of eager, its calls'
+    quartiles 70% of the median apart (the search: 1.26x, 4%): a figure like that is named,
+    with the spreads it rests on and the command that measures it again; a steady one is
+    not."""
+    from pike.audit.result import TaskAudit, aggregate, task_audit
+
+    def stats(median: float, spread: float) -> TimingStats:
+        return TimingStats(median_ms=median, q1_ms=median * (1 - spread / 2),
+                           q3_ms=median * (1 + spread / 2), min_ms=median / 2,
+                           mean_ms=median, count=100)
+
+    def baseline(name: str, spread: float) -> Baseline:
+        return Baseline(task=name, task_path=name, task_sha256="0", device="cuda:0",
+                        device_name="fake", torch_version="0", host="h", date="d", modes=[
+                            ModeTiming(mode="eager", stats=stats(1.0, 0.04),
+                                       speedup_vs_eager=1.0),
+                            ModeTiming(mode="compile:default", stats=stats(2.0, spread),
+                                       speedup_vs_eager=0.5)])
+
+    shaky = task_audit(TaskAudit(task="12_Diag", task_id=12, status="missing"), Verdict(
+        status="ok", speedup=0.75, runtime=stats(0.11, 0.7), reference=stats(0.08, 0.45)),
+        baseline("12_Diag", 0.86))
+    steady = task_audit(TaskAudit(task="9_Tall", task_id=9, status="missing"), Verdict(
+        status="ok", speedup=1.5, runtime=stats(2.0, 0.05), reference=stats(3.0, 0.04)),
+        baseline("9_Tall", 0.05))
+    failed = task_audit(TaskAudit(task="3_Bad", task_id=3, status="missing"),
+                        Verdict(status="incorrect", runtime=stats(1.0, 0.9)), None)
+    assert shaky.unsteady() == {"file": pytest.approx(0.7), "eager": pytest.approx(0.45),
+                                "baseline compile:default": pytest.approx(0.86)}
+    assert shaky.spreads["baseline eager"] == pytest.approx(0.04)
+    assert not steady.unsteady() and not failed.unsteady()  # an incorrect file's time: none
+    agg = aggregate([shaky, steady, failed], {}, None)
+    assert agg.unsteady == ["12_Diag"]
+    page = to_markdown(AuditResult(solutions="s", tasks_dir="t", matched_by="m",
+                                   run_dir="runs/a1", date="d", protocol="p",
+                                   tasks=[shaky, steady, failed], aggregates=agg))
+    line = next(ln for ln in page.splitlines() if ln.startswith("- Unsteady timings"))
+    assert "quartiles more than 25% of the median apart" in line
+    assert ("12_Diag (file 70%, eager 45%, baseline compile:default 86%); `pike audit "
+            "--resume runs/a1 --redo 12` measures them again") in line
+    assert "9_Tall" not in line
+    steady_page = to_markdown(AuditResult(solutions="s", tasks_dir="t", matched_by="m",
+                                          run_dir="r", date="d", protocol="p", tasks=[steady],
+                                          aggregates=aggregate([steady], {}, None)))
+    assert "Unsteady" not in steady_page
+
+
 def test_an_offline_files_marker_names_its_transformations() -> None:
     from pike.agents.offline import named_in, render
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pike.audit.result import AuditResult, TaskAudit
+from pike.audit.result import UNSTEADY_SPREAD, AuditResult, TaskAudit
 
 _MESSAGE_LINES = 12
 
@@ -79,7 +79,22 @@ def _summary(result: AuditResult) -> list[str]:
     seed = [t.task for t in result.tasks if t.seed_dependent]
     if seed:
         lines.append(f"- Seed-dependent (pass some trials, fail others): {', '.join(seed)}")
+    lines += _unsteady(result)
     return [*lines, ""]
+
+
+def _unsteady(result: AuditResult) -> list[str]:
+    tasks = [t for t in result.tasks if t.task in result.aggregates.unsteady]
+    if not tasks:
+        return []
+    named = "; ".join(f"{t.task} (" + ", ".join(f"{what} {spread:.0%}" for what, spread
+                                                 in t.unsteady().items()) + ")"
+                      for t in tasks)
+    ids = ",".join(str(t.task_id) for t in tasks if t.task_id is not None)
+    again = (f"; `pike audit --resume {_inline(result.run_dir)} --redo {ids}` measures them "
+             "again" if ids else "")
+    return [f"- Unsteady timings (quartiles more than {UNSTEADY_SPREAD:.0%} of the median "
+            f"apart), whose figures may move when measured again: {named}{again}"]
 
 
 # how many of the tasks with the lowest figures over eager the page names as holding it back

@@ -8,13 +8,19 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pike.evaluate.baseline import Baseline
-from pike.evaluate.verdict import Status, Verdict
+from pike.evaluate.verdict import Status, TimingStats, Verdict
 from pike.floor import floor
 from pike.report.data import geomean
 from pike.solution_set import compile_speedups
 
 # a Verdict's status, or: no file for the task (missing), the task's reference failed (error)
 AuditStatus = Status | Literal["missing", "error"]
+
+# The quartiles of a timing this far apart, over its median, make its figure unsteady. The
+# H100's level1 audit timed 12_Matmul_with_diagonal_matrices at 0.75x of eager with the
+# file's calls spread 70% and every mode's over 45%; the search had timed it at 1.26x with
+# a spread of 4%. Kernel-bound timings spread under 6% there, launch-bound eager up to 70%.
+UNSTEADY_SPREAD = 0.25
 
 
 class TrialError(BaseModel):
@@ -70,6 +76,10 @@ class TaskAudit(BaseModel):
                                       "(`precision`), else floor_ms")
     floor_is_lowp: bool = Field(False, description="times_floor is over lowp_floor_ms")
     eager_times_floor: float | None = Field(None, description="eager's, the same way")
+    spreads: dict[str, float] = Field(
+        default_factory=dict, description="the timings the task's figures rest on, each "
+        "one's IQR over its median: 'file' and 'eager' in the file's window, and 'baseline "
+        "MODE' for each mode of the task's baseline")
 
     @property
     def ok(self) -> bool:
@@ -86,6 +96,10 @@ class TaskAudit(BaseModel):
         of that mode): a figure below 1.0x there compares two builds of the same code."""
         fastest = self.fastest_compile_mode()
         return fastest is not None and fastest in self.transformations
+
+    def unsteady(self) -> dict[str, float]:
+        """The spreads above UNSTEADY_SPREAD: figures that may move when measured again."""
+        return {what: s for what, s in self.spreads.items() if s > UNSTEADY_SPREAD}
 
     def counted_speedup(self) -> float:
         """What the task adds to the all-task geomean: 1.0x unless correct and timed."""
@@ -122,6 +136,8 @@ class Aggregates(BaseModel):
         "torch.compile mode: task -> speedup over it")
     times_floor: FloorGeomean | None = Field(
         None, description="over the correct files whose task has a floor and an eager time")
+    unsteady: list[str] = Field(default_factory=list, description="tasks with a timing "
+                                "spread above UNSTEADY_SPREAD (TaskAudit.unsteady)")
     claimed_geomean: float | None = None
     claimed_source: str | None = None
 
@@ -158,7 +174,16 @@ def task_audit(base: TaskAudit, verdict: Verdict, baseline: Baseline | None) -> 
         "trial_errors": trial_errors(verdict), "rounding_passed": verdict.rounding_passed,
         "speedup": speedup, "weak_check": verdict.weak_check, "withheld": _withheld(verdict),
         "compile_speedups": compile_speedups(speedup, baseline),
+        "spreads": _spreads(verdict, baseline),
         **_floor_distances(verdict, baseline, lowp=bool(_TENSOR_CORE & set(base.precision)))})
+
+
+def _spreads(verdict: Verdict, baseline: Baseline | None) -> dict[str, float]:
+    timings: list[tuple[str, TimingStats | None]] = [
+        ("file", verdict.runtime if verdict.ok else None), ("eager", verdict.reference),
+        *((f"baseline {m.mode}", m.stats) for m in (baseline.modes if baseline else []))]
+    return {what: (t.q3_ms - t.q1_ms) / t.median_ms for what, t in timings
+            if t is not None and t.median_ms > 0}
 
 
 def _withheld(verdict: Verdict) -> str:
@@ -242,6 +267,7 @@ def aggregate(tasks: list[TaskAudit], baselines: dict[str, Baseline],
         below_best_compile={t.task: over for t in tasks
                             if (over := _over_best_mode(t, baselines)) is not None and over < 1.0},
         times_floor=_floor_geomean(tasks),
+        unsteady=[t.task for t in tasks if t.unsteady()],
         claimed_geomean=claim[0] if claim else None, claimed_source=claim[1] if claim else None)
 
 
