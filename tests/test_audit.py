@@ -486,6 +486,12 @@ def test_unsteady_timings_are_named_with_how_to_measure_them_again() -> None:
     assert ("12_Diag (file 70%, eager 45%, baseline compile:default 86%); `pike audit "
             "--resume runs/a1 --redo 12` measures them again") in line
     assert "9_Tall" not in line
+    combined = to_markdown(AuditResult(solutions="s", tasks_dir="t", matched_by="m",
+                                       run_dir="runs/ab", date="d", protocol="p",
+                                       tasks=[shaky], aggregates=agg,
+                                       combined_from=["runs/a", "runs/b"]))
+    assert ("`pike audit --resume RUN --redo 12` (RUN: the part's run that judged it) "
+            "measures them again") in combined
     steady_page = to_markdown(AuditResult(solutions="s", tasks_dir="t", matched_by="m",
                                           run_dir="r", date="d", protocol="p", tasks=[steady],
                                           aggregates=aggregate([steady], {}, None)))

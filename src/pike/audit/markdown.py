@@ -91,8 +91,11 @@ def _unsteady(result: AuditResult) -> list[str]:
                                                  in t.unsteady().items()) + ")"
                       for t in tasks)
     ids = ",".join(str(t.task_id) for t in tasks if t.task_id is not None)
-    again = (f"; `pike audit --resume {_inline(result.run_dir)} --redo {ids}` measures them "
-             "again" if ids else "")
+    # a combined result has no run of its own to resume: each part's run measures again
+    run = "RUN" if result.combined_from else _inline(result.run_dir)
+    where = " (RUN: the part's run that judged it)" if result.combined_from else ""
+    again = (f"; `pike audit --resume {run} --redo {ids}`{where} measures them again"
+             if ids else "")
     return [f"- Unsteady timings (quartiles more than {UNSTEADY_SPREAD:.0%} of the median "
             f"apart), whose figures may move when measured again: {named}{again}"]
 
