@@ -370,6 +370,16 @@ def test_the_geomean_over_each_tasks_fastest_compile_mode_and_who_falls_below_it
     tasks[0].transformations = ["compile:default"]  # not its fastest mode (max-autotune)
     assert not tasks[0].is_its_fastest_compile_mode()
 
+    # a task without a file has no baseline measured (a set that kept its reference): it
+    # counts 1.0x over every mode, as the user keeping torch.compile, instead of leaving
+    # the compile geomeans; a task whose baseline found no working mode still stays out
+    kept = TaskAudit(task="5_E", status="missing", message="the reference is kept")
+    agg = aggregate([*tasks, kept], baselines, None)
+    assert agg.best_compile is not None and agg.best_compile.tasks == 4
+    assert agg.best_compile.geomean == pytest.approx((1.5 * 0.9 * 1.0 * 1.0) ** (1 / 4))
+    default = next(m for m in agg.modes if m.mode == "compile:default")
+    assert default.tasks == 4 and default.geomean == pytest.approx((3.0 * 0.9 * 1.0) ** (1 / 4))
+
 
 def test_the_page_says_what_holds_the_figure_back_and_how_far_each_task_is_from_its_floor(
         ) -> None:
