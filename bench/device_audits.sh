@@ -37,6 +37,10 @@ one_audit() {  # NAME=DEVICES@SET@TASKS_DIR@IDS[@device]
   if [ "$mode" = resume ] && [ ! -d ".runs/$name" ] && [ -f "$CARRY/$name.tgz" ]; then
     tar xzf "$CARRY/$name.tgz" -C .runs
   fi
+  if [ "$mode" = resume ] && [ ! -d ".runs/$name" ]; then  # not a fresh audit unasked
+    echo "$(date -u +%T) driver: $name: nothing to resume (no .runs/$name, no $CARRY/$name.tgz carried)"
+    return
+  fi
   if [ -d ".runs/$name" ]; then
     timeout -s INT "$left" python3 -m pike audit --resume ".runs/$name" --devices "$devices" \
       $stop ${ARGS:-} >"$OUT/$name.out" 2>&1
