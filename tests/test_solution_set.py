@@ -169,7 +169,9 @@ def test_audit_of_a_written_set_uses_its_manifest(run: Path, tmp_path: Path,
     assert agg.claimed_geomean == pytest.approx(5.0 ** 0.5)
     assert agg.claimed_source.startswith(MANIFEST)
     assert "over the 2 tasks audited here, of the set's 4" in agg.claimed_source
-    assert agg.geomean_all == pytest.approx(t["1_Scale"].speedup ** 0.5)
+    scale = t["1_Scale"]  # withheld as noisy on a loaded host: counted 1.0x, with why
+    assert scale.speedup is not None or scale.withheld
+    assert agg.geomean_all == pytest.approx((scale.speedup or 1.0) ** 0.5)
     whole = audit(folder, TASKS, audit_config(build_cache), out=tmp_path / "whole",
                   ids=[1, 2, 3, 4])
     assert whole.aggregates.claimed_geomean == pytest.approx(5.0 ** 0.25)
