@@ -23,6 +23,7 @@ from pathlib import Path
 from common import run_script
 
 from pike.agents.offline import ALL, render
+from pike.evaluate.verdict import slower_than_eager
 from pike.solution_set import MANIFEST, SetEntry, SolutionSet, new_manifest
 from pike.task import Task, load_tasks
 
@@ -62,7 +63,7 @@ def _entry(task: Task, row: dict | None, source: str | None, results: dict,
                         detail=f"no correct candidate in {origin}: {counts}")
     settings = row.get("settings") or {}
     speedup = row.get("offline_speedup")
-    if speedup is not None and speedup < 1.0:  # as pike's own sets: the reference is kept
+    if slower_than_eager(speedup):  # as pike's own sets: the reference is kept
         return SetEntry(**base, status="slower", detail=(
             f"'{row['offline_idea']}' ran at {speedup:.3g}x of eager in {origin}; the "
             "reference is kept, counted 1.0x"))

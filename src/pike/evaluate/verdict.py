@@ -169,11 +169,12 @@ _OUT_OF_MEMORY = re.compile(r"out of memory|\b(CUBLAS|CUDNN|CUSOLVER|CUSPARSE)_S
                             r"|\bCUFFT_ALLOC_FAILED", re.IGNORECASE)
 
 
-def slower_than_eager(verdict: Verdict) -> bool:
-    """A correct candidate timed below eager: a user keeps the reference rather than it,
-    so a solution set has no file for it and counts 1.0x in its claim (the run's own
-    summary and report keep the figure the search found)."""
-    return verdict.speedup is not None and verdict.speedup < 1.0
+def slower_than_eager(speedup: float | None) -> bool:
+    """A correct candidate's figure below eager: a user keeps the reference rather than
+    it, so a solution set (pike's, or bench/offline_set.py's) has no file for it and
+    counts 1.0x in its claim (the run's own summary and report keep the figure the search
+    found, marked)."""
+    return speedup is not None and speedup < 1.0
 
 
 def says_out_of_memory(message: str | None) -> bool:

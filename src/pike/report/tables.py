@@ -10,6 +10,7 @@ from rich.table import Table
 
 from pike.evaluate import Baseline, Verdict
 from pike.evaluate.explain import why_cut_short
+from pike.evaluate.verdict import slower_than_eager
 from pike.report.data import reference_ms
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def result_table(result: OptimizeResult) -> Table:
     table.add_column()
     table.add_row("run dir", escape(str(result.run_dir)))
     if v is not None and v.runtime is not None:
-        slower = v.speedup is not None and v.speedup < 1.0
+        slower = slower_than_eager(v.speedup)
         colour = "yellow" if slower else "green"
         table.add_row("best", f"[{colour}]{v.speedup or 0:.2f}x[/{colour}] over eager "
                       f"({ms(v.runtime.median_ms)} vs {ms(reference_ms(v))})")
