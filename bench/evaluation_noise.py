@@ -38,6 +38,7 @@ from throughput import CANDIDATES, FIXED, bench_task, cv
 
 from pike.config import EvalConfig
 from pike.evaluate.judge import evaluate
+from pike.evaluate.verdict import TimingStats
 from pike.task import Task
 
 
@@ -47,9 +48,15 @@ def summary(rows: list[dict]) -> dict:
             "candidate_cv": cv([r["median_ms"] for r in ok]),
             "reference_cv": cv([r["reference_ms"] for r in ok]),
             "speedup_cv": cv([r["speedup"] for r in ok]),
+            "candidate_spread": _mean([r.get("candidate_spread") for r in ok]),
+            "reference_spread": _mean([r.get("reference_spread") for r in ok]),
             "worst_speedup_error": max((abs(r["speedup"] - 1) for r in ok), default=None),
             "timing_s": _mean([r.get("timing_s") for r in rows]),
             "window_s": _mean([r.get("window_s") for r in rows])}
+
+
+def spread(stats: TimingStats | None) -> float | None:
+    return (stats.q3_ms - stats.q1_ms) / stats.median_ms if stats and stats.median_ms else None
 
 
 def _mean(values: list) -> float | None:
@@ -73,8 +80,9 @@ def write(out: Path, tag: str, data: dict) -> None:
              "one at a time, settings round robin", "",
              "| warm-up (s), max calls, min seconds, rounds | evaluations | ok | candidate median "
              "CV | reference median CV | speedup CV | speedup's worst error | timing phase (s, "
-             "mean) | window (s, mean) | candidate medians (ms) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "mean) | window (s, mean) | candidate's calls spread, mean | reference's calls "
+             "spread, mean | candidate medians (ms) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w, s in data["summary"].items():
         medians = ", ".join(f"{r['median_ms']:.3f}" for r in data["settings"][w]
                             if r["median_ms"])
@@ -82,7 +90,9 @@ def write(out: Path, tag: str, data: dict) -> None:
         window = f"{s['window_s']:.2f}" if s.get("window_s") is not None else "-"
         lines.append(f"| {w} | {s['evaluations']} | {s['ok']} | {pct(s['candidate_cv'])} | "
                      f"{pct(s['reference_cv'])} | {pct(s['speedup_cv'])} | "
-                     f"{pct(s.get('worst_speedup_error'))} | {timing} | {window} | {medians} |")
+                     f"{pct(s.get('worst_speedup_error'))} | {timing} | {window} | "
+                     f"{pct(s.get('candidate_spread'))} | {pct(s.get('reference_spread'))} | "
+                     f"{medians} |")
     lines += notes_section(data)
     with_ext(stem, ".md").write_text("\n".join(lines) + "\n")
 
@@ -102,6 +112,9 @@ def main() -> int:
                    help="1_GeluMLP's size (default: large on CUDA, as throughput.py)")
     p.add_argument("--task", type=Path, default=None,
                    help="a task file whose own module is judged against it instead")
+    p.add_argument("--candidate", type=Path, default=None,
+                   help="with --task: judge this file against it instead of its own module "
+                   "(its figure then need not be 1.0: read the CVs and spreads)")
     p.add_argument("--tag", default=None)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
@@ -116,10 +129,14 @@ def main() -> int:
               else [EvalConfig().timing.rounds])
     settings = {f"{w}, {c}, {m}, {r}": (w, c, m, r)
                 for w in warmups for c in caps for m in spans for r in blocks}
+    if args.candidate and not args.task:
+        p.error("--candidate needs --task")
     if args.task:
         task = Task.from_file(args.task)
         source, candidate, described = (identity_candidate(task), "its own module",
                                         str(args.task))
+        if args.candidate:
+            source, candidate = args.candidate.read_text(), str(args.candidate)
     else:
         task = bench_task(size == "large", Path(tempfile.mkdtemp()))
         source = (CANDIDATES / f"{FIXED}.py").read_text()
@@ -142,6 +159,9 @@ def main() -> int:
                 "median_ms": verdict.runtime.median_ms if verdict.runtime else None,
                 "reference_ms": verdict.reference.median_ms if verdict.reference else None,
                 "speedup": verdict.speedup, "timing_s": timing_s,
+                # quartiles over the median of each side's calls, as pike audit's spreads
+                "candidate_spread": spread(verdict.runtime),
+                "reference_spread": spread(verdict.reference),
                 # the windows' own time (the phase also holds the final check); a
                 # drifting reference's windows timed again add up here
                 "window_s": verdict.steps.get("timing")})

@@ -792,6 +792,34 @@ def test_a_resumed_audit_on_several_gpus_gives_a_task_the_card_that_timed_its_ba
     assert [t.status for t in result.tasks] == ["ok"]
 
 
+def test_tasks_timed_on_two_cards_of_one_model_are_said_to_be(
+        tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resumed audit on a fresh machine measures its tasks left on another card of the
+    same model (two H100s, each cuda:0): the warning tells them apart by their identity."""
+    judge = FakeJudge({"1_Scale": 2.0, "3_RowSum": 2.0},
+                      {"1_Scale": fake_ok(3.0), "3_RowSum": fake_ok(3.0)}).install(monkeypatch)
+    measure = judge.measure
+    card = {"1_Scale": "GPU-7d9db774-5be0", "3_RowSum": "GPU-87a65e63-1a42"}
+
+    def on_its_card(task: Task, cfg: RunConfig, modes: list[str], **kw: Any) -> Baseline:
+        return measure(task, cfg, modes, **kw).model_copy(update={
+            "device_id": card[task.name], "device_name": "NVIDIA H100 80GB HBM3"})
+
+    monkeypatch.setattr(audit_run, "measure_baselines", on_its_card)
+    cfg = audit_config(build_cache, ["eager", "compile:default"])
+    result = audit(_files(tmp_path / "set", "task_1.py", "task_3.py"), TASKS, cfg,
+                   out=tmp_path / "run", ids=[1, 3])
+    [said] = [w for w in result.warnings if "devices:" in w]
+    assert "measured on 2 devices" in said
+    assert "NVIDIA H100 80GB HBM3 (GPU-7d9db774)" in said
+    assert "NVIDIA H100 80GB HBM3 (GPU-87a65e63)" in said
+    # one card timing every task: nothing to say
+    card["3_RowSum"] = card["1_Scale"]
+    again = audit(_files(tmp_path / "set2", "task_1.py", "task_3.py"), TASKS, cfg,
+                  out=tmp_path / "run2", ids=[1, 3])
+    assert not [w for w in again.warnings if "devices:" in w]
+
+
 def test_tasks_spread_over_gpus_each_measured_and_judged_on_one_alone(
         tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--devices`: a task's baselines and file are timed on one GPU, never beside another

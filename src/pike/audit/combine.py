@@ -257,8 +257,8 @@ def _measured_apart(baselines: list[Baseline]) -> list[str]:
     they were gathered."""
     dates = sorted(b.date for b in baselines if b.date)
     lines = [f"measured from {dates[0]} to {dates[-1]}"] if dates else []
-    for attr, what in (("device_name", "cards"), ("torch_version", "torch versions"),
-                       ("host", "hosts")):
+    # the cards: audit_result says so for every audit, gathered or not
+    for attr, what in (("torch_version", "torch versions"), ("host", "hosts")):
         values = sorted({getattr(b, attr) for b in baselines if getattr(b, attr)})
         if len(values) > 1:
             lines.append(f"measured on {len(values)} {what}: {', '.join(values)}; each "

@@ -439,11 +439,21 @@ def judged_audit(base: TaskAudit, task: Task, source: str, candidate_id: int,
     return done
 
 
+def measuring_cards(baselines: list[Baseline]) -> list[str]:
+    """The physical cards that timed `baselines`, each named by its model and, where its
+    identity is known, the start of it: two H100s of one model are two cards (a resumed
+    audit on a fresh machine), which the name alone would hide."""
+    cards = {b.device_id or b.device_name: b.device_name for b in baselines
+             if b.device_id or b.device_name}
+    return sorted(f"{name} ({key[:12]})" if key != name else name
+                  for key, name in cards.items())
+
+
 def audit_result(solutions: Path, tasks_dir: Path, run_dir: Path, matching: Matching,
             audits: list[TaskAudit], baselines: dict[str, Baseline], cfg: RunConfig,
             warnings: list[str]) -> AuditResult:
     env = _environment(list(baselines.values()))
-    cards = sorted({b.device_name for b in baselines.values() if b.device_name})
+    cards = measuring_cards(list(baselines.values()))
     if len(cards) > 1:  # a resumed audit whose calls ran on different cards
         warnings = [*warnings, f"tasks were measured on {len(cards)} devices: "
                     f"{', '.join(cards)}; each task's figures come from one of them"]
