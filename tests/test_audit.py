@@ -481,11 +481,14 @@ def test_unsteady_timings_are_named_with_how_to_measure_them_again() -> None:
         status="ok", speedup=1.5, runtime=stats(2.0, 0.05), reference=stats(3.0, 0.04)),
         baseline("9_Tall", 0.05))
     failed = task_audit(TaskAudit(task="3_Bad", task_id=3, status="missing"),
-                        Verdict(status="incorrect", runtime=stats(1.0, 0.9)), None)
+                        Verdict(status="incorrect", runtime=stats(1.0, 0.9),
+                                reference=stats(1.0, 0.9)), baseline("3_Bad", 0.9))
     assert shaky.unsteady() == {"file": pytest.approx(0.7), "eager": pytest.approx(0.45),
                                 "baseline compile:default": pytest.approx(0.86)}
     assert shaky.spreads["baseline eager"] == pytest.approx(0.04)
-    assert not steady.unsteady() and not failed.unsteady()  # an incorrect file's time: none
+    assert not steady.unsteady()
+    # an incorrect file counts 1.0x whatever was timed: no figure of it rests on a spread
+    assert failed.spreads == {}
     agg = aggregate([shaky, steady, failed], {}, None)
     assert agg.unsteady == ["12_Diag"]
     page = to_markdown(AuditResult(solutions="s", tasks_dir="t", matched_by="m",

@@ -179,8 +179,10 @@ def task_audit(base: TaskAudit, verdict: Verdict, baseline: Baseline | None) -> 
 
 
 def _spreads(verdict: Verdict, baseline: Baseline | None) -> dict[str, float]:
+    if not verdict.ok:  # counted 1.0x over eager and every mode: no figure to move
+        return {}
     timings: list[tuple[str, TimingStats | None]] = [
-        ("file", verdict.runtime if verdict.ok else None), ("eager", verdict.reference),
+        ("file", verdict.runtime), ("eager", verdict.reference),
         *((f"baseline {m.mode}", m.stats) for m in (baseline.modes if baseline else []))]
     return {what: (t.q3_ms - t.q1_ms) / t.median_ms for what, t in timings
             if t is not None and t.median_ms > 0}
