@@ -38,7 +38,6 @@ from throughput import CANDIDATES, FIXED, bench_task, cv
 
 from pike.config import EvalConfig
 from pike.evaluate.judge import evaluate
-from pike.evaluate.verdict import TimingStats
 from pike.task import Task
 
 
@@ -53,10 +52,6 @@ def summary(rows: list[dict]) -> dict:
             "worst_speedup_error": max((abs(r["speedup"] - 1) for r in ok), default=None),
             "timing_s": _mean([r.get("timing_s") for r in rows]),
             "window_s": _mean([r.get("window_s") for r in rows])}
-
-
-def spread(stats: TimingStats | None) -> float | None:
-    return (stats.q3_ms - stats.q1_ms) / stats.median_ms if stats and stats.median_ms else None
 
 
 def _mean(values: list) -> float | None:
@@ -160,8 +155,8 @@ def main() -> int:
                 "reference_ms": verdict.reference.median_ms if verdict.reference else None,
                 "speedup": verdict.speedup, "timing_s": timing_s,
                 # quartiles over the median of each side's calls, as pike audit's spreads
-                "candidate_spread": spread(verdict.runtime),
-                "reference_spread": spread(verdict.reference),
+                "candidate_spread": verdict.runtime.spread() if verdict.runtime else None,
+                "reference_spread": verdict.reference.spread() if verdict.reference else None,
                 # the windows' own time (the phase also holds the final check); a
                 # drifting reference's windows timed again add up here
                 "window_s": verdict.steps.get("timing")})

@@ -34,7 +34,8 @@ def _audit(path: Path) -> Path:
         tasks=tasks, aggregates=Aggregates(
             tasks=3, correct=2, failed=0, missing=1, errors=0,
             geomean_all=(3.0 * 1.2) ** (1 / 3),
-            best_compile=ModeGeomean(mode="best", geomean=over_mode, tasks=3)))
+            best_compile=ModeGeomean(mode="best", geomean=over_mode, tasks=3),
+            below_best_compile={"2_B": 0.8}))
     path.write_text(result.model_dump_json())
     return path
 

@@ -184,8 +184,8 @@ def _spreads(verdict: Verdict, baseline: Baseline | None) -> dict[str, float]:
     timings: list[tuple[str, TimingStats | None]] = [
         ("file", verdict.runtime), ("eager", verdict.reference),
         *((f"baseline {m.mode}", m.stats) for m in (baseline.modes if baseline else []))]
-    return {what: (t.q3_ms - t.q1_ms) / t.median_ms for what, t in timings
-            if t is not None and t.median_ms > 0}
+    return {what: spread for what, t in timings
+            if t is not None and (spread := t.spread()) is not None}
 
 
 def _withheld(verdict: Verdict) -> str:

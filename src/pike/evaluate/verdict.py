@@ -46,6 +46,11 @@ class TimingStats(BaseModel):
             count=len(ordered),
         )
 
+    def spread(self) -> float | None:
+        """The quartiles' distance over the median (how steady the calls were); None
+        without a median."""
+        return (self.q3_ms - self.q1_ms) / self.median_ms if self.median_ms > 0 else None
+
 
 class OutputMismatch(BaseModel):
     """One output leaf of one trial that did not match the reference."""
